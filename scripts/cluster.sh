@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# start | stop | status of idem's private PostgreSQL cluster (port
+# $IDEM_PORT, default 5499, socket and data under the project folder).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+dir="$(cluster_dir)"
+data="$dir/data"
+
+case "${1:-start}" in
+start)
+  mkdir -p "$dir"
+  chown postgres:postgres "$dir"
+  chmod 700 "$dir"
+  if [ ! -f "$data/PG_VERSION" ]; then
+    say "creating the cluster in $data"
+    as_postgres "$PG_BIN/initdb" -D "$data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+    cat >> "$data/postgresql.conf" <<CONF
+# idem's test cluster
+listen_addresses = ''
+unix_socket_directories = '$dir'
+port = $IDEM_PORT
+shared_preload_libraries = 'pg_cron'
+cron.database_name = 'idem_cron'
+cron.use_background_workers = on
+max_worker_processes = 16
+max_prepared_transactions = 10
+fsync = off
+log_min_messages = warning
+CONF
+  fi
+  if ! as_postgres "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    say "starting PostgreSQL on port $IDEM_PORT"
+    as_postgres "$PG_BIN/pg_ctl" -D "$data" -l "$dir/server.log" -w start >/dev/null
+  fi
+  ;;
+stop)
+  as_postgres "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null 2>&1 || true
+  ;;
+restart)
+  as_postgres "$PG_BIN/pg_ctl" -D "$data" -m fast -w restart -l "$dir/server.log" >/dev/null
+  ;;
+status)
+  as_postgres "$PG_BIN/pg_ctl" -D "$data" status
+  ;;
+*)
+  echo "usage: $0 start|stop|restart|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,46 @@
+-- Storage for idem. Lives in schema `idem`, which PUBLIC can neither read nor
+-- write: every public function reaches it as SECURITY DEFINER.
+
+CREATE SCHEMA idem;
+REVOKE ALL ON SCHEMA idem FROM PUBLIC;
+COMMENT ON SCHEMA idem IS 'idem storage: dedup records, business types, partitions. Not for direct use.';
+
+-- One row per business type ever used. type_id is what claim rows carry
+-- (4 bytes instead of the name); ids are never reused.
+CREATE TABLE idem.biz_types (
+    type_id    integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    biz_type   text        NOT NULL UNIQUE,
+    ttl        interval,                 -- NULL: idem.default_ttl applies
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE idem.biz_types IS 'Business types: the namespace of keys, and their TTL (idem_configure).';
+
+-- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of type_id and
+-- key). Written in Rust; the claim path computes the same value itself.
+CREATE FUNCTION idem.key_hash(type_id integer, key text) RETURNS bigint
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_hash';
+COMMENT ON FUNCTION idem.key_hash(integer, text) IS 'Digest of (type_id, key) that idem.claims is indexed by; stable across versions.';
+
+-- The dedup records, range-partitioned by expiry: a partition whose upper
+-- bound has passed holds only expired claims and is dropped whole.
+-- Column order is chosen for a narrow tuple (no alignment padding).
+CREATE TABLE idem.claims (
+    expires_at  timestamptz NOT NULL,
+    claimed_at  timestamptz NOT NULL,
+    type_id     integer     NOT NULL,
+    state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased
+    key         text        NOT NULL,
+    fingerprint text,
+    result      jsonb
+) PARTITION BY RANGE (expires_at);
+COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (type_id, key) among live rows is enforced by idem_claim, not by an index.';
+
+-- Not unique: an expired row of a key may share a partition with its live
+-- successor, and uniqueness across partitions is the claim protocol's job.
+CREATE INDEX claims_key_hash ON idem.claims (idem.key_hash(type_id, key));
+
+-- Catches claims whose expiry no partition covers yet (maintenance late or
+-- never run, or a TTL past the premade horizon); idem_maintain moves them out.
+CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;

@@ -1,0 +1,360 @@
+//! idem_claim and its companions: the protocol that makes the first arrival
+//! of (biz_type, key) claim it and every later one get the first outcome.
+//!
+//! One claim: lock idem.claims and its live partitions; take the key lock;
+//! probe every live partition with a dirty snapshot; then
+//!   - nothing live: insert the claim, release the key lock: claimed;
+//!   - a row another transaction is still writing: release the key lock, wait
+//!     for that transaction (or return in_progress at once), probe again;
+//!   - a committed row: a duplicate; it gets the stored outcome and writes
+//!     nothing. Under REPEATABLE READ / SERIALIZABLE a row this snapshot
+//!     cannot see raises 40001, as INSERT ... ON CONFLICT does.
+//! docs/design.md explains why this is never two committed claims.
+
+use crate::catalog;
+use crate::errors::{invalid, IdemError};
+use crate::fmgr::*;
+use crate::guc;
+use crate::storage::{self, KeyLock, Opened, Row, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+use pgrx::pg_sys;
+
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// A validated (key, biz_type) pair.
+pub struct Target<'a> {
+    pub key: &'a [u8],
+    pub biz_type: &'a [u8],
+}
+
+pub fn valid_biz_type(b: &[u8]) -> bool {
+    (1..=64).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"_.:-".contains(c))
+}
+
+pub fn check_biz_type(b: &[u8]) {
+    if !valid_biz_type(b) {
+        invalid(format!(
+            "biz_type \"{}\" is not valid: it must match ^[A-Za-z0-9_.:-]{{1,64}}$",
+            String::from_utf8_lossy(&b[..b.len().min(80)])
+        ));
+    }
+}
+
+pub fn check_key(k: &[u8]) {
+    if k.is_empty() {
+        invalid("key must not be empty");
+    }
+    if k.len() > MAX_KEY_BYTES {
+        invalid(format!(
+            "key is {} bytes long; the limit is {MAX_KEY_BYTES}",
+            k.len()
+        ));
+    }
+}
+
+/// Read and validate the (key, biz_type) arguments 0 and 1.
+pub unsafe fn target_args<'a>(fcinfo: pg_sys::FunctionCallInfo) -> Target<'a> {
+    unsafe {
+        let key = arg_text_req(fcinfo, 0, "key");
+        let biz_type = arg_text_req(fcinfo, 1, "biz_type");
+        check_key(key);
+        check_biz_type(biz_type);
+        Target { key, biz_type }
+    }
+}
+
+impl Target<'_> {
+    fn lossy_key(&self) -> String {
+        String::from_utf8_lossy(self.key).into_owned()
+    }
+    fn lossy_type(&self) -> String {
+        String::from_utf8_lossy(self.biz_type).into_owned()
+    }
+}
+
+fn now() -> i64 {
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// What a caller is told about a key.
+pub struct Outcome {
+    pub claimed: bool,
+    pub state: &'static str,
+    pub result: Option<pg_sys::Datum>,
+    pub first_claimed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+}
+
+impl Outcome {
+    fn absent() -> Outcome {
+        Outcome {
+            claimed: false,
+            state: "absent",
+            result: None,
+            first_claimed_at: None,
+            expires_at: None,
+        }
+    }
+
+    /// How an existing row reads to someone who did not just claim it.
+    fn of_row(row: &Row) -> Outcome {
+        let state = if row.busy.is_some() {
+            "in_progress"
+        } else {
+            match row.state {
+                STATE_FAILED => "failed",
+                STATE_COMPLETED => "completed",
+                // Claimed and committed without idem_complete: completed,
+                // no result. Still pending in this very transaction: ours.
+                _ if row.own => "in_progress",
+                _ => "completed",
+            }
+        };
+        let result = if row.busy.is_some() { None } else { row.result };
+        Outcome {
+            claimed: false,
+            state,
+            result,
+            first_claimed_at: Some(row.claimed_at),
+            expires_at: Some(row.expires_at),
+        }
+    }
+
+    unsafe fn into_datum(self, fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+        unsafe {
+            let desc = result_tupdesc(fcinfo);
+            let mut values = [pg_sys::Datum::from(0); 5];
+            let mut nulls = [false; 5];
+            values[0] = pg_sys::Datum::from(self.claimed);
+            values[1] = text_datum(self.state.as_bytes());
+            match self.result {
+                Some(r) => values[2] = r,
+                None => nulls[2] = true,
+            }
+            match self.first_claimed_at {
+                Some(t) => values[3] = pg_sys::Datum::from(t),
+                None => nulls[3] = true,
+            }
+            match self.expires_at {
+                Some(t) => values[4] = pg_sys::Datum::from(t),
+                None => nulls[4] = true,
+            }
+            form_composite(desc, &mut values, &mut nulls)
+        }
+    }
+}
+
+pub struct ClaimRequest<'a> {
+    pub target: Target<'a>,
+    pub ttl_us: Option<i64>,
+    pub fingerprint: Option<&'a [u8]>,
+    pub wait: bool,
+}
+
+pub fn claim(req: &ClaimRequest) -> Outcome {
+    let t = &req.target;
+    let bt = catalog::biz_type(t.biz_type, true).expect("registered");
+    let ttl = req.ttl_us.or(bt.ttl_us).unwrap_or_else(guc::default_ttl_us);
+    let hash = storage::key_hash(bt.type_id, t.key);
+    let claims = storage::open(now(), pg_sys::RowExclusiveLock as _);
+    loop {
+        let lock = KeyLock::acquire(hash);
+        let now = now();
+        match claims.probe(hash, bt.type_id, t.key, now, true) {
+            None => {
+                let expires_at = now.saturating_add(ttl);
+                claims.insert(
+                    hash,
+                    bt.type_id,
+                    t.key,
+                    now,
+                    expires_at,
+                    STATE_PENDING,
+                    req.fingerprint,
+                    None,
+                );
+                drop(lock);
+                return Outcome {
+                    claimed: true,
+                    state: "new",
+                    result: None,
+                    first_claimed_at: Some(now),
+                    expires_at: Some(expires_at),
+                };
+            }
+            Some(row) if row.busy.is_some() => {
+                drop(lock);
+                if !req.wait {
+                    return Outcome::of_row(&row);
+                }
+                storage::wait_for(row.busy.unwrap());
+            }
+            Some(row) => {
+                drop(lock);
+                return duplicate(t, req.fingerprint, &row);
+            }
+        }
+    }
+}
+
+fn duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) -> Outcome {
+    if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        IdemError::SerializationFailure {
+            biz_type: t.lossy_type(),
+            key: t.lossy_key(),
+        }
+        .fail();
+    }
+    if let (Some(mine), Some(first)) = (fingerprint, row.fingerprint.as_deref()) {
+        if mine != first {
+            IdemError::FingerprintMismatch {
+                biz_type: t.lossy_type(),
+                key: t.lossy_key(),
+            }
+            .fail();
+        }
+    }
+    Outcome::of_row(row)
+}
+
+pub fn lookup(t: &Target) -> Outcome {
+    let Some(bt) = catalog::biz_type(t.biz_type, false) else {
+        return Outcome::absent();
+    };
+    let hash = storage::key_hash(bt.type_id, t.key);
+    let now = now();
+    let claims = storage::open(now, pg_sys::AccessShareLock as _);
+    match claims.probe(hash, bt.type_id, t.key, now, true) {
+        Some(row) => Outcome::of_row(&row),
+        None => Outcome::absent(),
+    }
+}
+
+/// idem_complete / idem_fail: record the outcome on this transaction's claim.
+pub fn finish(t: &Target, state: u8, result: Option<pg_sys::Datum>) {
+    let not_claimed = |why| {
+        IdemError::NotClaimed {
+            biz_type: t.lossy_type(),
+            key: t.lossy_key(),
+            why,
+        }
+        .fail()
+    };
+    let Some(bt) = catalog::biz_type(t.biz_type, false) else {
+        not_claimed("is not claimed by this transaction")
+    };
+    let hash = storage::key_hash(bt.type_id, t.key);
+    let now = now();
+    let claims: Opened = storage::open(now, pg_sys::RowExclusiveLock as _);
+    match claims.probe(hash, bt.type_id, t.key, now, false) {
+        Some(row) if row.own => claims.rewrite_own(&row, hash, bt.type_id, t.key, state, result),
+        Some(_) => not_claimed("is claimed by another transaction, not this one"),
+        None => not_claimed("is not claimed by this transaction"),
+    }
+}
+
+pub fn forget(t: &Target) -> bool {
+    let Some(bt) = catalog::biz_type(t.biz_type, false) else {
+        return false;
+    };
+    let hash = storage::key_hash(bt.type_id, t.key);
+    let n = pgrx::spi::Spi::connect_mut(|client| {
+        client
+            .update(
+                "DELETE FROM idem.claims
+                  WHERE idem.key_hash(type_id, key) OPERATOR(pg_catalog.=) $1
+                    AND type_id OPERATOR(pg_catalog.=) $2
+                    AND key OPERATOR(pg_catalog.=) $3
+                    AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()",
+                None,
+                &[
+                    hash.into(),
+                    bt.type_id.into(),
+                    String::from_utf8_lossy(t.key).as_ref().into(),
+                ],
+            )
+            .map(|r| r.len())
+    })
+    .unwrap_or_else(|e| invalid(format!("{e}")));
+    n > 0
+}
+
+// ---- SQL entry points (declared in sql/claim.sql) ----
+
+unsafe fn sql_claim(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let target = target_args(fcinfo);
+        let ttl_us = arg_interval(fcinfo, 2).map(|iv| guc::checked_ttl(&iv, "ttl"));
+        let fingerprint = arg_text(fcinfo, 3);
+        let wait = arg_bool(fcinfo, 4).unwrap_or(true);
+        claim(&ClaimRequest {
+            target,
+            ttl_us,
+            fingerprint,
+            wait,
+        })
+        .into_datum(fcinfo)
+    }
+}
+crate::sql_function!(idem_claim, pg_finfo_idem_claim, sql_claim);
+
+unsafe fn sql_lookup(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe { lookup(&target_args(fcinfo)).into_datum(fcinfo) }
+}
+crate::sql_function!(idem_lookup, pg_finfo_idem_lookup, sql_lookup);
+
+unsafe fn sql_complete(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let target = target_args(fcinfo);
+        finish(&target, STATE_COMPLETED, arg_jsonb(fcinfo, 2));
+        pg_sys::Datum::from(0)
+    }
+}
+crate::sql_function!(idem_complete, pg_finfo_idem_complete, sql_complete);
+
+unsafe fn sql_fail(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let target = target_args(fcinfo);
+        let error = arg_jsonb(fcinfo, 2).unwrap_or_else(|| IdemError::NullArgument("error").fail());
+        finish(&target, STATE_FAILED, Some(error));
+        pg_sys::Datum::from(0)
+    }
+}
+crate::sql_function!(idem_fail, pg_finfo_idem_fail, sql_fail);
+
+unsafe fn sql_forget(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe { pg_sys::Datum::from(forget(&target_args(fcinfo))) }
+}
+crate::sql_function!(idem_forget, pg_finfo_idem_forget, sql_forget);
+
+unsafe fn sql_configure(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let biz_type = arg_text_req(fcinfo, 0, "biz_type");
+        check_biz_type(biz_type);
+        let ttl = arg_interval(fcinfo, 1);
+        if let Some(iv) = &ttl {
+            guc::checked_ttl(iv, "ttl");
+        }
+        let name = std::str::from_utf8(biz_type).unwrap();
+        let ttl_arg: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+        pgrx::spi::Spi::run_with_args(
+            "INSERT INTO idem.biz_types AS b (biz_type, ttl) VALUES ($1, $2)
+             ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = pg_catalog.now()",
+            &[name.into(), ttl_arg.into()],
+        )
+        .unwrap_or_else(|e| invalid(format!("{e}")));
+        catalog::invalidate_biz_types();
+        pg_sys::Datum::from(0)
+    }
+}
+crate::sql_function!(idem_configure, pg_finfo_idem_configure, sql_configure);
+
+unsafe fn sql_key_hash(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let type_id = arg_datum(fcinfo, 0).value() as i32;
+        let key = arg_text(fcinfo, 1).unwrap_or_default();
+        pg_sys::Datum::from(storage::key_hash(type_id, key))
+    }
+}
+crate::sql_function!(idem_key_hash, pg_finfo_idem_key_hash, sql_key_hash);

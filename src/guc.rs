@@ -1,0 +1,72 @@
+//! idem's settings. The `idem.` prefix is reserved: a misspelt idem.* name
+//! is an error, not a silently ignored placeholder.
+
+use crate::errors::invalid;
+use pgrx::pg_sys;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
+
+pub static DEFAULT_TTL: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"24 hours"));
+
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"idem.default_ttl",
+        c"TTL of claims whose biz_type has none configured (1 second to 400 days).",
+        c"idem_configure(biz_type, ttl) overrides it per type; idem_claim's ttl argument per call.",
+        &DEFAULT_TTL,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"idem".as_ptr()) };
+}
+
+pub const MIN_TTL_US: i128 = 1_000_000;
+pub const MAX_TTL_US: i128 = 400 * 86_400_000_000;
+
+/// An interval in microseconds, counted the way extract(epoch ...) does:
+/// a day is 24 hours, a month 30 days, a year 365.25 days.
+pub fn interval_us(iv: &pg_sys::Interval) -> i128 {
+    let years = (iv.month / 12) as i128;
+    let months = (iv.month % 12) as i128;
+    iv.time as i128
+        + iv.day as i128 * 86_400_000_000
+        + years * 31_557_600_000_000
+        + months * 2_592_000_000_000
+}
+
+/// A TTL from `what`, checked to lie within 1 second .. 400 days.
+pub fn checked_ttl(iv: &pg_sys::Interval, what: &str) -> i64 {
+    let us = interval_us(iv);
+    if !(MIN_TTL_US..=MAX_TTL_US).contains(&us) {
+        invalid(format!("{what} must be between 1 second and 400 days"));
+    }
+    us as i64
+}
+
+static mut PARSED: Option<(CString, i64)> = None;
+
+/// idem.default_ttl in microseconds (parsed once per distinct value).
+#[allow(static_mut_refs)]
+pub fn default_ttl_us() -> i64 {
+    let raw = DEFAULT_TTL.get().unwrap_or_else(|| c"24 hours".into());
+    unsafe {
+        if let Some((s, us)) = &PARSED {
+            if *s == raw {
+                return *us;
+            }
+        }
+        let d = pgrx::fcinfo::direct_function_call_as_datum(
+            pg_sys::interval_in,
+            &[
+                Some(pg_sys::Datum::from(raw.as_ptr())),
+                Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
+                Some(pg_sys::Datum::from(-1i32)),
+            ],
+        )
+        .expect("interval_in returns a value");
+        let us = checked_ttl(&*d.cast_mut_ptr::<pg_sys::Interval>(), "idem.default_ttl");
+        PARSED = Some((raw, us));
+        us
+    }
+}

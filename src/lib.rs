@@ -1,0 +1,45 @@
+//! idem: idempotency keys enforced inside PostgreSQL, in the caller's
+//! transaction. The SQL API is declared in sql/*.sql; this file wires the
+//! modules together.
+
+use pgrx::prelude::*;
+
+mod catalog;
+mod claim;
+mod errors;
+pub mod fmgr;
+mod guc;
+mod storage;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
+extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    guc::init();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn claim_then_duplicate() {
+        let first = Spi::get_one::<bool>("SELECT (idem_claim('k1', 't')).claimed").unwrap();
+        assert_eq!(first, Some(true));
+        let second = Spi::get_one::<bool>("SELECT (idem_claim('k1', 't')).claimed").unwrap();
+        assert_eq!(second, Some(false));
+    }
+}
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,402 @@
+//! Direct access to idem.claims: probe every live partition through its
+//! index with a dirty snapshot (which sees other transactions' uncommitted
+//! rows), insert into the one partition that covers the new claim's expiry,
+//! and rewrite a row in place. No SQL and no executor on these paths.
+//!
+//! Column numbers follow sql/storage.sql.
+
+use crate::catalog::{self, Partition};
+use crate::errors::IdemError;
+use pgrx::pg_sys;
+use std::mem::MaybeUninit;
+
+pub const COL_EXPIRES_AT: usize = 0;
+pub const COL_CLAIMED_AT: usize = 1;
+pub const COL_TYPE_ID: usize = 2;
+pub const COL_STATE: usize = 3;
+pub const COL_KEY: usize = 4;
+pub const COL_FINGERPRINT: usize = 5;
+pub const COL_RESULT: usize = 6;
+pub const NCOLS: usize = 7;
+
+pub const STATE_PENDING: u8 = b'p';
+pub const STATE_COMPLETED: u8 = b'c';
+pub const STATE_FAILED: u8 = b'f';
+
+/// The stable digest the index is built on: SipHash-1-3 with a fixed key over
+/// the type id (little endian) and the key bytes. Changing it orphans every
+/// stored claim, so it never changes.
+pub fn key_hash(type_id: i32, key: &[u8]) -> i64 {
+    use std::hash::Hasher;
+    let mut h =
+        siphasher::sip::SipHasher13::new_with_keys(0x6964_656d_5f6b_6579, 0x7632_5f73_6970_3133);
+    h.write(&type_id.to_le_bytes());
+    h.write(key);
+    h.finish() as i64
+}
+
+/// A live row of one key, as a probe found it.
+pub struct Row {
+    pub part: usize,
+    pub tid: pg_sys::ItemPointerData,
+    pub state: u8,
+    pub claimed_at: i64,
+    pub expires_at: i64,
+    pub fingerprint: Option<Vec<u8>>,
+    /// Detoasted copy in the caller's memory context.
+    pub result: Option<pg_sys::Datum>,
+    /// Written by this transaction (or one of its subtransactions).
+    pub own: bool,
+    /// Another transaction that is inserting, updating or deleting the row.
+    pub busy: Option<pg_sys::TransactionId>,
+    /// Visible to the caller's MVCC snapshot.
+    pub visible: bool,
+}
+
+pub struct Opened {
+    parent: pg_sys::Relation,
+    pub parts: Vec<(pg_sys::Relation, pg_sys::Relation, &'static Partition)>,
+}
+
+/// Lock idem.claims, then open every partition that can hold a live claim
+/// (upper bound after `now`, and the default partition). The parent is locked
+/// first: every change to the partition set takes a lock that conflicts with
+/// ours, so the set stays as read until the transaction ends.
+pub fn open(now: i64, lockmode: pg_sys::LOCKMODE) -> Opened {
+    unsafe {
+        let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+        let parts = catalog::partitions()
+            .iter()
+            .filter(|p| p.range.map_or(true, |(_, hi)| hi > now))
+            .map(|p| {
+                (
+                    pg_sys::table_open(p.relid, lockmode),
+                    pg_sys::index_open(p.index, lockmode),
+                    p,
+                )
+            })
+            .collect();
+        Opened { parent, parts }
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        // Locks stay until the end of the transaction (NoLock here).
+        unsafe {
+            for (heap, index, _) in self.parts.drain(..) {
+                pg_sys::index_close(index, pg_sys::NoLock as _);
+                pg_sys::table_close(heap, pg_sys::NoLock as _);
+            }
+            pg_sys::table_close(self.parent, pg_sys::NoLock as _);
+        }
+    }
+}
+
+unsafe fn bytes_of(d: pg_sys::Datum) -> Vec<u8> {
+    unsafe {
+        let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
+        pgrx::varlena::varlena_to_byte_slice(v).to_vec()
+    }
+}
+
+impl Opened {
+    /// The live row of (type_id, key) if there is one. A row another
+    /// transaction is still writing is returned with `busy` set.
+    pub fn probe(
+        &self,
+        hash: i64,
+        type_id: i32,
+        key: &[u8],
+        now: i64,
+        want_result: bool,
+    ) -> Option<Row> {
+        let mut found: Option<Row> = None;
+        for (i, (heap, index, _)) in self.parts.iter().enumerate() {
+            unsafe {
+                self.probe_one(
+                    i,
+                    *heap,
+                    *index,
+                    hash,
+                    type_id,
+                    key,
+                    now,
+                    want_result,
+                    &mut found,
+                )
+            };
+            if found.as_ref().is_some_and(|r| r.busy.is_some()) {
+                break;
+            }
+        }
+        found
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn probe_one(
+        &self,
+        part: usize,
+        heap: pg_sys::Relation,
+        index: pg_sys::Relation,
+        hash: i64,
+        type_id: i32,
+        key: &[u8],
+        now: i64,
+        want_result: bool,
+        found: &mut Option<Row>,
+    ) {
+        unsafe {
+            let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let mut skey: pg_sys::ScanKeyData = MaybeUninit::zeroed().assume_init();
+            pg_sys::ScanKeyInit(
+                &mut skey,
+                1,
+                pg_sys::BTEqualStrategyNumber as _,
+                pg_sys::Oid::from(pg_sys::F_INT8EQ),
+                pg_sys::Datum::from(hash),
+            );
+            let scan = pg_sys::index_beginscan(heap, index, &mut dirty, 1, 0);
+            pg_sys::index_rescan(scan, &mut skey, 1, std::ptr::null_mut(), 0);
+            let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+            while pg_sys::index_getnext_slot(
+                scan,
+                pg_sys::ScanDirection::ForwardScanDirection,
+                slot,
+            ) {
+                // dirty.xmin/xmax now describe this tuple's in-progress writers.
+                let (busy_xmin, busy_xmax) = (dirty.xmin, dirty.xmax);
+                pg_sys::slot_getsomeattrs_int(slot, NCOLS as i32);
+                let values = std::slice::from_raw_parts((*slot).tts_values, NCOLS);
+                let nulls = std::slice::from_raw_parts((*slot).tts_isnull, NCOLS);
+                if values[COL_TYPE_ID].value() as i32 != type_id {
+                    continue;
+                }
+                let expires_at = values[COL_EXPIRES_AT].value() as i64;
+                if expires_at <= now {
+                    continue; // expired: as good as absent
+                }
+                let stored_key = pg_sys::pg_detoast_datum_packed(values[COL_KEY].cast_mut_ptr());
+                if pgrx::varlena::varlena_to_byte_slice(stored_key) != key {
+                    continue; // digest collision
+                }
+                let mut should_free = false;
+                let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut should_free);
+                let raw_xmin = (*(*tuple).t_data).t_choice.t_heap.t_xmin;
+                let own = pg_sys::TransactionIdIsCurrentTransactionId(raw_xmin);
+                let busy = if busy_xmax != pg_sys::InvalidTransactionId {
+                    Some(busy_xmax)
+                } else if busy_xmin != pg_sys::InvalidTransactionId {
+                    Some(busy_xmin)
+                } else {
+                    None
+                };
+                let visible = own
+                    || busy.is_none() && {
+                        let snap = if pg_sys::ActiveSnapshotSet() {
+                            pg_sys::GetActiveSnapshot()
+                        } else {
+                            pg_sys::GetTransactionSnapshot()
+                        };
+                        pg_sys::table_tuple_satisfies_snapshot(heap, slot, snap)
+                    };
+                let row = Row {
+                    part,
+                    tid: (*slot).tts_tid,
+                    state: values[COL_STATE].value() as u8,
+                    claimed_at: values[COL_CLAIMED_AT].value() as i64,
+                    expires_at,
+                    fingerprint: (!nulls[COL_FINGERPRINT])
+                        .then(|| bytes_of(values[COL_FINGERPRINT])),
+                    result: (want_result && !nulls[COL_RESULT]).then(|| {
+                        pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(
+                            values[COL_RESULT].cast_mut_ptr(),
+                        ))
+                    }),
+                    own,
+                    busy,
+                    visible,
+                };
+                let done = row.busy.is_some();
+                *found = Some(row);
+                if done {
+                    break;
+                }
+            }
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::index_endscan(scan);
+        }
+    }
+
+    /// Insert a new claim row into the partition that covers `expires_at`.
+    /// The caller holds the key lock, so no other claim of the key can
+    /// probe between our probe and this insert.
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert(
+        &self,
+        hash: i64,
+        type_id: i32,
+        key: &[u8],
+        claimed_at: i64,
+        expires_at: i64,
+        state: u8,
+        fingerprint: Option<&[u8]>,
+        result: Option<pg_sys::Datum>,
+    ) {
+        let (heap, index, _) = *self
+            .parts
+            .iter()
+            .find(|(_, _, p)| p.range.is_some_and(|(lo, hi)| lo <= expires_at && expires_at < hi))
+            .or_else(|| self.parts.iter().find(|(_, _, p)| p.range.is_none()))
+            .unwrap_or_else(|| {
+                IdemError::ObjectNotInPrerequisiteState(
+                    "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
+                    Some("Run SELECT idem_maintain(); it recreates idem.claims_default.".into()),
+                )
+                .fail()
+            });
+        unsafe {
+            let mut values = [pg_sys::Datum::from(0); NCOLS];
+            let mut nulls = [false; NCOLS];
+            values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
+            values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
+            values[COL_TYPE_ID] = pg_sys::Datum::from(type_id);
+            values[COL_STATE] = pg_sys::Datum::from(state as i8);
+            values[COL_KEY] = crate::fmgr::text_datum(key);
+            match fingerprint {
+                Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
+                None => nulls[COL_FINGERPRINT] = true,
+            }
+            match result {
+                Some(r) => values[COL_RESULT] = r,
+                None => nulls[COL_RESULT] = true,
+            }
+            let tuple =
+                pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::heap_insert(
+                heap,
+                tuple,
+                pg_sys::GetCurrentCommandId(true),
+                0,
+                std::ptr::null_mut(),
+            );
+            index_insert(heap, index, hash, &mut (*tuple).t_self);
+            // Make the row visible to the rest of this statement, as the
+            // executor would between statements.
+            pg_sys::CommandCounterIncrement();
+        }
+    }
+
+    /// Rewrite this transaction's own row with a new state and result.
+    /// Only for rows `own` is true for: nobody else can see them yet, so no
+    /// concurrent update can get in the way.
+    pub fn rewrite_own(
+        &self,
+        row: &Row,
+        hash: i64,
+        type_id: i32,
+        key: &[u8],
+        state: u8,
+        result: Option<pg_sys::Datum>,
+    ) {
+        debug_assert!(row.own);
+        let (heap, index, _) = self.parts[row.part];
+        unsafe {
+            let mut values = [pg_sys::Datum::from(0); NCOLS];
+            let mut nulls = [false; NCOLS];
+            values[COL_EXPIRES_AT] = pg_sys::Datum::from(row.expires_at);
+            values[COL_CLAIMED_AT] = pg_sys::Datum::from(row.claimed_at);
+            values[COL_TYPE_ID] = pg_sys::Datum::from(type_id);
+            values[COL_STATE] = pg_sys::Datum::from(state as i8);
+            values[COL_KEY] = crate::fmgr::text_datum(key);
+            match &row.fingerprint {
+                Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
+                None => nulls[COL_FINGERPRINT] = true,
+            }
+            match result {
+                Some(r) => values[COL_RESULT] = r,
+                None => nulls[COL_RESULT] = true,
+            }
+            let tuple =
+                pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let mut otid = row.tid;
+            pg_sys::simple_heap_update(heap, &mut otid, tuple);
+            // A HOT update shares the old index entry; otherwise the new
+            // version needs its own.
+            if (*(*tuple).t_data).t_infomask2 as u32 & pg_sys::HEAP_ONLY_TUPLE == 0 {
+                index_insert(heap, index, hash, &mut (*tuple).t_self);
+            }
+            pg_sys::CommandCounterIncrement();
+        }
+    }
+}
+
+unsafe fn index_insert(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    hash: i64,
+    tid: *mut pg_sys::ItemPointerData,
+) {
+    unsafe {
+        let mut v = [pg_sys::Datum::from(hash)];
+        let mut n = [false];
+        let info = pg_sys::BuildIndexInfo(index);
+        pg_sys::index_insert(
+            index,
+            v.as_mut_ptr(),
+            n.as_mut_ptr(),
+            tid,
+            heap,
+            pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO,
+            false,
+            info,
+        );
+    }
+}
+
+/// Serializes the probe-then-insert of one key across sessions. Held for
+/// microseconds, never while waiting for another transaction: after the
+/// insert, the row itself (seen by the next claimer's dirty probe) is what
+/// makes later claimers wait. So one transaction can claim any number of
+/// keys without filling the lock table.
+pub struct KeyLock(pg_sys::LOCKTAG);
+
+/// pg_locks shows it as an advisory lock with objsubid = 18756 ('ID').
+const KEYLOCK_FIELD4: u16 = 0x4944;
+
+impl KeyLock {
+    pub fn acquire(hash: i64) -> KeyLock {
+        unsafe {
+            let tag = pg_sys::LOCKTAG {
+                locktag_field1: pg_sys::MyDatabaseId.into(),
+                locktag_field2: ((hash as u64) >> 32) as u32,
+                locktag_field3: hash as u32,
+                locktag_field4: KEYLOCK_FIELD4,
+                locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+                locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+            };
+            pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false);
+            KeyLock(tag)
+        }
+    }
+}
+
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        unsafe { pg_sys::LockRelease(&self.0, pg_sys::ExclusiveLock as _, false) };
+    }
+}
+
+/// Wait for another transaction to end (honours lock_timeout and
+/// statement_timeout, and takes part in deadlock detection).
+pub fn wait_for(xid: pg_sys::TransactionId) {
+    unsafe {
+        pg_sys::XactLockTableWait(
+            xid,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            pg_sys::XLTW_Oper::XLTW_None,
+        )
+    };
+}
