@@ -18,6 +18,42 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"idem.partition_width",
+        c"Width of the time ranges idem_maintain partitions idem.claims into (100 milliseconds to 400 days).",
+        c"Claims are probed in every live partition: wider means fewer probes, narrower means expired claims are dropped sooner.",
+        &PARTITION_WIDTH,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"idem.maintenance_lock_timeout",
+        c"How long idem_maintain waits for its lock on idem.claims per attempt.",
+        c"Claims that arrive while it waits queue behind it, so keep it short.",
+        &MAINTENANCE_LOCK_TIMEOUT,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"idem.maintenance_lock_retries",
+        c"How many times idem_maintain tries to take its lock before leaving the work to the next run.",
+        c"",
+        &MAINTENANCE_LOCK_RETRIES,
+        1,
+        1000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"idem.premake_limit",
+        c"The most partitions one idem_maintain run creates ahead of time.",
+        c"Claims whose expiry lies beyond the premade partitions wait in the default partition.",
+        &PREMAKE_LIMIT,
+        1,
+        10000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
     unsafe { pg_sys::MarkGUCPrefixReserved(c"idem".as_ptr()) };
 }
 

@@ -15,6 +15,7 @@ mod storage;
 
 extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
+extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["claim"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh Debian 12 machine as root:
+#   bash scripts/test.sh
+# Installs what is missing, builds, starts the private cluster and runs every
+# level: #[pg_test] units, pg_regress, pg_isolation_regress, the pg_cron and
+# rotation scenarios, and a tiny benchmark run. Ends with "N passed, N failed".
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/cluster.sh" start
+
+passed=0
+failed=0
+failures=()
+record() { # name status
+  if [ "$2" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$1"); fi
+}
+
+OUT="$ROOT/target/test-out"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+fresh_db() {
+  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
+}
+
+# pg_regress / pg_isolation_regress: one line per test, "ok" or "FAILED".
+count_regress_output() { # suite-name file
+  while read -r line; do
+    name=$(echo "$line" | sed -E 's/^(test|     )? *([A-Za-z0-9_]+) +\.\.\..*/\2/')
+    if echo "$line" | grep -q "\.\.\. ok"; then record "$1/$name" 0
+    elif echo "$line" | grep -q "\.\.\. FAILED\|\.\.\. failed"; then record "$1/$name" 1
+    fi
+  done < <(grep -E "\.\.\. (ok|FAILED|failed)" "$2")
+}
+
+say "pg_regress: SQL API"
+fresh_db idem_regress
+"$PGXS_TEST/regress/pg_regress" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres \
+  --dbname=idem_regress --inputdir="$ROOT/tests/pg_regress" --outputdir="$OUT/regress" \
+  --schedule="$ROOT/tests/pg_regress/schedule" > "$OUT/regress.log" 2>&1 || true
+cat "$OUT/regress.log" | grep -E "\.\.\. " || true
+count_regress_output regress "$OUT/regress.log"
+[ -f "$OUT/regress/regression.diffs" ] && cat "$OUT/regress/regression.diffs"
+
+say "pg_isolation_regress: concurrency"
+fresh_db idem_isolation
+psql_idem -q -d idem_isolation -c "CREATE EXTENSION idem"
+"$PGXS_TEST/isolation/pg_isolation_regress" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres \
+  --dbname=idem_isolation --inputdir="$ROOT/tests/isolation" --outputdir="$OUT/isolation" \
+  --schedule="$ROOT/tests/isolation/schedule" > "$OUT/isolation.log" 2>&1 || true
+cat "$OUT/isolation.log" | grep -E "\.\.\. " || true
+count_regress_output isolation "$OUT/isolation.log"
+[ -f "$OUT/isolation/regression.diffs" ] && cat "$OUT/isolation/regression.diffs"
+
+# Scenario scripts: each is a bash script that exits 0 on success.
+for t in "$ROOT"/tests/scenarios/*.sh; do
+  [ -e "$t" ] || continue
+  name=$(basename "$t" .sh)
+  say "scenario: $name"
+  if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok"
+  else record "scenario/$name" 1; tail -30 "$OUT/scenario-$name.log"; fi
+done
+
+say "#[pg_test] units (cargo pgrx test)"
+PGRX_DATA="$(cluster_dir)/pgrx-test"
+mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
+if (cd "$ROOT" && cargo pgrx test pg15 --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
+while read -r line; do
+  name=$(echo "$line" | awk '{print $2}')
+  if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
+grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+
+echo
+if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
+echo "${passed} passed, ${failed} failed"
+[ "$failed" = 0 ] && [ "$passed" -gt 0 ]

@@ -1,0 +1,220 @@
+-- Partition lifecycle of idem.claims: make the partitions coming claims need,
+-- drop those whose every row has expired, move claims out of the default
+-- partition once a partition covers them. docs/design.md has the reasoning.
+
+-- Recent maintenance runs, newest last; idem_maintain keeps the last 100.
+CREATE TABLE idem.maintenance_runs (
+    run_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL,
+    report      jsonb       NOT NULL
+);
+COMMENT ON TABLE idem.maintenance_runs IS 'Reports of the last 100 idem_maintain() runs.';
+
+-- The settings maintenance reads, with their defaults when unset.
+CREATE FUNCTION idem.setting_interval(name text, fallback interval) RETURNS interval
+    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT coalesce(nullif(current_setting(name, true), '')::interval, fallback) $$;
+COMMENT ON FUNCTION idem.setting_interval(text, interval) IS 'An interval-valued setting, or fallback when unset.';
+
+CREATE FUNCTION idem.partition_name(lo timestamptz) RETURNS text
+    IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT 'claims_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS"_"MS') $$;
+COMMENT ON FUNCTION idem.partition_name(timestamptz) IS 'Name of the partition whose range starts at lo (UTC).';
+
+-- Partitions with their bounds, read from the catalog.
+CREATE VIEW idem.partition_bounds AS
+SELECT c.oid::regclass AS partition,
+       c.relname::text AS name,
+       m[1]::timestamptz AS range_from,
+       m[2]::timestamptz AS range_to,
+       c.relpartbound IS NOT NULL AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AS is_default
+  FROM pg_inherits h
+  JOIN pg_class c ON c.oid = h.inhrelid
+  LEFT JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
+         $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) AS m ON true
+ WHERE h.inhparent = 'idem.claims'::regclass;
+
+CREATE FUNCTION idem_maintain() RETURNS jsonb
+    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    started     timestamptz := clock_timestamp();
+    t_now       timestamptz;
+    width       interval := idem.setting_interval('idem.partition_width', '12 hours');
+    lock_wait   interval := idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds');
+    retries     int := coalesce(nullif(current_setting('idem.maintenance_lock_retries', true), '')::int, 20);
+    limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 32);
+    max_ttl     interval;
+    horizon     timestamptz;
+    cur         timestamptz;
+    nxt         timestamptz;
+    w_us        numeric;
+    made        text[] := '{}';
+    dropped     text[] := '{}';
+    skipped     text[] := '{}';
+    rows_dropped bigint := 0;
+    moved       bigint := 0;
+    expired_default bigint := 0;
+    locked      boolean := false;
+    attempt     int := 0;
+    p           record;
+    n           bigint;
+    report      jsonb;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(18756, 1) THEN
+        RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';
+        RETURN jsonb_build_object('skipped', 'another idem_maintain() is running');
+    END IF;
+    IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
+        RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
+            USING ERRCODE = '22023';
+    END IF;
+    w_us := extract(epoch FROM width) * 1000000;
+
+    -- The longest TTL a coming claim can get without a per-call override.
+    SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
+      INTO max_ttl FROM idem.biz_types;
+
+    -- Decide the work before taking any lock: most runs have none.
+    t_now := clock_timestamp();
+    horizon := t_now + max_ttl + width;
+    SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
+      INTO cur FROM idem.partition_bounds WHERE NOT is_default;
+
+    IF cur < horizon
+       OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
+       OR EXISTS (SELECT 1 FROM idem.claims_default LIMIT 1)
+    THEN
+        -- Every change to the partition set locks idem.claims against claims
+        -- (see design.md). Wait for the lock only briefly, so that claims
+        -- queued behind the request are not held up, and try again a little
+        -- later rather than queue behind a long transaction.
+        LOOP
+            attempt := attempt + 1;
+            BEGIN
+                PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms', true);
+                LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+                locked := true;
+            EXCEPTION WHEN lock_not_available THEN
+                locked := false;
+            END;
+            EXIT WHEN locked OR attempt >= retries;
+            PERFORM pg_sleep(least(0.01 * attempt * attempt, 1.0));
+        END LOOP;
+        IF NOT locked THEN
+            RAISE NOTICE 'idem_maintain: idem.claims stayed locked by other transactions through % attempts; nothing changed, the next run catches up', attempt;
+            skipped := skipped || 'lock on idem.claims not available'::text;
+        END IF;
+    END IF;
+
+    IF locked THEN
+        t_now := clock_timestamp();
+        -- Drop partitions whose range is over: every row in them has expired.
+        FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
+                  WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
+            SELECT greatest(c.reltuples::bigint, 0) INTO n FROM pg_class c WHERE c.oid = p.partition;
+            EXECUTE format('DROP TABLE %s', p.partition);
+            dropped := dropped || p.name;
+            rows_dropped := rows_dropped + n;
+        END LOOP;
+
+        -- Claims in the default partition that expired before any partition
+        -- covered them (maintenance was late): the only rows deleted one by one.
+        DELETE FROM idem.claims_default WHERE expires_at <= t_now;
+        GET DIAGNOSTICS expired_default = ROW_COUNT;
+
+        -- Make the partitions up to the horizon, moving in the claims the
+        -- default partition holds for their range.
+        SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
+          INTO cur FROM idem.partition_bounds WHERE NOT is_default;
+        WHILE cur < horizon AND coalesce(array_length(made, 1), 0) < limit_parts LOOP
+            nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
+            EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                           idem.partition_name(cur));
+            EXECUTE format($q$WITH m AS (DELETE FROM idem.claims_default
+                                           WHERE expires_at >= %L AND expires_at < %L RETURNING *)
+                              INSERT INTO idem.%I SELECT * FROM m$q$, cur, nxt, idem.partition_name(cur));
+            GET DIAGNOSTICS n = ROW_COUNT;
+            moved := moved + n;
+            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
+                           idem.partition_name(cur), cur, nxt);
+            made := made || idem.partition_name(cur);
+            cur := nxt;
+        END LOOP;
+    END IF;
+
+    report := jsonb_build_object(
+        'partitions_created', to_jsonb(made),
+        'partitions_dropped', to_jsonb(dropped),
+        'rows_removed', rows_dropped + expired_default,
+        'rows_in_dropped_partitions_estimate', rows_dropped,
+        'expired_rows_deleted_from_default', expired_default,
+        'rows_moved_from_default', moved,
+        'lock_attempts', attempt,
+        'skipped', CASE WHEN cardinality(skipped) > 0 THEN to_jsonb(skipped) END,
+        'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+    INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+    DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
+    RETURN report;
+END
+$fn$;
+COMMENT ON FUNCTION idem_maintain() IS
+'Partition maintenance: create the partitions coming claims need, drop whole partitions whose claims have all expired, move claims out of the default partition. Runs once at a time (a concurrent call returns at once with a NOTICE); waits for its lock only briefly and retries. Returns a jsonb report.';
+
+CREATE FUNCTION idem_schedule_maintenance(schedule text DEFAULT '*/5 * * * *') RETURNS bigint
+    VOLATILE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    job bigint;
+BEGIN
+    IF to_regprocedure('cron.schedule(text,text,text)') IS NULL THEN
+        RAISE EXCEPTION 'idem: pg_cron is not installed in this database'
+            USING ERRCODE = '55000',
+                  HINT = 'Install pg_cron (shared_preload_libraries = ''pg_cron'', then CREATE EXTENSION pg_cron in the database named by cron.database_name), or run "SELECT idem_maintain();" every few minutes from any scheduler: cron with psql, a systemd timer, a Kubernetes CronJob.';
+    END IF;
+    -- Scheduling again under the same name updates the job.
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' INTO job
+      USING 'idem_maintain', schedule, 'SELECT idem_maintain()';
+    PERFORM idem_maintain();
+    RETURN job;
+END
+$fn$;
+COMMENT ON FUNCTION idem_schedule_maintenance(text) IS
+'Register (or update) the pg_cron job "idem_maintain" that runs SELECT idem_maintain() on the given schedule, and run maintenance once now. Without pg_cron: SQLSTATE 55000 with a hint on scheduling it elsewhere.';
+
+CREATE VIEW idem_partitions AS
+SELECT b.name AS partition,
+       b.range_from,
+       b.range_to,
+       b.is_default,
+       greatest(c.reltuples, 0)::bigint AS estimated_rows,
+       pg_total_relation_size(b.partition) AS bytes,
+       coalesce(b.range_to <= now(), false) AS expired
+  FROM idem.partition_bounds b
+  JOIN pg_class c ON c.oid = b.partition
+ ORDER BY b.is_default, b.range_from;
+COMMENT ON VIEW idem_partitions IS 'Partitions of idem.claims: range, estimated rows, bytes, and whether every claim in it has expired.';
+
+CREATE VIEW idem_stats AS
+SELECT t.biz_type,
+       coalesce(t.ttl, idem.setting_interval('idem.default_ttl', '24 hours')) AS ttl,
+       count(c.*) AS live_keys,
+       count(c.*) FILTER (WHERE c.state IN ('p', 'c')) AS completed,
+       count(c.*) FILTER (WHERE c.state = 'f') AS failed,
+       count(c.*) FILTER (WHERE c.state = 'l') AS in_progress,
+       min(c.claimed_at) AS oldest_claim,
+       max(c.claimed_at) AS newest_claim
+  FROM idem.biz_types t
+  LEFT JOIN idem.claims c ON c.type_id = t.type_id AND c.expires_at > now()
+ GROUP BY t.biz_type, t.ttl
+ ORDER BY t.biz_type;
+COMMENT ON VIEW idem_stats IS 'Per business type: TTL in force, live (unexpired, committed) keys by state, oldest and newest claim.';
+
+-- pg_dump keeps configuration and the claims that live in the default
+-- partition; the other partitions are ordinary tables and are dumped anyway.
+SELECT pg_catalog.pg_extension_config_dump('idem.biz_types', '');
+SELECT pg_catalog.pg_extension_config_dump('idem.biz_types_type_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('idem.claims_default', '');
