@@ -9,6 +9,14 @@ use std::ffi::CString;
 pub static DEFAULT_TTL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"24 hours"));
 
+// Read by idem_maintain (PL/pgSQL, through current_setting); defined here so
+// that they are documented, typed and covered by the reserved prefix.
+static PARTITION_WIDTH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"12 hours"));
+static MAINTENANCE_LOCK_TIMEOUT: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"50 milliseconds"));
+static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);
+static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(32);
+
 pub fn init() {
     GucRegistry::define_string_guc(
         c"idem.default_ttl",
