@@ -1,2 +1,0 @@
-CREATE EXTENSION IF NOT EXISTS idem;
-SELECT claimed, state FROM idem_claim('k', 'smoke');
