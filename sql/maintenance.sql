@@ -58,6 +58,9 @@ DECLARE
     moved       bigint := 0;
     expired_default bigint := 0;
     locked      boolean := false;
+    los         timestamptz[] := '{}';
+    his         timestamptz[] := '{}';
+    old_lock_timeout text := current_setting('lock_timeout');
     attempt     int := 0;
     p           record;
     n           bigint;
@@ -77,15 +80,28 @@ BEGIN
     SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
       INTO max_ttl FROM idem.biz_types;
 
-    -- Decide the work before taking any lock: most runs have none.
+    -- Decide the work, and prepare the new partitions as standalone tables
+    -- (index and range CHECK included, so that attaching them neither builds
+    -- nor scans anything), all before taking the lock claims would queue on.
     t_now := clock_timestamp();
     horizon := t_now + max_ttl + width;
     SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
       INTO cur FROM idem.partition_bounds WHERE NOT is_default;
+    WHILE cur < horizon AND coalesce(array_length(made, 1), 0) < limit_parts LOOP
+        nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
+        EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+                          CONSTRAINT range CHECK (expires_at >= %L AND expires_at < %L))',
+                       idem.partition_name(cur), cur, nxt);
+        EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', idem.partition_name(cur));
+        made := made || idem.partition_name(cur);
+        los := los || cur;
+        his := his || nxt;
+        cur := nxt;
+    END LOOP;
 
-    IF cur < horizon
+    IF cardinality(made) > 0
        OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
-       OR EXISTS (SELECT 1 FROM idem.claims_default LIMIT 1)
+       OR EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= t_now)
     THEN
         -- Every change to the partition set locks idem.claims against claims
         -- (see design.md). Wait for the lock only briefly, so that claims
@@ -103,9 +119,15 @@ BEGIN
             EXIT WHEN locked OR attempt >= retries;
             PERFORM pg_sleep(least(0.01 * attempt * attempt, 1.0));
         END LOOP;
+        PERFORM set_config('lock_timeout', old_lock_timeout, true);
         IF NOT locked THEN
             RAISE NOTICE 'idem_maintain: idem.claims stayed locked by other transactions through % attempts; nothing changed, the next run catches up', attempt;
             skipped := skipped || 'lock on idem.claims not available'::text;
+            -- The prepared tables go with this transaction's rollback of them.
+            FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+                EXECUTE format('DROP TABLE idem.%I', made[i]);
+            END LOOP;
+            made := '{}';
         END IF;
     END IF;
 
@@ -125,23 +147,16 @@ BEGIN
         DELETE FROM idem.claims_default WHERE expires_at <= t_now;
         GET DIAGNOSTICS expired_default = ROW_COUNT;
 
-        -- Make the partitions up to the horizon, moving in the claims the
-        -- default partition holds for their range.
-        SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
-          INTO cur FROM idem.partition_bounds WHERE NOT is_default;
-        WHILE cur < horizon AND coalesce(array_length(made, 1), 0) < limit_parts LOOP
-            nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
-            EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
-                           idem.partition_name(cur));
+        -- Attach the prepared partitions, moving in the claims the default
+        -- partition holds for their range.
+        FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
             EXECUTE format($q$WITH m AS (DELETE FROM idem.claims_default
                                            WHERE expires_at >= %L AND expires_at < %L RETURNING *)
-                              INSERT INTO idem.%I SELECT * FROM m$q$, cur, nxt, idem.partition_name(cur));
+                              INSERT INTO idem.%I SELECT * FROM m$q$, los[i], his[i], made[i]);
             GET DIAGNOSTICS n = ROW_COUNT;
             moved := moved + n;
             EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
-                           idem.partition_name(cur), cur, nxt);
-            made := made || idem.partition_name(cur);
-            cur := nxt;
+                           made[i], los[i], his[i]);
         END LOOP;
     END IF;
 
@@ -199,7 +214,7 @@ SELECT b.name AS partition,
 COMMENT ON VIEW idem_partitions IS 'Partitions of idem.claims: range, estimated rows, bytes, and whether every claim in it has expired.';
 
 CREATE VIEW idem_stats AS
-SELECT t.biz_type,
+SELECT coalesce(c.biz_type, t.biz_type) AS biz_type,
        coalesce(t.ttl, idem.setting_interval('idem.default_ttl', '24 hours')) AS ttl,
        count(c.*) AS live_keys,
        count(c.*) FILTER (WHERE c.state IN ('p', 'c')) AS completed,
@@ -207,14 +222,13 @@ SELECT t.biz_type,
        count(c.*) FILTER (WHERE c.state = 'l') AS in_progress,
        min(c.claimed_at) AS oldest_claim,
        max(c.claimed_at) AS newest_claim
-  FROM idem.biz_types t
-  LEFT JOIN idem.claims c ON c.type_id = t.type_id AND c.expires_at > now()
- GROUP BY t.biz_type, t.ttl
- ORDER BY t.biz_type;
+  FROM (SELECT * FROM idem.claims WHERE expires_at > now()) c
+  FULL JOIN idem.biz_types t ON t.biz_type = c.biz_type
+ GROUP BY 1, t.ttl
+ ORDER BY 1;
 COMMENT ON VIEW idem_stats IS 'Per business type: TTL in force, live (unexpired, committed) keys by state, oldest and newest claim.';
 
 -- pg_dump keeps configuration and the claims that live in the default
 -- partition; the other partitions are ordinary tables and are dumped anyway.
 SELECT pg_catalog.pg_extension_config_dump('idem.biz_types', '');
-SELECT pg_catalog.pg_extension_config_dump('idem.biz_types_type_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('idem.claims_default', '');

@@ -5,23 +5,23 @@ CREATE SCHEMA idem;
 REVOKE ALL ON SCHEMA idem FROM PUBLIC;
 COMMENT ON SCHEMA idem IS 'idem storage: dedup records, business types, partitions. Not for direct use.';
 
--- One row per business type ever used. type_id is what claim rows carry
--- (4 bytes instead of the name); ids are never reused.
+-- Configured business types. A type needs no row to be used: claims carry
+-- the type's name, so the first use of a type writes nothing here and waits
+-- for nobody.
 CREATE TABLE idem.biz_types (
-    type_id    integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    biz_type   text        NOT NULL UNIQUE,
+    biz_type   text        PRIMARY KEY,
     ttl        interval,                 -- NULL: idem.default_ttl applies
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON TABLE idem.biz_types IS 'Business types: the namespace of keys, and their TTL (idem_configure).';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings (idem_configure): the TTL of its claims.';
 
--- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of type_id and
+-- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of biz_type and
 -- key). Written in Rust; the claim path computes the same value itself.
-CREATE FUNCTION idem.key_hash(type_id integer, key text) RETURNS bigint
+CREATE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_hash';
-COMMENT ON FUNCTION idem.key_hash(integer, text) IS 'Digest of (type_id, key) that idem.claims is indexed by; stable across versions.';
+COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by; stable across versions.';
 
 -- The dedup records, range-partitioned by expiry: a partition whose upper
 -- bound has passed holds only expired claims and is dropped whole.
@@ -29,17 +29,17 @@ COMMENT ON FUNCTION idem.key_hash(integer, text) IS 'Digest of (type_id, key) th
 CREATE TABLE idem.claims (
     expires_at  timestamptz NOT NULL,
     claimed_at  timestamptz NOT NULL,
-    type_id     integer     NOT NULL,
     state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased
+    biz_type    text        NOT NULL,
     key         text        NOT NULL,
     fingerprint text,
     result      jsonb
 ) PARTITION BY RANGE (expires_at);
-COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (type_id, key) among live rows is enforced by idem_claim, not by an index.';
+COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
 
 -- Not unique: an expired row of a key may share a partition with its live
 -- successor, and uniqueness across partitions is the claim protocol's job.
-CREATE INDEX claims_key_hash ON idem.claims (idem.key_hash(type_id, key));
+CREATE INDEX claims_key_hash ON idem.claims (idem.key_hash(biz_type, key));
 
 -- Catches claims whose expiry no partition covers yet (maintenance late or
 -- never run, or a TTL past the premade horizon); idem_maintain moves them out.

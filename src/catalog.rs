@@ -1,13 +1,16 @@
 //! Backend-local caches of what the claim path needs from the catalog: the
-//! OIDs of idem's tables, the live partitions of idem.claims, and business
-//! types. The claim path runs no SQL when the caches are warm.
+//! OIDs of idem's tables, the partitions of idem.claims, and the TTL of each
+//! business type. The claim path runs no SQL when the caches are warm.
 //!
 //! Invalidation: a relcache callback drops the partition list whenever
 //! idem.claims' relcache entry is invalidated (every partition created,
-//! dropped, attached or detached does that), and the type cache whenever
-//! idem_configure invalidates idem.biz_types. A transaction or
-//! subtransaction abort drops the type cache, so that a type registered by
-//! work that rolled back is never reused.
+//! dropped, attached or detached does that), and the TTL cache whenever
+//! idem_configure invalidates idem.biz_types (sent at commit, to every
+//! backend). An abort after idem_configure in this backend drops the TTL
+//! cache too, since it may hold the rolled-back value.
+//!
+//! SQL run here goes through `with_catalog_search_path`: these functions run
+//! as SECURITY DEFINER, so nothing may resolve through the caller's path.
 
 use crate::errors::{invalid, IdemError};
 use pgrx::pg_sys;
@@ -22,22 +25,19 @@ pub struct Partition {
     pub range: Option<(i64, i64)>,
 }
 
-#[derive(Clone, Copy, Debug)]
-pub struct BizType {
-    pub type_id: i32,
-    /// Configured TTL in microseconds; None means idem.default_ttl.
-    pub ttl_us: Option<i64>,
-}
-
 #[derive(Default)]
 struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
     partitions: Option<Vec<Partition>>,
-    types: HashMap<Vec<u8>, BizType>,
-    /// This transaction registered a type: its cache entry must not outlive
+    /// Bumped whenever `partitions` is dropped, so that a caller can tell
+    /// the list it locked is still the current one.
+    generation: u64,
+    /// Configured TTL in microseconds per type; None: no TTL configured.
+    ttls: HashMap<Vec<u8>, Option<i64>>,
+    /// This transaction ran idem_configure: the TTL cache must not outlive
     /// an abort.
-    registered_in_xact: bool,
+    configured_in_xact: bool,
     callbacks_registered: bool,
 }
 
@@ -67,7 +67,8 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     };
     if relid == pg_sys::InvalidOid || Some(relid) == c.claims || Some(relid) == c.biz_types {
         c.partitions = None;
-        c.types.clear();
+        c.generation += 1;
+        c.ttls.clear();
         if relid == pg_sys::InvalidOid {
             c.claims = None;
             c.biz_types = None;
@@ -76,19 +77,13 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
-        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => {
-            forget_uncommitted()
-        }
-        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT =>
-        {
+        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => forget_uncommitted(),
+        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
             #[allow(static_mut_refs)]
             if let Some(c) = unsafe { CACHE.as_mut() } {
-                c.registered_in_xact = false;
+                c.configured_in_xact = false;
             }
         }
         _ => {}
@@ -112,9 +107,9 @@ unsafe extern "C-unwind" fn subxact_callback(
 fn forget_uncommitted() {
     #[allow(static_mut_refs)]
     if let Some(c) = unsafe { CACHE.as_mut() } {
-        if c.registered_in_xact {
-            c.types.clear();
-            c.registered_in_xact = false;
+        if c.configured_in_xact {
+            c.ttls.clear();
+            c.configured_in_xact = false;
         }
     }
 }
@@ -122,11 +117,8 @@ fn forget_uncommitted() {
 fn relation_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
     unsafe {
         let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);
-        let rel = if nsp == pg_sys::InvalidOid {
-            pg_sys::InvalidOid
-        } else {
-            pg_sys::get_relname_relid(name.as_ptr(), nsp)
-        };
+        let rel =
+            if nsp == pg_sys::InvalidOid { pg_sys::InvalidOid } else { pg_sys::get_relname_relid(name.as_ptr(), nsp) };
         if rel == pg_sys::InvalidOid {
             IdemError::ObjectNotInPrerequisiteState(
                 format!("relation idem.{} does not exist", name.to_string_lossy()),
@@ -145,20 +137,24 @@ pub fn claims_oid() -> pg_sys::Oid {
 
 pub fn biz_types_oid() -> pg_sys::Oid {
     let c = cache();
-    *c.biz_types
-        .get_or_insert_with(|| relation_oid(c"biz_types"))
+    *c.biz_types.get_or_insert_with(|| relation_oid(c"biz_types"))
 }
 
 /// The partitions of idem.claims. Call with idem.claims locked, so that the
 /// list cannot change under the caller (every change to it needs a lock that
 /// conflicts with RowExclusiveLock).
-pub fn partitions() -> &'static [Partition] {
+pub fn partitions() -> (u64, &'static [Partition]) {
     let parent = claims_oid();
     let c = cache();
     if c.partitions.is_none() {
-        c.partitions = Some(load_partitions(parent));
+        c.partitions = Some(with_catalog_search_path(|| load_partitions(parent)));
     }
-    c.partitions.as_deref().unwrap()
+    (c.generation, c.partitions.as_deref().unwrap())
+}
+
+/// The generation `partitions` would report now.
+pub fn partitions_generation() -> u64 {
+    cache().generation
 }
 
 fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
@@ -167,28 +163,22 @@ fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
     const SQL: &str = r#"
         SELECT c.oid,
                (SELECT pg_catalog.array_agg(i.indexrelid ORDER BY i.indexrelid)
-                  FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid) AS indexes,
+                  FROM pg_catalog.pg_index i WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid) AS indexes,
                m[1]::pg_catalog.timestamptz AS lo,
                m[2]::pg_catalog.timestamptz AS hi
           FROM pg_catalog.pg_inherits h
-          JOIN pg_catalog.pg_class c ON c.oid = h.inhrelid
+          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) h.inhrelid
           CROSS JOIN LATERAL pg_catalog.regexp_match(
                 pg_catalog.pg_get_expr(c.relpartbound, c.oid),
                 $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) AS m
-         WHERE h.inhparent = $1
+         WHERE h.inhparent OPERATOR(pg_catalog.=) $1
          ORDER BY lo NULLS FIRST"#;
     Spi::connect(|client| {
-        let rows = client
-            .select(SQL, None, &[parent.into()])
-            .unwrap_or_else(|e| invalid(format!("{e}")));
+        let rows = client.select(SQL, None, &[parent.into()]).unwrap_or_else(|e| invalid(format!("{e}")));
         let mut out = Vec::new();
         for row in rows {
             let relid: pg_sys::Oid = row.get(1).ok().flatten().unwrap();
-            let indexes: Vec<pg_sys::Oid> = row
-                .get::<Vec<pg_sys::Oid>>(2)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+            let indexes: Vec<pg_sys::Oid> = row.get::<Vec<pg_sys::Oid>>(2).ok().flatten().unwrap_or_default();
             let lo: Option<TimestampWithTimeZone> = row.get(3).ok().flatten();
             let hi: Option<TimestampWithTimeZone> = row.get(4).ok().flatten();
             if indexes.len() != 1 {
@@ -202,11 +192,7 @@ fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
                 (Some(lo), Some(hi)) => Some((timestamp_us(lo), timestamp_us(hi))),
                 _ => None,
             };
-            out.push(Partition {
-                relid,
-                index: indexes[0],
-                range,
-            });
+            out.push(Partition { relid, index: indexes[0], range });
         }
         out
     })
@@ -217,51 +203,57 @@ fn timestamp_us(t: TimestampWithTimeZone) -> i64 {
     t.into_datum().unwrap().value() as i64
 }
 
-/// Look up a business type; with `register`, create it when unknown.
-/// `None` only when unknown and not registering.
-pub fn biz_type(name: &[u8], register: bool) -> Option<BizType> {
+/// The TTL configured for a business type, in microseconds.
+pub fn configured_ttl(biz_type: &[u8]) -> Option<i64> {
+    biz_types_oid(); // so that relcache_callback recognises its invalidation
     let c = cache();
-    if let Some(t) = c.types.get(name) {
-        return Some(*t);
+    if let Some(t) = c.ttls.get(biz_type) {
+        return *t;
     }
-    let name_str = std::str::from_utf8(name).expect("biz_type is validated ASCII");
-    let found = load_biz_type(name_str).or_else(|| {
-        if !register {
-            return None;
-        }
-        // ON CONFLICT: a concurrent first use of the same type waits for the
-        // other transaction and then reads its row.
-        Spi::run_with_args(
-            "INSERT INTO idem.biz_types (biz_type) VALUES ($1) ON CONFLICT (biz_type) DO NOTHING",
-            &[name_str.into()],
-        )
-        .unwrap_or_else(|e| invalid(format!("{e}")));
-        cache().registered_in_xact = true;
-        load_biz_type(name_str)
+    let name = std::str::from_utf8(biz_type).expect("biz_type is validated ASCII");
+    let ttl = with_catalog_search_path(|| {
+        Spi::connect(|client| {
+            let rows = client
+                .select(
+                    "SELECT (pg_catalog.date_part('epoch', ttl) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8
+                       FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+                    Some(1),
+                    &[name.into()],
+                )
+                .unwrap_or_else(|e| invalid(format!("{e}")));
+            rows.into_iter().next().and_then(|r| r.get::<i64>(1).ok().flatten())
+        })
     });
-    if let Some(t) = found {
-        c.types.insert(name.to_vec(), t);
-    }
-    found
+    c.ttls.insert(biz_type.to_vec(), ttl);
+    ttl
 }
 
-fn load_biz_type(name: &str) -> Option<BizType> {
-    let row = Spi::get_two_with_args::<i32, i64>(
-        "SELECT type_id, (pg_catalog.date_part('epoch', ttl) * 1000000)::pg_catalog.int8
-           FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
-        &[name.into()],
-    );
-    match row {
-        Ok((Some(type_id), ttl_us)) => Some(BizType { type_id, ttl_us }),
-        Ok((None, _)) => None,
-        Err(pgrx::spi::SpiError::InvalidPosition) => None,
-        Err(e) => invalid(format!("{e}")),
-    }
-}
-
-/// Tell every backend (this one included, at the next command) that the
-/// type cache is stale. Sent at commit, so a rolled-back change sends nothing.
+/// Tell every backend (this one included, at the next command) that the TTL
+/// cache is stale. Sent at commit, so a rolled-back change sends nothing.
 pub fn invalidate_biz_types() {
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(biz_types_oid()) };
-    cache().types.clear();
+    let c = cache();
+    c.ttls.clear();
+    c.configured_in_xact = true;
+}
+
+/// Run `f` with the search path reduced to pg_catalog (no temp schema), so
+/// that the SQL it runs resolves nothing the caller could have planted.
+pub fn with_catalog_search_path<R>(f: impl FnOnce() -> R) -> R {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            unsafe { pg_sys::PopOverrideSearchPath() };
+        }
+    }
+    unsafe {
+        let path =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::OverrideSearchPath>()) as *mut pg_sys::OverrideSearchPath;
+        (*path).schemas = std::ptr::null_mut();
+        (*path).addCatalog = true;
+        (*path).addTemp = false;
+        pg_sys::PushOverrideSearchPath(path);
+    }
+    let _pop = Pop;
+    f()
 }

@@ -15,7 +15,7 @@ use crate::catalog;
 use crate::errors::{invalid, IdemError};
 use crate::fmgr::*;
 use crate::guc;
-use crate::storage::{self, KeyLock, Opened, Row, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+use crate::storage::{self, KeyLock, KeyRef, Opened, Row, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
 use pgrx::pg_sys;
 
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -27,9 +27,7 @@ pub struct Target<'a> {
 }
 
 pub fn valid_biz_type(b: &[u8]) -> bool {
-    (1..=64).contains(&b.len())
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || b"_.:-".contains(c))
+    (1..=64).contains(&b.len()) && b.iter().all(|c| c.is_ascii_alphanumeric() || b"_.:-".contains(c))
 }
 
 pub fn check_biz_type(b: &[u8]) {
@@ -46,10 +44,7 @@ pub fn check_key(k: &[u8]) {
         invalid("key must not be empty");
     }
     if k.len() > MAX_KEY_BYTES {
-        invalid(format!(
-            "key is {} bytes long; the limit is {MAX_KEY_BYTES}",
-            k.len()
-        ));
+        invalid(format!("key is {} bytes long; the limit is {MAX_KEY_BYTES}", k.len()));
     }
 }
 
@@ -65,6 +60,9 @@ pub unsafe fn target_args<'a>(fcinfo: pg_sys::FunctionCallInfo) -> Target<'a> {
 }
 
 impl Target<'_> {
+    pub fn key_ref(&self) -> KeyRef<'_> {
+        KeyRef::new(self.biz_type, self.key)
+    }
     fn lossy_key(&self) -> String {
         String::from_utf8_lossy(self.key).into_owned()
     }
@@ -88,13 +86,7 @@ pub struct Outcome {
 
 impl Outcome {
     fn absent() -> Outcome {
-        Outcome {
-            claimed: false,
-            state: "absent",
-            result: None,
-            first_claimed_at: None,
-            expires_at: None,
-        }
+        Outcome { claimed: false, state: "absent", result: None, first_claimed_at: None, expires_at: None }
     }
 
     /// How an existing row reads to someone who did not just claim it.
@@ -154,26 +146,16 @@ pub struct ClaimRequest<'a> {
 
 pub fn claim(req: &ClaimRequest) -> Outcome {
     let t = &req.target;
-    let bt = catalog::biz_type(t.biz_type, true).expect("registered");
-    let ttl = req.ttl_us.or(bt.ttl_us).unwrap_or_else(guc::default_ttl_us);
-    let hash = storage::key_hash(bt.type_id, t.key);
+    let k = t.key_ref();
+    let ttl = req.ttl_us.or_else(|| catalog::configured_ttl(t.biz_type)).unwrap_or_else(guc::default_ttl_us);
     let claims = storage::open(now(), pg_sys::RowExclusiveLock as _);
     loop {
-        let lock = KeyLock::acquire(hash);
+        let lock = KeyLock::acquire(k.hash);
         let now = now();
-        match claims.probe(hash, bt.type_id, t.key, now, true) {
+        match claims.probe(k, now, true) {
             None => {
                 let expires_at = now.saturating_add(ttl);
-                claims.insert(
-                    hash,
-                    bt.type_id,
-                    t.key,
-                    now,
-                    expires_at,
-                    STATE_PENDING,
-                    req.fingerprint,
-                    None,
-                );
+                claims.insert(k, now, expires_at, STATE_PENDING, req.fingerprint, None);
                 drop(lock);
                 return Outcome {
                     claimed: true,
@@ -200,32 +182,20 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
 
 fn duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) -> Outcome {
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
-        IdemError::SerializationFailure {
-            biz_type: t.lossy_type(),
-            key: t.lossy_key(),
-        }
-        .fail();
+        IdemError::SerializationFailure { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
     }
     if let (Some(mine), Some(first)) = (fingerprint, row.fingerprint.as_deref()) {
         if mine != first {
-            IdemError::FingerprintMismatch {
-                biz_type: t.lossy_type(),
-                key: t.lossy_key(),
-            }
-            .fail();
+            IdemError::FingerprintMismatch { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
         }
     }
     Outcome::of_row(row)
 }
 
 pub fn lookup(t: &Target) -> Outcome {
-    let Some(bt) = catalog::biz_type(t.biz_type, false) else {
-        return Outcome::absent();
-    };
-    let hash = storage::key_hash(bt.type_id, t.key);
     let now = now();
     let claims = storage::open(now, pg_sys::AccessShareLock as _);
-    match claims.probe(hash, bt.type_id, t.key, now, true) {
+    match claims.probe(t.key_ref(), now, true) {
         Some(row) => Outcome::of_row(&row),
         None => Outcome::absent(),
     }
@@ -233,48 +203,37 @@ pub fn lookup(t: &Target) -> Outcome {
 
 /// idem_complete / idem_fail: record the outcome on this transaction's claim.
 pub fn finish(t: &Target, state: u8, result: Option<pg_sys::Datum>) {
-    let not_claimed = |why| {
-        IdemError::NotClaimed {
-            biz_type: t.lossy_type(),
-            key: t.lossy_key(),
-            why,
-        }
-        .fail()
-    };
-    let Some(bt) = catalog::biz_type(t.biz_type, false) else {
-        not_claimed("is not claimed by this transaction")
-    };
-    let hash = storage::key_hash(bt.type_id, t.key);
+    let not_claimed = |why| IdemError::NotClaimed { biz_type: t.lossy_type(), key: t.lossy_key(), why }.fail();
+    let k = t.key_ref();
     let now = now();
     let claims: Opened = storage::open(now, pg_sys::RowExclusiveLock as _);
-    match claims.probe(hash, bt.type_id, t.key, now, false) {
-        Some(row) if row.own => claims.rewrite_own(&row, hash, bt.type_id, t.key, state, result),
+    match claims.probe(k, now, false) {
+        Some(row) if row.own => claims.rewrite_own(&row, k, state, result),
         Some(_) => not_claimed("is claimed by another transaction, not this one"),
         None => not_claimed("is not claimed by this transaction"),
     }
 }
 
 pub fn forget(t: &Target) -> bool {
-    let Some(bt) = catalog::biz_type(t.biz_type, false) else {
-        return false;
-    };
-    let hash = storage::key_hash(bt.type_id, t.key);
-    let n = pgrx::spi::Spi::connect_mut(|client| {
-        client
-            .update(
-                "DELETE FROM idem.claims
-                  WHERE idem.key_hash(type_id, key) OPERATOR(pg_catalog.=) $1
-                    AND type_id OPERATOR(pg_catalog.=) $2
-                    AND key OPERATOR(pg_catalog.=) $3
-                    AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()",
-                None,
-                &[
-                    hash.into(),
-                    bt.type_id.into(),
-                    String::from_utf8_lossy(t.key).as_ref().into(),
-                ],
-            )
-            .map(|r| r.len())
+    let k = t.key_ref();
+    let n = catalog::with_catalog_search_path(|| {
+        pgrx::spi::Spi::connect_mut(|client| {
+            client
+                .update(
+                    "DELETE FROM idem.claims
+                      WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
+                        AND biz_type OPERATOR(pg_catalog.=) $2
+                        AND key OPERATOR(pg_catalog.=) $3
+                        AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()",
+                    None,
+                    &[
+                        k.hash.into(),
+                        String::from_utf8_lossy(k.biz_type).as_ref().into(),
+                        String::from_utf8_lossy(k.key).as_ref().into(),
+                    ],
+                )
+                .map(|r| r.len())
+        })
     })
     .unwrap_or_else(|e| invalid(format!("{e}")));
     n > 0
@@ -288,13 +247,7 @@ unsafe fn sql_claim(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         let ttl_us = arg_interval(fcinfo, 2).map(|iv| guc::checked_ttl(&iv, "ttl"));
         let fingerprint = arg_text(fcinfo, 3);
         let wait = arg_bool(fcinfo, 4).unwrap_or(true);
-        claim(&ClaimRequest {
-            target,
-            ttl_us,
-            fingerprint,
-            wait,
-        })
-        .into_datum(fcinfo)
+        claim(&ClaimRequest { target, ttl_us, fingerprint, wait }).into_datum(fcinfo)
     }
 }
 crate::sql_function!(idem_claim, pg_finfo_idem_claim, sql_claim);
@@ -338,11 +291,15 @@ unsafe fn sql_configure(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         }
         let name = std::str::from_utf8(biz_type).unwrap();
         let ttl_arg: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
-        pgrx::spi::Spi::run_with_args(
-            "INSERT INTO idem.biz_types AS b (biz_type, ttl) VALUES ($1, $2)
-             ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = pg_catalog.now()",
-            &[name.into(), ttl_arg.into()],
-        )
+        catalog::with_catalog_search_path(|| {
+            catalog::with_catalog_search_path(|| {
+                pgrx::spi::Spi::run_with_args(
+                    "INSERT INTO idem.biz_types AS b (biz_type, ttl) VALUES ($1, $2)
+                 ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = pg_catalog.now()",
+                    &[name.into(), ttl_arg.into()],
+                )
+            })
+        })
         .unwrap_or_else(|e| invalid(format!("{e}")));
         catalog::invalidate_biz_types();
         pg_sys::Datum::from(0)
@@ -352,9 +309,9 @@ crate::sql_function!(idem_configure, pg_finfo_idem_configure, sql_configure);
 
 unsafe fn sql_key_hash(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
-        let type_id = arg_datum(fcinfo, 0).value() as i32;
+        let biz_type = arg_text(fcinfo, 0).unwrap_or_default();
         let key = arg_text(fcinfo, 1).unwrap_or_default();
-        pg_sys::Datum::from(storage::key_hash(type_id, key))
+        pg_sys::Datum::from(storage::key_hash(biz_type, key))
     }
 }
 crate::sql_function!(idem_key_hash, pg_finfo_idem_key_hash, sql_key_hash);

@@ -15,11 +15,7 @@ pub enum IdemError {
     /// ID002: a state transition the machine does not allow.
     IllegalTransition(String),
     /// ID003: finishing or checkpointing a claim this caller does not hold.
-    NotClaimed {
-        biz_type: String,
-        key: String,
-        why: &'static str,
-    },
+    NotClaimed { biz_type: String, key: String, why: &'static str },
     /// 40001: the caller's snapshot cannot see a claim committed concurrently.
     SerializationFailure { biz_type: String, key: String },
     /// P0002: the row a transition names does not exist.
@@ -109,11 +105,7 @@ impl IdemError {
             fn errcode(sqlerrcode: std::ffi::c_int) -> std::ffi::c_int;
             fn errmsg(fmt: *const std::ffi::c_char, ...) -> std::ffi::c_int;
             fn errhint(fmt: *const std::ffi::c_char, ...) -> std::ffi::c_int;
-            fn errfinish(
-                filename: *const std::ffi::c_char,
-                lineno: std::ffi::c_int,
-                funcname: *const std::ffi::c_char,
-            );
+            fn errfinish(filename: *const std::ffi::c_char, lineno: std::ffi::c_int, funcname: *const std::ffi::c_char);
         }
         let code = sqlstate(self.code());
         // Copy the texts into palloc'd memory, which the error cleanup frees,

@@ -14,15 +14,12 @@ macro_rules! sql_function {
         #[no_mangle]
         #[doc(hidden)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record =
-                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
             &V1
         }
         #[no_mangle]
         #[doc(hidden)]
-        pub unsafe extern "C-unwind" fn $symbol(
-            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
-        ) -> ::pgrx::pg_sys::Datum {
+        pub unsafe extern "C-unwind" fn $symbol(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
             unsafe { $crate::fmgr::entry(fcinfo, $body) }
         }
     };
@@ -36,14 +33,12 @@ pub unsafe fn entry(
     body: unsafe fn(pg_sys::FunctionCallInfo) -> pg_sys::Datum,
 ) -> pg_sys::Datum {
     let outcome: Result<pg_sys::Datum, IdemError> = unsafe {
-        pg_sys::panic::pgrx_extern_c_guard(|| {
-            match catch_unwind(AssertUnwindSafe(|| body(fcinfo))) {
-                Ok(d) => Ok(d),
-                Err(payload) => match payload.downcast::<IdemError>() {
-                    Ok(e) => Err(*e),
-                    Err(other) => resume_unwind(other),
-                },
-            }
+        pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| body(fcinfo))) {
+            Ok(d) => Ok(d),
+            Err(payload) => match payload.downcast::<IdemError>() {
+                Ok(e) => Err(*e),
+                Err(other) => resume_unwind(other),
+            },
         })
     };
     match outcome {
@@ -72,11 +67,7 @@ pub unsafe fn arg_text<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option
 }
 
 /// A text argument that must not be NULL (22004 otherwise).
-pub unsafe fn arg_text_req<'a>(
-    fcinfo: pg_sys::FunctionCallInfo,
-    n: usize,
-    name: &'static str,
-) -> &'a [u8] {
+pub unsafe fn arg_text_req<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize, name: &'static str) -> &'a [u8] {
     unsafe { arg_text(fcinfo, n) }.unwrap_or_else(|| IdemError::NullArgument(name).fail())
 }
 
@@ -119,11 +110,7 @@ pub fn text_datum(bytes: &[u8]) -> pg_sys::Datum {
         let len = bytes.len() + pg_sys::VARHDRSZ;
         let p = pg_sys::palloc(len) as *mut pg_sys::varlena;
         pgrx::varlena::set_varsize_4b(p, len as i32);
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            pgrx::varlena::vardata_4b(p) as *mut u8,
-            bytes.len(),
-        );
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), pgrx::varlena::vardata_4b(p) as *mut u8, bytes.len());
         pg_sys::Datum::from(p)
     }
 }
@@ -134,10 +121,7 @@ pub unsafe fn result_tupdesc(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::TupleD
         let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
         let kind = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
         if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
-            IdemError::FeatureNotSupported(
-                "function must be declared to return a composite type".into(),
-            )
-            .fail();
+            IdemError::FeatureNotSupported("function must be declared to return a composite type".into()).fail();
         }
         pg_sys::BlessTupleDesc(desc)
     }

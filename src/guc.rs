@@ -6,8 +6,7 @@ use pgrx::pg_sys;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 
-pub static DEFAULT_TTL: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"24 hours"));
+pub static DEFAULT_TTL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"24 hours"));
 
 // Read by idem_maintain (PL/pgSQL, through current_setting); defined here so
 // that they are documented, typed and covered by the reserved prefix.
@@ -73,10 +72,7 @@ pub const MAX_TTL_US: i128 = 400 * 86_400_000_000;
 pub fn interval_us(iv: &pg_sys::Interval) -> i128 {
     let years = (iv.month / 12) as i128;
     let months = (iv.month % 12) as i128;
-    iv.time as i128
-        + iv.day as i128 * 86_400_000_000
-        + years * 31_557_600_000_000
-        + months * 2_592_000_000_000
+    iv.time as i128 + iv.day as i128 * 86_400_000_000 + years * 31_557_600_000_000 + months * 2_592_000_000_000
 }
 
 /// A TTL from `what`, checked to lie within 1 second .. 400 days.

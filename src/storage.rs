@@ -12,8 +12,8 @@ use std::mem::MaybeUninit;
 
 pub const COL_EXPIRES_AT: usize = 0;
 pub const COL_CLAIMED_AT: usize = 1;
-pub const COL_TYPE_ID: usize = 2;
-pub const COL_STATE: usize = 3;
+pub const COL_STATE: usize = 2;
+pub const COL_BIZ_TYPE: usize = 3;
 pub const COL_KEY: usize = 4;
 pub const COL_FINGERPRINT: usize = 5;
 pub const COL_RESULT: usize = 6;
@@ -24,15 +24,29 @@ pub const STATE_COMPLETED: u8 = b'c';
 pub const STATE_FAILED: u8 = b'f';
 
 /// The stable digest the index is built on: SipHash-1-3 with a fixed key over
-/// the type id (little endian) and the key bytes. Changing it orphans every
-/// stored claim, so it never changes.
-pub fn key_hash(type_id: i32, key: &[u8]) -> i64 {
+/// the biz_type's length (one byte: it is at most 64), the biz_type and the
+/// key. Changing it orphans every stored claim, so it never changes.
+pub fn key_hash(biz_type: &[u8], key: &[u8]) -> i64 {
     use std::hash::Hasher;
-    let mut h =
-        siphasher::sip::SipHasher13::new_with_keys(0x6964_656d_5f6b_6579, 0x7632_5f73_6970_3133);
-    h.write(&type_id.to_le_bytes());
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x6964_656d_5f6b_6579, 0x7632_5f73_6970_3133);
+    h.write(&[biz_type.len() as u8]);
+    h.write(biz_type);
     h.write(key);
     h.finish() as i64
+}
+
+/// One (biz_type, key), validated, with its digest.
+#[derive(Clone, Copy)]
+pub struct KeyRef<'a> {
+    pub biz_type: &'a [u8],
+    pub key: &'a [u8],
+    pub hash: i64,
+}
+
+impl<'a> KeyRef<'a> {
+    pub fn new(biz_type: &'a [u8], key: &'a [u8]) -> Self {
+        KeyRef { biz_type, key, hash: key_hash(biz_type, key) }
+    }
 }
 
 /// A live row of one key, as a probe found it.
@@ -60,36 +74,31 @@ pub struct Opened {
 
 /// Lock idem.claims, then open every partition that can hold a live claim
 /// (upper bound after `now`, and the default partition). The parent is locked
-/// first: every change to the partition set takes a lock that conflicts with
-/// ours, so the set stays as read until the transaction ends.
+/// first: idem_maintain changes partitions only under a lock that conflicts
+/// with ours, so the set stays as read until the transaction ends. Anyone
+/// else attaching a partition locks the default partition, which we lock
+/// too: if taking that lock let invalidations in, read the list again.
 pub fn open(now: i64, lockmode: pg_sys::LOCKMODE) -> Opened {
     unsafe {
         let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
-        let parts = catalog::partitions()
-            .iter()
-            .filter(|p| p.range.map_or(true, |(_, hi)| hi > now))
-            .map(|p| {
-                (
-                    pg_sys::table_open(p.relid, lockmode),
-                    pg_sys::index_open(p.index, lockmode),
-                    p,
-                )
-            })
-            .collect();
-        Opened { parent, parts }
+        let mut opened = Opened { parent, parts: Vec::new() };
+        loop {
+            let (generation, parts) = catalog::partitions();
+            opened.close_parts();
+            for p in parts.iter().filter(|p| p.range.is_none_or(|(_, hi)| hi > now)) {
+                opened.parts.push((pg_sys::table_open(p.relid, lockmode), pg_sys::index_open(p.index, lockmode), p));
+            }
+            if catalog::partitions_generation() == generation {
+                return opened;
+            }
+        }
     }
 }
 
 impl Drop for Opened {
     fn drop(&mut self) {
-        // Locks stay until the end of the transaction (NoLock here).
-        unsafe {
-            for (heap, index, _) in self.parts.drain(..) {
-                pg_sys::index_close(index, pg_sys::NoLock as _);
-                pg_sys::table_close(heap, pg_sys::NoLock as _);
-            }
-            pg_sys::table_close(self.parent, pg_sys::NoLock as _);
-        }
+        self.close_parts();
+        unsafe { pg_sys::table_close(self.parent, pg_sys::NoLock as _) };
     }
 }
 
@@ -101,31 +110,22 @@ unsafe fn bytes_of(d: pg_sys::Datum) -> Vec<u8> {
 }
 
 impl Opened {
-    /// The live row of (type_id, key) if there is one. A row another
+    /// Locks stay until the end of the transaction (NoLock here).
+    fn close_parts(&mut self) {
+        for (heap, index, _) in self.parts.drain(..) {
+            unsafe {
+                pg_sys::index_close(index, pg_sys::NoLock as _);
+                pg_sys::table_close(heap, pg_sys::NoLock as _);
+            }
+        }
+    }
+
+    /// The live row of (biz_type, key) if there is one. A row another
     /// transaction is still writing is returned with `busy` set.
-    pub fn probe(
-        &self,
-        hash: i64,
-        type_id: i32,
-        key: &[u8],
-        now: i64,
-        want_result: bool,
-    ) -> Option<Row> {
+    pub fn probe(&self, k: KeyRef, now: i64, want_result: bool) -> Option<Row> {
         let mut found: Option<Row> = None;
         for (i, (heap, index, _)) in self.parts.iter().enumerate() {
-            unsafe {
-                self.probe_one(
-                    i,
-                    *heap,
-                    *index,
-                    hash,
-                    type_id,
-                    key,
-                    now,
-                    want_result,
-                    &mut found,
-                )
-            };
+            unsafe { self.probe_one(i, *heap, *index, k, now, want_result, &mut found) };
             if found.as_ref().is_some_and(|r| r.busy.is_some()) {
                 break;
             }
@@ -139,9 +139,7 @@ impl Opened {
         part: usize,
         heap: pg_sys::Relation,
         index: pg_sys::Relation,
-        hash: i64,
-        type_id: i32,
-        key: &[u8],
+        k: KeyRef,
         now: i64,
         want_result: bool,
         found: &mut Option<Row>,
@@ -155,30 +153,26 @@ impl Opened {
                 1,
                 pg_sys::BTEqualStrategyNumber as _,
                 pg_sys::Oid::from(pg_sys::F_INT8EQ),
-                pg_sys::Datum::from(hash),
+                pg_sys::Datum::from(k.hash),
             );
             let scan = pg_sys::index_beginscan(heap, index, &mut dirty, 1, 0);
             pg_sys::index_rescan(scan, &mut skey, 1, std::ptr::null_mut(), 0);
             let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-            while pg_sys::index_getnext_slot(
-                scan,
-                pg_sys::ScanDirection::ForwardScanDirection,
-                slot,
-            ) {
+            while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
                 // dirty.xmin/xmax now describe this tuple's in-progress writers.
                 let (busy_xmin, busy_xmax) = (dirty.xmin, dirty.xmax);
                 pg_sys::slot_getsomeattrs_int(slot, NCOLS as i32);
                 let values = std::slice::from_raw_parts((*slot).tts_values, NCOLS);
                 let nulls = std::slice::from_raw_parts((*slot).tts_isnull, NCOLS);
-                if values[COL_TYPE_ID].value() as i32 != type_id {
-                    continue;
-                }
                 let expires_at = values[COL_EXPIRES_AT].value() as i64;
                 if expires_at <= now {
                     continue; // expired: as good as absent
                 }
+                let stored_type = pg_sys::pg_detoast_datum_packed(values[COL_BIZ_TYPE].cast_mut_ptr());
                 let stored_key = pg_sys::pg_detoast_datum_packed(values[COL_KEY].cast_mut_ptr());
-                if pgrx::varlena::varlena_to_byte_slice(stored_key) != key {
+                if pgrx::varlena::varlena_to_byte_slice(stored_key) != k.key
+                    || pgrx::varlena::varlena_to_byte_slice(stored_type) != k.biz_type
+                {
                     continue; // digest collision
                 }
                 let mut should_free = false;
@@ -207,13 +201,9 @@ impl Opened {
                     state: values[COL_STATE].value() as u8,
                     claimed_at: values[COL_CLAIMED_AT].value() as i64,
                     expires_at,
-                    fingerprint: (!nulls[COL_FINGERPRINT])
-                        .then(|| bytes_of(values[COL_FINGERPRINT])),
-                    result: (want_result && !nulls[COL_RESULT]).then(|| {
-                        pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(
-                            values[COL_RESULT].cast_mut_ptr(),
-                        ))
-                    }),
+                    fingerprint: (!nulls[COL_FINGERPRINT]).then(|| bytes_of(values[COL_FINGERPRINT])),
+                    result: (want_result && !nulls[COL_RESULT])
+                        .then(|| pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(values[COL_RESULT].cast_mut_ptr()))),
                     own,
                     busy,
                     visible,
@@ -235,9 +225,7 @@ impl Opened {
     #[allow(clippy::too_many_arguments)]
     pub fn insert(
         &self,
-        hash: i64,
-        type_id: i32,
-        key: &[u8],
+        k: KeyRef,
         claimed_at: i64,
         expires_at: i64,
         state: u8,
@@ -261,9 +249,9 @@ impl Opened {
             let mut nulls = [false; NCOLS];
             values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
             values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
-            values[COL_TYPE_ID] = pg_sys::Datum::from(type_id);
             values[COL_STATE] = pg_sys::Datum::from(state as i8);
-            values[COL_KEY] = crate::fmgr::text_datum(key);
+            values[COL_BIZ_TYPE] = crate::fmgr::text_datum(k.biz_type);
+            values[COL_KEY] = crate::fmgr::text_datum(k.key);
             match fingerprint {
                 Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
                 None => nulls[COL_FINGERPRINT] = true,
@@ -272,16 +260,9 @@ impl Opened {
                 Some(r) => values[COL_RESULT] = r,
                 None => nulls[COL_RESULT] = true,
             }
-            let tuple =
-                pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-            pg_sys::heap_insert(
-                heap,
-                tuple,
-                pg_sys::GetCurrentCommandId(true),
-                0,
-                std::ptr::null_mut(),
-            );
-            index_insert(heap, index, hash, &mut (*tuple).t_self);
+            let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
+            index_insert(heap, index, k.hash, &mut (*tuple).t_self);
             // Make the row visible to the rest of this statement, as the
             // executor would between statements.
             pg_sys::CommandCounterIncrement();
@@ -291,15 +272,7 @@ impl Opened {
     /// Rewrite this transaction's own row with a new state and result.
     /// Only for rows `own` is true for: nobody else can see them yet, so no
     /// concurrent update can get in the way.
-    pub fn rewrite_own(
-        &self,
-        row: &Row,
-        hash: i64,
-        type_id: i32,
-        key: &[u8],
-        state: u8,
-        result: Option<pg_sys::Datum>,
-    ) {
+    pub fn rewrite_own(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
         debug_assert!(row.own);
         let (heap, index, _) = self.parts[row.part];
         unsafe {
@@ -307,9 +280,9 @@ impl Opened {
             let mut nulls = [false; NCOLS];
             values[COL_EXPIRES_AT] = pg_sys::Datum::from(row.expires_at);
             values[COL_CLAIMED_AT] = pg_sys::Datum::from(row.claimed_at);
-            values[COL_TYPE_ID] = pg_sys::Datum::from(type_id);
             values[COL_STATE] = pg_sys::Datum::from(state as i8);
-            values[COL_KEY] = crate::fmgr::text_datum(key);
+            values[COL_BIZ_TYPE] = crate::fmgr::text_datum(k.biz_type);
+            values[COL_KEY] = crate::fmgr::text_datum(k.key);
             match &row.fingerprint {
                 Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
                 None => nulls[COL_FINGERPRINT] = true,
@@ -318,26 +291,20 @@ impl Opened {
                 Some(r) => values[COL_RESULT] = r,
                 None => nulls[COL_RESULT] = true,
             }
-            let tuple =
-                pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             let mut otid = row.tid;
             pg_sys::simple_heap_update(heap, &mut otid, tuple);
             // A HOT update shares the old index entry; otherwise the new
             // version needs its own.
             if (*(*tuple).t_data).t_infomask2 as u32 & pg_sys::HEAP_ONLY_TUPLE == 0 {
-                index_insert(heap, index, hash, &mut (*tuple).t_self);
+                index_insert(heap, index, k.hash, &mut (*tuple).t_self);
             }
             pg_sys::CommandCounterIncrement();
         }
     }
 }
 
-unsafe fn index_insert(
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    hash: i64,
-    tid: *mut pg_sys::ItemPointerData,
-) {
+unsafe fn index_insert(heap: pg_sys::Relation, index: pg_sys::Relation, hash: i64, tid: *mut pg_sys::ItemPointerData) {
     unsafe {
         let mut v = [pg_sys::Datum::from(hash)];
         let mut n = [false];
@@ -391,12 +358,5 @@ impl Drop for KeyLock {
 /// Wait for another transaction to end (honours lock_timeout and
 /// statement_timeout, and takes part in deadlock detection).
 pub fn wait_for(xid: pg_sys::TransactionId) {
-    unsafe {
-        pg_sys::XactLockTableWait(
-            xid,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            pg_sys::XLTW_Oper::XLTW_None,
-        )
-    };
+    unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
 }
