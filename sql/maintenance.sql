@@ -66,6 +66,12 @@ DECLARE
     n           bigint;
     report      jsonb;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- Moving claims out of the default partition must see every
+        -- committed claim, which an older snapshot would not.
+        RAISE EXCEPTION 'idem: idem_maintain must run in a READ COMMITTED transaction'
+            USING ERRCODE = '25001';
+    END IF;
     IF NOT pg_try_advisory_xact_lock(18756, 1) THEN
         RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';
         RETURN jsonb_build_object('skipped', 'another idem_maintain() is running');
@@ -110,8 +116,14 @@ BEGIN
         LOOP
             attempt := attempt + 1;
             BEGIN
-                PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms', true);
-                LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+                IF lock_wait = interval '0' THEN
+                    -- never queue: claims never wait behind us, but under
+                    -- constant load the lock may never come free
+                    LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE NOWAIT;
+                ELSE
+                    PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms', true);
+                    LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+                END IF;
                 locked := true;
             EXCEPTION WHEN lock_not_available THEN
                 locked := false;
@@ -192,8 +204,8 @@ BEGIN
     END IF;
     -- Scheduling again under the same name updates the job.
     EXECUTE 'SELECT cron.schedule($1, $2, $3)' INTO job
-      USING 'idem_maintain', schedule, 'SELECT idem_maintain()';
-    PERFORM idem_maintain();
+      USING 'idem_maintain', schedule, format('SELECT %I.idem_maintain()', '@extschema@');
+    PERFORM @extschema@.idem_maintain();
     RETURN job;
 END
 $fn$;

@@ -158,49 +158,73 @@ pub fn partitions_generation() -> u64 {
 }
 
 fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
+    // Read with the latest snapshot, not the statement's: a claim that waited
+    // for idem_maintain's lock must see the partitions it committed (the same
+    // reason ri_triggers.c checks with GetLatestSnapshot()).
     // pg_get_expr prints the bounds with the session's DateStyle and
     // TimeZone, and the cast reads them back with the same settings.
-    const SQL: &str = r#"
+    const SQL: &std::ffi::CStr = cr#"
         SELECT c.oid,
-               (SELECT pg_catalog.array_agg(i.indexrelid ORDER BY i.indexrelid)
-                  FROM pg_catalog.pg_index i WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid) AS indexes,
+               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_index i
+                 WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid)::pg_catalog.int4 AS n_indexes,
+               (SELECT pg_catalog.min(i.indexrelid) FROM pg_catalog.pg_index i
+                 WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid) AS index,
                m[1]::pg_catalog.timestamptz AS lo,
                m[2]::pg_catalog.timestamptz AS hi
           FROM pg_catalog.pg_inherits h
           JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) h.inhrelid
-          CROSS JOIN LATERAL pg_catalog.regexp_match(
+          LEFT JOIN LATERAL pg_catalog.regexp_match(
                 pg_catalog.pg_get_expr(c.relpartbound, c.oid),
-                $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) AS m
-         WHERE h.inhparent OPERATOR(pg_catalog.=) $1
-         ORDER BY lo NULLS FIRST"#;
-    Spi::connect(|client| {
-        let rows = client.select(SQL, None, &[parent.into()]).unwrap_or_else(|e| invalid(format!("{e}")));
-        let mut out = Vec::new();
-        for row in rows {
-            let relid: pg_sys::Oid = row.get(1).ok().flatten().unwrap();
-            let indexes: Vec<pg_sys::Oid> = row.get::<Vec<pg_sys::Oid>>(2).ok().flatten().unwrap_or_default();
-            let lo: Option<TimestampWithTimeZone> = row.get(3).ok().flatten();
-            let hi: Option<TimestampWithTimeZone> = row.get(4).ok().flatten();
-            if indexes.len() != 1 {
+                $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) AS m ON true
+         WHERE h.inhparent OPERATOR(pg_catalog.=) $1"#;
+    let mut out = Vec::new();
+    unsafe {
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            invalid("SPI_connect failed");
+        }
+        let mut argtypes = [pg_sys::OIDOID];
+        let plan = pg_sys::SPI_prepare(SQL.as_ptr(), 1, argtypes.as_mut_ptr());
+        let mut values = [pg_sys::Datum::from(parent)];
+        let nulls = [b' ' as std::ffi::c_char];
+        let rc = pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            true,
+            false,
+            0,
+        );
+        if rc != pg_sys::SPI_OK_SELECT as i32 {
+            invalid(format!("reading the partitions of idem.claims failed (SPI code {rc})"));
+        }
+        let table = &*pg_sys::SPI_tuptable;
+        for n in 0..pg_sys::SPI_processed as usize {
+            let tuple = *table.vals.add(n);
+            let col = |c: i32| {
+                let mut isnull = false;
+                let d = pg_sys::SPI_getbinval(tuple, table.tupdesc, c, &mut isnull);
+                (!isnull).then_some(d)
+            };
+            let relid = pg_sys::Oid::from(col(1).unwrap().value() as u32);
+            let n_indexes = col(2).unwrap().value() as i32;
+            if n_indexes != 1 {
                 IdemError::FeatureNotSupported(format!(
-                    "partition {relid:?} of idem.claims has {} indexes; idem maintains exactly one",
-                    indexes.len()
+                    "partition {relid:?} of idem.claims has {n_indexes} indexes; idem maintains exactly one"
                 ))
                 .fail();
             }
-            let range = match (lo, hi) {
-                (Some(lo), Some(hi)) => Some((timestamp_us(lo), timestamp_us(hi))),
+            let index = pg_sys::Oid::from(col(3).unwrap().value() as u32);
+            let range = match (col(4), col(5)) {
+                (Some(lo), Some(hi)) => Some((lo.value() as i64, hi.value() as i64)),
                 _ => None,
             };
-            out.push(Partition { relid, index: indexes[0], range });
+            out.push(Partition { relid, index, range });
         }
-        out
-    })
-}
-
-fn timestamp_us(t: TimestampWithTimeZone) -> i64 {
-    use pgrx::datum::IntoDatum;
-    t.into_datum().unwrap().value() as i64
+        pg_sys::SPI_finish();
+    }
+    out
 }
 
 /// The TTL configured for a business type, in microseconds.

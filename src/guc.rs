@@ -36,7 +36,7 @@ pub fn init() {
     GucRegistry::define_string_guc(
         c"idem.maintenance_lock_timeout",
         c"How long idem_maintain waits for its lock on idem.claims per attempt.",
-        c"Claims that arrive while it waits queue behind it, so keep it short.",
+        c"Claims that arrive while it waits queue behind it, so keep it short; 0 tries without waiting (NOWAIT).",
         &MAINTENANCE_LOCK_TIMEOUT,
         GucContext::Suset,
         GucFlags::default(),
