@@ -16,24 +16,31 @@ CREATE FUNCTION idem_claim(
     biz_type    text,
     ttl         interval DEFAULT NULL,
     fingerprint text     DEFAULT NULL,
-    wait        boolean  DEFAULT true
+    wait        boolean  DEFAULT true,
+    lease       interval DEFAULT NULL
 ) RETURNS idem_claim_result
     VOLATILE PARALLEL UNSAFE SECURITY DEFINER
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim';
-COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean) IS
-'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001.';
+COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
+'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease, the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over and gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result.';
 
-CREATE FUNCTION idem_complete(key text, biz_type text, result jsonb DEFAULT NULL) RETURNS void
+CREATE FUNCTION idem_complete(key text, biz_type text, result jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
     VOLATILE PARALLEL UNSAFE SECURITY DEFINER
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_complete';
-COMMENT ON FUNCTION idem_complete(text, text, jsonb) IS
-'Store the outcome of a claim this transaction made; duplicates get result back. ID003 if this transaction holds no claim on the key.';
+COMMENT ON FUNCTION idem_complete(text, text, jsonb, text) IS
+'Store the outcome of a claim this transaction made, or of a leased claim the caller owns (the session that took the lease, or whoever passes its lease_token); duplicates get result back. ID003 otherwise.';
 
-CREATE FUNCTION idem_fail(key text, biz_type text, error jsonb) RETURNS void
+CREATE FUNCTION idem_fail(key text, biz_type text, error jsonb, lease_token text DEFAULT NULL) RETURNS void
     VOLATILE PARALLEL UNSAFE SECURITY DEFINER
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_fail';
-COMMENT ON FUNCTION idem_fail(text, text, jsonb) IS
-'Store a deterministic business failure (e.g. insufficient stock) for a claim this transaction made; duplicates get state = failed and the error back. ID003 if this transaction holds no claim on the key.';
+COMMENT ON FUNCTION idem_fail(text, text, jsonb, text) IS
+'Store a deterministic business failure (e.g. insufficient stock) for a claim the caller holds (as for idem_complete); duplicates get state = failed and the error back. ID003 if the caller holds no claim on the key.';
+
+CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
+    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint';
+COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text) IS
+'Record a recovery point (e.g. charge_created) and its data on a leased claim the caller owns, in the caller''s transaction, and renew the lease. A later takeover is told the last point. ID003 for anyone but the owner.';
 
 CREATE FUNCTION idem_lookup(key text, biz_type text) RETURNS idem_claim_result
     VOLATILE PARALLEL UNSAFE SECURITY DEFINER
@@ -54,3 +61,65 @@ CREATE FUNCTION idem_configure(biz_type text, ttl interval) RETURNS void
 COMMENT ON FUNCTION idem_configure(text, interval) IS
 'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards.';
 REVOKE EXECUTE ON FUNCTION idem_configure(text, interval) FROM PUBLIC;
+
+-- One-time tokens: issued by the server, spent once (form resubmission).
+CREATE FUNCTION idem.random_token() RETURNS text
+    VOLATILE STRICT LANGUAGE c AS 'MODULE_PATHNAME', 'idem_random_token';
+COMMENT ON FUNCTION idem.random_token() IS '256 bits from PostgreSQL''s CSPRNG (pg_strong_random), as 64 hex digits.';
+
+CREATE TABLE idem.tokens (
+    token_sha256 bytea       PRIMARY KEY,
+    biz_type     text        NOT NULL,
+    issued_at    timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    spent_at     timestamptz
+);
+COMMENT ON TABLE idem.tokens IS 'One-time tokens, by SHA-256 of the token: the token itself is never stored.';
+SELECT pg_catalog.pg_extension_config_dump('idem.tokens', '');
+
+CREATE FUNCTION idem_issue_token(biz_type text, ttl interval DEFAULT '10 minutes') RETURNS text
+    VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    token text := idem.random_token();
+BEGIN
+    IF biz_type IS NULL OR ttl IS NULL THEN
+        RAISE EXCEPTION 'idem: biz_type and ttl must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF biz_type !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
+        RAISE EXCEPTION 'idem: biz_type "%" is not valid: it must match ^[A-Za-z0-9_.:-]{1,64}$', biz_type
+            USING ERRCODE = '22023';
+    END IF;
+    IF ttl < interval '1 second' OR ttl > interval '400 days' THEN
+        RAISE EXCEPTION 'idem: ttl must be between 1 second and 400 days' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO idem.tokens (token_sha256, biz_type, issued_at, expires_at)
+    VALUES (sha256(convert_to(token, 'UTF8')), biz_type, clock_timestamp(), clock_timestamp() + ttl);
+    RETURN token;
+END
+$fn$;
+COMMENT ON FUNCTION idem_issue_token(text, interval) IS
+'Issue a one-time token for biz_type (256 bits from a CSPRNG; stored only as its SHA-256), valid for ttl (1 second to 400 days, default 10 minutes).';
+
+CREATE FUNCTION idem_consume_token(token text, biz_type text) RETURNS boolean
+    VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    spent boolean;
+BEGIN
+    IF token IS NULL OR biz_type IS NULL THEN
+        RAISE EXCEPTION 'idem: token and biz_type must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    -- A concurrent consumer of the same token waits on the row and then
+    -- finds it spent: true exactly once.
+    UPDATE idem.tokens t SET spent_at = clock_timestamp()
+     WHERE t.token_sha256 = sha256(convert_to(token, 'UTF8'))
+       AND t.biz_type = idem_consume_token.biz_type
+       AND t.spent_at IS NULL
+       AND t.expires_at > clock_timestamp()
+    RETURNING true INTO spent;
+    RETURN coalesce(spent, false);
+END
+$fn$;
+COMMENT ON FUNCTION idem_consume_token(text, text) IS
+'Spend a one-time token: true exactly once, false for an unknown, expired or already spent token (or one of another biz_type). Part of the caller''s transaction: a rollback un-spends it.';

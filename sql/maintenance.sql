@@ -172,6 +172,9 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- Spent and expired one-time tokens (a small table: row by row is fine).
+    DELETE FROM idem.tokens WHERE expires_at <= t_now;
+
     report := jsonb_build_object(
         'partitions_created', to_jsonb(made),
         'partitions_dropped', to_jsonb(dropped),

@@ -8,14 +8,17 @@
 //!     for that transaction (or return in_progress at once), probe again;
 //!   - a committed row: a duplicate; it gets the stored outcome and writes
 //!     nothing. Under REPEATABLE READ / SERIALIZABLE a row this snapshot
-//!     cannot see raises 40001, as INSERT ... ON CONFLICT does.
+//!     cannot see raises 40001, as INSERT ... ON CONFLICT does;
+//!   - a committed leased claim (lease.rs): in_progress while the lease
+//!     runs, taken over by this claim once it has run out.
 //! docs/design.md explains why this is never two committed claims.
 
 use crate::catalog;
 use crate::errors::{invalid, IdemError};
 use crate::fmgr::*;
 use crate::guc;
-use crate::storage::{self, KeyLock, KeyRef, Opened, Row, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+use crate::lease::Lease;
+use crate::storage::{self, KeyLock, KeyRef, Opened, Row, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING};
 use pgrx::pg_sys;
 
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -91,7 +94,7 @@ impl Outcome {
 
     /// How an existing row reads to someone who did not just claim it.
     fn of_row(row: &Row) -> Outcome {
-        let state = if row.busy.is_some() {
+        let state = if row.busy.is_some() || row.state == STATE_LEASED {
             "in_progress"
         } else {
             match row.state {
@@ -103,7 +106,7 @@ impl Outcome {
                 _ => "completed",
             }
         };
-        let result = if row.busy.is_some() { None } else { row.result };
+        let result = if row.busy.is_some() || row.state == STATE_LEASED { None } else { row.result };
         Outcome {
             claimed: false,
             state,
@@ -142,6 +145,7 @@ pub struct ClaimRequest<'a> {
     pub ttl_us: Option<i64>,
     pub fingerprint: Option<&'a [u8]>,
     pub wait: bool,
+    pub lease_us: Option<i64>,
 }
 
 pub fn claim(req: &ClaimRequest) -> Outcome {
@@ -155,12 +159,19 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
         match claims.probe(k, now, true) {
             None => {
                 let expires_at = now.saturating_add(ttl);
-                claims.insert(k, now, expires_at, STATE_PENDING, req.fingerprint, None);
+                let (state, stored, told) = match req.lease_us {
+                    None => (STATE_PENDING, None, None),
+                    Some(lease_us) => {
+                        let (lease, token) = Lease::new(1, lease_us, now, serde_json::Value::Null, serde_json::Value::Null);
+                        (STATE_LEASED, Some(lease.to_datum()), Some(lease.for_owner(Some(&token))))
+                    }
+                };
+                claims.insert(k, now, expires_at, state, req.fingerprint, stored);
                 drop(lock);
                 return Outcome {
                     claimed: true,
                     state: "new",
-                    result: None,
+                    result: told,
                     first_claimed_at: Some(now),
                     expires_at: Some(expires_at),
                 };
@@ -172,15 +183,40 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 }
                 storage::wait_for(row.busy.unwrap());
             }
+            Some(row) if row.state == STATE_LEASED && !row.own => {
+                let lease = Lease::from_datum(row.result);
+                if lease.until > now {
+                    drop(lock);
+                    check_duplicate(t, req.fingerprint, &row);
+                    return Outcome::of_row(&row);
+                }
+                // The lease ran out: this claim takes the work over, and is
+                // told which attempt it is and where the last one got to.
+                check_duplicate(t, req.fingerprint, &row);
+                let (next, token) =
+                    Lease::new(lease.attempt + 1, req.lease_us.unwrap_or(lease.lease_us), now, lease.point, lease.data);
+                claims.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
+                drop(lock);
+                return Outcome {
+                    claimed: true,
+                    state: "new",
+                    result: Some(next.for_owner(Some(&token))),
+                    first_claimed_at: Some(row.claimed_at),
+                    expires_at: Some(row.expires_at),
+                };
+            }
             Some(row) => {
                 drop(lock);
-                return duplicate(t, req.fingerprint, &row);
+                check_duplicate(t, req.fingerprint, &row);
+                return Outcome::of_row(&row);
             }
         }
     }
 }
 
-fn duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) -> Outcome {
+/// A duplicate must be visible to the caller's snapshot (else 40001, as
+/// INSERT ... ON CONFLICT does) and carry the first claim's fingerprint.
+fn check_duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) {
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         IdemError::SerializationFailure { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
     }
@@ -189,7 +225,6 @@ fn duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) -> Outcome {
             IdemError::FingerprintMismatch { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
         }
     }
-    Outcome::of_row(row)
 }
 
 pub fn lookup(t: &Target) -> Outcome {
@@ -201,21 +236,73 @@ pub fn lookup(t: &Target) -> Outcome {
     }
 }
 
-/// idem_complete / idem_fail: record the outcome on this transaction's claim.
-pub fn finish(t: &Target, state: u8, result: Option<pg_sys::Datum>) {
+/// What idem_complete, idem_fail and idem_checkpoint do to a claim.
+pub enum Finish {
+    Complete(Option<pg_sys::Datum>),
+    Fail(pg_sys::Datum),
+    Checkpoint { point: String, data: Option<pg_sys::Datum> },
+}
+
+/// Record an outcome or a recovery point on a claim the caller holds: one
+/// this transaction made, or a leased claim the caller owns (by lease token,
+/// or else by being the session that took the lease).
+pub fn finish(t: &Target, what: Finish, lease_token: Option<&[u8]>) {
     let not_claimed = |why| IdemError::NotClaimed { biz_type: t.lossy_type(), key: t.lossy_key(), why }.fail();
     let k = t.key_ref();
-    let now = now();
-    let claims: Opened = storage::open(now, pg_sys::RowExclusiveLock as _);
-    match claims.probe(k, now, false) {
-        Some(row) if row.own => claims.rewrite_own(&row, k, state, result),
-        Some(_) => not_claimed("is claimed by another transaction, not this one"),
-        None => not_claimed("is not claimed by this transaction"),
+    let claims: Opened = storage::open(now(), pg_sys::RowExclusiveLock as _);
+    loop {
+        let lock = KeyLock::acquire(k.hash);
+        let now = now();
+        let Some(row) = claims.probe(k, now, true) else {
+            not_claimed("is not claimed by this transaction, nor leased to the caller")
+        };
+        if let Some(xid) = row.busy {
+            drop(lock);
+            storage::wait_for(xid);
+            continue;
+        }
+        let held = if row.state == STATE_LEASED {
+            row.own || Lease::from_datum(row.result).owned_by_caller(lease_token)
+        } else {
+            row.own && row.state == STATE_PENDING || row.own && !matches!(what, Finish::Checkpoint { .. })
+        };
+        if !held {
+            match row.state {
+                STATE_LEASED => not_claimed("is leased to another owner (or the lease was taken over)"),
+                _ if row.own => not_claimed("is not leased: idem_checkpoint needs idem_claim(..., lease => ...)"),
+                _ => not_claimed("is claimed by another transaction, not this one"),
+            }
+        }
+        if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+            IdemError::SerializationFailure { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
+        }
+        match what {
+            Finish::Complete(result) => claims.rewrite(&row, k, STATE_COMPLETED, result),
+            Finish::Fail(error) => claims.rewrite(&row, k, STATE_FAILED, Some(error)),
+            Finish::Checkpoint { point, data } => {
+                if row.state != STATE_LEASED {
+                    not_claimed("is not leased: idem_checkpoint needs idem_claim(..., lease => ...)");
+                }
+                // Recording progress also renews the lease.
+                let mut lease = Lease::from_datum(row.result);
+                lease.point = serde_json::Value::String(point);
+                lease.data = data
+                    .and_then(|d| unsafe { <pgrx::JsonB as pgrx::datum::FromDatum>::from_datum(d, false) })
+                    .map(|j| j.0)
+                    .unwrap_or(serde_json::Value::Null);
+                lease.until = now.saturating_add(lease.lease_us);
+                claims.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
+            }
+        }
+        drop(lock);
+        return;
     }
 }
 
 pub fn forget(t: &Target) -> bool {
     let k = t.key_ref();
+    // Like every writer of claim rows, under the key lock (see rewrite).
+    let _lock = KeyLock::acquire(k.hash);
     let n = catalog::with_catalog_search_path(|| {
         pgrx::spi::Spi::connect_mut(|client| {
             client
@@ -247,7 +334,8 @@ unsafe fn sql_claim(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         let ttl_us = arg_interval(fcinfo, 2).map(|iv| guc::checked_ttl(&iv, "ttl"));
         let fingerprint = arg_text(fcinfo, 3);
         let wait = arg_bool(fcinfo, 4).unwrap_or(true);
-        claim(&ClaimRequest { target, ttl_us, fingerprint, wait }).into_datum(fcinfo)
+        let lease_us = arg_interval(fcinfo, 5).map(|iv| guc::checked_ttl(&iv, "lease"));
+        claim(&ClaimRequest { target, ttl_us, fingerprint, wait, lease_us }).into_datum(fcinfo)
     }
 }
 crate::sql_function!(idem_claim, pg_finfo_idem_claim, sql_claim);
@@ -260,7 +348,7 @@ crate::sql_function!(idem_lookup, pg_finfo_idem_lookup, sql_lookup);
 unsafe fn sql_complete(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let target = target_args(fcinfo);
-        finish(&target, STATE_COMPLETED, arg_jsonb(fcinfo, 2));
+        finish(&target, Finish::Complete(arg_jsonb(fcinfo, 2)), arg_text(fcinfo, 3));
         pg_sys::Datum::from(0)
     }
 }
@@ -270,11 +358,30 @@ unsafe fn sql_fail(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let target = target_args(fcinfo);
         let error = arg_jsonb(fcinfo, 2).unwrap_or_else(|| IdemError::NullArgument("error").fail());
-        finish(&target, STATE_FAILED, Some(error));
+        finish(&target, Finish::Fail(error), arg_text(fcinfo, 3));
         pg_sys::Datum::from(0)
     }
 }
 crate::sql_function!(idem_fail, pg_finfo_idem_fail, sql_fail);
+
+unsafe fn sql_checkpoint(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let target = target_args(fcinfo);
+        let point = arg_text_req(fcinfo, 2, "point");
+        if point.is_empty() || point.len() > 256 {
+            invalid("point must be 1 to 256 bytes long");
+        }
+        let what = Finish::Checkpoint { point: String::from_utf8_lossy(point).into_owned(), data: arg_jsonb(fcinfo, 3) };
+        finish(&target, what, arg_text(fcinfo, 4));
+        pg_sys::Datum::from(0)
+    }
+}
+crate::sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, sql_checkpoint);
+
+unsafe fn sql_random_token(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    text_datum(crate::lease::random_hex(32).as_bytes())
+}
+crate::sql_function!(idem_random_token, pg_finfo_idem_random_token, sql_random_token);
 
 unsafe fn sql_forget(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe { pg_sys::Datum::from(forget(&target_args(fcinfo))) }

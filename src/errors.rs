@@ -1,5 +1,7 @@
-//! Every error idem raises, each with its SQLSTATE. The README's SQLSTATE
-//! table is this enum written out; keep them in step.
+//! Every error idem's Rust code raises, each with its SQLSTATE. The README's
+//! SQLSTATE table is this enum written out, plus the codes the PL/pgSQL parts
+//! raise (ID002 illegal transition, P0002 no such row, 25001, 42703); keep
+//! them in step.
 
 use pgrx::pg_sys;
 use std::ffi::CString;
@@ -12,14 +14,10 @@ pub enum IdemError {
     InvalidArgument(String),
     /// ID001: a duplicate carries a different fingerprint than the first claim.
     FingerprintMismatch { biz_type: String, key: String },
-    /// ID002: a state transition the machine does not allow.
-    IllegalTransition(String),
     /// ID003: finishing or checkpointing a claim this caller does not hold.
     NotClaimed { biz_type: String, key: String, why: &'static str },
     /// 40001: the caller's snapshot cannot see a claim committed concurrently.
     SerializationFailure { biz_type: String, key: String },
-    /// P0002: the row a transition names does not exist.
-    NoSuchRow(String),
     /// 55000: the extension is not in the state an operation needs.
     ObjectNotInPrerequisiteState(String, Option<String>),
     /// 0A000: something idem does not support.
@@ -43,10 +41,8 @@ impl IdemError {
             IdemError::NullArgument(_) => b"22004",
             IdemError::InvalidArgument(_) => b"22023",
             IdemError::FingerprintMismatch { .. } => b"ID001",
-            IdemError::IllegalTransition(_) => b"ID002",
             IdemError::NotClaimed { .. } => b"ID003",
             IdemError::SerializationFailure { .. } => b"40001",
-            IdemError::NoSuchRow(_) => b"P0002",
             IdemError::ObjectNotInPrerequisiteState(..) => b"55000",
             IdemError::FeatureNotSupported(_) => b"0A000",
         }
@@ -59,14 +55,12 @@ impl IdemError {
             IdemError::FingerprintMismatch { biz_type, key } => format!(
                 "idem: key \"{key}\" of biz_type \"{biz_type}\" was first claimed with a different fingerprint"
             ),
-            IdemError::IllegalTransition(m) => format!("idem: {m}"),
             IdemError::NotClaimed { biz_type, key, why } => {
                 format!("idem: key \"{key}\" of biz_type \"{biz_type}\" {why}")
             }
             IdemError::SerializationFailure { biz_type, key } => format!(
                 "could not serialize access: key \"{key}\" of biz_type \"{biz_type}\" was claimed by a transaction this snapshot cannot see"
             ),
-            IdemError::NoSuchRow(m) => format!("idem: {m}"),
             IdemError::ObjectNotInPrerequisiteState(m, _) => format!("idem: {m}"),
             IdemError::FeatureNotSupported(m) => format!("idem: {m}"),
         }

@@ -9,6 +9,7 @@ mod claim;
 mod errors;
 pub mod fmgr;
 mod guc;
+mod lease;
 mod storage;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -16,6 +17,7 @@ mod storage;
 extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
 extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["claim"]);
+extension_sql_file!("../sql/guards.sql", name = "guards", requires = ["maintenance"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -22,6 +22,7 @@ pub const NCOLS: usize = 7;
 pub const STATE_PENDING: u8 = b'p';
 pub const STATE_COMPLETED: u8 = b'c';
 pub const STATE_FAILED: u8 = b'f';
+pub const STATE_LEASED: u8 = b'l';
 
 /// The stable digest the index is built on: SipHash-1-3 with a fixed key over
 /// the biz_type's length (one byte: it is at most 64), the biz_type and the
@@ -269,11 +270,12 @@ impl Opened {
         }
     }
 
-    /// Rewrite this transaction's own row with a new state and result.
-    /// Only for rows `own` is true for: nobody else can see them yet, so no
-    /// concurrent update can get in the way.
-    pub fn rewrite_own(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
-        debug_assert!(row.own);
+    /// Rewrite a row with a new state and result. The caller holds the key
+    /// lock and found the row not busy: every writer of a claim row (claims,
+    /// finishes, checkpoints, idem_forget) does the same, and idem_maintain
+    /// moves rows only under an exclusive lock on idem.claims, so no
+    /// concurrent update can get in the way of simple_heap_update.
+    pub fn rewrite(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
         let (heap, index, _) = self.parts[row.part];
         unsafe {
             let mut values = [pg_sys::Datum::from(0); NCOLS];
