@@ -37,10 +37,14 @@ CREATE TABLE idem.claims (
 ) PARTITION BY RANGE (expires_at);
 COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
 
--- Not unique: an expired row of a key may share a partition with its live
--- successor, and uniqueness across partitions is the claim protocol's job.
-CREATE INDEX claims_key_hash ON idem.claims (idem.key_hash(biz_type, key));
-
 -- Catches claims whose expiry no partition covers yet (maintenance late or
 -- never run, or a TTL past the premade horizon); idem_maintain moves them out.
 CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+
+-- Every partition has exactly one index, on the digest; idem_maintain creates
+-- it with the partition. Not unique: an expired row of a key may share a
+-- partition with its live successor, and uniqueness across partitions is the
+-- claim protocol's job. Deliberately no index on the parent: ATTACH would
+-- then create one on each partition by itself, and a pg_restore (which
+-- attaches partitions before it creates their indexes) would fail.
+CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
