@@ -70,7 +70,7 @@ BEGIN
         -- Moving claims out of the default partition must see every
         -- committed claim, which an older snapshot would not.
         RAISE EXCEPTION 'idem: idem_maintain must run in a READ COMMITTED transaction'
-            USING ERRCODE = '25001';
+            USING ERRCODE = '55000';
     END IF;
     IF NOT pg_try_advisory_xact_lock(18756, 1) THEN
         RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';

@@ -422,3 +422,26 @@ unsafe fn sql_key_hash(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     }
 }
 crate::sql_function!(idem_key_hash, pg_finfo_idem_key_hash, sql_key_hash);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::valid_biz_type;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn biz_type_rule() {
+        assert!(valid_biz_type(b"payment"));
+        assert!(valid_biz_type(b"orders-consumer:v2.1_x"));
+        assert!(valid_biz_type("a".repeat(64).as_bytes()));
+        assert!(!valid_biz_type(b""));
+        assert!(!valid_biz_type("a".repeat(65).as_bytes()));
+        assert!(!valid_biz_type(b"has space"));
+        assert!(!valid_biz_type("caf\u{e9}".as_bytes()));
+    }
+
+    #[pg_test(error = "idem: key must not be empty")]
+    fn empty_key_is_refused() {
+        Spi::run("SELECT idem_claim('', 'unit')").unwrap();
+    }
+}

@@ -110,3 +110,30 @@ pub fn default_ttl_us() -> i64 {
         us
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::interval_us;
+    use pgrx::pg_sys::Interval;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn intervals_count_like_extract_epoch() {
+        let iv = |month, day, time| Interval { time, day, month };
+        assert_eq!(interval_us(&iv(0, 0, 1_000_000)), 1_000_000);
+        assert_eq!(interval_us(&iv(0, 1, 0)), 86_400_000_000);
+        assert_eq!(interval_us(&iv(1, 0, 0)), 30 * 86_400_000_000);
+        assert_eq!(interval_us(&iv(12, 0, 0)), 31_557_600_000_000);
+        let sql = Spi::get_one::<i64>("SELECT (extract(epoch FROM interval '1 year 2 months 3 days 4 seconds') * 1000000)::bigint")
+            .unwrap()
+            .unwrap();
+        assert_eq!(interval_us(&iv(14, 3, 4_000_000)), sql as i128);
+    }
+
+    #[pg_test]
+    fn default_ttl_follows_the_setting() {
+        Spi::run("SET LOCAL idem.default_ttl = '90 minutes'").unwrap();
+        assert_eq!(super::default_ttl_us(), 90 * 60 * 1_000_000);
+    }
+}

@@ -24,20 +24,6 @@ pub extern "C-unwind" fn _PG_init() {
     guc::init();
 }
 
-#[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests {
-    use pgrx::prelude::*;
-
-    #[pg_test]
-    fn claim_then_duplicate() {
-        let first = Spi::get_one::<bool>("SELECT (idem_claim('k1', 't')).claimed").unwrap();
-        assert_eq!(first, Some(true));
-        let second = Spi::get_one::<bool>("SELECT (idem_claim('k1', 't')).claimed").unwrap();
-        assert_eq!(second, Some(false));
-    }
-}
-
 #[cfg(test)]
 pub mod pg_test {
     pub fn setup(_options: Vec<&str>) {}

@@ -362,3 +362,39 @@ impl Drop for KeyLock {
 pub fn wait_for(xid: pg_sys::TransactionId) {
     unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::key_hash;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn key_hash_is_stable() {
+        // On disk: these values must never change.
+        assert_eq!(key_hash(b"payment", b"req-42"), key_hash(b"payment", b"req-42"));
+        let pinned = key_hash(b"payment", b"req-42");
+        let sql = Spi::get_one::<i64>("SELECT idem.key_hash('payment', 'req-42')").unwrap().unwrap();
+        assert_eq!(pinned, sql, "SQL and claim path must agree");
+        assert_eq!(pinned, 0xa92d_befc_b3a3_fdeb_u64 as i64, "the digest of a stored key changed");
+    }
+
+    #[pg_test]
+    fn key_hash_separates_type_from_key() {
+        // ("ab", "c") and ("a", "bc") must not collide by construction.
+        assert_ne!(key_hash(b"ab", b"c"), key_hash(b"a", b"bc"));
+        assert_ne!(key_hash(b"t", b"k"), key_hash(b"u", b"k"));
+    }
+
+    #[pg_test]
+    fn claim_and_duplicate_in_one_transaction() {
+        let first = Spi::get_two::<bool, String>("SELECT claimed, state FROM idem_claim('u1', 'unit')").unwrap();
+        assert_eq!(first, (Some(true), Some("new".into())));
+        let again = Spi::get_two::<bool, String>("SELECT claimed, state FROM idem_claim('u1', 'unit')").unwrap();
+        assert_eq!(again, (Some(false), Some("in_progress".into())));
+        Spi::run("SELECT idem_complete('u1', 'unit', '{\"n\": 1}')").unwrap();
+        let done = Spi::get_two::<String, pgrx::JsonB>("SELECT state, result FROM idem_lookup('u1', 'unit')").unwrap();
+        assert_eq!(done.0.as_deref(), Some("completed"));
+        assert_eq!(done.1.unwrap().0, serde_json::json!({"n": 1}));
+    }
+}
