@@ -58,6 +58,7 @@ DECLARE
     moved       bigint := 0;
     expired_default bigint := 0;
     locked      boolean := false;
+    expired_in_default boolean := false;
     los         timestamptz[] := '{}';
     his         timestamptz[] := '{}';
     old_lock_timeout text := current_setting('lock_timeout');
@@ -105,9 +106,14 @@ BEGIN
         cur := nxt;
     END LOOP;
 
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
+    END IF;
     IF cardinality(made) > 0
+       OR to_regclass('idem.claims_default') IS NULL
+       OR expired_in_default
        OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
-       OR EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= t_now)
     THEN
         -- Every change to the partition set locks idem.claims against claims
         -- (see design.md). Wait for the lock only briefly, so that claims
@@ -145,6 +151,12 @@ BEGIN
 
     IF locked THEN
         t_now := clock_timestamp();
+        -- Someone dropped the default partition: claims beyond the premade
+        -- ranges need it back.
+        IF to_regclass('idem.claims_default') IS NULL THEN
+            CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+            CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+        END IF;
         -- Drop partitions whose range is over: every row in them has expired.
         FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
                   WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
@@ -156,7 +168,7 @@ BEGIN
 
         -- Claims in the default partition that expired before any partition
         -- covered them (maintenance was late): the only rows deleted one by one.
-        DELETE FROM idem.claims_default WHERE expires_at <= t_now;
+        EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
         GET DIAGNOSTICS expired_default = ROW_COUNT;
 
         -- Attach the prepared partitions, moving in the claims the default

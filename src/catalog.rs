@@ -23,6 +23,10 @@ pub struct Partition {
     pub index: pg_sys::Oid,
     /// Range bounds in PostgreSQL timestamp microseconds; `None` for DEFAULT.
     pub range: Option<(i64, i64)>,
+    /// The index's IndexInfo, built on first insert (BuildIndexInfo copies
+    /// the index expression: too dear to do per claim). Lives in the cache's
+    /// memory context, which is reset whenever the list is reloaded.
+    pub index_info: std::cell::Cell<*mut pg_sys::IndexInfo>,
 }
 
 #[derive(Default)]
@@ -30,6 +34,8 @@ struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
     partitions: Option<Vec<Partition>>,
+    /// Holds what `partitions` points to outside Rust (IndexInfos).
+    partitions_mcx: Option<pg_sys::MemoryContext>,
     /// Bumped whenever `partitions` is dropped, so that a caller can tell
     /// the list it locked is still the current one.
     generation: u64,
@@ -147,7 +153,23 @@ pub fn partitions() -> (u64, &'static [Partition]) {
     let parent = claims_oid();
     let c = cache();
     if c.partitions.is_none() {
-        c.partitions = Some(with_catalog_search_path(|| load_partitions(parent)));
+        // Nothing built from the previous list is in use here (open() calls
+        // us before it touches any partition), so its memory can go.
+        let mcx = *c.partitions_mcx.get_or_insert_with(|| unsafe {
+            pg_sys::AllocSetContextCreateInternal(
+                pg_sys::TopMemoryContext,
+                c"idem partitions".as_ptr(),
+                0,
+                8 * 1024,
+                8 * 1024 * 1024,
+            )
+        });
+        unsafe { pg_sys::MemoryContextReset(mcx) };
+        let mut parts = with_catalog_search_path(|| load_partitions(parent));
+        // Newest range first: a duplicate is most often a recent claim, and
+        // the probe stops at the first live row. The default partition last.
+        parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
+        c.partitions = Some(parts);
     }
     (c.generation, c.partitions.as_deref().unwrap())
 }
@@ -220,7 +242,7 @@ fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
                 (Some(lo), Some(hi)) => Some((lo.value() as i64, hi.value() as i64)),
                 _ => None,
             };
-            out.push(Partition { relid, index, range });
+            out.push(Partition { relid, index, range, index_info: std::cell::Cell::new(std::ptr::null_mut()) });
         }
         pg_sys::SPI_finish();
     }
@@ -280,4 +302,17 @@ pub fn with_catalog_search_path<R>(f: impl FnOnce() -> R) -> R {
     }
     let _pop = Pop;
     f()
+}
+
+/// The IndexInfo of a partition's index, built once per partition list.
+pub fn index_info(p: &Partition, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
+    if p.index_info.get().is_null() {
+        let mcx = cache().partitions_mcx.expect("partitions loaded");
+        unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(mcx);
+            p.index_info.set(pg_sys::BuildIndexInfo(index));
+            pg_sys::MemoryContextSwitchTo(old);
+        }
+    }
+    p.index_info.get()
 }

@@ -70,7 +70,10 @@ pub struct Row {
 
 pub struct Opened {
     parent: pg_sys::Relation,
-    pub parts: Vec<(pg_sys::Relation, pg_sys::Relation, &'static Partition)>,
+    lockmode: pg_sys::LOCKMODE,
+    /// Each live partition: its relation, its index (opened on first use:
+    /// empty partitions are never probed) and its catalog entry.
+    parts: Vec<(pg_sys::Relation, std::cell::Cell<pg_sys::Relation>, &'static Partition)>,
 }
 
 /// Lock idem.claims, then open every partition that can hold a live claim
@@ -82,12 +85,12 @@ pub struct Opened {
 pub fn open(now: i64, lockmode: pg_sys::LOCKMODE) -> Opened {
     unsafe {
         let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
-        let mut opened = Opened { parent, parts: Vec::new() };
+        let mut opened = Opened { parent, lockmode, parts: Vec::new() };
         loop {
             let (generation, parts) = catalog::partitions();
             opened.close_parts();
             for p in parts.iter().filter(|p| p.range.is_none_or(|(_, hi)| hi > now)) {
-                opened.parts.push((pg_sys::table_open(p.relid, lockmode), pg_sys::index_open(p.index, lockmode), p));
+                opened.parts.push((pg_sys::table_open(p.relid, lockmode), std::cell::Cell::new(std::ptr::null_mut()), p));
             }
             if catalog::partitions_generation() == generation {
                 return opened;
@@ -115,19 +118,38 @@ impl Opened {
     fn close_parts(&mut self) {
         for (heap, index, _) in self.parts.drain(..) {
             unsafe {
-                pg_sys::index_close(index, pg_sys::NoLock as _);
+                if !index.get().is_null() {
+                    pg_sys::index_close(index.get(), pg_sys::NoLock as _);
+                }
                 pg_sys::table_close(heap, pg_sys::NoLock as _);
             }
         }
+    }
+
+    fn index(&self, i: usize) -> pg_sys::Relation {
+        let (_, index, p) = &self.parts[i];
+        if index.get().is_null() {
+            index.set(unsafe { pg_sys::index_open(p.index, self.lockmode) });
+        }
+        index.get()
     }
 
     /// The live row of (biz_type, key) if there is one. A row another
     /// transaction is still writing is returned with `busy` set.
     pub fn probe(&self, k: KeyRef, now: i64, want_result: bool) -> Option<Row> {
         let mut found: Option<Row> = None;
-        for (i, (heap, index, _)) in self.parts.iter().enumerate() {
-            unsafe { self.probe_one(i, *heap, *index, k, now, want_result, &mut found) };
-            if found.as_ref().is_some_and(|r| r.busy.is_some()) {
+        // A key has at most one live row (that is what the protocol
+        // guarantees), so the first one found is the answer.
+        for (i, (heap, _, _)) in self.parts.iter().enumerate() {
+            // An empty partition (the premade future ones, the default one)
+            // cannot hold the key: the size check is much cheaper than an
+            // index descent. Under the key lock no row of this key can
+            // appear meanwhile.
+            if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(*heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
+                continue;
+            }
+            unsafe { self.probe_one(i, *heap, self.index(i), k, now, want_result, &mut found) };
+            if found.is_some() {
                 break;
             }
         }
@@ -209,11 +231,8 @@ impl Opened {
                     busy,
                     visible,
                 };
-                let done = row.busy.is_some();
                 *found = Some(row);
-                if done {
-                    break;
-                }
+                break;
             }
             pg_sys::ExecDropSingleTupleTableSlot(slot);
             pg_sys::index_endscan(scan);
@@ -233,11 +252,11 @@ impl Opened {
         fingerprint: Option<&[u8]>,
         result: Option<pg_sys::Datum>,
     ) {
-        let (heap, index, _) = *self
+        let target = self
             .parts
             .iter()
-            .find(|(_, _, p)| p.range.is_some_and(|(lo, hi)| lo <= expires_at && expires_at < hi))
-            .or_else(|| self.parts.iter().find(|(_, _, p)| p.range.is_none()))
+            .position(|(_, _, p)| p.range.is_some_and(|(lo, hi)| lo <= expires_at && expires_at < hi))
+            .or_else(|| self.parts.iter().position(|(_, _, p)| p.range.is_none()))
             .unwrap_or_else(|| {
                 IdemError::ObjectNotInPrerequisiteState(
                     "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
@@ -245,6 +264,7 @@ impl Opened {
                 )
                 .fail()
             });
+        let (heap, index, p) = (self.parts[target].0, self.index(target), self.parts[target].2);
         unsafe {
             let mut values = [pg_sys::Datum::from(0); NCOLS];
             let mut nulls = [false; NCOLS];
@@ -263,7 +283,7 @@ impl Opened {
             }
             let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
-            index_insert(heap, index, k.hash, &mut (*tuple).t_self);
+            index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
             // Make the row visible to the rest of this statement, as the
             // executor would between statements.
             pg_sys::CommandCounterIncrement();
@@ -276,7 +296,7 @@ impl Opened {
     /// moves rows only under an exclusive lock on idem.claims, so no
     /// concurrent update can get in the way of simple_heap_update.
     pub fn rewrite(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
-        let (heap, index, _) = self.parts[row.part];
+        let (heap, index, p) = (self.parts[row.part].0, self.index(row.part), self.parts[row.part].2);
         unsafe {
             let mut values = [pg_sys::Datum::from(0); NCOLS];
             let mut nulls = [false; NCOLS];
@@ -299,18 +319,23 @@ impl Opened {
             // A HOT update shares the old index entry; otherwise the new
             // version needs its own.
             if (*(*tuple).t_data).t_infomask2 as u32 & pg_sys::HEAP_ONLY_TUPLE == 0 {
-                index_insert(heap, index, k.hash, &mut (*tuple).t_self);
+                index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
             }
             pg_sys::CommandCounterIncrement();
         }
     }
 }
 
-unsafe fn index_insert(heap: pg_sys::Relation, index: pg_sys::Relation, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+unsafe fn index_insert(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    info: *mut pg_sys::IndexInfo,
+    hash: i64,
+    tid: *mut pg_sys::ItemPointerData,
+) {
     unsafe {
         let mut v = [pg_sys::Datum::from(hash)];
         let mut n = [false];
-        let info = pg_sys::BuildIndexInfo(index);
         pg_sys::index_insert(
             index,
             v.as_mut_ptr(),
