@@ -28,5 +28,5 @@ fi
 
 say "building and installing the extension"
 cd "$ROOT"
-cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 | grep -E "error|warning: unused|Finished installing" || true
+cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 | grep -E "^error|^warning|Finished installing" || true
 test -f "$($PG_CONFIG --pkglibdir)/idem.so" || { echo "idem.so was not installed" >&2; exit 1; }

@@ -34,24 +34,27 @@ count_regress_output() { # suite-name file
   done < <(grep -E "\.\.\. (ok|FAILED|failed)" "$2")
 }
 
+# run_suite NAME RUNNER DB INPUTDIR [psql setup...]: pg_regress or
+# pg_isolation_regress against a fresh database of the private cluster.
+run_suite() {
+  local name=$1 runner=$2 db=$3 dir=$4
+  shift 4
+  fresh_db "$db"
+  [ $# -gt 0 ] && psql_idem -q -d "$db" "$@"
+  "$runner" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres \
+    --dbname="$db" --inputdir="$dir" --outputdir="$OUT/$name" \
+    --schedule="$dir/schedule" > "$OUT/$name.log" 2>&1 || true
+  grep -E "\.\.\. " "$OUT/$name.log" || true
+  count_regress_output "$name" "$OUT/$name.log"
+  if [ -f "$OUT/$name/regression.diffs" ]; then cat "$OUT/$name/regression.diffs"; fi
+}
+
 say "pg_regress: SQL API"
-fresh_db idem_regress
-"$PGXS_TEST/regress/pg_regress" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres \
-  --dbname=idem_regress --inputdir="$ROOT/tests/pg_regress" --outputdir="$OUT/regress" \
-  --schedule="$ROOT/tests/pg_regress/schedule" > "$OUT/regress.log" 2>&1 || true
-cat "$OUT/regress.log" | grep -E "\.\.\. " || true
-count_regress_output regress "$OUT/regress.log"
-[ -f "$OUT/regress/regression.diffs" ] && cat "$OUT/regress/regression.diffs"
+run_suite regress "$PGXS_TEST/regress/pg_regress" idem_regress "$ROOT/tests/pg_regress"
 
 say "pg_isolation_regress: concurrency"
-fresh_db idem_isolation
-psql_idem -q -d idem_isolation -c "CREATE EXTENSION idem"
-"$PGXS_TEST/isolation/pg_isolation_regress" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres \
-  --dbname=idem_isolation --inputdir="$ROOT/tests/isolation" --outputdir="$OUT/isolation" \
-  --schedule="$ROOT/tests/isolation/schedule" > "$OUT/isolation.log" 2>&1 || true
-cat "$OUT/isolation.log" | grep -E "\.\.\. " || true
-count_regress_output isolation "$OUT/isolation.log"
-[ -f "$OUT/isolation/regression.diffs" ] && cat "$OUT/isolation/regression.diffs"
+run_suite isolation "$PGXS_TEST/isolation/pg_isolation_regress" idem_isolation "$ROOT/tests/isolation" \
+  -c "CREATE EXTENSION idem"
 
 # Scenario scripts: each is a bash script that exits 0 on success.
 for t in "$ROOT"/tests/scenarios/*.sh; do

@@ -76,28 +76,34 @@ $fn$;
 COMMENT ON FUNCTION idem_define_machine(text, jsonb) IS
 'Define (or replace) a state machine: {"CREATED":["PAID","CANCELLED"],"PAID":["SHIPPED"],...}. States are the keys and every listed target. Bad definitions raise 22023.';
 
-CREATE FUNCTION idem_machine(name text) RETURNS jsonb
+CREATE FUNCTION idem_machine(name text, state text DEFAULT NULL) RETURNS jsonb
     STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-    LANGUAGE sql AS $$
-    SELECT jsonb_build_object('transitions', m.transitions, 'reachable', m.reachable)
-      FROM idem.machines m WHERE m.name = idem_machine.name $$;
-COMMENT ON FUNCTION idem_machine(text) IS
-'A machine''s definition and the states reachable from each state; NULL if there is no such machine.';
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    m jsonb;
+BEGIN
+    SELECT jsonb_build_object('transitions', d.transitions, 'reachable', d.reachable) INTO m
+      FROM idem.machines d WHERE d.name = idem_machine.name;
+    IF m IS NULL THEN
+        RAISE EXCEPTION 'idem: no state machine named "%"', name USING ERRCODE = '22023',
+            HINT = 'Define it with idem_define_machine(name, transitions).';
+    END IF;
+    IF state IS NOT NULL AND NOT (m->'reachable' ? state) THEN
+        RAISE EXCEPTION 'idem: "%" is not a state of machine "%"', state, name USING ERRCODE = '22023';
+    END IF;
+    RETURN m;
+END
+$fn$;
+COMMENT ON FUNCTION idem_machine(text, text) IS
+'A machine''s definition and the states reachable from each state. Raises 22023 if there is no such machine, or if state is given and is not one of its states.';
 
 -- The classification shared by idem_transition and the guard trigger.
 CREATE FUNCTION idem_classify_transition(machine text, from_state text, to_state text) RETURNS text
     STABLE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
 DECLARE
-    m jsonb := @extschema@.idem_machine(machine);
+    m jsonb := @extschema@.idem_machine(machine, to_state);
 BEGIN
-    IF m IS NULL THEN
-        RAISE EXCEPTION 'idem: no state machine named "%"', machine USING ERRCODE = '22023',
-            HINT = 'Define it with idem_define_machine(name, transitions).';
-    END IF;
-    IF NOT (m->'reachable' ? to_state) THEN
-        RAISE EXCEPTION 'idem: "%" is not a state of machine "%"', to_state, machine USING ERRCODE = '22023';
-    END IF;
     IF from_state IS NOT DISTINCT FROM to_state THEN RETURN 'already'; END IF;
     IF from_state IS NULL OR NOT (m->'reachable' ? from_state) THEN RETURN 'illegal'; END IF;
     IF coalesce(m->'transitions'->from_state, '[]') ? to_state THEN RETURN 'allowed'; END IF;
@@ -138,14 +144,7 @@ BEGIN
     IF tbl IS NULL OR id_col IS NULL OR id IS NULL OR state_col IS NULL OR to_state IS NULL OR machine IS NULL THEN
         RAISE EXCEPTION 'idem: only version_col and version may be NULL' USING ERRCODE = '22004';
     END IF;
-    m := @extschema@.idem_machine(machine);
-    IF m IS NULL THEN
-        RAISE EXCEPTION 'idem: no state machine named "%"', machine USING ERRCODE = '22023',
-            HINT = 'Define it with idem_define_machine(name, transitions).';
-    END IF;
-    IF NOT (m->'reachable' ? to_state) THEN
-        RAISE EXCEPTION 'idem: "%" is not a state of machine "%"', to_state, machine USING ERRCODE = '22023';
-    END IF;
+    m := @extschema@.idem_machine(machine, to_state);
     SELECT format_type(a.atttypid, a.atttypmod) INTO id_type
       FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = id_col AND a.attnum > 0 AND NOT a.attisdropped;
     SELECT format_type(a.atttypid, a.atttypmod) INTO state_type
@@ -241,9 +240,7 @@ BEGIN
     IF tbl IS NULL OR state_col IS NULL OR machine IS NULL THEN
         RAISE EXCEPTION 'idem: arguments must not be NULL' USING ERRCODE = '22004';
     END IF;
-    IF @extschema@.idem_machine(machine) IS NULL THEN
-        RAISE EXCEPTION 'idem: no state machine named "%"', machine USING ERRCODE = '22023';
-    END IF;
+    PERFORM @extschema@.idem_machine(machine);
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = state_col
                      AND a.attnum > 0 AND NOT a.attisdropped) THEN
         RAISE EXCEPTION 'idem: table % has no column %', tbl, state_col USING ERRCODE = '42703';
