@@ -1,6 +1,9 @@
--- The claim API. C functions in the extension's schema, SECURITY DEFINER so
--- that callers need no rights on schema idem. They run no SQL that resolves
--- names through the caller's search_path.
+-- The claim API: C functions in the extension's schema. SECURITY INVOKER:
+-- they reach storage directly (heap and index access checks no rights), and
+-- the SQL they run on cold paths (catalog reads, idem_forget,
+-- idem_configure) runs as the extension's owner with a pg_catalog-only
+-- search path (catalog::as_owner). So callers need no rights on schema idem,
+-- and the hot path pays no SECURITY DEFINER trampoline.
 
 CREATE TYPE idem_claim_result AS (
     claimed          boolean,
@@ -19,44 +22,44 @@ CREATE FUNCTION idem_claim(
     wait        boolean  DEFAULT true,
     lease       interval DEFAULT NULL
 ) RETURNS idem_claim_result
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim';
 COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
 'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease, the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over and gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result.';
 
 CREATE FUNCTION idem_complete(key text, biz_type text, result jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_complete';
 COMMENT ON FUNCTION idem_complete(text, text, jsonb, text) IS
 'Store the outcome of a claim this transaction made, or of a leased claim the caller owns (the session that took the lease, or whoever passes its lease_token); duplicates get result back. ID003 otherwise.';
 
 CREATE FUNCTION idem_fail(key text, biz_type text, error jsonb, lease_token text DEFAULT NULL) RETURNS void
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_fail';
 COMMENT ON FUNCTION idem_fail(text, text, jsonb, text) IS
 'Store a deterministic business failure (e.g. insufficient stock) for a claim the caller holds (as for idem_complete); duplicates get state = failed and the error back. ID003 if the caller holds no claim on the key.';
 
 CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint';
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text) IS
 'Record a recovery point (e.g. charge_created) and its data on a leased claim the caller owns, in the caller''s transaction, and renew the lease. A later takeover is told the last point. ID003 for anyone but the owner.';
 
 CREATE FUNCTION idem_lookup(key text, biz_type text) RETURNS idem_claim_result
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_lookup';
 COMMENT ON FUNCTION idem_lookup(text, text) IS
 'Read the live claim of (biz_type, key) without claiming or waiting: state absent, in_progress, completed or failed; claimed is always false.';
 
 CREATE FUNCTION idem_forget(key text, biz_type text) RETURNS boolean
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_forget';
 COMMENT ON FUNCTION idem_forget(text, text) IS
 'Operator eviction: delete the committed claim of (biz_type, key) so that the next arrival claims again. Returns whether a claim was removed.';
 REVOKE EXECUTE ON FUNCTION idem_forget(text, text) FROM PUBLIC;
 
 CREATE FUNCTION idem_configure(biz_type text, ttl interval) RETURNS void
-    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure';
 COMMENT ON FUNCTION idem_configure(text, interval) IS
 'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards.';

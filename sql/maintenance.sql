@@ -42,7 +42,7 @@ CREATE FUNCTION idem_maintain() RETURNS jsonb
 DECLARE
     started     timestamptz := clock_timestamp();
     t_now       timestamptz;
-    width       interval := idem.setting_interval('idem.partition_width', '12 hours');
+    width       interval := idem.setting_interval('idem.partition_width', '1 day');
     lock_wait   interval := idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds');
     retries     int := coalesce(nullif(current_setting('idem.maintenance_lock_retries', true), '')::int, 20);
     limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 32);

@@ -9,8 +9,8 @@
 //! backend). An abort after idem_configure in this backend drops the TTL
 //! cache too, since it may hold the rolled-back value.
 //!
-//! SQL run here goes through `with_catalog_search_path`: these functions run
-//! as SECURITY DEFINER, so nothing may resolve through the caller's path.
+//! SQL run here goes through `as_owner`: it runs with the extension owner's
+//! rights, so nothing may resolve through the caller's search path.
 
 use crate::errors::{invalid, IdemError};
 use pgrx::pg_sys;
@@ -33,6 +33,7 @@ pub struct Partition {
 struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
+    owner: Option<pg_sys::Oid>,
     partitions: Option<Vec<Partition>>,
     /// Holds what `partitions` points to outside Rust (IndexInfos).
     partitions_mcx: Option<pg_sys::MemoryContext>,
@@ -73,11 +74,13 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     };
     if relid == pg_sys::InvalidOid || Some(relid) == c.claims || Some(relid) == c.biz_types {
         c.partitions = None;
+        c.owner = None;
         c.generation += 1;
         c.ttls.clear();
         if relid == pg_sys::InvalidOid {
             c.claims = None;
             c.biz_types = None;
+            c.owner = None;
         }
     }
 }
@@ -165,7 +168,7 @@ pub fn partitions() -> (u64, &'static [Partition]) {
             )
         });
         unsafe { pg_sys::MemoryContextReset(mcx) };
-        let mut parts = with_catalog_search_path(|| load_partitions(parent));
+        let mut parts = as_owner(|| load_partitions(parent));
         // Newest range first: a duplicate is most often a recent claim, and
         // the probe stops at the first live row. The default partition last.
         parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
@@ -257,7 +260,7 @@ pub fn configured_ttl(biz_type: &[u8]) -> Option<i64> {
         return *t;
     }
     let name = std::str::from_utf8(biz_type).expect("biz_type is validated ASCII");
-    let ttl = with_catalog_search_path(|| {
+    let ttl = as_owner(|| {
         Spi::connect(|client| {
             let rows = client
                 .select(
@@ -283,25 +286,57 @@ pub fn invalidate_biz_types() {
     c.configured_in_xact = true;
 }
 
-/// Run `f` with the search path reduced to pg_catalog (no temp schema), so
-/// that the SQL it runs resolves nothing the caller could have planted.
-pub fn with_catalog_search_path<R>(f: impl FnOnce() -> R) -> R {
-    struct Pop;
-    impl Drop for Pop {
+/// Run SQL for the extension: as the owner of schema idem (the API's C
+/// functions are SECURITY INVOKER: their direct storage access needs no
+/// rights, only the SQL they run on cold paths does), and with the search
+/// path reduced to pg_catalog (no temp schema), so that nothing the caller
+/// planted resolves.
+pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(pg_sys::Oid, i32);
+    impl Drop for Restore {
         fn drop(&mut self) {
-            unsafe { pg_sys::PopOverrideSearchPath() };
+            unsafe {
+                pg_sys::PopOverrideSearchPath();
+                pg_sys::SetUserIdAndSecContext(self.0, self.1);
+            }
         }
     }
-    unsafe {
-        let path =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::OverrideSearchPath>()) as *mut pg_sys::OverrideSearchPath;
+    let owner = storage_owner();
+    let restore = unsafe {
+        let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        let path = pg_sys::palloc0(std::mem::size_of::<pg_sys::OverrideSearchPath>()) as *mut pg_sys::OverrideSearchPath;
         (*path).schemas = std::ptr::null_mut();
         (*path).addCatalog = true;
         (*path).addTemp = false;
         pg_sys::PushOverrideSearchPath(path);
+        Restore(user, context)
+    };
+    let r = f();
+    drop(restore);
+    r
+}
+
+/// The owner of schema idem: whoever created the extension.
+fn storage_owner() -> pg_sys::Oid {
+    let c = cache();
+    if let Some(o) = c.owner {
+        return o;
     }
-    let _pop = Pop;
-    f()
+    let owner = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), false);
+        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::NAMESPACEOID as i32, pg_sys::Datum::from(nsp));
+        if tup.is_null() {
+            invalid("schema idem disappeared");
+        }
+        let form = ((*tup).t_data as *mut u8).add((*(*tup).t_data).t_hoff as usize) as *mut pg_sys::FormData_pg_namespace;
+        let owner = (*form).nspowner;
+        pg_sys::ReleaseSysCache(tup);
+        owner
+    };
+    c.owner = Some(owner);
+    owner
 }
 
 /// The IndexInfo of a partition's index, built once per partition list.

@@ -303,7 +303,7 @@ pub fn forget(t: &Target) -> bool {
     let k = t.key_ref();
     // Like every writer of claim rows, under the key lock (see rewrite).
     let _lock = KeyLock::acquire(k.hash);
-    let n = catalog::with_catalog_search_path(|| {
+    let n = catalog::as_owner(|| {
         pgrx::spi::Spi::connect_mut(|client| {
             client
                 .update(
@@ -398,8 +398,8 @@ unsafe fn sql_configure(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         }
         let name = std::str::from_utf8(biz_type).unwrap();
         let ttl_arg: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
-        catalog::with_catalog_search_path(|| {
-            catalog::with_catalog_search_path(|| {
+        catalog::as_owner(|| {
+            catalog::as_owner(|| {
                 pgrx::spi::Spi::run_with_args(
                     "INSERT INTO idem.biz_types AS b (biz_type, ttl) VALUES ($1, $2)
                  ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = pg_catalog.now()",

@@ -115,15 +115,23 @@ pub fn text_datum(bytes: &[u8]) -> pg_sys::Datum {
     }
 }
 
-/// The composite row type the calling function was declared to return.
+/// The composite row type the calling function was declared to return,
+/// looked up once per call site (kept in fn_extra).
 pub unsafe fn result_tupdesc(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::TupleDesc {
     unsafe {
-        let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
-        let kind = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
-        if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
-            IdemError::FeatureNotSupported("function must be declared to return a composite type".into()).fail();
+        let flinfo = (*fcinfo).flinfo;
+        if (*flinfo).fn_extra.is_null() {
+            let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
+            let kind = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
+            if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
+                IdemError::FeatureNotSupported("function must be declared to return a composite type".into()).fail();
+            }
+            let old = pg_sys::MemoryContextSwitchTo((*flinfo).fn_mcxt);
+            let kept = pg_sys::CreateTupleDescCopy(desc);
+            pg_sys::MemoryContextSwitchTo(old);
+            (*flinfo).fn_extra = pg_sys::BlessTupleDesc(kept).cast();
         }
-        pg_sys::BlessTupleDesc(desc)
+        (*flinfo).fn_extra.cast()
     }
 }
 

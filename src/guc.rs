@@ -10,7 +10,7 @@ pub static DEFAULT_TTL: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 
 // Read by idem_maintain (PL/pgSQL, through current_setting); defined here so
 // that they are documented, typed and covered by the reserved prefix.
-static PARTITION_WIDTH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"12 hours"));
+static PARTITION_WIDTH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"1 day"));
 static MAINTENANCE_LOCK_TIMEOUT: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"50 milliseconds"));
 static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);

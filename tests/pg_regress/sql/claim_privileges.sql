@@ -1,7 +1,7 @@
 -- claim_privileges: what the extension exposes and to whom. An ordinary role
 -- can claim, finish and look up keys, but cannot touch storage, evict or
--- configure; and nothing it puts on its search_path runs inside idem's
--- SECURITY DEFINER functions. Business types used here: priv, priv.*.
+-- configure; and nothing it puts on its search_path runs with the rights of
+-- the extension's owner (the SQL the C functions run as the owner). Business types used here: priv, priv.*.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idem;
 DROP ROLE IF EXISTS regress_idem_app;
@@ -16,7 +16,8 @@ SELECT p.proname
   JOIN pg_extension e ON e.oid = d.refobjid
  WHERE e.extname = 'idem' AND obj_description(p.oid, 'pg_proc') IS NULL;
 
--- The claim API lives in the extension, is SECURITY DEFINER, and only
+-- The claim API lives in the extension, is SECURITY INVOKER (its C code
+-- reaches storage directly and runs its SQL as the owner), and only
 -- idem_forget and idem_configure are withheld from PUBLIC.
 SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
