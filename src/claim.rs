@@ -184,15 +184,14 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 storage::wait_for(row.busy.unwrap());
             }
             Some(row) if row.state == STATE_LEASED && !row.own => {
+                check_duplicate(t, req.fingerprint, &row);
                 let lease = Lease::from_datum(row.result);
                 if lease.until > now {
                     drop(lock);
-                    check_duplicate(t, req.fingerprint, &row);
                     return Outcome::of_row(&row);
                 }
                 // The lease ran out: this claim takes the work over, and is
                 // told which attempt it is and where the last one got to.
-                check_duplicate(t, req.fingerprint, &row);
                 let (next, token) =
                     Lease::new(lease.attempt + 1, req.lease_us.unwrap_or(lease.lease_us), now, lease.point, lease.data);
                 claims.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
@@ -214,12 +213,19 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
     }
 }
 
-/// A duplicate must be visible to the caller's snapshot (else 40001, as
-/// INSERT ... ON CONFLICT does) and carry the first claim's fingerprint.
-fn check_duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) {
+/// Under REPEATABLE READ and SERIALIZABLE, a row the caller's snapshot
+/// cannot see must not be reported or written as if it could: 40001, as
+/// INSERT ... ON CONFLICT and UPDATE do.
+fn check_visible(t: &Target, row: &Row) {
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         IdemError::SerializationFailure { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
     }
+}
+
+/// A duplicate must be visible to the caller's snapshot and carry the first
+/// claim's fingerprint (if both have one).
+fn check_duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) {
+    check_visible(t, row);
     if let (Some(mine), Some(first)) = (fingerprint, row.fingerprint.as_deref()) {
         if mine != first {
             IdemError::FingerprintMismatch { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
@@ -264,7 +270,7 @@ pub fn finish(t: &Target, what: Finish, lease_token: Option<&[u8]>) {
         let held = if row.state == STATE_LEASED {
             row.own || Lease::from_datum(row.result).owned_by_caller(lease_token)
         } else {
-            row.own && row.state == STATE_PENDING || row.own && !matches!(what, Finish::Checkpoint { .. })
+            row.own && !matches!(what, Finish::Checkpoint { .. })
         };
         if !held {
             match row.state {
@@ -273,16 +279,11 @@ pub fn finish(t: &Target, what: Finish, lease_token: Option<&[u8]>) {
                 _ => not_claimed("is claimed by another transaction, not this one"),
             }
         }
-        if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
-            IdemError::SerializationFailure { biz_type: t.lossy_type(), key: t.lossy_key() }.fail();
-        }
+        check_visible(t, &row);
         match what {
             Finish::Complete(result) => claims.rewrite(&row, k, STATE_COMPLETED, result),
             Finish::Fail(error) => claims.rewrite(&row, k, STATE_FAILED, Some(error)),
             Finish::Checkpoint { point, data } => {
-                if row.state != STATE_LEASED {
-                    not_claimed("is not leased: idem_checkpoint needs idem_claim(..., lease => ...)");
-                }
                 // Recording progress also renews the lease.
                 let mut lease = Lease::from_datum(row.result);
                 lease.point = serde_json::Value::String(point);
