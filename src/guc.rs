@@ -17,30 +17,43 @@ static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);
 static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(32);
 
 pub fn init() {
-    GucRegistry::define_string_guc(
-        c"idem.default_ttl",
-        c"TTL of claims whose biz_type has none configured (1 second to 400 days).",
-        c"idem_configure(biz_type, ttl) overrides it per type; idem_claim's ttl argument per call.",
-        &DEFAULT_TTL,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_string_guc(
-        c"idem.partition_width",
-        c"Width of the time ranges idem_maintain partitions idem.claims into (100 milliseconds to 400 days).",
-        c"Claims are probed in every live partition: wider means fewer probes, narrower means expired claims are dropped sooner.",
-        &PARTITION_WIDTH,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_string_guc(
-        c"idem.maintenance_lock_timeout",
-        c"How long idem_maintain waits for its lock on idem.claims per attempt.",
-        c"Claims that arrive while it waits queue behind it, so keep it short; 0 tries without waiting (NOWAIT).",
-        &MAINTENANCE_LOCK_TIMEOUT,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
+    // Interval settings are checked when set, so that a bad value is refused
+    // by SET (22023) rather than by the next claim.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"idem.default_ttl",
+            c"TTL of claims whose biz_type has none configured (1 second to 400 days).",
+            c"idem_configure(biz_type, ttl) overrides it per type; idem_claim's ttl argument per call.",
+            &DEFAULT_TTL,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_ttl),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"idem.partition_width",
+            c"Width of the time ranges idem_maintain partitions idem.claims into (100 milliseconds to 400 days).",
+            c"Claims are probed in every live partition: wider means fewer probes, narrower means expired claims are dropped sooner.",
+            &PARTITION_WIDTH,
+            GucContext::Suset,
+            GucFlags::default(),
+            Some(check_width),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"idem.maintenance_lock_timeout",
+            c"How long idem_maintain waits for its lock on idem.claims per attempt.",
+            c"Claims that arrive while it waits queue behind it, so keep it short; 0 tries without waiting (NOWAIT).",
+            &MAINTENANCE_LOCK_TIMEOUT,
+            GucContext::Suset,
+            GucFlags::default(),
+            Some(check_lock_timeout),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"idem.maintenance_lock_retries",
         c"How many times idem_maintain tries to take its lock before leaving the work to the next run.",
@@ -84,6 +97,82 @@ pub fn checked_ttl(iv: &pg_sys::Interval, what: &str) -> i64 {
     us as i64
 }
 
+/// Parse an interval as interval_in does, but report failure instead of
+/// raising an error (GUC check hooks must not raise).
+pub fn parse_interval(text: &std::ffi::CStr) -> Option<pg_sys::Interval> {
+    use std::mem::zeroed;
+    const MAXF: usize = pg_sys::MAXDATEFIELDS as usize;
+    unsafe {
+        let mut workbuf = [0 as std::ffi::c_char; 256];
+        let mut field = [std::ptr::null_mut(); MAXF];
+        let mut ftype = [0; MAXF];
+        let (mut nf, mut dtype) = (0, 0);
+        let mut itm: pg_sys::pg_itm_in = zeroed();
+        let mut err = pg_sys::ParseDateTime(
+            text.as_ptr(),
+            workbuf.as_mut_ptr(),
+            workbuf.len(),
+            field.as_mut_ptr(),
+            ftype.as_mut_ptr(),
+            MAXF as i32,
+            &mut nf,
+        );
+        if err == 0 {
+            err = pg_sys::DecodeInterval(
+                field.as_mut_ptr(),
+                ftype.as_mut_ptr(),
+                nf,
+                pg_sys::INTERVAL_FULL_RANGE as i32,
+                &mut dtype,
+                &mut itm,
+            );
+        }
+        if err == pg_sys::DTERR_BAD_FORMAT {
+            itm = zeroed();
+            err = pg_sys::DecodeISO8601Interval(text.as_ptr().cast_mut(), &mut dtype, &mut itm);
+        }
+        if err != 0 || dtype != pg_sys::DTK_DELTA as i32 {
+            return None;
+        }
+        let mut iv: pg_sys::Interval = zeroed();
+        (pg_sys::itmin2interval(&mut itm, &mut iv) == 0).then_some(iv)
+    }
+}
+
+/// A check hook: the value must be an interval within [min_us, max_us].
+unsafe fn check_interval(newval: *mut *mut std::ffi::c_char, min_us: i128, max_us: i128, range: &std::ffi::CStr) -> bool {
+    unsafe {
+        if (*newval).is_null() {
+            return true;
+        }
+        let ok = parse_interval(std::ffi::CStr::from_ptr(*newval)).is_some_and(|iv| (min_us..=max_us).contains(&interval_us(&iv)));
+        if !ok {
+            pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as i32);
+            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(range.as_ptr());
+        }
+        ok
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_ttl(v: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_interval(v, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.") }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_width(v: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_interval(v, 100_000, MAX_TTL_US, c"It must be an interval from 100 milliseconds to 400 days.") }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_lock_timeout(
+    v: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    unsafe { check_interval(v, 0, 3_600_000_000, c"It must be an interval from 0 (NOWAIT) to 1 hour.") }
+}
+
 static mut PARSED: Option<(CString, i64)> = None;
 
 /// idem.default_ttl in microseconds (parsed once per distinct value).
@@ -96,16 +185,10 @@ pub fn default_ttl_us() -> i64 {
                 return *us;
             }
         }
-        let d = pgrx::fcinfo::direct_function_call_as_datum(
-            pg_sys::interval_in,
-            &[
-                Some(pg_sys::Datum::from(raw.as_ptr())),
-                Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
-                Some(pg_sys::Datum::from(-1i32)),
-            ],
-        )
-        .expect("interval_in returns a value");
-        let us = checked_ttl(&*d.cast_mut_ptr::<pg_sys::Interval>(), "idem.default_ttl");
+        // The check hook has vetted the value; a placeholder set before the
+        // library was loaded was vetted when the library defined the GUC.
+        let iv = parse_interval(&raw).unwrap_or_else(|| invalid("idem.default_ttl is not a valid interval"));
+        let us = checked_ttl(&iv, "idem.default_ttl");
         PARSED = Some((raw, us));
         us
     }

@@ -86,3 +86,16 @@ COMMIT;
 -- From then on duplicates see the new claim.
 SELECT claimed, state, result, expires_at - first_claimed_at AS ttl FROM idem_claim('short', 'ttl', fingerprint => 'v2');
 SELECT claimed FROM idem_claim('short', 'ttl', fingerprint => 'v1');
+
+-- Interval settings are checked when set: a bad value is refused by SET
+-- itself (22023), not by the next claim.
+\set VERBOSITY sqlstate
+SET idem.default_ttl = 'banana';
+SET idem.default_ttl = '0';
+SET idem.default_ttl = '401 days';
+SET idem.partition_width = '10 milliseconds';
+SET idem.maintenance_lock_timeout = '2 hours';
+SET idem.default_ttl = 'P2D';
+SELECT expires_at - first_claimed_at AS iso8601_ttl FROM idem_claim('iso-ttl', 'ttl.iso');
+RESET idem.default_ttl;
+\set VERBOSITY default
