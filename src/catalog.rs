@@ -27,6 +27,9 @@ pub struct Partition {
     /// the index expression: too dear to do per claim). Lives in the cache's
     /// memory context, which is reset whenever the list is reloaded.
     pub index_info: std::cell::Cell<*mut pg_sys::IndexInfo>,
+    /// Seen with rows once: it is probed without asking its size again
+    /// (believing a partition non-empty is always safe, the reverse never).
+    pub seen_nonempty: std::cell::Cell<bool>,
 }
 
 #[derive(Default)]
@@ -245,7 +248,13 @@ fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
                 (Some(lo), Some(hi)) => Some((lo.value() as i64, hi.value() as i64)),
                 _ => None,
             };
-            out.push(Partition { relid, index, range, index_info: std::cell::Cell::new(std::ptr::null_mut()) });
+            out.push(Partition {
+                relid,
+                index,
+                range,
+                index_info: std::cell::Cell::new(std::ptr::null_mut()),
+                seen_nonempty: std::cell::Cell::new(false),
+            });
         }
         pg_sys::SPI_finish();
     }

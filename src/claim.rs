@@ -253,50 +253,64 @@ pub enum Finish {
 /// this transaction made, or a leased claim the caller owns (by lease token,
 /// or else by being the session that took the lease).
 pub fn finish(t: &Target, what: Finish, lease_token: Option<&[u8]>) {
-    let not_claimed = |why| IdemError::NotClaimed { biz_type: t.lossy_type(), key: t.lossy_key(), why }.fail();
     let k = t.key_ref();
-    let claims: Opened = storage::open(now(), pg_sys::RowExclusiveLock as _);
+    let now = now();
+    // The claim this transaction just made: found without a probe.
+    if let Some((claims, row)) = storage::open_recent(k, now) {
+        return apply(t, &claims, &row, what, lease_token, now);
+    }
+    let claims: Opened = storage::open(now, pg_sys::RowExclusiveLock as _);
     loop {
-        let lock = KeyLock::acquire(k.hash);
-        let now = now();
+        let _lock = KeyLock::acquire(k.hash);
+        let now = self::now();
         let Some(row) = claims.probe(k, now, true) else {
-            not_claimed("is not claimed by this transaction, nor leased to the caller")
+            IdemError::NotClaimed {
+                biz_type: t.lossy_type(),
+                key: t.lossy_key(),
+                why: "is not claimed by this transaction, nor leased to the caller",
+            }
+            .fail()
         };
         if let Some(xid) = row.busy {
-            drop(lock);
+            drop(_lock);
             storage::wait_for(xid);
             continue;
         }
-        let held = if row.state == STATE_LEASED {
-            row.own || Lease::from_datum(row.result).owned_by_caller(lease_token)
-        } else {
-            row.own && !matches!(what, Finish::Checkpoint { .. })
-        };
-        if !held {
-            match row.state {
-                STATE_LEASED => not_claimed("is leased to another owner (or the lease was taken over)"),
-                _ if row.own => not_claimed("is not leased: idem_checkpoint needs idem_claim(..., lease => ...)"),
-                _ => not_claimed("is claimed by another transaction, not this one"),
-            }
+        return apply(t, &claims, &row, what, lease_token, now);
+    }
+}
+
+/// finish, once the row is found and nobody else is writing it.
+fn apply(t: &Target, claims: &Opened, row: &Row, what: Finish, lease_token: Option<&[u8]>, now: i64) {
+    let not_claimed = |why| IdemError::NotClaimed { biz_type: t.lossy_type(), key: t.lossy_key(), why }.fail();
+    let k = t.key_ref();
+    let held = if row.state == STATE_LEASED {
+        row.own || Lease::from_datum(row.result).owned_by_caller(lease_token)
+    } else {
+        row.own && !matches!(what, Finish::Checkpoint { .. })
+    };
+    if !held {
+        match row.state {
+            STATE_LEASED => not_claimed("is leased to another owner (or the lease was taken over)"),
+            _ if row.own => not_claimed("is not leased: idem_checkpoint needs idem_claim(..., lease => ...)"),
+            _ => not_claimed("is claimed by another transaction, not this one"),
         }
-        check_visible(t, &row);
-        match what {
-            Finish::Complete(result) => claims.rewrite(&row, k, STATE_COMPLETED, result),
-            Finish::Fail(error) => claims.rewrite(&row, k, STATE_FAILED, Some(error)),
-            Finish::Checkpoint { point, data } => {
-                // Recording progress also renews the lease.
-                let mut lease = Lease::from_datum(row.result);
-                lease.point = serde_json::Value::String(point);
-                lease.data = data
-                    .and_then(|d| unsafe { <pgrx::JsonB as pgrx::datum::FromDatum>::from_datum(d, false) })
-                    .map(|j| j.0)
-                    .unwrap_or(serde_json::Value::Null);
-                lease.until = now.saturating_add(lease.lease_us);
-                claims.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
-            }
+    }
+    check_visible(t, row);
+    match what {
+        Finish::Complete(result) => claims.rewrite(row, k, STATE_COMPLETED, result),
+        Finish::Fail(error) => claims.rewrite(row, k, STATE_FAILED, Some(error)),
+        Finish::Checkpoint { point, data } => {
+            // Recording progress also renews the lease.
+            let mut lease = Lease::from_datum(row.result);
+            lease.point = serde_json::Value::String(point);
+            lease.data = data
+                .and_then(|d| unsafe { <pgrx::JsonB as pgrx::datum::FromDatum>::from_datum(d, false) })
+                .map(|j| j.0)
+                .unwrap_or(serde_json::Value::Null);
+            lease.until = now.saturating_add(lease.lease_us);
+            claims.rewrite(row, k, STATE_LEASED, Some(lease.to_datum()));
         }
-        drop(lock);
-        return;
     }
 }
 

@@ -140,13 +140,16 @@ impl Opened {
         let mut found: Option<Row> = None;
         // A key has at most one live row (that is what the protocol
         // guarantees), so the first one found is the answer.
-        for (i, (heap, _, _)) in self.parts.iter().enumerate() {
+        for (i, (heap, _, p)) in self.parts.iter().enumerate() {
             // An empty partition (the premade future ones, the default one)
             // cannot hold the key: the size check is much cheaper than an
             // index descent. Under the key lock no row of this key can
             // appear meanwhile.
-            if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(*heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
-                continue;
+            if !p.seen_nonempty.get() {
+                if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(*heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
+                    continue;
+                }
+                p.seen_nonempty.set(true);
             }
             unsafe { self.probe_one(i, *heap, self.index(i), k, now, want_result, &mut found) };
             if found.is_some() {
@@ -284,9 +287,7 @@ impl Opened {
             let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
             index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
-            // Make the row visible to the rest of this statement, as the
-            // executor would between statements.
-            pg_sys::CommandCounterIncrement();
+            remember(k.hash, p.relid, (*tuple).t_self);
         }
     }
 
@@ -315,14 +316,96 @@ impl Opened {
             }
             let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             let mut otid = row.tid;
+            // The row may have been written by this very command (a claim and
+            // its completion in one statement): make it updatable.
+            pg_sys::CommandCounterIncrement();
             pg_sys::simple_heap_update(heap, &mut otid, tuple);
             // A HOT update shares the old index entry; otherwise the new
             // version needs its own.
             if (*(*tuple).t_data).t_infomask2 as u32 & pg_sys::HEAP_ONLY_TUPLE == 0 {
                 index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
             }
-            pg_sys::CommandCounterIncrement();
+            if row.own {
+                remember(k.hash, p.relid, (*tuple).t_self);
+            }
         }
+    }
+
+    /// This transaction's own live row of `k` at `tid` in partition `part`,
+    /// or None if it is not (any more) there.
+    unsafe fn fetch_own(&self, part: usize, tid: pg_sys::ItemPointerData, k: KeyRef, now: i64) -> Option<Row> {
+        unsafe {
+            let heap = self.parts[part].0;
+            let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let mut tuple: pg_sys::HeapTupleData = MaybeUninit::zeroed().assume_init();
+            tuple.t_self = tid;
+            let mut buffer: pg_sys::Buffer = 0;
+            if !pg_sys::heap_fetch(heap, &mut dirty, &mut tuple, &mut buffer, false) {
+                return None;
+            }
+            let mut values = [pg_sys::Datum::from(0); NCOLS];
+            let mut nulls = [false; NCOLS];
+            pg_sys::heap_deform_tuple(&mut tuple, (*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let own = pg_sys::TransactionIdIsCurrentTransactionId((*tuple.t_data).t_choice.t_heap.t_xmin);
+            let expires_at = values[COL_EXPIRES_AT].value() as i64;
+            let same = bytes_of(values[COL_BIZ_TYPE]) == k.biz_type && bytes_of(values[COL_KEY]) == k.key;
+            let row = (own && same && expires_at > now).then(|| Row {
+                part,
+                tid,
+                state: values[COL_STATE].value() as u8,
+                claimed_at: values[COL_CLAIMED_AT].value() as i64,
+                expires_at,
+                fingerprint: (!nulls[COL_FINGERPRINT]).then(|| bytes_of(values[COL_FINGERPRINT])),
+                result: (!nulls[COL_RESULT])
+                    .then(|| pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(values[COL_RESULT].cast_mut_ptr()))),
+                own: true,
+                busy: None,
+                visible: true,
+            });
+            pg_sys::ReleaseBuffer(buffer);
+            row
+        }
+    }
+}
+
+/// Where this backend last wrote a claim row of its own, so that finishing
+/// the claim just made (the common idem_claim ... idem_complete pattern)
+/// needs no probe of every partition and no key lock: a row this
+/// transaction has not committed is invisible to every other writer.
+struct Recent {
+    xid: pg_sys::TransactionId,
+    hash: i64,
+    relid: pg_sys::Oid,
+    tid: pg_sys::ItemPointerData,
+}
+
+static mut RECENT: Option<Recent> = None;
+
+fn remember(hash: i64, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    unsafe { RECENT = Some(Recent { xid, hash, relid, tid }) };
+}
+
+/// This transaction's own live row of `k`, if it is the one remembered,
+/// with idem.claims and its partition locked and open.
+pub fn open_recent(k: KeyRef, now: i64) -> Option<(Opened, Row)> {
+    #[allow(static_mut_refs)]
+    let r = unsafe { RECENT.as_ref() }?;
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    if r.hash != k.hash || xid == pg_sys::InvalidTransactionId || r.xid != xid {
+        return None;
+    }
+    let (relid, tid) = (r.relid, r.tid);
+    unsafe {
+        let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+        let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+        let mut opened = Opened { parent, lockmode, parts: Vec::new() };
+        let (_, parts) = catalog::partitions();
+        let p = parts.iter().find(|p| p.relid == relid)?;
+        opened.parts.push((pg_sys::table_open(p.relid, lockmode), std::cell::Cell::new(std::ptr::null_mut()), p));
+        let row = opened.fetch_own(0, tid, k, now)?;
+        Some((opened, row))
     }
 }
 
