@@ -1,0 +1,1059 @@
+#!/usr/bin/env python3
+"""The measuring half of idem's benchmark. bench/run.sh starts the cluster
+(and redis) and calls this with --host/--port; it writes OUT/raw.json, which
+bench/report.py turns into the tables, CSV/JSON, report.md and tps.svg.
+
+Sections (README.md explains each):
+  matrix      TPS of every variant, interleaved, per synchronous_commit and
+              client count
+  wal         WAL bytes and transaction ids per transaction, per variant
+  bytes       bytes per claim after N claims (without / with a result)
+  scale       claim cost with few vs many live keys
+  partitions  claim cost vs number of live partitions of idem.claims
+  cleanup     idem_maintain() vs DELETE ... WHERE expires_at < now()
+"""
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+SQL = os.path.join(BENCH, "sql")
+
+# Variant id -> (driver, script or mode, description). The order is the
+# first round's order; later rounds rotate it.
+VARIANTS = {
+    "B0": ("pgbench", "b0.sql", "business insert only"),
+    "B1": ("pgbench", "b1.sql", "+ INSERT ... ON CONFLICT DO NOTHING (hand-written table)"),
+    "B2": ("pgbench", "b2.sql", "+ PL/pgSQL EXCEPTION WHEN unique_violation"),
+    "B3": ("redis", "b3", "+ Redis SET NX EX round trip before the transaction (C driver)"),
+    "B0c": ("redis", "b0", "B0 through the C driver of B3 (calibration)"),
+    "I1": ("pgbench", "i1.sql", "+ idem_claim on a new key"),
+    "I2": ("pgbench", "i2.sql", "+ idem_claim + idem_complete with a small result"),
+    "I3": ("pgbench", "i3.sql", "idem_claim on an already claimed key (duplicate path, no business insert)"),
+    "B1d": ("pgbench", "b1d.sql", "hand-written duplicate path: ON CONFLICT DO NOTHING on an existing key"),
+}
+
+PROFILES = {
+    # tiny: proves every code path runs; numbers mean nothing
+    "smoke": dict(duration=1, rounds=1, clients=[1, 2], sync=["off", "on"], prefill=1000,
+                  wal_txns=300, bytes_claims=20000, scale_small=10000, scale_big=40000,
+                  scale_rounds=1, scale_duration=1, parts=[0, 8], parts_rounds=1,
+                  parts_duration=1, cleanup_rows=20000, cleanup_live=2000,
+                  p99_duration=3, p99_rounds=1),
+    # default: about 20 minutes on 2 cores
+    "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
+                    wal_txns=10000, bytes_claims=1000000, scale_small=10000, scale_big=1000000,
+                    scale_rounds=5, scale_duration=4, parts=[0, 8, 32], parts_rounds=3,
+                    parts_duration=4, cleanup_rows=1000000, cleanup_live=10000,
+                    p99_duration=6, p99_rounds=2),
+    # full: the sizes of the targets (10 M live keys); about 40 minutes
+    "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
+                 wal_txns=20000, bytes_claims=1000000, scale_small=10000, scale_big=10000000,
+                 scale_rounds=5, scale_duration=5, parts=[0, 8, 32, 128], parts_rounds=3,
+                 parts_duration=5, cleanup_rows=1000000, cleanup_live=10000,
+                 p99_duration=8, p99_rounds=3),
+}
+
+ALL_SECTIONS = ["matrix", "wal", "bytes", "scale", "partitions", "cleanup"]
+
+# The benchmark's own partitions of idem.claims (partitions section, and the
+# expired partition of the cleanup section) get the index idem's partitions
+# have: inherited from a partitioned index on the parent when there is one,
+# else copied from the default partition's definition.
+MAKE_PARTITION_SQL = r"""
+CREATE FUNCTION public.bench_make_partition(name text, lo timestamptz, hi timestamptz)
+RETURNS void LANGUAGE plpgsql AS $f$
+DECLARE def text;
+BEGIN
+  EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
+                 name, lo, hi);
+  IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass) THEN
+    SELECT pg_get_indexdef(indexrelid) INTO def
+      FROM pg_index WHERE indrelid = 'idem.claims_default'::regclass LIMIT 1;
+    def := regexp_replace(def, '^CREATE (UNIQUE )?INDEX \S+ ON (ONLY )?\S+',
+                          'CREATE \1INDEX ON idem.' || quote_ident(name));
+    EXECUTE def;
+  END IF;
+END $f$;
+"""
+
+FAKE_MAINTAIN_SQL = r"""
+-- BENCH SELF-TEST ONLY (BENCH_FAKE_MAINTAIN=1): a stand-in for idem_maintain()
+-- that drops partitions of idem.claims whose upper bound has passed. Its
+-- numbers are not idem's.
+CREATE FUNCTION public.idem_maintain() RETURNS jsonb LANGUAGE plpgsql AS $f$
+DECLARE r record; n int := 0;
+BEGIN
+  FOR r IN SELECT c.oid::regclass AS rel, pg_get_expr(c.relpartbound, c.oid) AS b
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'idem.claims'::regclass LOOP
+    IF r.b <> 'DEFAULT'
+       AND (regexp_match(r.b, 'TO \(''([^'']*)''\)'))[1]::timestamptz <= now() THEN
+      EXECUTE format('DROP TABLE %s', r.rel);
+      n := n + 1;
+    END IF;
+  END LOOP;
+  RETURN jsonb_build_object('dropped', n, 'fake', true);
+END $f$;
+"""
+
+
+class BenchError(Exception):
+    pass
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.out = a.out
+        self.logs = os.path.join(a.out, "logs")
+        shutil.rmtree(self.logs, ignore_errors=True)
+        os.makedirs(self.logs)
+        self.pg_bin = a.pg_bin
+        self.run_id = 0
+        self.fake_maintain = os.environ.get("BENCH_FAKE_MAINTAIN") == "1"
+        self.raw = {"meta": {}, "runs": [], "wal": [], "bytes": [], "scale": [],
+                    "partitions": [], "cleanup": {}, "errors": [], "notes": []}
+        self.t_start = time.time()
+        self.redis_driver = None
+        self.meter = CpuMeter(a.host, a.port, a.redis_pid)
+        self.quiet_budget = a.quiet_wait if a.quiet_wait is not None else (
+            0 if a.profile == "smoke" else 1800)
+
+    # ---- plumbing -------------------------------------------------------
+    def log(self, msg):
+        el = time.time() - self.t_start
+        print(f"[{el:7.1f}s] {msg}", flush=True)
+
+    def save(self):
+        tmp = os.path.join(self.out, "raw.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.raw, f, indent=1, default=str)
+        os.replace(tmp, os.path.join(self.out, "raw.json"))
+
+    def conn_args(self, db):
+        return ["-h", self.a.host, "-p", str(self.a.port), "-U", "postgres", "-d", db]
+
+    def psql(self, db, sql, timing=False):
+        """Run SQL (one or more statements) in one psql session; return the
+        unaligned, tuples-only output of all statements."""
+        cmd = [os.path.join(self.pg_bin, "psql"), "-X", "-A", "-t", "-q",
+               "-v", "ON_ERROR_STOP=1"] + self.conn_args(db)
+        if timing:
+            sql = "\\timing on\n" + sql
+        p = subprocess.run(cmd, input=sql, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise BenchError(f"psql failed in {db}: {p.stderr.strip()}\nSQL: {sql[:500]}")
+        return p.stdout.strip()
+
+    def val(self, db, sql):
+        out = self.psql(db, sql)
+        return out.splitlines()[-1] if out else ""
+
+    def next_run(self):
+        self.run_id += 1
+        return self.run_id
+
+    def pgbench(self, db, script, clients, sync, duration=None, txns=None, prefill=1,
+                log_prefix=None, tag=""):
+        run = self.next_run()
+        cmd = [os.path.join(self.pg_bin, "pgbench"), "-n", "-M", "prepared",
+               "-c", str(clients), "-j", str(clients),
+               "-D", "n=0", "-D", f"run={run}", "-D", f"prefill={prefill}",
+               "-f", os.path.join(SQL, script)] + self.conn_args(db)[:-2]
+        if duration:
+            cmd += ["-T", str(duration)]
+        else:
+            cmd += ["-t", str(txns)]
+        cwd = self.logs
+        if log_prefix:
+            cmd += ["--log", "--log-prefix", log_prefix]
+        cmd.append(db)
+        env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={sync}")
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+        with open(os.path.join(self.logs, f"run{run:05d}-{tag or script}.log"), "w") as f:
+            f.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
+        tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", p.stdout, re.M)
+        lat = re.search(r"^latency average = ([\d.]+) ms", p.stdout, re.M)
+        done = re.search(r"number of transactions actually processed: (\d+)", p.stdout)
+        failed = re.search(r"number of failed transactions: (\d+)", p.stdout)
+        if p.returncode != 0 or not tps or (failed and int(failed.group(1)) > 0):
+            raise BenchError(f"pgbench {script} ({tag}) failed (exit {p.returncode}):\n"
+                             + (p.stderr or p.stdout)[-1500:])
+        return {"tps": float(tps.group(1)), "lat_ms": float(lat.group(1)) if lat else None,
+                "txns": int(done.group(1)) if done else None, "driver": "pgbench", "run": run}
+
+    def redis_run(self, db, mode, clients, sync, duration, tag=""):
+        run = self.next_run()
+        conninfo = (f"host={self.a.host} port={self.a.port} user=postgres dbname={db} "
+                    f"options='-c synchronous_commit={sync}'")
+        cmd = [self.redis_driver, mode, conninfo, self.a.redis_sock, str(clients),
+               str(duration), str(run)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        with open(os.path.join(self.logs, f"run{run:05d}-{tag or mode}.log"), "w") as f:
+            f.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
+        m = dict(re.findall(r"(\w+)=([\d.]+)", p.stdout))
+        if p.returncode != 0 or "tps" not in m:
+            raise BenchError(f"redis_txn {mode} failed (exit {p.returncode}): {p.stderr[-1500:]}")
+        return {"tps": float(m["tps"]), "lat_ms": float(m["lat_avg_ms"]), "txns": int(m["txns"]),
+                "driver": "redis_txn", "run": run, "dup": int(m["dup"])}
+
+    def run_variant(self, db, v, clients, sync, duration, prefill):
+        return self._run_variant(db, v, clients, sync, duration, prefill)
+
+    def wait_quiet(self):
+        """Wait until nothing else uses the CPU (a build or another
+        cluster's tests next to the benchmark skew it), within the
+        --quiet-wait budget."""
+        if self.quiet_budget <= 0:
+            return
+        t0 = time.time()
+        said = False
+        while self.quiet_budget > 0:
+            a = self.meter.snap()
+            time.sleep(1.0)
+            f = self.meter.foreign(a, self.meter.snap())
+            comp = noise().get("foreign")
+            if f < QUIET_CORES and not comp:
+                break
+            if not said:
+                self.log(f"  waiting for the machine to be quiet (other CPU use {f:.2f} cores"
+                         f"{', ' + ' '.join(comp) if comp else ''}; budget {self.quiet_budget:.0f}s)")
+                said = True
+            time.sleep(4.0)
+            self.quiet_budget -= time.time() - t0
+            t0 = time.time()
+        if said:
+            self.log("  quiet again" if self.quiet_budget > 0 else "  quiet-wait budget spent; going on")
+
+    def measured(self, prepare, run):
+        """prepare(); run() with the CPU other processes used during it
+        recorded; re-run (up to twice) when that was more than a trace."""
+        for attempt in range(3):
+            self.wait_quiet()
+            if prepare:
+                prepare()
+            a = self.meter.snap()
+            res = run()
+            b = self.meter.snap()
+            res["foreign_cores"] = round(self.meter.foreign(a, b), 3)
+            res["attempt"] = attempt
+            res.update(noise())
+            if res["foreign_cores"] < NOISY_CORES or self.quiet_budget <= 0 or attempt == 2:
+                return res
+            self.log(f"  other processes used {res['foreign_cores']:.2f} cores during the run: "
+                     f"measuring again")
+            self.raw.setdefault("discarded", []).append(res)
+
+    def _run_variant(self, db, v, clients, sync, duration, prefill):
+        driver, what, _ = VARIANTS[v]
+        if driver == "redis":
+            r = self.redis_run(db, what, clients, sync, duration, tag=v)
+            # Keys stay in redis for the whole run (as a dedup store would);
+            # they are unique per run id, so nothing is ever a duplicate.
+            return r
+        return self.pgbench(db, what, clients, sync, duration=duration, prefill=prefill, tag=v)
+
+    def has_maintain(self, db):
+        return self.val(db, "SELECT to_regprocedure('idem_maintain()') IS NOT NULL") == "t"
+
+    def create_db(self, db):
+        self.psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        self.psql("postgres", f"CREATE DATABASE {db}")
+        with open(os.path.join(SQL, "schema.sql")) as f:
+            self.psql(db, f.read())
+        self.psql(db, "CREATE EXTENSION idem; CREATE EXTENSION pg_walinspect;")
+        self.psql(db, MAKE_PARTITION_SQL)
+        if self.fake_maintain and not self.has_maintain(db):
+            self.psql(db, FAKE_MAINTAIN_SQL)
+            self.raw["meta"]["fake_maintain_used"] = True
+        # Register the business type the benchmark claims under (outside any
+        # measurement), and let maintenance premake its partitions, as a
+        # deployment would.
+        self.psql(db, "SELECT idem_claim('bench-setup', 'bench')")
+        if self.has_maintain(db):
+            self.psql(db, "SELECT idem_maintain()")
+
+    def checkpoint(self, db="postgres"):
+        self.psql(db, "CHECKPOINT")
+
+    def set_autovacuum(self, on):
+        self.psql("postgres", f"ALTER SYSTEM SET autovacuum = {'on' if on else 'off'}; "
+                              "SELECT pg_reload_conf();")
+        time.sleep(0.2)
+
+    def claim_keys(self, db, prefix, n, complete=False, batch=100000):
+        """Claim n keys md5(prefix || i) through idem_claim, batch per
+        transaction (the rows are exactly what the extension writes)."""
+        done = 0
+        while done < n:
+            hi = min(n, done + batch)
+            if complete:
+                sql = (f"SELECT count(*) FROM generate_series({done + 1}, {hi}) g, "
+                       f"LATERAL (SELECT md5('{prefix}' || g::text) AS k) s, "
+                       f"LATERAL (SELECT idem_claim(s.k, 'bench') AS c, "
+                       f"idem_complete(s.k, 'bench', '{{\"ok\": true}}') AS d) x")
+            else:
+                sql = (f"SELECT count(*) FROM generate_series({done + 1}, {hi}) g, "
+                       f"LATERAL idem_claim(md5('{prefix}' || g::text), 'bench') c "
+                       f"WHERE c.claimed")
+            got = int(self.val(db, sql))
+            if got != hi - done:
+                raise BenchError(f"claim_keys: {got} of {hi - done} keys claimed")
+            done = hi
+
+    def claims_size(self, db):
+        row = self.val(db, """
+            SELECT count(*), coalesce(sum(pg_total_relation_size(relid)), 0),
+                   coalesce(sum(pg_relation_size(relid)), 0),
+                   coalesce(sum(pg_indexes_size(relid)), 0)
+              FROM pg_partition_tree('idem.claims') WHERE isleaf""")
+        parts, total, heap, idx = [int(x) for x in row.split("|")]
+        return {"partitions": parts, "total": total, "heap": heap, "indexes": idx}
+
+    def reset_main(self, db, prefill):
+        """Every run starts from the same state: empty business and dedup
+        tables except `prefill` committed keys in each dedup store (the
+        duplicates I3 reads), vacuumed, after a checkpoint."""
+        self.psql(db, f"""
+            TRUNCATE orders, dedup, dedup_exc;
+            TRUNCATE idem.claims;
+            INSERT INTO dedup (key) SELECT md5('p' || g::text) FROM generate_series(1, {prefill}) g;
+            INSERT INTO dedup_exc (key) SELECT md5('p' || g::text) FROM generate_series(1, {prefill}) g;
+        """)
+        self.claim_keys(db, "p", prefill)
+        self.psql(db, "VACUUM ANALYZE orders, dedup, dedup_exc, idem.claims")
+
+    # ---- sections -------------------------------------------------------
+    def meta(self):
+        m = self.raw["meta"]
+        m["command"] = self.a.command
+        m["profile"] = self.a.profile
+        m["params"] = self.p
+        m["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        m["nproc"] = os.cpu_count()
+        try:
+            m["nproc"] = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+        except Exception:
+            pass
+        cpu = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+        except OSError:
+            pass
+        m["cpu"] = cpu
+        try:
+            with open("/proc/meminfo") as f:
+                m["mem_gb"] = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
+        except OSError:
+            pass
+        m["os"] = platform.platform()
+        m["pg_version"] = self.val("postgres", "SELECT version()")
+        m["settings"] = dict(
+            l.split("|") for l in self.psql("postgres", """
+            SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name IN
+            ('shared_buffers','max_wal_size','checkpoint_timeout','fsync','full_page_writes',
+             'wal_level','autovacuum','data_checksums','wal_buffers','huge_pages',
+             'max_connections','work_mem','maintenance_work_mem')""").splitlines())
+        m["idem_version"] = self.val("postgres", "SELECT default_version FROM pg_available_extensions WHERE name = 'idem'")
+        m["idem_build"] = idem_build()
+        m["idem_so_md5"] = idem_so_digest()
+        m["redis"] = bool(self.redis_driver)
+        self.save()
+
+    def section_matrix(self):
+        p = self.p
+        db = "bench"
+        variants = ["B0", "B1", "B2", "I1", "I2", "I3"]
+        if self.redis_driver:
+            variants[3:3] = ["B3", "B0c"]
+        configs = [(s, c) for s in p["sync"] for c in p["clients"]]
+        total = len(configs) * p["rounds"] * len(variants)
+        k = 0
+        for sync, clients in configs:
+            for r in range(p["rounds"]):
+                off = (r * len(variants)) // p["rounds"]
+                order = variants[off:] + variants[:off]
+                for pos, v in enumerate(order):
+                    k += 1
+                    res = self.measured(
+                        lambda: (self.reset_main(db, p["prefill"]), self.checkpoint(db)),
+                        lambda: self.run_variant(db, v, clients, sync, p["duration"], p["prefill"]))
+                    res.update(section="matrix", variant=v, sync=sync, clients=clients,
+                               round=r, position=pos)
+                    self.raw["runs"].append(res)
+                    self.log(f"matrix {k}/{total}: sync={sync} c={clients} round={r} "
+                             f"{v:4s} tps={res['tps']:9.1f}")
+                self.save()
+
+    def section_wal(self):
+        """WAL bytes and xids per transaction, 1 client, a fixed number of
+        transactions, autovacuum off (it writes WAL and takes xids)."""
+        p = self.p
+        db = "bench"
+        variants = ["B0", "B1", "B1d", "B2", "I1", "I2", "I3"]
+        self.set_autovacuum(False)
+        try:
+            for v in variants:
+                self.checkpoint(db)
+                self.reset_main(db, p["prefill"])
+                n = p["wal_txns"]
+                x0 = int(self.val(db, "SELECT txid_current()"))
+                l0 = self.val(db, "SELECT pg_current_wal_insert_lsn()")
+                res = self.pgbench(db, VARIANTS[v][1], 1, "off", txns=n, prefill=p["prefill"],
+                                   tag=f"wal-{v}")
+                l1 = self.val(db, "SELECT pg_current_wal_insert_lsn()")
+                x1 = int(self.val(db, "SELECT txid_current()"))
+                # pg_walinspect reads only flushed WAL; with synchronous_commit
+                # off (and txid_current()'s commit, which wrote nothing before
+                # it, is asynchronous too) the WAL writer gets there within
+                # wal_writer_delay.
+                for _ in range(200):
+                    if self.val(db, f"SELECT pg_current_wal_flush_lsn() >= '{l1}'::pg_lsn") == "t":
+                        break
+                    time.sleep(0.05)
+                # txid_current() assigns an xid itself: x1 is its own, so the
+                # transactions between took x1 - x0 - 1.
+                wal = int(self.val(db, f"SELECT '{l1}'::pg_lsn - '{l0}'::pg_lsn"))
+                stats = []
+                for line in [] if wal == 0 else self.psql(db, f"""
+                        SELECT "resource_manager/record_type", count, record_size, fpi_size, combined_size
+                          FROM pg_get_wal_stats('{l0}', '{l1}', false) WHERE count > 0""").splitlines():
+                    rm, cnt, rs, fs, cs = line.split("|")
+                    stats.append({"rmgr": rm, "count": int(cnt), "record": int(rs),
+                                  "fpi": int(fs), "combined": int(cs)})
+                # Records no transaction of the run wrote: the background
+                # writer's running-xacts snapshot (Standby) and checkpoint
+                # records (XLOG), so that "0 WAL" means 0 for the workload.
+                background = sum(s["combined"] for s in stats if s["rmgr"] in ("Standby", "XLOG"))
+                fpi = sum(s["fpi"] for s in stats)
+                row = {"variant": v, "txns": n, "wal_bytes": wal, "background_bytes": background,
+                       "fpi_bytes": fpi, "xids": x1 - x0 - 1, "tps": res["tps"],
+                       "wal_per_txn": (wal - background) / n, "wal_total_per_txn": wal / n,
+                       "xids_per_txn": (x1 - x0 - 1) / n, "rmgr": stats}
+                self.raw["wal"].append(row)
+                self.log(f"wal {v:4s}: {row['wal_per_txn']:7.1f} B/txn, "
+                         f"{row['xids_per_txn']:.2f} xid/txn")
+                self.save()
+        finally:
+            self.set_autovacuum(True)
+
+    def section_bytes(self):
+        p = self.p
+        db = "bench_bytes"
+        n = p["bytes_claims"]
+        self.create_db(db)
+        for with_result in (False, True):
+            self.psql(db, "TRUNCATE idem.claims")
+            t0 = time.time()
+            self.claim_keys(db, "b", n, complete=with_result)
+            el = time.time() - t0
+            size = self.claims_size(db)
+            rows = int(self.val(db, "SELECT count(*) FROM idem.claims"))
+            st = self.val(db, """
+                SELECT coalesce(sum(s.tuple_count), 0), coalesce(sum(s.tuple_len), 0),
+                       coalesce(sum(s.dead_tuple_count), 0), coalesce(sum(s.dead_tuple_len), 0),
+                       coalesce(sum(s.free_space), 0)
+                  FROM pg_partition_tree('idem.claims') t, LATERAL pgstattuple(t.relid) s
+                 WHERE t.isleaf""") if self.ensure_pgstattuple(db) else None
+            row = {"store": "idem.claims", "result": with_result, "rows": rows, **size,
+                   "bytes_per_row": size["total"] / rows if rows else None,
+                   "load_seconds": el, "load_per_s": n / el if el else None}
+            if st:
+                tc, tl, dc, dl, fs = [int(x) for x in st.split("|")]
+                row.update(live_tuples=tc, live_tuple_bytes=tl, dead_tuples=dc,
+                           dead_tuple_bytes=dl, free_bytes=fs)
+            self.raw["bytes"].append(row)
+            self.log(f"bytes idem result={with_result}: {row['bytes_per_row']:.1f} B/claim "
+                     f"({rows} rows, {size['heap']} heap + {size['indexes']} index bytes, "
+                     f"{n / el:.0f} claims/s in bulk)")
+            self.save()
+        self.psql(db, "TRUNCATE idem.claims")
+        # The hand-written tables, for comparison (plain INSERT ... SELECT).
+        for table, cols in (("dedup", "key"), ("dedup_ttl", "key")):
+            self.psql(db, f"TRUNCATE {table}; INSERT INTO {table} ({cols}) "
+                          f"SELECT md5('b' || g::text) FROM generate_series(1, {n}) g")
+            total = int(self.val(db, f"SELECT pg_total_relation_size('{table}')"))
+            heap = int(self.val(db, f"SELECT pg_relation_size('{table}')"))
+            idx = int(self.val(db, f"SELECT pg_indexes_size('{table}')"))
+            self.raw["bytes"].append({"store": table, "result": False, "rows": n, "total": total,
+                                      "heap": heap, "indexes": idx, "partitions": 1,
+                                      "bytes_per_row": total / n})
+            self.log(f"bytes {table}: {total / n:.1f} B/row")
+            self.psql(db, f"TRUNCATE {table}")
+        self.save()
+        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+
+    def ensure_pgstattuple(self, db):
+        try:
+            self.psql(db, "CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            return True
+        except BenchError:
+            return False
+
+    def section_scale(self):
+        """I1 (and B1, for context) with few vs many live keys: two
+        databases, runs alternating between them."""
+        p = self.p
+        sizes = {"small": p["scale_small"], "big": p["scale_big"]}
+        for label, n in sizes.items():
+            db = f"bench_{label}"
+            self.create_db(db)
+            t0 = time.time()
+            self.claim_keys(db, "p", n)
+            self.psql(db, f"INSERT INTO dedup (key) SELECT md5('p' || g::text) FROM generate_series(1, {n}) g")
+            self.psql(db, "VACUUM ANALYZE")
+            self.log(f"scale: {db} prefilled with {n} keys in {time.time() - t0:.0f}s")
+        combos = [(v, label) for v in ("I1", "B1") for label in sizes]
+        for r in range(p["scale_rounds"]):
+            off = r % len(combos)
+            order = combos[off:] + combos[:off]
+            for v, label in order:
+                db = f"bench_{label}"
+                if label == "small":
+                    # keep "small" small: back to exactly scale_small keys
+                    self.psql(db, "TRUNCATE idem.claims, dedup")
+                    self.claim_keys(db, "p", sizes[label])
+                    self.psql(db, f"INSERT INTO dedup (key) SELECT md5('p' || g::text) "
+                                  f"FROM generate_series(1, {sizes[label]}) g")
+                    self.psql(db, "VACUUM ANALYZE idem.claims, dedup")
+                self.psql(db, "TRUNCATE orders")
+                store = "idem.claims" if v == "I1" else "dedup"
+                live = int(self.val(db, f"SELECT count(*) FROM {store}"))
+                res = self.measured(
+                    lambda: self.checkpoint(db),
+                    lambda: self.pgbench(db, VARIANTS[v][1], 1, "off", duration=p["scale_duration"],
+                                         tag=f"scale-{v}-{label}"))
+                res.update(variant=v, size=label, keys=sizes[label], live_at_start=live, round=r)
+                self.raw["scale"].append(res)
+                self.log(f"scale round={r} {v} {label} ({live} live keys): tps={res['tps']:.1f}")
+                self.save()
+        self.raw["scale_sizes"] = {l: self.claims_size_db(f"bench_{l}") for l in sizes}
+        for label in sizes:
+            self.psql("postgres", f"DROP DATABASE bench_{label} WITH (FORCE)")
+        self.save()
+
+    def claims_size_db(self, db):
+        s = self.claims_size(db)
+        s["rows"] = int(self.val(db, "SELECT count(*) FROM idem.claims"))
+        return s
+
+    def section_partitions(self):
+        """I1 with extra live range partitions of idem.claims (as premade
+        by maintenance): every claim locks and probes each live partition."""
+        p = self.p
+        dbs = {}
+        for n in p["parts"]:
+            db = f"bench_parts{n}"
+            dbs[n] = db
+            self.create_db(db)
+            if n:
+                # n hourly partitions 401 days out (past the longest TTL, so
+                # that they collide with nothing maintenance makes): live
+                # (upper bound in the future), hence locked and probed by
+                # every claim, but empty: a lower bound on what populated
+                # premade partitions cost.
+                self.psql(db, f"""
+                  DO $$
+                  DECLARE t0 timestamptz := date_trunc('hour', now()) + interval '401 days';
+                  BEGIN
+                    FOR i IN 0..{n - 1} LOOP
+                      PERFORM bench_make_partition('bench_part_' || i,
+                                     t0 + i * interval '1 hour', t0 + (i + 1) * interval '1 hour');
+                    END LOOP;
+                  END $$""")
+            self.claim_keys(db, "p", p["prefill"])
+            self.psql(db, "VACUUM ANALYZE")
+        counts = {n: self.claims_size(db)["partitions"] for n, db in dbs.items()}
+        for r in range(p["parts_rounds"]):
+            order = list(dbs.items())
+            off = r % len(order)
+            order = order[off:] + order[:off]
+            for n, db in order:
+                res = self.measured(
+                    lambda: (self.psql(db, "TRUNCATE orders"), self.checkpoint(db)),
+                    lambda: self.pgbench(db, "i1.sql", 1, "off", duration=p["parts_duration"],
+                                         tag=f"parts{n}"))
+                res.update(extra_partitions=n, partitions=counts[n], round=r)
+                self.raw["partitions"].append(res)
+                self.log(f"partitions round={r}: {counts[n]} live partitions: tps={res['tps']:.1f}")
+                self.save()
+        for db in dbs.values():
+            self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+
+    # -- cleanup --
+    def timed(self, db, sql):
+        """Run one statement; return (ms, wal_bytes, start_epoch, end_epoch, output)."""
+        script = (
+            "SELECT pg_current_wal_insert_lsn() AS l0 \\gset\n"
+            "SELECT extract(epoch FROM clock_timestamp()) AS e0 \\gset\n"
+            "\\timing on\n" + sql.rstrip(";") + ";\n\\timing off\n"
+            "SELECT 'WAL=' || (pg_current_wal_insert_lsn() - :'l0'::pg_lsn);\n"
+            "SELECT 'E0=' || :'e0';\n"
+            "SELECT 'E1=' || extract(epoch FROM clock_timestamp());\n")
+        out = self.psql(db, script)
+        ms = float(re.findall(r"^Time: ([\d.]+) ms", out, re.M)[-1])
+        wal = int(re.search(r"^WAL=(\d+)", out, re.M).group(1))
+        e0 = float(re.search(r"^E0=([\d.]+)", out, re.M).group(1))
+        e1 = float(re.search(r"^E1=([\d.]+)", out, re.M).group(1))
+        body = "\n".join(l for l in out.splitlines()
+                         if not re.match(r"^(Time:|WAL=|E0=|E1=)", l))
+        return ms, wal, e0, e1, body
+
+    def load_expired_handwritten(self, db, rows, live):
+        self.psql(db, f"""
+            TRUNCATE dedup_ttl;
+            INSERT INTO dedup_ttl (key, created_at, expires_at)
+              SELECT md5('x' || g::text), now() - interval '30 days',
+                     now() - interval '29 days' + g * interval '1 ms'
+                FROM generate_series(1, {rows}) g;
+            INSERT INTO dedup_ttl (key) SELECT md5('l' || g::text) FROM generate_series(1, {live}) g;
+            VACUUM ANALYZE dedup_ttl;""")
+        self.checkpoint(db)
+
+    def load_expired_idem(self, db, rows, live):
+        """Claims that expired long ago, in a partition whose upper bound is
+        past. The clock cannot be moved, so the benchmark creates that
+        partition itself (as maintenance would have, 30 days ago) and writes
+        the rows into it directly, in the extension's row format; `live`
+        current claims go through idem_claim."""
+        self.psql(db, "TRUNCATE idem.claims")
+        self.psql(db, "DROP TABLE IF EXISTS idem.bench_expired")
+        lo, hi = "now() - interval '31 days'", "now() - interval '28 days'"
+        try:
+            self.psql(db, f"SELECT bench_make_partition('bench_expired', {lo}, {hi})")
+            made = True
+        except BenchError as e:
+            made = False
+            self.raw["notes"].append(f"cleanup: could not create a past partition ({e}); "
+                                     "expired rows went to whichever partition covers them")
+        # The row format follows whatever idem.claims looks like: the type is
+        # a type_id (early versions) or the biz_type name.
+        cols = self.psql(db, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass "
+                             "AND attnum > 0 AND NOT attisdropped").split()
+        if "type_id" in cols:
+            tcol, tval = "type_id", "(SELECT type_id FROM idem.biz_types WHERE biz_type = 'bench')"
+        else:
+            tcol, tval = "biz_type", "'bench'"
+        self.psql(db, f"""
+            INSERT INTO idem.claims (expires_at, claimed_at, {tcol}, state, key)
+              SELECT now() - interval '29 days' + g * interval '1 ms', now() - interval '30 days',
+                     {tval}, 'c', md5('x' || g::text)
+                FROM generate_series(1, {rows}) g""")
+        self.claim_keys(db, "l", live)
+        self.psql(db, "VACUUM ANALYZE idem.claims")
+        self.checkpoint(db)
+        return made
+
+    def p99_run(self, db, script, during_sql, tag):
+        """pgbench (1 client, sync off) for p99_duration seconds with
+        per-transaction logging; with during_sql, that statement starts 1 s
+        in. Returns latency stats overall and within the cleanup window."""
+        p = self.p
+        prefix = f"lat-{tag}"
+        for f in os.listdir(self.logs):
+            if f.startswith(prefix + "."):
+                os.remove(os.path.join(self.logs, f))
+        run = self.next_run()
+        cmd = [os.path.join(self.pg_bin, "pgbench"), "-n", "-M", "prepared", "-c", "1", "-j", "1",
+               "-D", "n=0", "-D", f"run={run}", "-D", "prefill=1", "-T", str(p["p99_duration"]),
+               "--log", "--log-prefix", prefix, "-f", os.path.join(SQL, script)] + \
+            self.conn_args(db)[:-2] + [db]
+        env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
+        proc = subprocess.Popen(cmd, cwd=self.logs, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        window = None
+        cleanup = None
+        if during_sql:
+            time.sleep(1.0)
+            ms, wal, e0, e1, body = self.timed(db, during_sql)
+            window = (e0, max(e1, e0 + 1.0))
+            cleanup = {"ms": ms, "wal": wal, "output": body}
+        out, _ = proc.communicate()
+        with open(os.path.join(self.logs, f"run{run:05d}-{tag}.log"), "w") as f:
+            f.write(" ".join(cmd) + "\n" + out)
+        errors = re.findall(r"aborted in command \d+ query \d+: (.*)", out)
+        if proc.returncode != 0 and not (during_sql and errors):
+            raise BenchError(f"pgbench {script} ({tag}) failed: {out[-1500:]}")
+        lats, win = [], []
+        for f in os.listdir(self.logs):
+            if not f.startswith(prefix + "."):
+                continue
+            with open(os.path.join(self.logs, f)) as fh:
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) < 6:
+                        continue
+                    lat_us = int(parts[2])
+                    end = int(parts[4]) + int(parts[5]) / 1e6
+                    lats.append(lat_us)
+                    if window and end >= window[0] and end - lat_us / 1e6 <= window[1]:
+                        win.append(lat_us)
+        res = {"tag": tag, "txns": len(lats), "p50_ms": pct(lats, 50), "p99_ms": pct(lats, 99),
+               "max_ms": max(lats) / 1000 if lats else None, "client_errors": errors}
+        if errors:
+            self.log(f"  claims FAILED while {during_sql} ran: {errors[0]}")
+        if window:
+            res.update(window_txns=len(win), window_p99_ms=pct(win, 99),
+                       window_max_ms=max(win) / 1000 if win else None,
+                       window_s=window[1] - window[0], cleanup=cleanup)
+        return res
+
+    def section_cleanup(self):
+        p = self.p
+        db = "bench_cleanup"
+        self.create_db(db)
+        big = p["cleanup_rows"]
+        small = max(1, big // 10)
+        live = p["cleanup_live"]
+        res = {"rows": [small, big], "live": live, "delete": [], "idem": [], "p99": {}}
+        self.raw["cleanup"] = res
+        # hand-written: DELETE ... WHERE expires_at < now()
+        for rows in (small, big):
+            self.load_expired_handwritten(db, rows, live)
+            before = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+            ms, wal, _, _, _ = self.timed(db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
+            after = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+            t0 = time.time()
+            self.psql(db, "VACUUM dedup_ttl")
+            vac_s = time.time() - t0
+            after_vac = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+            left = int(self.val(db, "SELECT count(*) FROM dedup_ttl WHERE expires_at < now()"))
+            r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before, "size_after": after,
+                 "size_after_vacuum": after_vac, "vacuum_s": vac_s, "expired_left": left}
+            res["delete"].append(r)
+            self.log(f"cleanup DELETE {rows} rows: {ms:.0f} ms, {wal / 1e6:.1f} MB WAL, "
+                     f"size {before / 1e6:.1f} -> {after / 1e6:.1f} MB "
+                     f"({after_vac / 1e6:.1f} MB after VACUUM, which took {vac_s:.1f}s)")
+            self.save()
+        # latency of hand-written claims without / during the DELETE
+        self.p99_rounds(db, "delete", "b1ttl.sql", "DELETE FROM dedup_ttl WHERE expires_at < now()",
+                        lambda: self.load_expired_handwritten(db, big, live))
+
+        if not self.has_maintain(db):
+            res["idem_skipped"] = "skipped: idem_maintain not available"
+            self.log("cleanup idem: skipped: idem_maintain not available")
+            self.save()
+            self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+            return
+        for rows in (small, big):
+            made = self.load_expired_idem(db, rows, live)
+            before = self.claims_size(db)
+            ms, wal, _, _, out = self.timed(db, "SELECT idem_maintain()")
+            after = self.claims_size(db)
+            left = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at < now()"))
+            live_after = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at >= now()"))
+            r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before["total"],
+                 "size_after": after["total"], "partitions_before": before["partitions"],
+                 "partitions_after": after["partitions"], "expired_left": left,
+                 "live_left": live_after, "past_partition_created": made, "report": out[-2000:]}
+            res["idem"].append(r)
+            self.log(f"cleanup idem_maintain {rows} rows: {ms:.1f} ms, {wal} B WAL, "
+                     f"size {before['total'] / 1e6:.1f} -> {after['total'] / 1e6:.1f} MB, "
+                     f"{left} expired rows left")
+            self.save()
+        self.p99_rounds(db, "idem", "i1.sql", "SELECT idem_maintain()",
+                        lambda: self.load_expired_idem(db, big, live))
+        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+
+    def p99_rounds(self, db, name, script, cleanup_sql, load):
+        """Per round: load the expired rows, CHECKPOINT, a run without
+        cleanup, CHECKPOINT, a run with the cleanup starting 1 s in."""
+        res = self.raw["cleanup"]["p99"]
+        for r in range(self.p["p99_rounds"]):
+            self.wait_quiet()
+            load()
+            self.psql(db, "TRUNCATE orders")
+            base = self.measured(lambda: self.checkpoint(db),
+                                 lambda: self.p99_run(db, script, None, f"{name}-base-{r}"))
+            # the cleanup cannot be re-run on the same rows: no retry here
+            self.wait_quiet()
+            self.checkpoint(db)
+            a = self.meter.snap()
+            during = self.p99_run(db, script, cleanup_sql, f"{name}-during-{r}")
+            during["foreign_cores"] = round(self.meter.foreign(a, self.meter.snap()), 3)
+            during.update(noise())
+            res.setdefault(f"{name}_base", []).append(base)
+            res.setdefault(f"{name}_during", []).append(during)
+            self.log(f"cleanup p99 round {r}, {script}: {base['p99_ms']:.2f} ms without, "
+                     f"{during.get('window_p99_ms') or 0:.2f} ms during {cleanup_sql} "
+                     f"({during.get('window_txns')} claims in the window, cleanup "
+                     f"{during['cleanup']['ms']:.0f} ms)")
+            self.save()
+
+    # ---- main -------------------------------------------------------------
+    def run(self):
+        a = self.a
+        self.p = dict(PROFILES[a.profile])
+        for k in ("duration", "rounds", "prefill", "wal_txns", "bytes_claims", "scale_small",
+                  "scale_big", "cleanup_rows"):
+            v = getattr(a, k.replace("-", "_"), None)
+            if v is not None:
+                self.p[k] = v
+        if a.clients:
+            self.p["clients"] = [int(x) for x in a.clients.split(",")]
+        if a.sync:
+            self.p["sync"] = a.sync.split(",")
+        if a.parts:
+            self.p["parts"] = [int(x) for x in a.parts.split(",")]
+        sections = a.sections.split(",") if a.sections else ALL_SECTIONS
+        for s in sections:
+            if s not in ALL_SECTIONS:
+                raise SystemExit(f"unknown section {s}; known: {','.join(ALL_SECTIONS)}")
+        if a.redis_sock and not a.no_redis:
+            self.redis_driver = build_redis_driver(self.out, self.pg_bin)
+            if not self.redis_driver:
+                self.raw["notes"].append("B3 skipped: could not compile bench/redis_txn.c "
+                                         "(needs cc and libpq-fe.h)")
+        elif not a.no_redis:
+            self.raw["notes"].append("B3 skipped: redis-server not available")
+        self.meta()
+        self.raw["meta"]["sections"] = sections
+        self.create_db("bench")
+        self.raw["meta"]["maintain"] = self.has_maintain("bench")
+        self.raw["meta"]["partitions_at_start"] = self.claims_size("bench")["partitions"]
+        self.save()
+        ok = True
+        for s in sections:
+            self.log(f"--- section {s}")
+            t0 = time.time()
+            self.raw["meta"].setdefault("section_build", {})[s] = idem_so_digest()
+            try:
+                getattr(self, f"section_{s}")()
+            except BenchError as e:
+                ok = False
+                self.raw["errors"].append({"section": s, "error": str(e)})
+                self.log(f"ERROR in section {s}: {e}")
+            self.raw["meta"].setdefault("section_seconds", {})[s] = round(time.time() - t0, 1)
+            self.save()
+        self.raw["meta"]["total_seconds"] = round(time.time() - self.t_start, 1)
+        end = idem_so_digest()
+        if end != self.raw["meta"].get("idem_so_md5"):
+            builds = self.raw["meta"].get("section_build", {})
+            changed = [s for s, d in builds.items() if d != self.raw["meta"].get("idem_so_md5")]
+            self.raw["notes"].append(
+                "idem.so was reinstalled during the run (its md5 changed): "
+                + (f"sections {', '.join(changed)} started with a newer build than the first ones; "
+                   if changed else "after the last section started; ")
+                + "a section during which it changed mixes builds")
+            self.log("WARNING: idem.so changed during the run")
+        self.save()
+        return ok
+
+
+QUIET_CORES = 0.15   # "quiet": other processes use less than this many cores
+NOISY_CORES = 0.25   # a run during which they used more is measured again
+
+
+class CpuMeter:
+    """CPU time used during a run by processes that are not the benchmark's
+    (everything except this script and its children -- pgbench, psql, the C
+    driver --, the benchmark cluster's postmaster and its backends, and
+    redis-server), from /proc/<pid>/stat, plus the hypervisor's steal time.
+    Processes that start and exit within one run are missed; the compiler
+    check in noise() covers the usual case of those (a build)."""
+
+    def __init__(self, host, port, redis_pid):
+        self.lockfile = os.path.join(host, f".s.PGSQL.{port}.lock")
+        self.redis_pid = redis_pid
+        self.hz = os.sysconf("SC_CLK_TCK")
+
+    def snap(self):
+        procs = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parts = f.read().rsplit(")", 1)[1].split()
+                procs[int(d)] = (int(parts[1]), int(parts[11]) + int(parts[12]))
+            except (OSError, IndexError, ValueError):
+                pass
+        try:
+            with open(self.lockfile) as f:
+                pm = int(f.readline())
+        except (OSError, ValueError):
+            pm = None
+        roots = {os.getpid(), pm, self.redis_pid} - {None, 0}
+        ours = set()
+        for pid in procs:
+            p, seen = pid, 0
+            while p and p not in roots and p in procs and seen < 64:
+                p, seen = procs[p][0], seen + 1
+            if p in roots:
+                ours.add(pid)
+        with open("/proc/stat") as f:
+            v = f.readline().split()
+        steal = int(v[8]) if len(v) > 8 else 0
+        return time.time(), {pid: cpu for pid, (pp, cpu) in procs.items() if pid not in ours}, steal
+
+    def foreign(self, a, b):
+        el = max(b[0] - a[0], 1e-3)
+        ticks = sum(cpu - a[1].get(pid, 0) for pid, cpu in b[1].items() if cpu >= a[1].get(pid, 0))
+        return max(0.0, (ticks + b[2] - a[2]) / self.hz / el)
+
+
+def noise():
+    """What else was running: the 1-minute load average and any compiler or
+    cargo process (a build next to the benchmark skews it)."""
+    out = {}
+    try:
+        with open("/proc/loadavg") as f:
+            out["loadavg"] = float(f.read().split()[0])
+    except OSError:
+        pass
+    try:
+        ps = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout.split()
+        busy = sorted(set(c for c in ps if c in ("cargo", "rustc", "cc1", "cc1plus", "ld", "clang",
+                                                  "make", "pg_regress", "postgres_fdw")))
+        if busy:
+            out["foreign"] = busy
+    except OSError:
+        pass
+    return out
+
+
+def pct(values, q):
+    if not values:
+        return None
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, int(round(q / 100 * len(v) + 0.5)) - 1))
+    return v[k] / 1000.0
+
+
+def idem_so_digest():
+    pkglib = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--pkglibdir"],
+                            capture_output=True, text=True).stdout.strip()
+    try:
+        with open(os.path.join(pkglib, "idem.so"), "rb") as f:
+            return hashlib.md5(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def idem_build():
+    """Is the installed idem.so an optimized build? Compare it with the
+    project's target/{debug,release}/libidem.so, else guess from its size."""
+    pkglib = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--pkglibdir"],
+                            capture_output=True, text=True).stdout.strip()
+    so = os.path.join(pkglib, "idem.so")
+    if not os.path.exists(so):
+        return "unknown (idem.so not found)"
+
+    def digest(path):
+        h = hashlib.md5()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+
+    d = digest(so)
+    root = os.path.dirname(BENCH)
+    for kind in ("release", "debug"):
+        cand = os.path.join(root, "target", kind, "libidem.so")
+        if os.path.exists(cand) and digest(cand) == d:
+            return f"{kind} (identical to target/{kind}/libidem.so)"
+    size_mb = os.path.getsize(so) / 1e6
+    # A release build (profile.release, cargo pgrx install --release) carries
+    # no DWARF; a debug build does, and is several times larger.
+    has_dwarf = b".debug_info" in elf_section_names(so)
+    guess = "probably debug (unoptimized)" if has_dwarf and size_mb > 20 else "probably release"
+    return f"{guess}: {size_mb:.0f} MB{', with debug info' if has_dwarf else ''}"
+
+
+def elf_section_names(path):
+    import struct
+    try:
+        with open(path, "rb") as f:
+            h = f.read(64)
+            if h[:4] != b"\x7fELF" or h[4] != 2:
+                return b""
+            shoff, = struct.unpack_from("<Q", h, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", h, 0x3A)
+            f.seek(shoff + shstrndx * shentsize)
+            sh = f.read(shentsize)
+            off, size = struct.unpack_from("<QQ", sh, 0x18)
+            f.seek(off)
+            return f.read(size)
+    except (OSError, struct.error):
+        return b""
+
+
+def build_redis_driver(out, pg_bin):
+    src = os.path.join(BENCH, "redis_txn.c")
+    exe = os.path.join(out, "redis_txn")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    inc = subprocess.run([os.path.join(pg_bin, "pg_config"), "--includedir"], capture_output=True,
+                         text=True).stdout.strip()
+    libdir = subprocess.run([os.path.join(pg_bin, "pg_config"), "--libdir"], capture_output=True,
+                            text=True).stdout.strip()
+    p = subprocess.run([cc, "-O2", "-o", exe, src, f"-I{inc}", f"-L{libdir}", "-lpq", "-lpthread"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        return None
+    return exe
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        prog="bash bench/run.sh",
+        description="idem benchmark suite. Starts its own cluster; see bench/README.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Profiles: --smoke (tiny, < 3 min), default (~20 min on 2 cores), "
+               "--full (10 M live keys, more rounds; ~40 min).\n"
+               "run.sh only: --out DIR (default bench/out, bench/out/smoke for --smoke), "
+               "--keep-cluster (leave it running after the run), --no-redis.\n"
+               "Environment: BENCH_PORT (default 5498); BENCH_FAKE_MAINTAIN=1 installs a "
+               "PL/pgSQL stand-in for idem_maintain() to self-test the cleanup section "
+               "(its numbers are not idem's).")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--smoke", dest="profile", action="store_const", const="smoke")
+    g.add_argument("--full", dest="profile", action="store_const", const="full")
+    ap.set_defaults(profile="default")
+    ap.add_argument("--sections", help="comma list of " + ",".join(ALL_SECTIONS) + " (default: all)")
+    ap.add_argument("--duration", type=int, help="seconds per matrix run")
+    ap.add_argument("--rounds", type=int, help="matrix rounds per (sync, clients)")
+    ap.add_argument("--clients", help="comma list of client counts (default 1,2,4)")
+    ap.add_argument("--sync", help="comma list of synchronous_commit values (default off,on)")
+    ap.add_argument("--prefill", type=int, help="committed keys per dedup store (I3 draws from them)")
+    ap.add_argument("--wal-txns", dest="wal_txns", type=int, help="transactions per WAL measurement")
+    ap.add_argument("--claims", dest="bytes_claims", type=int, help="claims in the bytes section")
+    ap.add_argument("--small-keys", dest="scale_small", type=int, help="live keys, small case (10000)")
+    ap.add_argument("--big-keys", dest="scale_big", type=int,
+                    help="live keys, big case (default 1000000; 10000000 with --full)")
+    ap.add_argument("--parts", help="comma list of extra partition counts (default 0,8,32)")
+    ap.add_argument("--cleanup-rows", dest="cleanup_rows", type=int, help="expired rows to clean up")
+    # set by run.sh
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--port", type=int, default=5498)
+    ap.add_argument("--pg-bin", default="/usr/lib/postgresql/15/bin")
+    ap.add_argument("--redis-sock", default="")
+    ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--redis-pid", type=int, default=0)
+    ap.add_argument("--quiet-wait", dest="quiet_wait", type=float,
+                    help="seconds, in all, the run may wait for other CPU work (a build, "
+                         "another cluster's tests) to stop before a measurement, and re-run "
+                         "a measurement it disturbed (default 1800; 0 with --smoke)")
+    ap.add_argument("--command", default="bash bench/run.sh")
+    a = ap.parse_args()
+    b = Bench(a)
+    ok = b.run()
+    if not ok:
+        print("some sections failed; see errors in raw.json and logs/", file=sys.stderr)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

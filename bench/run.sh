@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# idem's benchmark suite. One command:
+#
+#   bash bench/run.sh            # default run (~20 min on 2 cores)
+#   bash bench/run.sh --smoke    # tiny sizes, < 3 min, proves the script works
+#   bash bench/run.sh --full     # full sizes (10 M live keys; long)
+#   bash bench/run.sh --help     # every option
+#
+# Starts its own PostgreSQL 15 cluster (port 5498, unix socket only, under
+# bench/out/cluster), and its own redis-server (unix socket) for variant B3,
+# runs every section, writes bench/out/{results.csv,results.json,report.md,
+# tps.svg} and prints the tables with PASS/MISS. See bench/README.md.
+set -euo pipefail
+
+BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$BENCH/.." && pwd)"
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+PORT="${BENCH_PORT:-5498}"
+COMMAND_LINE="bash bench/run.sh $*"
+
+OUT=""
+KEEP=0
+NO_REDIS=0
+SMOKE=0
+PY_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --out=*) OUT="${1#--out=}"; shift ;;
+    --keep-cluster) KEEP=1; shift ;;
+    --no-redis) NO_REDIS=1; PY_ARGS+=("$1"); shift ;;
+    --smoke) SMOKE=1; PY_ARGS+=("$1"); shift ;;
+    -h|--help) exec python3 "$BENCH/bench.py" --help ;;
+    *) PY_ARGS+=("$1"); shift ;;
+  esac
+done
+if [ -z "$OUT" ]; then
+  if [ "$SMOKE" = 1 ]; then OUT="$BENCH/out/smoke"; else OUT="$BENCH/out"; fi
+fi
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+as_postgres() { (cd / && sudo -u postgres "$@"); }
+
+# ---- prerequisites -------------------------------------------------------
+for b in initdb pg_ctl postgres psql pgbench; do
+  [ -x "$PG_BIN/$b" ] || { echo "missing $PG_BIN/$b (PostgreSQL 15 server)" >&2; exit 1; }
+done
+command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
+[ -f "$("$PG_BIN/pg_config" --sharedir)/extension/idem.control" ] ||
+  { echo "the idem extension is not installed into this PostgreSQL (run scripts/setup.sh)" >&2; exit 1; }
+
+# ---- the cluster -----------------------------------------------------------
+# Under bench/out/cluster unless the postgres user cannot reach that folder
+# (a checkout under /root, say): then under /tmp.
+CLUSTER="$BENCH/out/cluster"
+if ! (cd / && sudo -u postgres test -x "$BENCH/out" 2>/dev/null) || ! (cd / && sudo -u postgres test -x "$BENCH" 2>/dev/null); then
+  CLUSTER="/tmp/idem-bench-cluster-$(echo "$ROOT" | md5sum | cut -c1-8)"
+fi
+DATA="$CLUSTER/data"
+
+stop_cluster() {
+  if [ -f "$DATA/postmaster.pid" ]; then
+    as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null 2>&1 || true
+  fi
+}
+REDIS_PID=""
+cleanup() {
+  if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; fi
+  if [ "$KEEP" = 0 ]; then stop_cluster; fi
+}
+trap cleanup EXIT
+
+# A previous run that was killed may have left its server behind.
+stop_cluster
+rm -rf "$DATA"
+mkdir -p "$CLUSTER"
+chown postgres:postgres "$CLUSTER"
+chmod 700 "$CLUSTER"
+
+say "creating the benchmark cluster in $DATA (port $PORT)"
+as_postgres "$PG_BIN/initdb" -D "$DATA" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+# Tuned like a small production server, not like a test cluster: fsync and
+# full_page_writes stay on (synchronous_commit is set per session by the
+# benchmark), and checkpoints are spaced so that none lands inside a
+# measurement (the benchmark issues CHECKPOINT between sections itself).
+cat >> "$DATA/postgresql.conf" <<CONF
+# ---- idem benchmark cluster (bench/run.sh) ----
+listen_addresses = ''
+unix_socket_directories = '$CLUSTER'
+port = $PORT
+max_connections = 50
+shared_buffers = 1GB
+huge_pages = try
+work_mem = 16MB
+maintenance_work_mem = 512MB
+wal_buffers = 16MB
+max_wal_size = 32GB
+min_wal_size = 2GB
+checkpoint_timeout = 60min
+checkpoint_completion_target = 0.9
+fsync = on
+full_page_writes = on
+synchronous_commit = on
+wal_level = replica
+effective_cache_size = 8GB
+random_page_cost = 1.1
+autovacuum = on
+track_io_timing = on
+log_min_messages = warning
+log_checkpoints = on
+log_autovacuum_min_duration = 0
+CONF
+as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -l "$CLUSTER/server.log" -w start >/dev/null
+
+# ---- redis (variant B3) -----------------------------------------------------
+REDIS_SOCK=""
+if [ "$NO_REDIS" = 0 ]; then
+  if ! command -v redis-server >/dev/null; then
+    say "installing redis-server for variant B3"
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null 2>&1) || true
+  fi
+  if command -v redis-server >/dev/null; then
+    RDIR="$OUT/redis"
+    rm -rf "$RDIR"; mkdir -p "$RDIR"
+    REDIS_SOCK="$RDIR/redis.sock"
+    # No TCP, no persistence (like synchronous_commit = off at best: a
+    # redis crash forgets keys), one server for the whole run.
+    redis-server --port 0 --unixsocket "$REDIS_SOCK" --unixsocketperm 700 \
+      --save '' --appendonly no --dir "$RDIR" --daemonize no \
+      --logfile "$RDIR/redis.log" &
+    REDIS_PID=$!
+    for _ in $(seq 50); do [ -S "$REDIS_SOCK" ] && break; sleep 0.1; done
+    [ -S "$REDIS_SOCK" ] || { echo "redis-server did not start; B3 will be skipped" >&2; REDIS_SOCK=""; }
+  else
+    echo "redis-server is not available; B3 will be skipped" >&2
+  fi
+fi
+
+rm -f "$OUT/raw.json" "$OUT/results.csv" "$OUT/results.json" "$OUT/report.md" "$OUT/tps.svg"
+say "running the benchmark (raw output in $OUT)"
+rc=0
+python3 "$BENCH/bench.py" --out "$OUT" --host "$CLUSTER" --port "$PORT" --pg-bin "$PG_BIN" \
+  --redis-sock "$REDIS_SOCK" --redis-pid "${REDIS_PID:-0}" --command "$COMMAND_LINE" "${PY_ARGS[@]}" || rc=$?
+if [ -f "$OUT/raw.json" ]; then
+  python3 "$BENCH/report.py" "$OUT" || rc=$?
+fi
+exit $rc

@@ -1,0 +1,7 @@
+-- I1: idem_claim on a new key, then the business insert.
+\set n :n + 1
+\set kid (:run * 1000 + :client_id) * 10000000000 + :n
+BEGIN;
+SELECT idem_claim(md5(:kid::text), 'bench');
+INSERT INTO orders (key, amount) VALUES (md5(:kid::text), 1);
+END;
