@@ -334,7 +334,8 @@ class Report:
             self.csv.append(("cleanup", "DELETE", "", "", "", f"ms_{r['rows']}", r["ms"], "ms"))
             self.csv.append(("cleanup", "DELETE", "", "", "", f"wal_{r['rows']}", r["wal"], "B"))
         for r in c.get("idem", []):
-            lines.append(f"| idem_maintain() | {r['rows']:,} | {r['ms']:,.1f} | {mib(r['wal']):.3f} | "
+            own = f" (its own duration_ms: {r['own_duration_ms']:.1f})" if r.get("own_duration_ms") is not None else ""
+            lines.append(f"| idem_maintain() | {r['rows']:,} | {r['ms']:,.1f}{own} | {mib(r['wal']):.3f} | "
                          f"{mib(r['size_before']):.1f} | {mib(r['size_after']):.1f} | — | {r['expired_left']:,} |")
             self.csv.append(("cleanup", "idem_maintain", "", "", "", f"ms_{r['rows']}", r["ms"], "ms"))
             self.csv.append(("cleanup", "idem_maintain", "", "", "", f"wal_{r['rows']}", r["wal"], "B"))
