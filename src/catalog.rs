@@ -30,6 +30,24 @@ pub struct Partition {
     /// Seen with rows once: it is probed without asking its size again
     /// (believing a partition non-empty is always safe, the reverse never).
     pub seen_nonempty: std::cell::Cell<bool>,
+    /// The memory context of the list this entry belongs to.
+    mcx: pg_sys::MemoryContext,
+}
+
+/// One reading of the partition list. Shared (Rc) between the cache and the
+/// callers that are using it, so that an invalidation arriving while a
+/// caller walks the list (it can: taking a lock processes invalidations)
+/// drops only the cache's reference, never the list under the caller.
+pub struct PartitionList {
+    pub parts: Vec<Partition>,
+    /// Holds what the entries point to outside Rust (IndexInfos).
+    mcx: pg_sys::MemoryContext,
+}
+
+impl Drop for PartitionList {
+    fn drop(&mut self) {
+        unsafe { pg_sys::MemoryContextDelete(self.mcx) };
+    }
 }
 
 #[derive(Default)]
@@ -37,9 +55,7 @@ struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
     owner: Option<pg_sys::Oid>,
-    partitions: Option<Vec<Partition>>,
-    /// Holds what `partitions` points to outside Rust (IndexInfos).
-    partitions_mcx: Option<pg_sys::MemoryContext>,
+    partitions: Option<std::rc::Rc<PartitionList>>,
     /// Bumped whenever `partitions` is dropped, so that a caller can tell
     /// the list it locked is still the current one.
     generation: u64,
@@ -155,29 +171,38 @@ pub fn biz_types_oid() -> pg_sys::Oid {
 /// The partitions of idem.claims. Call with idem.claims locked, so that the
 /// list cannot change under the caller (every change to it needs a lock that
 /// conflicts with RowExclusiveLock).
-pub fn partitions() -> (u64, &'static [Partition]) {
+pub fn partitions() -> (u64, std::rc::Rc<PartitionList>) {
     let parent = claims_oid();
     let c = cache();
-    if c.partitions.is_none() {
-        // Nothing built from the previous list is in use here (open() calls
-        // us before it touches any partition), so its memory can go.
-        let mcx = *c.partitions_mcx.get_or_insert_with(|| unsafe {
+    if let Some(list) = &c.partitions {
+        return (c.generation, list.clone());
+    }
+    // The generation before reading: an invalidation processed while we read
+    // bumps it, and the caller's check then makes it read again.
+    let generation = c.generation;
+    {
+        let mcx = unsafe {
             pg_sys::AllocSetContextCreateInternal(
                 pg_sys::TopMemoryContext,
                 c"idem partitions".as_ptr(),
                 0,
-                8 * 1024,
+                1024,
                 8 * 1024 * 1024,
             )
-        });
-        unsafe { pg_sys::MemoryContextReset(mcx) };
-        let mut parts = as_owner(|| load_partitions(parent));
+        };
+        // Owns mcx from here on, also if loading fails.
+        let mut list = PartitionList { parts: Vec::new(), mcx };
+        list.parts = as_owner(|| load_partitions(parent, mcx));
         // Newest range first: a duplicate is most often a recent claim, and
         // the probe stops at the first live row. The default partition last.
-        parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
-        c.partitions = Some(parts);
+        list.parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
+        let list = std::rc::Rc::new(list);
+        let c = cache();
+        if c.generation == generation {
+            c.partitions = Some(list.clone());
+        }
+        (generation, list)
     }
-    (c.generation, c.partitions.as_deref().unwrap())
 }
 
 /// The generation `partitions` would report now.
@@ -185,7 +210,7 @@ pub fn partitions_generation() -> u64 {
     cache().generation
 }
 
-fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
+fn load_partitions(parent: pg_sys::Oid, mcx: pg_sys::MemoryContext) -> Vec<Partition> {
     // Read with the latest snapshot, not the statement's: a claim that waited
     // for idem_maintain's lock must see the partitions it committed (the same
     // reason ri_triggers.c checks with GetLatestSnapshot()).
@@ -254,6 +279,7 @@ fn load_partitions(parent: pg_sys::Oid) -> Vec<Partition> {
                 range,
                 index_info: std::cell::Cell::new(std::ptr::null_mut()),
                 seen_nonempty: std::cell::Cell::new(false),
+                mcx,
             });
         }
         pg_sys::SPI_finish();
@@ -315,7 +341,8 @@ pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
         let (mut user, mut context) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
         pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
-        let path = pg_sys::palloc0(std::mem::size_of::<pg_sys::OverrideSearchPath>()) as *mut pg_sys::OverrideSearchPath;
+        let path =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::OverrideSearchPath>()) as *mut pg_sys::OverrideSearchPath;
         (*path).schemas = std::ptr::null_mut();
         (*path).addCatalog = true;
         (*path).addTemp = false;
@@ -339,7 +366,8 @@ fn storage_owner() -> pg_sys::Oid {
         if tup.is_null() {
             invalid("schema idem disappeared");
         }
-        let form = ((*tup).t_data as *mut u8).add((*(*tup).t_data).t_hoff as usize) as *mut pg_sys::FormData_pg_namespace;
+        let form =
+            ((*tup).t_data as *mut u8).add((*(*tup).t_data).t_hoff as usize) as *mut pg_sys::FormData_pg_namespace;
         let owner = (*form).nspowner;
         pg_sys::ReleaseSysCache(tup);
         owner
@@ -351,9 +379,8 @@ fn storage_owner() -> pg_sys::Oid {
 /// The IndexInfo of a partition's index, built once per partition list.
 pub fn index_info(p: &Partition, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
     if p.index_info.get().is_null() {
-        let mcx = cache().partitions_mcx.expect("partitions loaded");
         unsafe {
-            let old = pg_sys::MemoryContextSwitchTo(mcx);
+            let old = pg_sys::MemoryContextSwitchTo(p.mcx);
             p.index_info.set(pg_sys::BuildIndexInfo(index));
             pg_sys::MemoryContextSwitchTo(old);
         }

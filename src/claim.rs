@@ -162,7 +162,8 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 let (state, stored, told) = match req.lease_us {
                     None => (STATE_PENDING, None, None),
                     Some(lease_us) => {
-                        let (lease, token) = Lease::new(1, lease_us, now, serde_json::Value::Null, serde_json::Value::Null);
+                        let (lease, token) =
+                            Lease::new(1, lease_us, now, serde_json::Value::Null, serde_json::Value::Null);
                         (STATE_LEASED, Some(lease.to_datum()), Some(lease.for_owner(Some(&token))))
                     }
                 };
@@ -386,7 +387,8 @@ unsafe fn sql_checkpoint(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         if point.is_empty() || point.len() > 256 {
             invalid("point must be 1 to 256 bytes long");
         }
-        let what = Finish::Checkpoint { point: String::from_utf8_lossy(point).into_owned(), data: arg_jsonb(fcinfo, 3) };
+        let what =
+            Finish::Checkpoint { point: String::from_utf8_lossy(point).into_owned(), data: arg_jsonb(fcinfo, 3) };
         finish(&target, what, arg_text(fcinfo, 4));
         pg_sys::Datum::from(0)
     }

@@ -140,12 +140,18 @@ pub fn parse_interval(text: &std::ffi::CStr) -> Option<pg_sys::Interval> {
 }
 
 /// A check hook: the value must be an interval within [min_us, max_us].
-unsafe fn check_interval(newval: *mut *mut std::ffi::c_char, min_us: i128, max_us: i128, range: &std::ffi::CStr) -> bool {
+unsafe fn check_interval(
+    newval: *mut *mut std::ffi::c_char,
+    min_us: i128,
+    max_us: i128,
+    range: &std::ffi::CStr,
+) -> bool {
     unsafe {
         if (*newval).is_null() {
             return true;
         }
-        let ok = parse_interval(std::ffi::CStr::from_ptr(*newval)).is_some_and(|iv| (min_us..=max_us).contains(&interval_us(&iv)));
+        let ok = parse_interval(std::ffi::CStr::from_ptr(*newval))
+            .is_some_and(|iv| (min_us..=max_us).contains(&interval_us(&iv)));
         if !ok {
             pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as i32);
             pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(range.as_ptr());
@@ -155,12 +161,20 @@ unsafe fn check_interval(newval: *mut *mut std::ffi::c_char, min_us: i128, max_u
 }
 
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_ttl(v: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+unsafe extern "C-unwind" fn check_ttl(
+    v: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
     unsafe { check_interval(v, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.") }
 }
 
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_width(v: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+unsafe extern "C-unwind" fn check_width(
+    v: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
     unsafe { check_interval(v, 100_000, MAX_TTL_US, c"It must be an interval from 100 milliseconds to 400 days.") }
 }
 
@@ -208,9 +222,11 @@ mod tests {
         assert_eq!(interval_us(&iv(0, 1, 0)), 86_400_000_000);
         assert_eq!(interval_us(&iv(1, 0, 0)), 30 * 86_400_000_000);
         assert_eq!(interval_us(&iv(12, 0, 0)), 31_557_600_000_000);
-        let sql = Spi::get_one::<i64>("SELECT (extract(epoch FROM interval '1 year 2 months 3 days 4 seconds') * 1000000)::bigint")
-            .unwrap()
-            .unwrap();
+        let sql = Spi::get_one::<i64>(
+            "SELECT (extract(epoch FROM interval '1 year 2 months 3 days 4 seconds') * 1000000)::bigint",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(interval_us(&iv(14, 3, 4_000_000)), sql as i128);
     }
 

@@ -72,8 +72,16 @@ pub struct Opened {
     parent: pg_sys::Relation,
     lockmode: pg_sys::LOCKMODE,
     /// Each live partition: its relation, its index (opened on first use:
-    /// empty partitions are never probed) and its catalog entry.
+    /// empty partitions are never probed) and its catalog entry, which
+    /// `list` keeps alive (declared after `parts`, so dropped after it).
     parts: Vec<(pg_sys::Relation, std::cell::Cell<pg_sys::Relation>, &'static Partition)>,
+    list: Option<std::rc::Rc<catalog::PartitionList>>,
+}
+
+/// An entry of a list the Opened holds an Rc to, as the Opened's field.
+fn entry(p: &Partition) -> &'static Partition {
+    // SAFETY: only stored next to the Rc<PartitionList> that owns it.
+    unsafe { &*(p as *const Partition) }
 }
 
 /// Lock idem.claims, then open every partition that can hold a live claim
@@ -85,12 +93,17 @@ pub struct Opened {
 pub fn open(now: i64, lockmode: pg_sys::LOCKMODE) -> Opened {
     unsafe {
         let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
-        let mut opened = Opened { parent, lockmode, parts: Vec::new() };
+        let mut opened = Opened { parent, lockmode, parts: Vec::new(), list: None };
         loop {
-            let (generation, parts) = catalog::partitions();
+            let (generation, list) = catalog::partitions();
             opened.close_parts();
-            for p in parts.iter().filter(|p| p.range.is_none_or(|(_, hi)| hi > now)) {
-                opened.parts.push((pg_sys::table_open(p.relid, lockmode), std::cell::Cell::new(std::ptr::null_mut()), p));
+            opened.list = Some(list.clone());
+            for p in list.parts.iter().filter(|p| p.range.is_none_or(|(_, hi)| hi > now)) {
+                opened.parts.push((
+                    pg_sys::table_open(p.relid, lockmode),
+                    std::cell::Cell::new(std::ptr::null_mut()),
+                    entry(p),
+                ));
             }
             if catalog::partitions_generation() == generation {
                 return opened;
@@ -400,9 +413,9 @@ pub fn open_recent(k: KeyRef, now: i64) -> Option<(Opened, Row)> {
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
-        let mut opened = Opened { parent, lockmode, parts: Vec::new() };
-        let (_, parts) = catalog::partitions();
-        let p = parts.iter().find(|p| p.relid == relid)?;
+        let (_, list) = catalog::partitions();
+        let mut opened = Opened { parent, lockmode, parts: Vec::new(), list: Some(list.clone()) };
+        let p = entry(list.parts.iter().find(|p| p.relid == relid)?);
         opened.parts.push((pg_sys::table_open(p.relid, lockmode), std::cell::Cell::new(std::ptr::null_mut()), p));
         let row = opened.fetch_own(0, tid, k, now)?;
         Some((opened, row))
