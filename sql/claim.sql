@@ -89,10 +89,7 @@ BEGIN
     IF biz_type IS NULL OR ttl IS NULL THEN
         RAISE EXCEPTION 'idem: biz_type and ttl must not be NULL' USING ERRCODE = '22004';
     END IF;
-    IF biz_type !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
-        RAISE EXCEPTION 'idem: biz_type "%" is not valid: it must match ^[A-Za-z0-9_.:-]{1,64}$', biz_type
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM idem.check_name('biz_type', biz_type);
     IF ttl < interval '1 second' OR ttl > interval '400 days' THEN
         RAISE EXCEPTION 'idem: ttl must be between 1 second and 400 days' USING ERRCODE = '22023';
     END IF;

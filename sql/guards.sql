@@ -28,10 +28,7 @@ BEGIN
     IF name IS NULL OR transitions IS NULL THEN
         RAISE EXCEPTION 'idem: name and transitions must not be NULL' USING ERRCODE = '22004';
     END IF;
-    IF name !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
-        RAISE EXCEPTION 'idem: machine name "%" is not valid: it must match ^[A-Za-z0-9_.:-]{1,64}$', name
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM idem.check_name('machine name', name);
     IF jsonb_typeof(transitions) <> 'object' OR transitions = '{}' THEN
         RAISE EXCEPTION 'idem: transitions must be a non-empty object {"FROM": ["TO", ...]}' USING ERRCODE = '22023';
     END IF;

@@ -48,3 +48,16 @@ CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
 -- then create one on each partition by itself, and a pg_restore (which
 -- attaches partitions before it creates their indexes) would fail.
 CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+
+-- The rule for business type and machine names, for the PL/pgSQL functions
+-- (the C functions apply the same rule in claim.rs, valid_biz_type).
+CREATE FUNCTION idem.check_name(what text, value text) RETURNS void
+    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF value !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
+        RAISE EXCEPTION 'idem: % "%" is not valid: it must match ^[A-Za-z0-9_.:-]{1,64}$', what, value
+            USING ERRCODE = '22023';
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.check_name(text, text) IS 'Raise 22023 unless value is a valid biz_type / machine name.';

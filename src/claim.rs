@@ -30,6 +30,7 @@ pub struct Target<'a> {
 }
 
 pub fn valid_biz_type(b: &[u8]) -> bool {
+    // Same rule as idem.check_name (sql/storage.sql) for the PL/pgSQL functions.
     (1..=64).contains(&b.len()) && b.iter().all(|c| c.is_ascii_alphanumeric() || b"_.:-".contains(c))
 }
 
