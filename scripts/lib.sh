@@ -26,3 +26,8 @@ as_postgres() { (cd / && sudo -u postgres "$@"); }
 psql_idem() {
   "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$(cluster_dir)" -p "$IDEM_PORT" -U postgres "$@"
 }
+
+# Python for the project's drivers and examples: a venv under the project
+# (Debian 12's system Python refuses pip installs), made by setup.d/10-python.sh.
+IDEM_VENV="$ROOT/.venv"
+IDEM_PY="$IDEM_VENV/bin/python"

@@ -4,8 +4,9 @@
 # each step is skipped when already done.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo
-          libipc-run-perl build-essential pkg-config)
+PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron postgresql-15-plproxy
+          libclang-dev clang sudo libipc-run-perl build-essential pkg-config
+          python3-venv python3-pip)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,6 +26,12 @@ if ! grep -qs "pg15" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
   say "pointing pgrx at PostgreSQL 15"
   cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
 fi
+
+# Each area's own tools (language drivers, toolchains): scripts/setup.d/*.sh,
+# in name order, each idempotent.
+for step in "$ROOT"/scripts/setup.d/*.sh; do
+  [ -e "$step" ] && bash "$step"
+done
 
 say "building and installing the extension"
 cd "$ROOT"
