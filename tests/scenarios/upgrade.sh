@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# ALTER EXTENSION idem UPDATE from every shipped version to the current one.
+# For each old version V with a frozen install script tests/upgrade/idem--V.sql:
+#   1. install V in a new database and use it: claims in range partitions and
+#      in the default one, completed and failed, a business type setting, a
+#      machine and a guarded table, a token;
+#   2. ALTER EXTENSION idem UPDATE (walks sql/idem--A--B.sql to the current);
+#   3. every claim replays its stored outcome, guards and tokens still hold,
+#      new claims work;
+#   4. the upgraded schema equals a fresh install's, object by object
+#      (tests/upgrade/schema.sql), so an upgrade script that forgets a change
+#      fails here.
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+extdir="$("$PG_CONFIG" --sharedir)/extension"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+
+fresh() { psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"; }
+
+fresh idem_upgrade_fresh
+psql_idem -q -d idem_upgrade_fresh -c "CREATE EXTENSION idem"
+psql_idem -At -d idem_upgrade_fresh -f "$ROOT/tests/upgrade/schema.sql" > "$work/fresh.txt"
+echo "fresh $current install: $(grep -c '^[a-z]' "$work/fresh.txt") description lines"
+
+for frozen in "$ROOT"/tests/upgrade/idem--*.sql; do
+  old=$(basename "$frozen" .sql); old=${old#idem--}
+  # The old version's install script is not shipped with the new build: put
+  # it beside the current one so that CREATE EXTENSION ... VERSION finds it.
+  install -m 644 "$frozen" "$extdir/idem--$old.sql"
+  path=$(psql_idem -At -d idem_upgrade_fresh -c \
+    "SELECT path FROM pg_extension_update_paths('idem') WHERE source = '$old' AND target = '$current'")
+  if [ -z "$path" ]; then echo "FAIL: no update path from $old to $current (missing sql/idem--$old--…sql)"; fails=$((fails + 1)); continue; fi
+  echo "update path $old → $current: $path"
+
+  db=idem_upgrade_from_${old//./_}
+  fresh "$db"
+  psql_idem -q -d "$db" > /dev/null <<SQL
+CREATE EXTENSION idem VERSION '$old';
+SELECT idem_configure('pay', '3 days');
+SELECT idem_maintain();
+BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"charged": 42}'); COMMIT;
+BEGIN; SELECT idem_claim('refused', 'pay'); SELECT idem_fail('refused', 'pay', '{"reason": "card declined"}'); COMMIT;
+BEGIN; SELECT idem_claim('far', 'pay', ttl => '400 days'); SELECT idem_complete('far', 'pay', '{"far": true}'); COMMIT;
+SELECT idem_claim('open', 'pay');
+SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL);
+SELECT idem_guard('orders', 'status', 'order');
+INSERT INTO orders VALUES (1, 'CREATED');
+UPDATE orders SET status = 'PAID' WHERE id = 1;
+CREATE TABLE tok AS SELECT idem_issue_token('form') AS t;
+SQL
+  psql_idem -q -d "$db" -c "ALTER EXTENSION idem UPDATE"
+  out=$(psql_idem -At -d "$db" <<'SQL'
+SELECT 'version=' || extversion FROM pg_extension WHERE extname = 'idem';
+SELECT 'done=' || claimed || '/' || state || '/' || result::text FROM idem_claim('done', 'pay');
+SELECT 'refused=' || claimed || '/' || state || '/' || result::text FROM idem_claim('refused', 'pay');
+SELECT 'far=' || claimed || '/' || state || '/' || result::text FROM idem_claim('far', 'pay');
+SELECT 'open=' || claimed || '/' || state FROM idem_claim('open', 'pay');
+SELECT 'new=' || claimed || '/' || state FROM idem_claim('new-after-upgrade', 'pay');
+SELECT 'ttl=' || ttl FROM idem.biz_types WHERE biz_type = 'pay';
+SELECT 'token=' || idem_consume_token(t, 'form') FROM tok;
+SELECT 'token-again=' || idem_consume_token(t, 'form') FROM tok;
+SELECT 'maintain=' || (idem_maintain() IS NOT NULL);
+SQL
+  )
+  # A guarded transition that already happened must still be refused.
+  guard=$(psql_idem -At -d "$db" -c "UPDATE orders SET status = 'CREATED' WHERE id = 1" 2>&1 || true)
+  echo "$out" | sed 's/^/  /'
+  echo "  re-transition PAID → CREATED: $guard" | head -1
+  for want in "version=$current" 'done=false/completed/{"charged": 42}' 'refused=false/failed/{"reason": "card declined"}' \
+              'far=false/completed/{"far": true}' 'open=false/completed' 'new=true/new' 'ttl=3 days' \
+              'token=true' 'token-again=false' 'maintain=true'; do
+    grep -qxF "$want" <<<"$out" || { echo "FAIL: after the upgrade from $old, expected '$want'"; fails=$((fails + 1)); }
+  done
+  grep -q "ERROR" <<<"$guard" || { echo "FAIL: guard did not refuse a repeated transition after the upgrade"; fails=$((fails + 1)); }
+
+  psql_idem -At -d "$db" -f "$ROOT/tests/upgrade/schema.sql" > "$work/upgraded-$old.txt"
+  if diff -u "$work/fresh.txt" "$work/upgraded-$old.txt" > "$work/diff-$old.txt"; then
+    echo "schema after $old → $current equals a fresh $current install"
+  else
+    echo "FAIL: schema after $old → $current differs from a fresh install:"; cat "$work/diff-$old.txt"
+    fails=$((fails + 1))
+  fi
+  psql_idem -q -d postgres -c "DROP DATABASE $db WITH (FORCE)"
+done
+psql_idem -q -d postgres -c "DROP DATABASE idem_upgrade_fresh WITH (FORCE)"
+echo "upgrade checks failed: $fails"
+[ "$fails" = 0 ]
