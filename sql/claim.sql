@@ -90,7 +90,9 @@ BEGIN
         RAISE EXCEPTION 'idem: biz_type and ttl must not be NULL' USING ERRCODE = '22004';
     END IF;
     PERFORM idem.check_name('biz_type', biz_type);
-    IF ttl < interval '1 second' OR ttl > interval '400 days' THEN
+    -- Counted as idem_claim counts a TTL (extract(epoch ...): a month is 30
+    -- days, a year 365.25), not by interval comparison (a year is 360 days).
+    IF extract(epoch FROM ttl) < 1 OR extract(epoch FROM ttl) > 400 * 86400 THEN
         RAISE EXCEPTION 'idem: ttl must be between 1 second and 400 days' USING ERRCODE = '22023';
     END IF;
     INSERT INTO idem.tokens (token_sha256, biz_type, issued_at, expires_at)

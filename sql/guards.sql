@@ -72,6 +72,9 @@ END
 $fn$;
 COMMENT ON FUNCTION idem_define_machine(text, jsonb) IS
 'Define (or replace) a state machine: {"CREATED":["PAID","CANCELLED"],"PAID":["SHIPPED"],...}. States are the keys and every listed target. Bad definitions raise 22023.';
+-- Machines apply database-wide and have no owner: redefining one loosens every
+-- guard that uses it, so only roles granted EXECUTE may.
+REVOKE EXECUTE ON FUNCTION idem_define_machine(text, jsonb) FROM PUBLIC;
 
 CREATE FUNCTION idem_machine(name text, state text DEFAULT NULL) RETURNS jsonb
     STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -79,6 +82,9 @@ CREATE FUNCTION idem_machine(name text, state text DEFAULT NULL) RETURNS jsonb
 DECLARE
     m jsonb;
 BEGIN
+    IF name IS NULL THEN
+        RAISE EXCEPTION 'idem: machine name must not be NULL' USING ERRCODE = '22004';
+    END IF;
     SELECT jsonb_build_object('transitions', d.transitions, 'reachable', d.reachable) INTO m
       FROM idem.machines d WHERE d.name = idem_machine.name;
     IF m IS NULL THEN
@@ -154,6 +160,12 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = version_col
                          AND a.attnum > 0 AND NOT a.attisdropped) THEN
             RAISE EXCEPTION 'idem: table % has no column %', tbl, version_col USING ERRCODE = '42703';
+        END IF;
+        IF version_col = state_col OR NOT EXISTS (
+             SELECT 1 FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = version_col
+                AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype)) THEN
+            RAISE EXCEPTION 'idem: version_col % must be an integer column other than the state column', version_col
+                USING ERRCODE = '22023';
         END IF;
         bump := format(', %I = %I + 1', version_col, version_col);
         IF version IS NOT NULL THEN
@@ -233,6 +245,9 @@ COMMENT ON FUNCTION idem_guard_trigger() IS 'The trigger idem_guard installs; no
 CREATE FUNCTION idem_guard(tbl regclass, state_col name, machine text) RETURNS void
     VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
+DECLARE
+    existing name;
+    trigger_name text;
 BEGIN
     IF tbl IS NULL OR state_col IS NULL OR machine IS NULL THEN
         RAISE EXCEPTION 'idem: arguments must not be NULL' USING ERRCODE = '22004';
@@ -242,12 +257,25 @@ BEGIN
                      AND a.attnum > 0 AND NOT a.attisdropped) THEN
         RAISE EXCEPTION 'idem: table % has no column %', tbl, state_col USING ERRCODE = '42703';
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = tbl AND c.relkind IN ('r', 'p')) THEN
+        RAISE EXCEPTION 'idem: % is not a table', tbl USING ERRCODE = '22023';
+    END IF;
     -- Creating a trigger needs the TRIGGER privilege on tbl: the caller's.
-    IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'idem_guard_' || state_col) THEN
-        EXECUTE format('DROP TRIGGER %I ON %s', 'idem_guard_' || state_col, tbl);
+    -- Found by what it runs rather than by its name: a name is cut to 63
+    -- bytes, so two long column names could share one.
+    SELECT t.tgname INTO existing FROM pg_trigger t
+     WHERE t.tgrelid = tbl AND NOT t.tgisinternal
+       AND t.tgfoid = '@extschema@.idem_guard_trigger()'::regprocedure
+       AND position(convert_to(state_col, pg_catalog.getdatabaseencoding()) || '\x00'::bytea IN t.tgargs) = 1;
+    IF existing IS NOT NULL THEN
+        EXECUTE format('DROP TRIGGER %I ON %s', existing, tbl);
+    END IF;
+    trigger_name := 'idem_guard_' || state_col;
+    IF octet_length(trigger_name) > 63 THEN
+        trigger_name := 'idem_guard_' || md5(state_col);
     END IF;
     EXECUTE format('CREATE TRIGGER %I BEFORE UPDATE OF %I ON %s FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_guard_trigger(%L, %L)',
-                   'idem_guard_' || state_col, state_col, tbl, state_col, machine);
+                   trigger_name, state_col, tbl, state_col, machine);
 END
 $fn$;
 COMMENT ON FUNCTION idem_guard(regclass, name, text) IS
@@ -256,9 +284,20 @@ COMMENT ON FUNCTION idem_guard(regclass, name, text) IS
 CREATE FUNCTION idem_unguard(tbl regclass, state_col name) RETURNS void
     VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
+DECLARE
+    existing name;
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'idem_guard_' || state_col) THEN
-        EXECUTE format('DROP TRIGGER %I ON %s', 'idem_guard_' || state_col, tbl);
+    IF tbl IS NULL OR state_col IS NULL THEN
+        RAISE EXCEPTION 'idem: arguments must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    -- Found by what it runs rather than by its name: a name is cut to 63
+    -- bytes, so two long column names could share one.
+    SELECT t.tgname INTO existing FROM pg_trigger t
+     WHERE t.tgrelid = tbl AND NOT t.tgisinternal
+       AND t.tgfoid = '@extschema@.idem_guard_trigger()'::regprocedure
+       AND position(convert_to(state_col, pg_catalog.getdatabaseencoding()) || '\x00'::bytea IN t.tgargs) = 1;
+    IF existing IS NOT NULL THEN
+        EXECUTE format('DROP TRIGGER %I ON %s', existing, tbl);
     END IF;
 END
 $fn$;

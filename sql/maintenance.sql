@@ -66,6 +66,7 @@ DECLARE
     p           record;
     n           bigint;
     report      jsonb;
+    distributed boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- Moving claims out of the default partition must see every
@@ -86,6 +87,33 @@ BEGIN
     -- The longest TTL a coming claim can get without a per-call override.
     SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
       INTO max_ttl FROM idem.biz_types;
+
+    -- A Citus-distributed idem.claims (idem_distribute, docs/scaling.md):
+    -- its partitions are made and dropped through Citus, on every worker.
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
+           INTO distributed USING 'idem.claims'::regclass;
+    END IF;
+    IF distributed THEN
+        t_now := clock_timestamp();
+        EXECUTE 'SELECT pg_catalog.create_time_partitions($1, $2, $3)'
+          USING 'idem.claims'::regclass, width, t_now + max_ttl + width;
+        FOR p IN EXECUTE 'SELECT partition::regclass AS rel FROM pg_catalog.time_partitions
+                           WHERE parent_table = $1 AND to_value::timestamptz <= $2'
+                   USING 'idem.claims'::regclass, t_now LOOP
+            EXECUTE format('DROP TABLE %s', p.rel);
+            dropped := dropped || p.rel::text;
+        END LOOP;
+        DELETE FROM idem.tokens WHERE expires_at <= t_now;
+        report := jsonb_build_object(
+            'citus', true,
+            'partitions_until', t_now + max_ttl + width,
+            'partitions_dropped', to_jsonb(dropped),
+            'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+        INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+        DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
+        RETURN report;
+    END IF;
 
     -- Decide the work, and prepare the new partitions as standalone tables
     -- (index and range CHECK included, so that attaching them neither builds
@@ -204,6 +232,9 @@ END
 $fn$;
 COMMENT ON FUNCTION idem_maintain() IS
 'Partition maintenance: create the partitions coming claims need, drop whole partitions whose claims have all expired, move claims out of the default partition. Runs once at a time (a concurrent call returns at once with a NOTICE); waits for its lock only briefly and retries. Returns a jsonb report.';
+-- SECURITY DEFINER, takes ACCESS EXCLUSIVE on idem.claims and creates
+-- partitions: for the operator (and pg_cron), not for every role.
+REVOKE EXECUTE ON FUNCTION idem_maintain() FROM PUBLIC;
 
 CREATE FUNCTION idem_schedule_maintenance(schedule text DEFAULT '*/5 * * * *') RETURNS bigint
     VOLATILE SECURITY INVOKER

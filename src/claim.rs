@@ -18,7 +18,10 @@ use crate::errors::{invalid, IdemError};
 use crate::fmgr::*;
 use crate::guc;
 use crate::lease::Lease;
-use crate::storage::{self, KeyLock, KeyRef, Opened, Row, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING};
+use crate::sqlstore::SqlStore;
+use crate::storage::{
+    self, KeyLock, KeyRef, Opened, Row, Store, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING,
+};
 use pgrx::pg_sys;
 
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -93,6 +96,12 @@ impl Outcome {
         Outcome { claimed: false, state: "absent", result: None, first_claimed_at: None, expires_at: None }
     }
 
+    /// Another transaction holds the key and the caller would not wait; on
+    /// the SQL path its row is not visible yet, so no times are known.
+    fn in_progress() -> Outcome {
+        Outcome { claimed: false, state: "in_progress", result: None, first_claimed_at: None, expires_at: None }
+    }
+
     /// How an existing row reads to someone who did not just claim it.
     fn of_row(row: &Row) -> Outcome {
         let state = if row.busy.is_some() || row.state == STATE_LEASED {
@@ -150,67 +159,105 @@ pub struct ClaimRequest<'a> {
 }
 
 pub fn claim(req: &ClaimRequest) -> Outcome {
-    let t = &req.target;
-    let k = t.key_ref();
-    let ttl = req.ttl_us.or_else(|| catalog::configured_ttl(t.biz_type)).unwrap_or_else(guc::default_ttl_us);
+    if guc::sql_access() {
+        return claim_via_sql(req);
+    }
+    let k = req.target.key_ref();
     let claims = storage::open(now(), pg_sys::RowExclusiveLock as _);
     loop {
         let lock = KeyLock::acquire(k.hash);
         let now = now();
-        match claims.probe(k, now, true) {
-            None => {
-                let expires_at = now.saturating_add(ttl);
-                let (state, stored, told) = match req.lease_us {
-                    None => (STATE_PENDING, None, None),
-                    Some(lease_us) => {
-                        let (lease, token) =
-                            Lease::new(1, lease_us, now, serde_json::Value::Null, serde_json::Value::Null);
-                        (STATE_LEASED, Some(lease.to_datum()), Some(lease.for_owner(Some(&token))))
-                    }
-                };
-                claims.insert(k, now, expires_at, state, req.fingerprint, stored);
-                drop(lock);
-                return Outcome {
-                    claimed: true,
-                    state: "new",
-                    result: told,
-                    first_claimed_at: Some(now),
-                    expires_at: Some(expires_at),
-                };
+        let row = claims.probe(k, now, true);
+        if let Some(xid) = row.as_ref().and_then(|r| r.busy) {
+            drop(lock);
+            if !req.wait {
+                return Outcome::of_row(row.as_ref().unwrap());
             }
-            Some(row) if row.busy.is_some() => {
-                drop(lock);
-                if !req.wait {
-                    return Outcome::of_row(&row);
+            storage::wait_for(xid);
+            continue;
+        }
+        let outcome = settle(&claims, req, row, now);
+        drop(lock);
+        return outcome;
+    }
+}
+
+/// The SQL path (idem.storage_access = sql; sqlstore.rs). A statement cannot
+/// see another transaction's uncommitted claim, so the key lock is held until
+/// this transaction ends: a second claimer of the key waits on the lock
+/// (or, without wait, is told in_progress), then sees the first one's row
+/// if it committed. A committed outcome is final, so a duplicate that finds
+/// one is answered without taking the lock.
+fn claim_via_sql(req: &ClaimRequest) -> Outcome {
+    let t = &req.target;
+    let k = t.key_ref();
+    require_read_committed();
+    let store = SqlStore;
+    if let Some(row) = store.probe(k, now()) {
+        if row.state != STATE_LEASED {
+            check_duplicate(t, req.fingerprint, &row);
+            return Outcome::of_row(&row);
+        }
+    }
+    if !storage::key_lock_until_end(k.hash, req.wait) {
+        return Outcome::in_progress();
+    }
+    let now = now();
+    settle(&store, req, store.probe(k, now), now)
+}
+
+/// Under idem.storage_access = sql, a REPEATABLE READ snapshot could miss a
+/// claim committed after it was taken, and nothing would tell: refuse.
+fn require_read_committed() {
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        IdemError::FeatureNotSupported(
+            "idem.storage_access = sql works under READ COMMITTED only: a REPEATABLE READ or SERIALIZABLE snapshot cannot see a claim committed after it was taken".into(),
+        )
+        .fail();
+    }
+}
+
+/// Decide a claim once the key's live row (if any) is known and nobody else
+/// is writing it; the caller holds the key lock.
+fn settle(store: &impl Store, req: &ClaimRequest, row: Option<Row>, now: i64) -> Outcome {
+    let t = &req.target;
+    let k = t.key_ref();
+    let ttl = req.ttl_us.or_else(|| catalog::configured_ttl(t.biz_type)).unwrap_or_else(guc::default_ttl_us);
+    match row {
+        None => {
+            let expires_at = now.saturating_add(ttl);
+            let (state, stored, told) = match req.lease_us {
+                None => (STATE_PENDING, None, None),
+                Some(lease_us) => {
+                    let (lease, token) = Lease::new(1, lease_us, now, serde_json::Value::Null, None);
+                    (STATE_LEASED, Some(lease.to_datum()), Some(lease.for_owner(Some(&token))))
                 }
-                storage::wait_for(row.busy.unwrap());
-            }
-            Some(row) if row.state == STATE_LEASED && !row.own => {
-                check_duplicate(t, req.fingerprint, &row);
-                let lease = Lease::from_datum(row.result);
-                if lease.until > now {
-                    drop(lock);
-                    return Outcome::of_row(&row);
-                }
-                // The lease ran out: this claim takes the work over, and is
-                // told which attempt it is and where the last one got to.
-                let (next, token) =
-                    Lease::new(lease.attempt + 1, req.lease_us.unwrap_or(lease.lease_us), now, lease.point, lease.data);
-                claims.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
-                drop(lock);
-                return Outcome {
-                    claimed: true,
-                    state: "new",
-                    result: Some(next.for_owner(Some(&token))),
-                    first_claimed_at: Some(row.claimed_at),
-                    expires_at: Some(row.expires_at),
-                };
-            }
-            Some(row) => {
-                drop(lock);
-                check_duplicate(t, req.fingerprint, &row);
+            };
+            store.insert(k, now, expires_at, state, req.fingerprint, stored);
+            Outcome { claimed: true, state: "new", result: told, first_claimed_at: Some(now), expires_at: Some(expires_at) }
+        }
+        Some(row) if row.state == STATE_LEASED && !row.own => {
+            check_duplicate(t, req.fingerprint, &row);
+            let lease = Lease::from_datum(row.result);
+            if lease.until > now {
                 return Outcome::of_row(&row);
             }
+            // The lease ran out: this claim takes the work over, and is
+            // told which attempt it is and where the last one got to.
+            let (next, token) =
+                Lease::new(lease.attempt + 1, req.lease_us.unwrap_or(lease.lease_us), now, lease.point, lease.data);
+            store.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
+            Outcome {
+                claimed: true,
+                state: "new",
+                result: Some(next.for_owner(Some(&token))),
+                first_claimed_at: Some(row.claimed_at),
+                expires_at: Some(row.expires_at),
+            }
+        }
+        Some(row) => {
+            check_duplicate(t, req.fingerprint, &row);
+            Outcome::of_row(&row)
         }
     }
 }
@@ -237,8 +284,16 @@ fn check_duplicate(t: &Target, fingerprint: Option<&[u8]>, row: &Row) {
 
 pub fn lookup(t: &Target) -> Outcome {
     let now = now();
-    let claims = storage::open(now, pg_sys::AccessShareLock as _);
-    match claims.probe(t.key_ref(), now, true) {
+    let row = if guc::sql_access() {
+        let row = SqlStore.probe(t.key_ref(), now);
+        if row.is_none() && storage::key_lock_held_elsewhere(t.key_ref().hash) {
+            return Outcome::in_progress();
+        }
+        row
+    } else {
+        storage::open(now, pg_sys::AccessShareLock as _).probe(t.key_ref(), now, true)
+    };
+    match row {
         Some(row) => Outcome::of_row(&row),
         None => Outcome::absent(),
     }
@@ -257,6 +312,19 @@ pub enum Finish {
 pub fn finish(t: &Target, what: Finish, lease_token: Option<&[u8]>) {
     let k = t.key_ref();
     let now = now();
+    if guc::sql_access() {
+        require_read_committed();
+        storage::key_lock_until_end(k.hash, true);
+        let Some(row) = SqlStore.probe(k, now) else {
+            IdemError::NotClaimed {
+                biz_type: t.lossy_type(),
+                key: t.lossy_key(),
+                why: "is not claimed by this transaction, nor leased to the caller",
+            }
+            .fail()
+        };
+        return apply(t, &SqlStore, &row, what, lease_token, now);
+    }
     // The claim this transaction just made: found without a probe.
     if let Some((claims, row)) = storage::open_recent(k, now) {
         return apply(t, &claims, &row, what, lease_token, now);
@@ -283,7 +351,7 @@ pub fn finish(t: &Target, what: Finish, lease_token: Option<&[u8]>) {
 }
 
 /// finish, once the row is found and nobody else is writing it.
-fn apply(t: &Target, claims: &Opened, row: &Row, what: Finish, lease_token: Option<&[u8]>, now: i64) {
+fn apply(t: &Target, claims: &impl Store, row: &Row, what: Finish, lease_token: Option<&[u8]>, now: i64) {
     let not_claimed = |why| IdemError::NotClaimed { biz_type: t.lossy_type(), key: t.lossy_key(), why }.fail();
     let k = t.key_ref();
     let held = if row.state == STATE_LEASED {
@@ -306,10 +374,7 @@ fn apply(t: &Target, claims: &Opened, row: &Row, what: Finish, lease_token: Opti
             // Recording progress also renews the lease.
             let mut lease = Lease::from_datum(row.result);
             lease.point = serde_json::Value::String(point);
-            lease.data = data
-                .and_then(|d| unsafe { <pgrx::JsonB as pgrx::datum::FromDatum>::from_datum(d, false) })
-                .map(|j| j.0)
-                .unwrap_or(serde_json::Value::Null);
+            lease.data = data;
             lease.until = now.saturating_add(lease.lease_us);
             claims.rewrite(row, k, STATE_LEASED, Some(lease.to_datum()));
         }
@@ -319,7 +384,12 @@ fn apply(t: &Target, claims: &Opened, row: &Row, what: Finish, lease_token: Opti
 pub fn forget(t: &Target) -> bool {
     let k = t.key_ref();
     // Like every writer of claim rows, under the key lock (see rewrite).
-    let _lock = KeyLock::acquire(k.hash);
+    let _lock = if guc::sql_access() {
+        storage::key_lock_until_end(k.hash, true);
+        None
+    } else {
+        Some(KeyLock::acquire(k.hash))
+    };
     let n = catalog::as_owner(|| {
         pgrx::spi::Spi::connect_mut(|client| {
             client

@@ -145,3 +145,54 @@ pub unsafe fn form_composite(
         pg_sys::Datum::from((*tup).t_data)
     }
 }
+
+/// A jsonb datum's text form: exact (numerics keep every digit, any depth),
+/// unlike a round trip through serde_json.
+pub fn jsonb_text(d: pg_sys::Datum) -> String {
+    unsafe {
+        let out = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d);
+        std::ffi::CStr::from_ptr(out).to_string_lossy().into_owned()
+    }
+}
+
+/// Parse jsonb text (in the current memory context).
+pub fn jsonb_from_text(s: &str) -> pg_sys::Datum {
+    let c = std::ffi::CString::new(s).unwrap_or_else(|_| crate::errors::invalid("JSON text contains a NUL byte"));
+    unsafe {
+        pg_sys::OidInputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_IN), c.as_ptr().cast_mut(), pg_sys::JSONBOID, -1)
+    }
+}
+
+/// jsonb -> key, or None when the object has no such key.
+pub fn jsonb_field(doc: pg_sys::Datum, key: &str) -> Option<pg_sys::Datum> {
+    let k = text_datum(key.as_bytes());
+    unsafe {
+        let has = pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_EXISTS), pg_sys::InvalidOid, doc, k);
+        has.value() != 0
+    }
+    .then(|| unsafe { pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_OBJECT_FIELD), pg_sys::InvalidOid, doc, k) })
+}
+
+/// jsonb - key.
+pub fn jsonb_without(doc: pg_sys::Datum, key: &str) -> pg_sys::Datum {
+    let k = text_datum(key.as_bytes());
+    unsafe { pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_DELETE_JSONB_TEXT), pg_sys::InvalidOid, doc, k) }
+}
+
+/// A JSON object made of `fields` plus `key` holding `raw` (a jsonb datum,
+/// kept exactly; JSON null when None).
+pub fn jsonb_with_raw(fields: serde_json::Map<String, serde_json::Value>, key: &str, raw: Option<pg_sys::Datum>) -> pg_sys::Datum {
+    let mut text = serde_json::to_string(&serde_json::Value::Object(fields)).unwrap();
+    text.pop(); // the closing brace
+    if text.len() > 1 {
+        text.push(',');
+    }
+    text.push_str(&serde_json::to_string(key).unwrap());
+    text.push(':');
+    match raw {
+        Some(d) => text.push_str(&jsonb_text(d)),
+        None => text.push_str("null"),
+    }
+    text.push('}');
+    jsonb_from_text(&text)
+}

@@ -3,7 +3,7 @@
 
 use crate::errors::invalid;
 use pgrx::pg_sys;
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use std::ffi::CString;
 
 pub static DEFAULT_TTL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"24 hours"));
@@ -15,6 +15,21 @@ static MAINTENANCE_LOCK_TIMEOUT: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"50 milliseconds"));
 static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);
 static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(32);
+
+/// How claims reach idem.claims: by the partitions' heaps and indexes
+/// (direct, fast), or by SQL on the logical table (sql, which also works when
+/// the table is a Citus distributed table). auto: sql when Citus is loaded.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum StorageAccess {
+    #[name = c"auto"]
+    Auto,
+    #[name = c"direct"]
+    Direct,
+    #[name = c"sql"]
+    Sql,
+}
+
+static STORAGE_ACCESS: GucSetting<StorageAccess> = GucSetting::<StorageAccess>::new(StorageAccess::Auto);
 
 pub fn init() {
     // Interval settings are checked when set, so that a bad value is refused
@@ -74,7 +89,39 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_enum_guc(
+        c"idem.storage_access",
+        c"How claims reach their storage: direct (heap and index access), sql (SQL on idem.claims, Citus-safe), or auto.",
+        c"auto means sql when citus is in shared_preload_libraries, else direct. Every session of a database must use the same path: change it only with no claims running.",
+        &STORAGE_ACCESS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     unsafe { pg_sys::MarkGUCPrefixReserved(c"idem".as_ptr()) };
+}
+
+/// Whether claims go through SQL (sqlstore.rs) rather than direct access.
+pub fn sql_access() -> bool {
+    match STORAGE_ACCESS.get() {
+        StorageAccess::Direct => false,
+        StorageAccess::Sql => true,
+        StorageAccess::Auto => citus_preloaded(),
+    }
+}
+
+/// shared_preload_libraries cannot change while the server runs.
+fn citus_preloaded() -> bool {
+    static mut CITUS: Option<bool> = None;
+    unsafe {
+        if let Some(c) = CITUS {
+            return c;
+        }
+        let raw = pg_sys::GetConfigOption(c"shared_preload_libraries".as_ptr(), true, false);
+        let list = if raw.is_null() { String::new() } else { std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned() };
+        let c = list.split(',').any(|l| l.trim().trim_matches('"') == "citus");
+        CITUS = Some(c);
+        c
+    }
 }
 
 pub const MIN_TTL_US: i128 = 1_000_000;

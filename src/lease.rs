@@ -6,7 +6,8 @@
 //! the last attempt got to.
 
 use crate::errors::IdemError;
-use pgrx::datum::{FromDatum, IntoDatum};
+use crate::fmgr::{jsonb_field, jsonb_text, jsonb_with_raw, jsonb_without};
+use pgrx::datum::FromDatum;
 use pgrx::pg_sys;
 use pgrx::JsonB;
 use serde_json::{json, Value};
@@ -19,7 +20,9 @@ pub struct Lease {
     pub owner_session: String,
     pub owner_token_sha256: String,
     pub point: Value,
-    pub data: Value,
+    /// The recovery data as given to idem_checkpoint: a jsonb datum, kept
+    /// exactly (serde_json would round numbers and limit nesting).
+    pub data: Option<pg_sys::Datum>,
 }
 
 /// This backend, as a lease owner: pid and start time, so that a later
@@ -53,7 +56,7 @@ fn timestamp_text(ts: i64) -> Value {
 impl Lease {
     /// A new lease (attempt `attempt`) owned by this session; returns it and
     /// the bearer token that also proves ownership from another session.
-    pub fn new(attempt: i64, lease_us: i64, now: i64, point: Value, data: Value) -> (Lease, String) {
+    pub fn new(attempt: i64, lease_us: i64, now: i64, point: Value, data: Option<pg_sys::Datum>) -> (Lease, String) {
         let token = random_hex(16);
         let lease = Lease {
             attempt,
@@ -68,7 +71,13 @@ impl Lease {
     }
 
     pub fn from_datum(d: Option<pg_sys::Datum>) -> Lease {
-        let v = d.and_then(|d| unsafe { JsonB::from_datum(d, false) }).map(|j| j.0).unwrap_or(Value::Null);
+        // The small fields through serde; the recovery data stays jsonb.
+        let data = d.and_then(|d| jsonb_field(d, "recovery_data")).filter(|&v| jsonb_text(v) != "null");
+        let v = d
+            .map(|d| jsonb_without(d, "recovery_data"))
+            .and_then(|d| unsafe { JsonB::from_datum(d, false) })
+            .map(|j| j.0)
+            .unwrap_or(Value::Null);
         Lease {
             attempt: v["attempt"].as_i64().unwrap_or(1),
             lease_us: v["lease_us"].as_i64().unwrap_or(0),
@@ -76,22 +85,21 @@ impl Lease {
             owner_session: v["owner_session"].as_str().unwrap_or("").into(),
             owner_token_sha256: v["owner_token_sha256"].as_str().unwrap_or("").into(),
             point: v["recovery_point"].clone(),
-            data: v["recovery_data"].clone(),
+            data,
         }
     }
 
     pub fn to_datum(&self) -> pg_sys::Datum {
-        JsonB(json!({
+        let fields = json!({
             "attempt": self.attempt,
             "lease_us": self.lease_us,
             "lease_until_us": self.until,
             "owner_session": self.owner_session,
             "owner_token_sha256": self.owner_token_sha256,
             "recovery_point": self.point,
-            "recovery_data": self.data,
-        }))
-        .into_datum()
-        .unwrap()
+        });
+        let Value::Object(fields) = fields else { unreachable!() };
+        jsonb_with_raw(fields, "recovery_data", self.data)
     }
 
     /// What the owner is told: attempt, recovery point and data, lease end,
@@ -100,13 +108,13 @@ impl Lease {
         let mut v = json!({
             "attempt": self.attempt,
             "recovery_point": self.point,
-            "recovery_data": self.data,
             "lease_until": timestamp_text(self.until),
         });
         if let Some(t) = token {
             v["lease_token"] = Value::String(t.into());
         }
-        JsonB(v).into_datum().unwrap()
+        let Value::Object(fields) = v else { unreachable!() };
+        jsonb_with_raw(fields, "recovery_data", self.data)
     }
 
     pub fn owned_by_caller(&self, token: Option<&[u8]>) -> bool {

@@ -10,6 +10,7 @@ mod errors;
 pub mod fmgr;
 mod guc;
 mod lease;
+mod sqlstore;
 mod storage;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -18,6 +19,7 @@ extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
 extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["claim"]);
 extension_sql_file!("../sql/guards.sql", name = "guards", requires = ["maintenance"]);
+extension_sql_file!("../sql/scaling.sql", name = "scaling", requires = ["guards"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

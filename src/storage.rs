@@ -68,6 +68,46 @@ pub struct Row {
     pub visible: bool,
 }
 
+/// How the claim protocol (claim.rs) reads and writes a key's row: the
+/// direct heap and index access below, or SQL on the logical table
+/// (sqlstore.rs, for Citus).
+pub trait Store {
+    /// The live row of (biz_type, key) if there is one.
+    fn probe(&self, k: KeyRef, now: i64) -> Option<Row>;
+    /// Insert a new claim row; the caller holds the key lock.
+    fn insert(
+        &self,
+        k: KeyRef,
+        claimed_at: i64,
+        expires_at: i64,
+        state: u8,
+        fingerprint: Option<&[u8]>,
+        result: Option<pg_sys::Datum>,
+    );
+    /// Give a row found by probe a new state and result.
+    fn rewrite(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>);
+}
+
+impl Store for Opened {
+    fn probe(&self, k: KeyRef, now: i64) -> Option<Row> {
+        Opened::probe(self, k, now, true)
+    }
+    fn insert(
+        &self,
+        k: KeyRef,
+        claimed_at: i64,
+        expires_at: i64,
+        state: u8,
+        fingerprint: Option<&[u8]>,
+        result: Option<pg_sys::Datum>,
+    ) {
+        Opened::insert(self, k, claimed_at, expires_at, state, fingerprint, result)
+    }
+    fn rewrite(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
+        Opened::rewrite(self, row, k, state, result)
+    }
+}
+
 pub struct Opened {
     parent: pg_sys::Relation,
     lockmode: pg_sys::LOCKMODE,
@@ -455,26 +495,55 @@ pub struct KeyLock(pg_sys::LOCKTAG);
 /// pg_locks shows it as an advisory lock with objsubid = 18756 ('ID').
 const KEYLOCK_FIELD4: u16 = 0x4944;
 
+fn key_lock_tag(hash: i64) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
+        locktag_field2: ((hash as u64) >> 32) as u32,
+        locktag_field3: hash as u32,
+        locktag_field4: KEYLOCK_FIELD4,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
 impl KeyLock {
     pub fn acquire(hash: i64) -> KeyLock {
-        unsafe {
-            let tag = pg_sys::LOCKTAG {
-                locktag_field1: pg_sys::MyDatabaseId.into(),
-                locktag_field2: ((hash as u64) >> 32) as u32,
-                locktag_field3: hash as u32,
-                locktag_field4: KEYLOCK_FIELD4,
-                locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-                locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-            };
-            pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false);
-            KeyLock(tag)
-        }
+        let tag = key_lock_tag(hash);
+        unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
+        KeyLock(tag)
     }
+}
+
+/// The key lock of the SQL path (sqlstore.rs): the same lock, kept until the
+/// transaction ends, because there the row cannot make later claimers wait
+/// (they cannot see it before it commits). False if `wait` is off and
+/// another transaction holds it.
+pub fn key_lock_until_end(hash: i64, wait: bool) -> bool {
+    let tag = key_lock_tag(hash);
+    let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
+    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
         unsafe { pg_sys::LockRelease(&self.0, pg_sys::ExclusiveLock as _, false) };
+    }
+}
+
+/// Whether another transaction holds the key lock (the SQL path's sign of
+/// a claim in progress that no statement can see yet).
+pub fn key_lock_held_elsewhere(hash: i64) -> bool {
+    let tag = key_lock_tag(hash);
+    unsafe {
+        if pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, true)
+            == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+        {
+            return true;
+        }
+        // Undo this acquisition only: a lock this transaction already held
+        // (its own claim) stays held.
+        pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as _, false);
+        false
     }
 }
 
