@@ -11,7 +11,11 @@
 //!     cannot see raises 40001, as INSERT ... ON CONFLICT does;
 //!   - a committed leased claim (lease.rs): in_progress while the lease
 //!     runs, taken over by this claim once it has run out.
-//! docs/design.md explains why this is never two committed claims.
+//!
+//! With idem.storage_access = sql the same decision runs on rows read and
+//! written through SQL, under a key lock held to the end of the transaction
+//! (claim_via_sql, sqlstore.rs). docs/design.md explains why neither path
+//! ever lets two claims of a key commit.
 
 use crate::catalog;
 use crate::errors::{invalid, IdemError};
@@ -234,7 +238,13 @@ fn settle(store: &impl Store, req: &ClaimRequest, row: Option<Row>, now: i64) ->
                 }
             };
             store.insert(k, now, expires_at, state, req.fingerprint, stored);
-            Outcome { claimed: true, state: "new", result: told, first_claimed_at: Some(now), expires_at: Some(expires_at) }
+            Outcome {
+                claimed: true,
+                state: "new",
+                result: told,
+                first_claimed_at: Some(now),
+                expires_at: Some(expires_at),
+            }
         }
         Some(row) if row.state == STATE_LEASED && !row.own => {
             check_duplicate(t, req.fingerprint, &row);
@@ -487,13 +497,11 @@ unsafe fn sql_configure(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         let name = std::str::from_utf8(biz_type).unwrap();
         let ttl_arg: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
         catalog::as_owner(|| {
-            catalog::as_owner(|| {
-                pgrx::spi::Spi::run_with_args(
-                    "INSERT INTO idem.biz_types AS b (biz_type, ttl) VALUES ($1, $2)
+            pgrx::spi::Spi::run_with_args(
+                "INSERT INTO idem.biz_types AS b (biz_type, ttl) VALUES ($1, $2)
                  ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = pg_catalog.now()",
-                    &[name.into(), ttl_arg.into()],
-                )
-            })
+                &[name.into(), ttl_arg.into()],
+            )
         })
         .unwrap_or_else(|e| invalid(format!("{e}")));
         catalog::invalidate_biz_types();

@@ -1,6 +1,11 @@
 //! The boundary between PostgreSQL's function manager and idem's Rust code.
 //! The SQL API is declared by hand in sql/*.sql (defaults, SECURITY DEFINER,
 //! comments); each C symbol it names is made here by `sql_function!`.
+//!
+//! Safety, for every `unsafe fn` here: `fcinfo` is the live call record the
+//! function manager passed to the current C function, and argument `n`
+//! exists in it.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::errors::IdemError;
 use pgrx::pg_sys;
@@ -170,18 +175,26 @@ pub fn jsonb_field(doc: pg_sys::Datum, key: &str) -> Option<pg_sys::Datum> {
         let has = pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_EXISTS), pg_sys::InvalidOid, doc, k);
         has.value() != 0
     }
-    .then(|| unsafe { pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_OBJECT_FIELD), pg_sys::InvalidOid, doc, k) })
+    .then(|| unsafe {
+        pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_OBJECT_FIELD), pg_sys::InvalidOid, doc, k)
+    })
 }
 
 /// jsonb - key.
 pub fn jsonb_without(doc: pg_sys::Datum, key: &str) -> pg_sys::Datum {
     let k = text_datum(key.as_bytes());
-    unsafe { pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_DELETE_JSONB_TEXT), pg_sys::InvalidOid, doc, k) }
+    unsafe {
+        pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_DELETE_JSONB_TEXT), pg_sys::InvalidOid, doc, k)
+    }
 }
 
 /// A JSON object made of `fields` plus `key` holding `raw` (a jsonb datum,
 /// kept exactly; JSON null when None).
-pub fn jsonb_with_raw(fields: serde_json::Map<String, serde_json::Value>, key: &str, raw: Option<pg_sys::Datum>) -> pg_sys::Datum {
+pub fn jsonb_with_raw(
+    fields: serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    raw: Option<pg_sys::Datum>,
+) -> pg_sys::Datum {
     let mut text = serde_json::to_string(&serde_json::Value::Object(fields)).unwrap();
     text.pop(); // the closing brace
     if text.len() > 1 {

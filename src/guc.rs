@@ -117,7 +117,8 @@ fn citus_preloaded() -> bool {
             return c;
         }
         let raw = pg_sys::GetConfigOption(c"shared_preload_libraries".as_ptr(), true, false);
-        let list = if raw.is_null() { String::new() } else { std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned() };
+        let list =
+            if raw.is_null() { String::new() } else { std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned() };
         let c = list.split(',').any(|l| l.trim().trim_matches('"') == "citus");
         CITUS = Some(c);
         c

@@ -92,6 +92,10 @@ impl Store for Opened {
     fn probe(&self, k: KeyRef, now: i64) -> Option<Row> {
         Opened::probe(self, k, now, true)
     }
+
+    /// Insert a new claim row into the partition that covers `expires_at`.
+    /// The caller holds the key lock, so no other claim of the key can
+    /// probe between our probe and this insert.
     fn insert(
         &self,
         k: KeyRef,
@@ -101,10 +105,80 @@ impl Store for Opened {
         fingerprint: Option<&[u8]>,
         result: Option<pg_sys::Datum>,
     ) {
-        Opened::insert(self, k, claimed_at, expires_at, state, fingerprint, result)
+        let target = self
+            .parts
+            .iter()
+            .position(|(_, _, p)| p.range.is_some_and(|(lo, hi)| lo <= expires_at && expires_at < hi))
+            .or_else(|| self.parts.iter().position(|(_, _, p)| p.range.is_none()))
+            .unwrap_or_else(|| {
+                IdemError::ObjectNotInPrerequisiteState(
+                    "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
+                    Some("Run SELECT idem_maintain(); it recreates idem.claims_default.".into()),
+                )
+                .fail()
+            });
+        let (heap, index, p) = (self.parts[target].0, self.index(target), self.parts[target].2);
+        unsafe {
+            let mut values = [pg_sys::Datum::from(0); NCOLS];
+            let mut nulls = [false; NCOLS];
+            values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
+            values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
+            values[COL_STATE] = pg_sys::Datum::from(state as i8);
+            values[COL_BIZ_TYPE] = crate::fmgr::text_datum(k.biz_type);
+            values[COL_KEY] = crate::fmgr::text_datum(k.key);
+            match fingerprint {
+                Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
+                None => nulls[COL_FINGERPRINT] = true,
+            }
+            match result {
+                Some(r) => values[COL_RESULT] = r,
+                None => nulls[COL_RESULT] = true,
+            }
+            let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
+            index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
+            remember(k.hash, p.relid, (*tuple).t_self);
+        }
     }
+
+    /// Rewrite a row with a new state and result. The caller holds the key
+    /// lock and found the row not busy: every writer of a claim row (claims,
+    /// finishes, checkpoints, idem_forget) does the same, and idem_maintain
+    /// moves rows only under an exclusive lock on idem.claims, so no
+    /// concurrent update can get in the way of simple_heap_update.
     fn rewrite(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
-        Opened::rewrite(self, row, k, state, result)
+        let (heap, index, p) = (self.parts[row.part].0, self.index(row.part), self.parts[row.part].2);
+        unsafe {
+            let mut values = [pg_sys::Datum::from(0); NCOLS];
+            let mut nulls = [false; NCOLS];
+            values[COL_EXPIRES_AT] = pg_sys::Datum::from(row.expires_at);
+            values[COL_CLAIMED_AT] = pg_sys::Datum::from(row.claimed_at);
+            values[COL_STATE] = pg_sys::Datum::from(state as i8);
+            values[COL_BIZ_TYPE] = crate::fmgr::text_datum(k.biz_type);
+            values[COL_KEY] = crate::fmgr::text_datum(k.key);
+            match &row.fingerprint {
+                Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
+                None => nulls[COL_FINGERPRINT] = true,
+            }
+            match result {
+                Some(r) => values[COL_RESULT] = r,
+                None => nulls[COL_RESULT] = true,
+            }
+            let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let mut otid = row.tid;
+            // The row may have been written by this very command (a claim and
+            // its completion in one statement): make it updatable.
+            pg_sys::CommandCounterIncrement();
+            pg_sys::simple_heap_update(heap, &mut otid, tuple);
+            // A HOT update shares the old index entry; otherwise the new
+            // version needs its own.
+            if (*(*tuple).t_data).t_infomask2 as u32 & pg_sys::HEAP_ONLY_TUPLE == 0 {
+                index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
+            }
+            if row.own {
+                remember(k.hash, p.relid, (*tuple).t_self);
+            }
+        }
     }
 }
 
@@ -292,95 +366,6 @@ impl Opened {
             }
             pg_sys::ExecDropSingleTupleTableSlot(slot);
             pg_sys::index_endscan(scan);
-        }
-    }
-
-    /// Insert a new claim row into the partition that covers `expires_at`.
-    /// The caller holds the key lock, so no other claim of the key can
-    /// probe between our probe and this insert.
-    #[allow(clippy::too_many_arguments)]
-    pub fn insert(
-        &self,
-        k: KeyRef,
-        claimed_at: i64,
-        expires_at: i64,
-        state: u8,
-        fingerprint: Option<&[u8]>,
-        result: Option<pg_sys::Datum>,
-    ) {
-        let target = self
-            .parts
-            .iter()
-            .position(|(_, _, p)| p.range.is_some_and(|(lo, hi)| lo <= expires_at && expires_at < hi))
-            .or_else(|| self.parts.iter().position(|(_, _, p)| p.range.is_none()))
-            .unwrap_or_else(|| {
-                IdemError::ObjectNotInPrerequisiteState(
-                    "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
-                    Some("Run SELECT idem_maintain(); it recreates idem.claims_default.".into()),
-                )
-                .fail()
-            });
-        let (heap, index, p) = (self.parts[target].0, self.index(target), self.parts[target].2);
-        unsafe {
-            let mut values = [pg_sys::Datum::from(0); NCOLS];
-            let mut nulls = [false; NCOLS];
-            values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
-            values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
-            values[COL_STATE] = pg_sys::Datum::from(state as i8);
-            values[COL_BIZ_TYPE] = crate::fmgr::text_datum(k.biz_type);
-            values[COL_KEY] = crate::fmgr::text_datum(k.key);
-            match fingerprint {
-                Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
-                None => nulls[COL_FINGERPRINT] = true,
-            }
-            match result {
-                Some(r) => values[COL_RESULT] = r,
-                None => nulls[COL_RESULT] = true,
-            }
-            let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-            pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
-            index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
-            remember(k.hash, p.relid, (*tuple).t_self);
-        }
-    }
-
-    /// Rewrite a row with a new state and result. The caller holds the key
-    /// lock and found the row not busy: every writer of a claim row (claims,
-    /// finishes, checkpoints, idem_forget) does the same, and idem_maintain
-    /// moves rows only under an exclusive lock on idem.claims, so no
-    /// concurrent update can get in the way of simple_heap_update.
-    pub fn rewrite(&self, row: &Row, k: KeyRef, state: u8, result: Option<pg_sys::Datum>) {
-        let (heap, index, p) = (self.parts[row.part].0, self.index(row.part), self.parts[row.part].2);
-        unsafe {
-            let mut values = [pg_sys::Datum::from(0); NCOLS];
-            let mut nulls = [false; NCOLS];
-            values[COL_EXPIRES_AT] = pg_sys::Datum::from(row.expires_at);
-            values[COL_CLAIMED_AT] = pg_sys::Datum::from(row.claimed_at);
-            values[COL_STATE] = pg_sys::Datum::from(state as i8);
-            values[COL_BIZ_TYPE] = crate::fmgr::text_datum(k.biz_type);
-            values[COL_KEY] = crate::fmgr::text_datum(k.key);
-            match &row.fingerprint {
-                Some(f) => values[COL_FINGERPRINT] = crate::fmgr::text_datum(f),
-                None => nulls[COL_FINGERPRINT] = true,
-            }
-            match result {
-                Some(r) => values[COL_RESULT] = r,
-                None => nulls[COL_RESULT] = true,
-            }
-            let tuple = pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-            let mut otid = row.tid;
-            // The row may have been written by this very command (a claim and
-            // its completion in one statement): make it updatable.
-            pg_sys::CommandCounterIncrement();
-            pg_sys::simple_heap_update(heap, &mut otid, tuple);
-            // A HOT update shares the old index entry; otherwise the new
-            // version needs its own.
-            if (*(*tuple).t_data).t_infomask2 as u32 & pg_sys::HEAP_ONLY_TUPLE == 0 {
-                index_insert(heap, index, catalog::index_info(p, index), k.hash, &mut (*tuple).t_self);
-            }
-            if row.own {
-                remember(k.hash, p.relid, (*tuple).t_self);
-            }
         }
     }
 
