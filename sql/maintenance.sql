@@ -286,6 +286,25 @@ SELECT coalesce(c.biz_type, t.biz_type) AS biz_type,
  ORDER BY 1;
 COMMENT ON VIEW idem_stats IS 'Per business type: TTL in force, live (unexpired, committed) keys by state, oldest and newest claim.';
 
+-- Leased claims (idem_claim(..., lease => ...)): work outside the database
+-- that has not finished. The lease record's fields are internal; this view
+-- is their stable face, for operators (no lease token, only its owner).
+CREATE VIEW idem_leases AS
+SELECT c.biz_type,
+       c.key,
+       c.claimed_at AS first_claimed_at,
+       c.expires_at,
+       (c.result->>'attempt')::int AS attempt,
+       c.result->>'recovery_point' AS recovery_point,
+       c.result->'recovery_data' AS recovery_data,
+       timestamptz '2000-01-01 00:00:00+00'
+         + (c.result->>'lease_until_us')::bigint * interval '1 microsecond' AS lease_until,
+       timestamptz '2000-01-01 00:00:00+00'
+         + (c.result->>'lease_until_us')::bigint * interval '1 microsecond' <= now() AS ran_out
+  FROM idem.claims c
+ WHERE c.state = 'l' AND c.expires_at > now();
+COMMENT ON VIEW idem_leases IS 'Live leased claims: attempt, last recovery point and data, when the lease ends and whether it ran out (the next idem_claim of the key takes it over).';
+
 -- pg_dump keeps configuration and the claims that live in the default
 -- partition; the other partitions are ordinary tables and are dumped anyway.
 SELECT pg_catalog.pg_extension_config_dump('idem.biz_types', '');

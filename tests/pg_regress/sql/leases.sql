@@ -56,3 +56,11 @@ SELECT pg_sleep(1.1);
 SELECT claimed, result->'attempt' AS attempt, result->'recovery_data'->'last_item' AS resume_after
   FROM idem_claim('daily_settle:2026-10-27:shard-3', 'batch', lease => '1 hour');
 SELECT count(*) AS items_settled FROM settled;
+
+-- Operators see leases through idem_leases (no token in it): the batch job's
+-- lease was just taken over (attempt 2), the recovery point is kept.
+SELECT biz_type, key, attempt, recovery_point, recovery_data, ran_out,
+       lease_until > now() + interval '50 minutes' AS renewed
+  FROM idem_leases WHERE biz_type = 'batch';
+SELECT count(*) AS views_mention_token
+  FROM information_schema.columns WHERE table_name = 'idem_leases' AND column_name LIKE '%token%';
