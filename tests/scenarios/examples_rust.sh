@@ -54,11 +54,11 @@ for _ in $(seq 1 100); do
   [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE datname = '$db' AND application_name = 'idem-example-batch'")" = 0 ] && break
   sleep 0.05
 done
-# The settlements and what the claim says (read as superuser from storage:
-# the lease document), in one snapshot.
+# The settlements and what the claim says (idem_leases, the operators' view
+# of live leases), in one snapshot.
 IFS='|' read -r count last checkpoint < <(q "SELECT (SELECT count(*) FROM settlements WHERE attempt = 1),
                                                    (SELECT max(item) FROM settlements WHERE attempt = 1),
-                                                   (SELECT result->'recovery_data'->>'last_item' FROM idem.claims
+                                                   (SELECT recovery_data->>'last_item' FROM idem_leases
                                                      WHERE key = '$job' AND biz_type = 'batch')")
 echo "at the kill: $count items settled, the last one $last; checkpoint in the claim: $checkpoint"
 [ "$count|$last" = "$checkpoint|$checkpoint" ] || fail "the checkpoint ($checkpoint) does not match the committed items ($count, last $last)"
