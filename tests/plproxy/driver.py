@@ -317,9 +317,11 @@ with proxy() as c:
     # deterministic, while the shard is still down: its keys fail, the others work
     probe = {}
     probes = shard_of([f"P-{k}" for k in range(30)])
+    probe_order = {}
     for i in range(NSHARDS):
         o = min(p for p, s in probes.items() if s == i)
         owner[o] = i
+        probe_order[i] = o
         try:
             r = pay(c, "pay", o, Decimal(1), "req-" + o)
             probe[i] = f"{r[0]} on {r[1]}"
@@ -334,6 +336,20 @@ with proxy() as c:
         check(False, "payment_totals() (RUN ON ALL) answered while a shard was down")
     except psycopg.Error as e:
         print(f"   payment_totals() (RUN ON ALL) while orders_{VICTIM} is down: ERROR {error_text(e).splitlines()[0]}")
+    # the wrapper: a retryable SQLSTATE for the down shard, answers for the others
+    try:
+        o = probe_order[VICTIM]
+        pay(c, "pay_or_retry", o, Decimal(1), "req-" + o)
+        check(False, "pay_or_retry answered while its shard was down")
+    except psycopg.Error as e:
+        print(f"   pay_or_retry() for that order of orders_{VICTIM}: {e.sqlstate} "
+              f"{e.diag.message_primary.split(':')[0]} (hint: {e.diag.message_hint})")
+        check(e.sqlstate == "08006", f"pay_or_retry raised {e.sqlstate}, not 08006")
+    other = (VICTIM + 1) % NSHARDS
+    o = probe_order[other]
+    r = pay(c, "pay_or_retry", o, Decimal(1), "req-" + o)
+    print(f"   pay_or_retry() for the order of orders_{other} paid above: {r[0]} on {r[1]}")
+    check(r[0] == "replayed", f"pay_or_retry on a healthy shard answered {r[0]}, not replayed")
     check(probe[VICTIM].startswith("ERROR"), f"orders_{VICTIM} down but its key answered: {probe[VICTIM]}")
     check(all(probe[i].startswith("claimed") for i in range(NSHARDS) if i != VICTIM),
           f"the other shards stopped working: {probe}")

@@ -30,6 +30,24 @@ LANGUAGE plproxy AS $$
     RUN ON hashtext(order_no);
 $$;
 
+-- PL/Proxy reports an unreachable shard as XX000, like its own bugs. This
+-- wrapper gives the application a retryable SQLSTATE instead: 08006
+-- (connection_failure), with the rule in the hint.
+CREATE FUNCTION pay_or_retry(order_no text, amount numeric, request_id text,
+                             OUT outcome text, OUT shard text, OUT result jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT p.outcome, p.shard, p.result INTO outcome, shard, result
+      FROM pay(order_no, amount, request_id) p;
+EXCEPTION WHEN internal_error THEN
+    IF SQLERRM LIKE 'PL/Proxy function %: [%] PQ%' THEN
+        RAISE EXCEPTION 'shard unreachable for order %: %', order_no, SQLERRM
+            USING ERRCODE = '08006',
+                  HINT = 'The payment may or may not have been made: retry with the same request id.';
+    END IF;
+    RAISE;
+END $$;
+
 -- The shard that owns an order, as PL/Proxy computes it.
 CREATE FUNCTION shard_of(order_no text) RETURNS int
 LANGUAGE sql IMMUTABLE AS $$ SELECT abs(hashtext(order_no) % 3) $$;
