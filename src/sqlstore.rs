@@ -14,7 +14,7 @@
 //! COMMITTED, where every statement sees everything committed before it.
 
 use crate::catalog;
-use crate::errors::invalid;
+use crate::errors::{invalid, IdemError};
 use crate::fmgr::{jsonb_from_text, jsonb_text};
 use crate::storage::{KeyRef, Row, Store};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
@@ -48,8 +48,9 @@ fn ts(us: i64) -> TimestampWithTimeZone {
     TimestampWithTimeZone::try_from(us).unwrap_or_else(|_| invalid("timestamp out of range"))
 }
 
+/// A text argument with exactly these bytes (no UTF-8 round trip).
 fn text_arg(b: &[u8]) -> DatumWithOid<'static> {
-    String::from_utf8_lossy(b).into_owned().into()
+    unsafe { DatumWithOid::new(crate::fmgr::text_datum(b), pg_sys::TEXTOID) }
 }
 
 fn run<R>(f: impl FnOnce() -> Result<R, pgrx::spi::SpiError>) -> R {
@@ -83,6 +84,10 @@ struct Found {
 
 impl Store for SqlStore {
     fn probe(&self, k: KeyRef, now: i64) -> Option<Row> {
+        // Rows come back through pgrx's String, which is UTF-8.
+        if unsafe { pg_sys::GetDatabaseEncoding() } != pg_sys::pg_enc::PG_UTF8 as i32 {
+            IdemError::FeatureNotSupported("idem.storage_access = sql needs a UTF8 database".into()).fail();
+        }
         let found: Option<Found> = run(|| {
             // A read-only SPI statement reads with the active snapshot, the
             // calling statement's, taken before any wait for the key lock.
@@ -147,7 +152,10 @@ impl Store for SqlStore {
                     String::from(state as char).into(),
                     text_arg(k.biz_type),
                     text_arg(k.key),
-                    fingerprint.map(|f| String::from_utf8_lossy(f).into_owned()).into(),
+                    match fingerprint {
+                        Some(f) => text_arg(f),
+                        None => DatumWithOid::null_oid(pg_sys::TEXTOID),
+                    },
                     result.into(),
                 ];
                 client.update(INSERT, None, &args).map(|_| ())
