@@ -447,7 +447,7 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'Install Citus on every node, put citus first in shared_preload_libraries, CREATE EXTENSION citus, distribute the business table, then call idem_distribute again (docs/scaling.md).';
     END IF;
-    IF current_setting('idem.storage_access') = 'direct' THEN
+    IF coalesce(current_setting('idem.storage_access', true), 'auto') = 'direct' THEN
         -- The direct path reaches partitions by OID: on a worker it would
         -- miss the shard tables and let duplicates through.
         RAISE EXCEPTION 'idem: idem.storage_access is direct; distributed storage needs sql (or auto)'
