@@ -6,7 +6,7 @@
 //! the last attempt got to.
 
 use crate::errors::IdemError;
-use crate::fmgr::{jsonb_field, jsonb_text, jsonb_with_raw, jsonb_without};
+use crate::fmgr::{jsonb_field, jsonb_with_raw, jsonb_without};
 use pgrx::datum::FromDatum;
 use pgrx::pg_sys;
 use pgrx::JsonB;
@@ -72,7 +72,7 @@ impl Lease {
 
     pub fn from_datum(d: Option<pg_sys::Datum>) -> Lease {
         // The small fields through serde; the recovery data stays jsonb.
-        let data = d.and_then(|d| jsonb_field(d, "recovery_data")).filter(|&v| jsonb_text(v) != "null");
+        let data = d.and_then(|d| jsonb_field(d, "recovery_data"));
         let v = d
             .map(|d| jsonb_without(d, "recovery_data"))
             .and_then(|d| unsafe { JsonB::from_datum(d, false) })

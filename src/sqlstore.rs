@@ -73,6 +73,16 @@ impl Drop for FreshSnapshot {
     }
 }
 
+/// The protocol keeps one live row per key; more means it was broken, which
+/// mixing storage paths does (docs/design.md §9).
+fn mixed(what: String) -> ! {
+    IdemError::ObjectNotInPrerequisiteState(
+        what,
+        Some("Were claims of this key made with different idem.storage_access settings? Every session must use one path.".into()),
+    )
+    .fail()
+}
+
 struct Found {
     state: String,
     claimed_at: i64,
@@ -102,7 +112,7 @@ impl Store for SqlStore {
                 // The protocol keeps one live row per key; a second would be
                 // the very duplicate idem exists to prevent.
                 if rows.len() > 1 {
-                    invalid(format!("{} live rows for one key in idem.claims", rows.len()));
+                    mixed(format!("{} live claims of one key in idem.claims", rows.len()));
                 }
                 let Some(r) = rows.into_iter().next() else { return Ok(None) };
                 let tstz = |i| -> Result<i64, pgrx::spi::SpiError> {
@@ -180,7 +190,7 @@ impl Store for SqlStore {
             })
         });
         if n != 1 {
-            invalid(format!("the claim row to update was not found exactly once ({n} rows)"));
+            mixed(format!("the claim row to update was found {n} times, not once"));
         }
     }
 }
