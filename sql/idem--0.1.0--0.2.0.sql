@@ -356,7 +356,6 @@ CREATE OR REPLACE FUNCTION idem_guard(tbl regclass, state_col name, machine text
     VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
 DECLARE
-    existing name;
     trigger_name text;
 BEGIN
     IF tbl IS NULL OR state_col IS NULL OR machine IS NULL THEN
@@ -371,15 +370,8 @@ BEGIN
         RAISE EXCEPTION 'idem: % is not a table', tbl USING ERRCODE = '22023';
     END IF;
     -- Creating a trigger needs the TRIGGER privilege on tbl: the caller's.
-    -- Found by what it runs rather than by its name: a name is cut to 63
-    -- bytes, so two long column names could share one.
-    SELECT t.tgname INTO existing FROM pg_trigger t
-     WHERE t.tgrelid = tbl AND NOT t.tgisinternal
-       AND t.tgfoid = '@extschema@.idem_guard_trigger()'::regprocedure
-       AND position(convert_to(state_col, pg_catalog.getdatabaseencoding()) || '\x00'::bytea IN t.tgargs) = 1;
-    IF existing IS NOT NULL THEN
-        EXECUTE format('DROP TRIGGER %I ON %s', existing, tbl);
-    END IF;
+    -- A guard already on the column is replaced.
+    PERFORM @extschema@.idem_unguard(tbl, state_col);
     trigger_name := 'idem_guard_' || state_col;
     IF octet_length(trigger_name) > 63 THEN
         trigger_name := 'idem_guard_' || md5(state_col);
