@@ -1,9 +1,9 @@
--- The claim API: C functions in the extension's schema. SECURITY INVOKER:
--- they reach storage directly (heap and index access checks no rights), and
--- the SQL they run on cold paths (catalog reads, idem_forget,
--- idem_configure) runs as the extension's owner with a pg_catalog-only
--- search path (catalog::as_owner). So callers need no rights on schema idem,
--- and the hot path pays no SECURITY DEFINER trampoline.
+-- The claim API: C functions in the extension's schema (src/api.rs names
+-- each argument's position). SECURITY INVOKER: they reach storage directly
+-- (heap and index access checks no rights), and the SQL they run (business
+-- type settings, the SQL storage path) runs as the extension's owner with a
+-- pg_catalog-only search path (catalog::as_owner). So callers need no rights
+-- on schema idem, and the hot path pays no SECURITY DEFINER trampoline.
 
 CREATE TYPE idem_claim_result AS (
     claimed          boolean,
@@ -25,25 +25,25 @@ CREATE FUNCTION idem_claim(
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim';
 COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
-'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease, the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over and gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result.';
+'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease (at most the ttl), the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over; the lease holder gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result and proves ownership with lease_token. 25006 in a read-only transaction.';
 
 CREATE FUNCTION idem_complete(key text, biz_type text, result jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_complete';
 COMMENT ON FUNCTION idem_complete(text, text, jsonb, text) IS
-'Store the outcome of a claim this transaction made, or of a leased claim the caller owns (the session that took the lease, or whoever passes its lease_token); duplicates get result back. ID003 otherwise.';
+'Store the outcome of a claim this transaction made, or of a leased claim whose lease_token the caller passes; duplicates get result back. ID003 otherwise (also for a leased claim without its token: behind a connection pooler a session is not a client).';
 
 CREATE FUNCTION idem_fail(key text, biz_type text, error jsonb, lease_token text DEFAULT NULL) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_fail';
 COMMENT ON FUNCTION idem_fail(text, text, jsonb, text) IS
-'Store a deterministic business failure (e.g. insufficient stock) for a claim the caller holds (as for idem_complete); duplicates get state = failed and the error back. ID003 if the caller holds no claim on the key.';
+'Store a deterministic business failure (e.g. insufficient stock) for a claim the caller holds (made by this transaction, or leased with the lease_token passed); duplicates get state = failed and the error back. ID003 if the caller holds no claim on the key.';
 
 CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint';
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text) IS
-'Record a recovery point (e.g. charge_created) and its data on a leased claim the caller owns, in the caller''s transaction, and renew the lease. A later takeover is told the last point. ID003 for anyone but the owner.';
+'Record a recovery point (e.g. charge_created) and its data on a leased claim, in the caller''s transaction, and renew the lease (never beyond the claim''s expiry). Pass the lease_token idem_claim returned (or call it in the transaction that took the lease). A later takeover is told the last point. ID003 for anyone else.';
 
 CREATE FUNCTION idem_lookup(key text, biz_type text) RETURNS idem_claim_result
     VOLATILE PARALLEL UNSAFE
@@ -62,8 +62,15 @@ CREATE FUNCTION idem_configure(biz_type text, ttl interval) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure';
 COMMENT ON FUNCTION idem_configure(text, interval) IS
-'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards.';
+'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards. Keeps the type''s owner.';
 REVOKE EXECUTE ON FUNCTION idem_configure(text, interval) FROM PUBLIC;
+
+CREATE FUNCTION idem_set_owner(biz_type text, owner regrole) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_set_owner';
+COMMENT ON FUNCTION idem_set_owner(text, regrole) IS
+'Reserve a business type for the members of a role: only they may claim, finish, look up or forget its keys (42501 for others). NULL opens it to every role again. Keeps the type''s TTL.';
+REVOKE EXECUTE ON FUNCTION idem_set_owner(text, regrole) FROM PUBLIC;
 
 -- One-time tokens: issued by the server, spent once (form resubmission).
 CREATE FUNCTION idem.random_token() RETURNS text

@@ -13,7 +13,7 @@ COMMENT ON TABLE idem.maintenance_runs IS 'Reports of the last 100 idem_maintain
 
 -- The settings maintenance reads, with their defaults when unset.
 CREATE FUNCTION idem.setting_interval(name text, fallback interval) RETURNS interval
-    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp
+    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp SET IntervalStyle = 'postgres'
     AS $$ SELECT coalesce(nullif(current_setting(name, true), '')::interval, fallback) $$;
 COMMENT ON FUNCTION idem.setting_interval(text, interval) IS 'An interval-valued setting, or fallback when unset.';
 
@@ -22,22 +22,29 @@ CREATE FUNCTION idem.partition_name(lo timestamptz) RETURNS text
     AS $$ SELECT 'claims_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS"_"MS') $$;
 COMMENT ON FUNCTION idem.partition_name(timestamptz) IS 'Name of the partition whose range starts at lo (UTC).';
 
--- Partitions with their bounds, read from the catalog.
+-- Partitions with their bounds, read from the catalog in binary
+-- (idem.partition_from/to): no session setting can change them.
 CREATE VIEW idem.partition_bounds AS
 SELECT c.oid::regclass AS partition,
        c.relname::text AS name,
-       m[1]::timestamptz AS range_from,
-       m[2]::timestamptz AS range_to,
-       c.relpartbound IS NOT NULL AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AS is_default
+       idem.partition_from(c.oid) AS range_from,
+       idem.partition_to(c.oid) AS range_to,
+       idem.partition_to(c.oid) IS NULL AS is_default
   FROM pg_inherits h
   JOIN pg_class c ON c.oid = h.inhrelid
-  LEFT JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
-         $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) AS m ON true
  WHERE h.inhparent = 'idem.claims'::regclass;
 
+-- The settings pinned below make every timestamp this function writes into
+-- DDL (partition bounds, CHECK constraints) print as ISO 8601 in UTC, which
+-- reads back exactly; no session's DateStyle, TimeZone or abbreviation set
+-- can move a bound.
 CREATE FUNCTION idem_maintain() RETURNS jsonb
     VOLATILE PARALLEL UNSAFE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
+    SET DateStyle = 'ISO, YMD'
+    SET TimeZone = 'UTC'
+    SET IntervalStyle = 'postgres'
+    SET timezone_abbreviations = 'Default'
     LANGUAGE plpgsql AS $fn$
 DECLARE
     started     timestamptz := clock_timestamp();

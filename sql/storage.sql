@@ -1,5 +1,7 @@
 -- Storage for idem. Lives in schema `idem`, which PUBLIC can neither read nor
--- write: every public function reaches it as SECURITY DEFINER.
+-- write. The claim functions (sql/claim.sql) are SECURITY INVOKER C
+-- functions that reach it directly, or through SQL run as the extension's
+-- owner (docs/design.md §8); the PL/pgSQL ones are SECURITY DEFINER.
 
 CREATE SCHEMA idem;
 REVOKE ALL ON SCHEMA idem FROM PUBLIC;
@@ -12,9 +14,10 @@ CREATE TABLE idem.biz_types (
     biz_type   text        PRIMARY KEY,
     ttl        interval,                 -- NULL: idem.default_ttl applies
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    owner      regrole                   -- NULL: every role may use the type
 );
-COMMENT ON TABLE idem.biz_types IS 'Business type settings (idem_configure): the TTL of its claims.';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims (idem_configure) and the role whose members alone may use it (idem_set_owner).';
 
 -- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of biz_type and
 -- key). Written in Rust; the claim path computes the same value itself.
@@ -49,8 +52,21 @@ CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
 -- attaches partitions before it creates their indexes) would fail.
 CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
 
+-- A partition's range of expires_at, read from its bound in binary (the
+-- claim path reads it the same way): no session setting can change it.
+-- NULL for the default partition and for anything that is not a partition.
+CREATE FUNCTION idem.partition_from(partition regclass) RETURNS timestamptz
+    STABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_partition_from';
+COMMENT ON FUNCTION idem.partition_from(regclass) IS 'Lower bound (inclusive) of a partition of idem.claims, read in binary; NULL for the default partition.';
+CREATE FUNCTION idem.partition_to(partition regclass) RETURNS timestamptz
+    STABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_partition_to';
+COMMENT ON FUNCTION idem.partition_to(regclass) IS 'Upper bound (exclusive) of a partition of idem.claims, read in binary; NULL for the default partition.';
+
 -- The rule for business type and machine names, for the PL/pgSQL functions
--- (the C functions apply the same rule in claim.rs, valid_biz_type).
+-- (the C functions apply the same rule in src/key.rs, valid_biz_type; a
+-- pg_test checks that the two agree).
 CREATE FUNCTION idem.check_name(what text, value text) RETURNS void
     IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN

@@ -1,37 +1,47 @@
 //! Backend-local caches of what the claim path needs from the catalog: the
-//! OIDs of idem's tables, the partitions of idem.claims, and the TTL of each
-//! business type. The claim path runs no SQL when the caches are warm.
+//! OIDs of idem's tables, the partitions of idem.claims with their ranges and
+//! indexes, and each business type's settings. The claim path runs no SQL
+//! when the caches are warm.
 //!
-//! Invalidation: a relcache callback drops the partition list whenever
-//! idem.claims' relcache entry is invalidated (every partition created,
-//! dropped, attached or detached does that), and the TTL cache whenever
-//! idem_configure invalidates idem.biz_types (sent at commit, to every
-//! backend). An abort after idem_configure in this backend drops the TTL
-//! cache too, since it may hold the rolled-back value.
+//! Everything is read in binary: partition bounds come from each
+//! partition's `relpartbound` node tree, never through text, so no session
+//! setting (DateStyle, TimeZone, abbreviations) can change what a claim
+//! reads (docs/design.md §5).
+//!
+//! Invalidation: a relcache callback drops the partition list whenever the
+//! relcache entry of idem.claims, of any of its partitions or of their
+//! indexes is invalidated: a partition created, dropped, attached or
+//! detached, REINDEX [CONCURRENTLY], VACUUM FULL, CLUSTER, ALTER TABLE. An
+//! invalidation of idem.claims or idem.biz_types themselves (which DROP
+//! EXTENSION, CREATE EXTENSION and ALTER EXTENSION UPDATE send) also drops
+//! every cached OID, so a reinstalled extension is found at the next call.
+//! idem_configure invalidates idem.biz_types at commit, in every backend.
 //!
 //! SQL run here goes through `as_owner`: it runs with the extension owner's
-//! rights, so nothing may resolve through the caller's search path.
+//! rights, under a search path that nothing the caller planted can enter.
 
-use crate::errors::{invalid, IdemError};
+use crate::backend::BackendLocal;
+use crate::errors::{internal, IdemError};
+use crate::spi;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
-#[derive(Clone, Debug)]
+/// One partition of idem.claims.
 pub struct Partition {
     pub relid: pg_sys::Oid,
     pub index: pg_sys::Oid,
-    /// Range bounds in PostgreSQL timestamp microseconds; `None` for DEFAULT.
+    /// Range of expires_at in PostgreSQL timestamp microseconds, lower bound
+    /// inclusive, upper exclusive; `None` for the DEFAULT partition.
     pub range: Option<(i64, i64)>,
     /// The index's IndexInfo, built on first insert (BuildIndexInfo copies
-    /// the index expression: too dear to do per claim). Lives in the cache's
-    /// memory context, which is reset whenever the list is reloaded.
-    pub index_info: std::cell::Cell<*mut pg_sys::IndexInfo>,
+    /// the index expression: too dear to do per claim). Lives in the list's
+    /// memory context.
+    pub index_info: Cell<*mut pg_sys::IndexInfo>,
     /// Seen with rows once: it is probed without asking its size again
     /// (believing a partition non-empty is always safe, the reverse never).
-    pub seen_nonempty: std::cell::Cell<bool>,
-    /// The memory context of the list this entry belongs to.
-    mcx: pg_sys::MemoryContext,
+    pub seen_nonempty: Cell<bool>,
 }
 
 /// One reading of the partition list. Shared (Rc) between the cache and the
@@ -50,75 +60,105 @@ impl Drop for PartitionList {
     }
 }
 
+impl PartitionList {
+    /// The IndexInfo of partition `i`'s index, built once per list.
+    pub fn index_info(&self, i: usize, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
+        let p = &self.parts[i];
+        if p.index_info.get().is_null() {
+            unsafe {
+                let old = pg_sys::MemoryContextSwitchTo(self.mcx);
+                p.index_info.set(pg_sys::BuildIndexInfo(index));
+                pg_sys::MemoryContextSwitchTo(old);
+            }
+        }
+        p.index_info.get()
+    }
+
+    fn mentions(&self, relid: pg_sys::Oid) -> bool {
+        self.parts.iter().any(|p| p.relid == relid || p.index == relid)
+    }
+}
+
+/// A business type's settings (idem_configure, idem_set_owner).
+#[derive(Clone, Copy, Default)]
+pub struct BizType {
+    /// Configured TTL in microseconds; None: idem.default_ttl applies.
+    pub ttl_us: Option<i64>,
+    /// The role whose members alone may use the type; None: every role.
+    pub owner: Option<pg_sys::Oid>,
+}
+
 #[derive(Default)]
 struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
     owner: Option<pg_sys::Oid>,
-    partitions: Option<std::rc::Rc<PartitionList>>,
+    partitions: Option<Rc<PartitionList>>,
     /// Bumped whenever `partitions` is dropped, so that a caller can tell
     /// the list it locked is still the current one.
     generation: u64,
-    /// Configured TTL in microseconds per type; None: no TTL configured.
-    ttls: HashMap<Vec<u8>, Option<i64>>,
-    /// This transaction ran idem_configure: the TTL cache must not outlive
-    /// an abort.
+    biz_type_settings: HashMap<Vec<u8>, BizType>,
+    /// This transaction changed business type settings: the cache must not
+    /// outlive an abort.
     configured_in_xact: bool,
     callbacks_registered: bool,
 }
 
-// PostgreSQL backends are single-threaded; the cache is only touched from the
-// backend's main thread.
-static mut CACHE: Option<Cache> = None;
+static CACHE: BackendLocal<Option<Cache>> = BackendLocal::new(None);
 
-#[allow(static_mut_refs)]
-fn cache() -> &'static mut Cache {
-    unsafe {
-        let c = CACHE.get_or_insert_with(Cache::default);
-        if !c.callbacks_registered {
+fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
+    let register = CACHE.with(|c| {
+        let c = c.get_or_insert_with(Cache::default);
+        !std::mem::replace(&mut c.callbacks_registered, true)
+    });
+    if register {
+        unsafe {
             pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0));
             pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
             pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
-            c.callbacks_registered = true;
         }
-        c
     }
+    CACHE.with(|c| f(c.as_mut().expect("initialised above")))
 }
 
-#[pg_guard]
+/// Forget everything: the OIDs may belong to a dropped extension.
+fn reset(c: &mut Cache) {
+    c.claims = None;
+    c.biz_types = None;
+    c.owner = None;
+    drop_partitions(c);
+    c.biz_type_settings.clear();
+}
+
+fn drop_partitions(c: &mut Cache) {
+    c.partitions = None;
+    c.generation += 1;
+}
+
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    #[allow(static_mut_refs)]
-    let Some(c) = (unsafe { CACHE.as_mut() }) else {
-        return;
-    };
-    if relid == pg_sys::InvalidOid || Some(relid) == c.claims || Some(relid) == c.biz_types {
-        c.partitions = None;
-        c.owner = None;
-        c.generation += 1;
-        c.ttls.clear();
-        if relid == pg_sys::InvalidOid {
-            c.claims = None;
-            c.biz_types = None;
-            c.owner = None;
+    CACHE.with(|c| {
+        let Some(c) = c.as_mut() else { return };
+        if relid == pg_sys::InvalidOid || Some(relid) == c.claims || Some(relid) == c.biz_types {
+            reset(c);
+        } else if c.partitions.as_ref().is_some_and(|l| l.mentions(relid)) {
+            drop_partitions(c);
         }
-    }
+    });
 }
 
-#[pg_guard]
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => forget_uncommitted(),
         pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
-            #[allow(static_mut_refs)]
-            if let Some(c) = unsafe { CACHE.as_mut() } {
-                c.configured_in_xact = false;
-            }
+            CACHE.with(|c| c.iter_mut().for_each(|c| c.configured_in_xact = false))
         }
         _ => {}
     }
 }
 
-#[pg_guard]
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn subxact_callback(
     event: pg_sys::SubXactEvent::Type,
     _my: pg_sys::SubTransactionId,
@@ -133,13 +173,12 @@ unsafe extern "C-unwind" fn subxact_callback(
 /// Partitions need nothing here: on abort PostgreSQL replays the aborted
 /// work's relcache invalidations locally, which reaches relcache_callback.
 fn forget_uncommitted() {
-    #[allow(static_mut_refs)]
-    if let Some(c) = unsafe { CACHE.as_mut() } {
-        if c.configured_in_xact {
-            c.ttls.clear();
+    CACHE.with(|c| {
+        if let Some(c) = c.as_mut().filter(|c| c.configured_in_xact) {
+            c.biz_type_settings.clear();
             c.configured_in_xact = false;
         }
-    }
+    });
 }
 
 fn relation_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
@@ -158,180 +197,297 @@ fn relation_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
     }
 }
 
+fn cached_oid(get: fn(&mut Cache) -> &mut Option<pg_sys::Oid>, name: &std::ffi::CStr) -> pg_sys::Oid {
+    if let Some(oid) = with_cache(|c| *get(c)) {
+        return oid;
+    }
+    let oid = relation_oid(name);
+    with_cache(|c| *get(c) = Some(oid));
+    oid
+}
+
 pub fn claims_oid() -> pg_sys::Oid {
-    let c = cache();
-    *c.claims.get_or_insert_with(|| relation_oid(c"claims"))
+    cached_oid(|c| &mut c.claims, c"claims")
 }
 
 pub fn biz_types_oid() -> pg_sys::Oid {
-    let c = cache();
-    *c.biz_types.get_or_insert_with(|| relation_oid(c"biz_types"))
+    cached_oid(|c| &mut c.biz_types, c"biz_types")
 }
 
-/// The partitions of idem.claims. Call with idem.claims locked, so that the
-/// list cannot change under the caller (every change to it needs a lock that
-/// conflicts with RowExclusiveLock).
-pub fn partitions() -> (u64, std::rc::Rc<PartitionList>) {
+/// The partitions of idem.claims, and the generation they belong to. Call
+/// with idem.claims locked, so that the list cannot change under the caller
+/// (every change to it needs a lock that conflicts with RowExclusiveLock).
+pub fn partitions() -> (u64, Rc<PartitionList>) {
     let parent = claims_oid();
-    let c = cache();
-    if let Some(list) = &c.partitions {
-        return (c.generation, list.clone());
+    if let Some(found) = with_cache(|c| c.partitions.clone().map(|l| (c.generation, l))) {
+        return found;
     }
     // The generation before reading: an invalidation processed while we read
     // bumps it, and the caller's check then makes it read again.
-    let generation = c.generation;
-    {
-        let mcx = unsafe {
-            pg_sys::AllocSetContextCreateInternal(
-                pg_sys::TopMemoryContext,
-                c"idem partitions".as_ptr(),
-                0,
-                1024,
-                8 * 1024 * 1024,
-            )
-        };
-        // Owns mcx from here on, also if loading fails.
-        let mut list = PartitionList { parts: Vec::new(), mcx };
-        list.parts = as_owner(|| load_partitions(parent, mcx));
-        // Newest range first: a duplicate is most often a recent claim, and
-        // the probe stops at the first live row. The default partition last.
-        list.parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
-        let list = std::rc::Rc::new(list);
-        let c = cache();
+    let generation = with_cache(|c| c.generation);
+    let list = Rc::new(load_partitions(parent));
+    with_cache(|c| {
         if c.generation == generation {
             c.partitions = Some(list.clone());
         }
-        (generation, list)
-    }
+    });
+    (generation, list)
 }
 
 /// The generation `partitions` would report now.
 pub fn partitions_generation() -> u64 {
-    cache().generation
+    with_cache(|c| c.generation)
 }
 
-fn load_partitions(parent: pg_sys::Oid, mcx: pg_sys::MemoryContext) -> Vec<Partition> {
-    // Read with the latest snapshot, not the statement's: a claim that waited
-    // for idem_maintain's lock must see the partitions it committed (the same
-    // reason ri_triggers.c checks with GetLatestSnapshot()).
-    // pg_get_expr prints the bounds with the session's DateStyle and
-    // TimeZone, and the cast reads them back with the same settings.
-    const SQL: &std::ffi::CStr = cr#"
-        SELECT c.oid,
-               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_index i
-                 WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid)::pg_catalog.int4 AS n_indexes,
-               (SELECT pg_catalog.min(i.indexrelid) FROM pg_catalog.pg_index i
-                 WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid) AS index,
-               m[1]::pg_catalog.timestamptz AS lo,
-               m[2]::pg_catalog.timestamptz AS hi
-          FROM pg_catalog.pg_inherits h
-          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) h.inhrelid
-          LEFT JOIN LATERAL pg_catalog.regexp_match(
-                pg_catalog.pg_get_expr(c.relpartbound, c.oid),
-                $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) AS m ON true
-         WHERE h.inhparent OPERATOR(pg_catalog.=) $1"#;
-    let mut out = Vec::new();
-    unsafe {
-        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
-            invalid("SPI_connect failed");
-        }
-        let mut argtypes = [pg_sys::OIDOID];
-        let plan = pg_sys::SPI_prepare(SQL.as_ptr(), 1, argtypes.as_mut_ptr());
-        let mut values = [pg_sys::Datum::from(parent)];
-        let nulls = [b' ' as std::ffi::c_char];
-        let rc = pg_sys::SPI_execute_snapshot(
-            plan,
-            values.as_mut_ptr(),
-            nulls.as_ptr(),
-            pg_sys::GetLatestSnapshot(),
-            std::ptr::null_mut(),
-            true,
-            false,
+fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
+    let mcx = unsafe {
+        pg_sys::AllocSetContextCreateInternal(
+            pg_sys::TopMemoryContext,
+            c"idem partitions".as_ptr(),
             0,
-        );
-        if rc != pg_sys::SPI_OK_SELECT as i32 {
-            invalid(format!("reading the partitions of idem.claims failed (SPI code {rc})"));
-        }
-        let table = &*pg_sys::SPI_tuptable;
-        for n in 0..pg_sys::SPI_processed as usize {
-            let tuple = *table.vals.add(n);
-            let col = |c: i32| {
-                let mut isnull = false;
-                let d = pg_sys::SPI_getbinval(tuple, table.tupdesc, c, &mut isnull);
-                (!isnull).then_some(d)
-            };
-            let relid = pg_sys::Oid::from(col(1).unwrap().value() as u32);
-            let n_indexes = col(2).unwrap().value() as i32;
-            if n_indexes != 1 {
-                IdemError::FeatureNotSupported(format!(
-                    "partition {relid:?} of idem.claims has {n_indexes} indexes; idem maintains exactly one"
-                ))
-                .fail();
-            }
-            let index = pg_sys::Oid::from(col(3).unwrap().value() as u32);
-            let range = match (col(4), col(5)) {
-                (Some(lo), Some(hi)) => Some((lo.value() as i64, hi.value() as i64)),
-                _ => None,
-            };
-            out.push(Partition {
+            1024,
+            8 * 1024 * 1024,
+        )
+    };
+    // Owns mcx from here on, also if loading fails.
+    let mut list = PartitionList { parts: Vec::new(), mcx };
+    unsafe {
+        let rel = pg_sys::table_open(parent, pg_sys::AccessShareLock as _);
+        // Detached-pending partitions included: their rows still count.
+        let desc = pg_sys::RelationGetPartitionDesc(rel, false);
+        for i in 0..(*desc).nparts as usize {
+            let relid = *(*desc).oids.add(i);
+            let range = partition_range(relid)
+                .unwrap_or_else(|| internal(format!("partition {} of idem.claims has no bound", relid.to_u32())));
+            let index = check_shape(relid);
+            list.parts.push(Partition {
                 relid,
                 index,
                 range,
-                index_info: std::cell::Cell::new(std::ptr::null_mut()),
-                seen_nonempty: std::cell::Cell::new(false),
-                mcx,
+                index_info: Cell::new(std::ptr::null_mut()),
+                seen_nonempty: Cell::new(false),
             });
         }
-        pg_sys::SPI_finish();
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
-    out
+    // Newest range first: a duplicate is most often a recent claim, and
+    // the probe stops at the first live row. The default partition last.
+    list.parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
+    list
 }
 
-/// The TTL configured for a business type, in microseconds.
-pub fn configured_ttl(biz_type: &[u8]) -> Option<i64> {
+/// A partition's range from its `relpartbound`, in binary: `Some(None)` for
+/// the default partition, None if `relid` is not a partition.
+pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(relid));
+        if tup.is_null() {
+            return None;
+        }
+        let mut isnull = false;
+        let raw = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            tup,
+            pg_sys::Anum_pg_class_relpartbound as _,
+            &mut isnull,
+        );
+        let bound = (!isnull).then(|| {
+            let text = pg_sys::text_to_cstring(raw.cast_mut_ptr());
+            pg_sys::stringToNode(text) as *mut pg_sys::PartitionBoundSpec
+        });
+        pg_sys::ReleaseSysCache(tup);
+        let spec = bound?;
+        if (*spec).is_default {
+            return Some(None);
+        }
+        // PARTITION_STRATEGY_RANGE: a #define in 15, an enum member since 16.
+        if (*spec).strategy as u8 != b'r' {
+            internal("idem.claims is not partitioned by range");
+        }
+        Some(Some((range_datum((*spec).lowerdatums), range_datum((*spec).upperdatums))))
+    }
+}
+
+/// The one value of a range bound list (idem.claims has one partition
+/// column): MINVALUE and MAXVALUE as the ends of the timestamp line.
+unsafe fn range_datum(list: *mut pg_sys::List) -> i64 {
+    unsafe {
+        if list.is_null() || (*list).length != 1 {
+            internal("a partition bound of idem.claims does not have exactly one column");
+        }
+        let datum = (*(*list).elements).ptr_value as *mut pg_sys::PartitionRangeDatum;
+        match (*datum).kind {
+            pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => i64::MIN,
+            pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MAXVALUE => i64::MAX,
+            _ => {
+                let value = (*datum).value as *mut pg_sys::Const;
+                if value.is_null() || (*value).consttype != pg_sys::TIMESTAMPTZOID || (*value).constisnull {
+                    internal("a partition bound of idem.claims is not a timestamptz constant");
+                }
+                (*value).constvalue.value() as i64
+            }
+        }
+    }
+}
+
+/// The column types every partition of idem.claims must have, in order
+/// (sql/storage.sql; storage/direct.rs forms tuples of exactly this shape).
+const SHAPE: [(pg_sys::Oid, &str); 7] = [
+    (pg_sys::TIMESTAMPTZOID, "expires_at"),
+    (pg_sys::TIMESTAMPTZOID, "claimed_at"),
+    (pg_sys::CHAROID, "state"),
+    (pg_sys::TEXTOID, "biz_type"),
+    (pg_sys::TEXTOID, "key"),
+    (pg_sys::TEXTOID, "fingerprint"),
+    (pg_sys::JSONBOID, "result"),
+];
+
+fn unexpected_shape(relid: pg_sys::Oid, what: String) -> ! {
+    IdemError::FeatureNotSupported(
+        format!("partition {} of idem.claims {what}", relation_name(relid)),
+        Some("idem writes its partitions directly and only in the shape it created them. Undo the change by hand, or reinstall the extension.".into()),
+    )
+    .fail()
+}
+
+fn relation_name(relid: pg_sys::Oid) -> String {
+    unsafe {
+        let name = pg_sys::get_rel_name(relid);
+        if name.is_null() {
+            format!("{}", relid.to_u32())
+        } else {
+            format!("idem.{}", std::ffi::CStr::from_ptr(name).to_string_lossy())
+        }
+    }
+}
+
+/// Check that a partition has the columns and the one digest index idem
+/// writes to (a column added by hand would make the direct path form
+/// tuples of the wrong shape); return the index's OID.
+fn check_shape(relid: pg_sys::Oid) -> pg_sys::Oid {
+    unsafe {
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        let columns_ok = natts == SHAPE.len()
+            && SHAPE.iter().enumerate().all(|(i, (ty, name))| {
+                let a = &*crate::compat::tuple_desc_attr(desc, i);
+                !a.attisdropped
+                    && a.atttypid == *ty
+                    && std::ffi::CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+            });
+        if !columns_ok {
+            unexpected_shape(
+                relid,
+                "does not have the columns idem created it with (a column was added, dropped or changed)".into(),
+            );
+        }
+        let indexes = pg_sys::RelationGetIndexList(rel);
+        let n = if indexes.is_null() { 0 } else { (*indexes).length };
+        if n != 1 {
+            unexpected_shape(relid, format!("has {n} indexes; idem maintains exactly one"));
+        }
+        let index_oid = (*(*indexes).elements).oid_value;
+        let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as _);
+        let exprs = pg_sys::RelationGetIndexExpressions(index);
+        let ix = (*index).rd_index;
+        let digest = (*ix).indnatts == 1
+            && (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && !exprs.is_null()
+            && (*exprs).length == 1
+            && {
+                let e = (*(*exprs).elements).ptr_value as *mut pg_sys::Node;
+                (*e).type_ == pg_sys::NodeTag::T_FuncExpr && is_key_hash((*(e as *mut pg_sys::FuncExpr)).funcid)
+            }
+            && pg_sys::RelationGetIndexPredicate(index).is_null();
+        let valid = (*ix).indisvalid && (*ix).indisready;
+        pg_sys::index_close(index, pg_sys::NoLock as _);
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        if !digest {
+            unexpected_shape(
+                relid,
+                "has an index that is not idem's digest index (btree on idem.key_hash(biz_type, key))".into(),
+            );
+        }
+        if !valid {
+            unexpected_shape(
+                relid,
+                "has its digest index marked invalid (an interrupted REINDEX CONCURRENTLY?)".into(),
+            );
+        }
+        index_oid
+    }
+}
+
+fn is_key_hash(funcid: pg_sys::Oid) -> bool {
+    unsafe {
+        let name = pg_sys::get_func_name(funcid);
+        let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);
+        !name.is_null()
+            && std::ffi::CStr::from_ptr(name).to_bytes() == b"key_hash"
+            && pg_sys::get_func_namespace(funcid) == nsp
+    }
+}
+
+/// A business type's settings, cached until idem.biz_types is invalidated.
+pub fn biz_type(name: &str) -> BizType {
     biz_types_oid(); // so that relcache_callback recognises its invalidation
-    let c = cache();
-    if let Some(t) = c.ttls.get(biz_type) {
-        return *t;
+    if let Some(found) = with_cache(|c| c.biz_type_settings.get(name.as_bytes()).copied()) {
+        return found;
     }
-    let name = std::str::from_utf8(biz_type).expect("biz_type is validated ASCII");
-    let ttl = as_owner(|| {
-        Spi::connect(|client| {
-            let rows = client
-                .select(
-                    "SELECT (pg_catalog.date_part('epoch', ttl) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8
-                       FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
-                    Some(1),
-                    &[name.into()],
-                )
-                .unwrap_or_else(|e| invalid(format!("{e}")));
-            rows.into_iter().next().and_then(|r| r.get::<i64>(1).ok().flatten())
-        })
-    });
-    c.ttls.insert(biz_type.to_vec(), ttl);
-    ttl
+    let found = read_biz_type(name);
+    with_cache(|c| c.biz_type_settings.insert(name.as_bytes().to_vec(), found));
+    found
 }
 
-/// Tell every backend (this one included, at the next command) that the TTL
-/// cache is stale. Sent at commit, so a rolled-back change sends nothing.
+/// A business type's settings, read now (the SQL path on Citus reads them
+/// per call: the coordinator's invalidation never reaches a worker).
+pub fn read_biz_type(name: &str) -> BizType {
+    static READ: spi::Statement = spi::Statement::new(
+        c"SELECT ttl, owner::pg_catalog.oid FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        &[pg_sys::TEXTOID],
+    );
+    // A 0.2.0 schema (the new library installed, ALTER EXTENSION UPDATE not
+    // run yet) has no owner column: claims keep working meanwhile.
+    static READ_0_2: spi::Statement = spi::Statement::new(
+        c"SELECT ttl, NULL::pg_catalog.oid FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        &[pg_sys::TEXTOID],
+    );
+    let has_owner =
+        unsafe { pg_sys::get_attnum(biz_types_oid(), c"owner".as_ptr()) } != pg_sys::InvalidAttrNumber as i16;
+    let read = if has_owner { &READ } else { &READ_0_2 };
+    let rows = as_owner(|| read.query(&[Some(crate::datum::text_datum(name.as_bytes()))]));
+    let Some(row) = rows.first() else { return BizType::default() };
+    BizType {
+        ttl_us: row[0].map(|d| crate::guc::interval_us(unsafe { &*d.cast_mut_ptr::<pg_sys::Interval>() }) as i64),
+        owner: row[1].map(|d| pg_sys::Oid::from(d.value() as u32)),
+    }
+}
+
+/// Tell every backend (this one included, at the next command) that the
+/// business type settings changed. Sent at commit, so a rolled-back change
+/// sends nothing.
 pub fn invalidate_biz_types() {
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(biz_types_oid()) };
-    let c = cache();
-    c.ttls.clear();
-    c.configured_in_xact = true;
+    with_cache(|c| {
+        c.biz_type_settings.clear();
+        c.configured_in_xact = true;
+    });
 }
 
 /// Run SQL for the extension: as the owner of schema idem (the API's C
 /// functions are SECURITY INVOKER: their direct storage access needs no
-/// rights, only the SQL they run on cold paths does), and with the search
-/// path reduced to pg_catalog (no temp schema), so that nothing the caller
-/// planted resolves.
+/// rights, only the SQL they run does), with `search_path = pg_catalog,
+/// pg_temp` set at a new GUC nest level (objects in pg_temp never resolve
+/// functions or operators, and idem's SQL names its relations with their
+/// schema), so that nothing the caller planted resolves. Both are undone
+/// when `f` returns or fails.
 pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(pg_sys::Oid, i32);
+    struct Restore(pg_sys::Oid, i32, i32);
     impl Drop for Restore {
         fn drop(&mut self) {
             unsafe {
-                pg_sys::PopOverrideSearchPath();
+                pg_sys::AtEOXact_GUC(true, self.2);
                 pg_sys::SetUserIdAndSecContext(self.0, self.1);
             }
         }
@@ -340,14 +496,20 @@ pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
     let restore = unsafe {
         let (mut user, mut context) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        let level = pg_sys::NewGUCNestLevel();
+        let restore = Restore(user, context, level);
         pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
-        let path =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::OverrideSearchPath>()) as *mut pg_sys::OverrideSearchPath;
-        (*path).schemas = std::ptr::null_mut();
-        (*path).addCatalog = true;
-        (*path).addTemp = false;
-        pg_sys::PushOverrideSearchPath(path);
-        Restore(user, context)
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        restore
     };
     let r = f();
     drop(restore);
@@ -356,34 +518,20 @@ pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
 
 /// The owner of schema idem: whoever created the extension.
 fn storage_owner() -> pg_sys::Oid {
-    let c = cache();
-    if let Some(o) = c.owner {
+    if let Some(o) = with_cache(|c| c.owner) {
         return o;
     }
     let owner = unsafe {
         let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), false);
         let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::NAMESPACEOID as i32, pg_sys::Datum::from(nsp));
         if tup.is_null() {
-            invalid("schema idem disappeared");
+            internal("schema idem has no catalog entry");
         }
-        let form =
-            ((*tup).t_data as *mut u8).add((*(*tup).t_data).t_hoff as usize) as *mut pg_sys::FormData_pg_namespace;
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_namespace>(tup);
         let owner = (*form).nspowner;
         pg_sys::ReleaseSysCache(tup);
         owner
     };
-    c.owner = Some(owner);
+    with_cache(|c| c.owner = Some(owner));
     owner
-}
-
-/// The IndexInfo of a partition's index, built once per partition list.
-pub fn index_info(p: &Partition, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
-    if p.index_info.get().is_null() {
-        unsafe {
-            let old = pg_sys::MemoryContextSwitchTo(p.mcx);
-            p.index_info.set(pg_sys::BuildIndexInfo(index));
-            pg_sys::MemoryContextSwitchTo(old);
-        }
-    }
-    p.index_info.get()
 }

@@ -1,10 +1,13 @@
 //! Every error idem's Rust code raises, each with its SQLSTATE. The README's
 //! SQLSTATE table is this enum written out, plus the codes the PL/pgSQL parts
-//! raise (ID002 illegal transition, P0002 no such row, 25001, 42703); keep
-//! them in step.
+//! raise (ID002 illegal transition, P0002 no such row, 42703, ...);
+//! tests/scenarios/sqlstates.sh checks the table against both.
+//!
+//! Keys appear in messages with their exact bytes (they are text in the
+//! database's encoding, which is what a message must be in), never through
+//! a lossy UTF-8 conversion.
 
 use pgrx::pg_sys;
-use std::ffi::CString;
 
 #[derive(Debug)]
 pub enum IdemError {
@@ -12,16 +15,26 @@ pub enum IdemError {
     NullArgument(&'static str),
     /// 22023: an argument is out of range or malformed.
     InvalidArgument(String),
+    /// 22023: a text argument breaks a rule; the value is shown as given.
+    InvalidValue { what: &'static str, value: Vec<u8>, rule: &'static str },
     /// ID001: a duplicate carries a different fingerprint than the first claim.
-    FingerprintMismatch { biz_type: String, key: String },
+    FingerprintMismatch { biz_type: Vec<u8>, key: Vec<u8> },
     /// ID003: finishing or checkpointing a claim this caller does not hold.
-    NotClaimed { biz_type: String, key: String, why: &'static str },
+    NotClaimed { biz_type: Vec<u8>, key: Vec<u8>, why: &'static str },
     /// 40001: the caller's snapshot cannot see a claim committed concurrently.
-    SerializationFailure { biz_type: String, key: String },
+    SerializationFailure { biz_type: Vec<u8>, key: Vec<u8> },
     /// 55000: the extension is not in the state an operation needs.
     ObjectNotInPrerequisiteState(String, Option<String>),
     /// 0A000: something idem does not support.
-    FeatureNotSupported(String),
+    FeatureNotSupported(String, Option<String>),
+    /// 25006: a write in a read-only transaction or on a hot standby.
+    ReadOnly { what: &'static str, standby: bool },
+    /// 42501: the caller's role may not use this business type.
+    InsufficientPrivilege { biz_type: Vec<u8>, owner: String },
+    /// XX000: something inside idem or PostgreSQL failed that no argument
+    /// explains (an SPI failure, a damaged stored document). Never for a
+    /// caller's mistake.
+    Internal(String),
 }
 
 const fn sqlstate(code: &[u8; 5]) -> i32 {
@@ -35,34 +48,64 @@ const fn sqlstate(code: &[u8; 5]) -> i32 {
     v
 }
 
+/// `idem: key "K" of biz_type "T" ` followed by `rest`, as bytes.
+fn about_key(biz_type: &[u8], key: &[u8], rest: &str) -> Vec<u8> {
+    let mut m = b"idem: key \"".to_vec();
+    m.extend_from_slice(key);
+    m.extend_from_slice(b"\" of biz_type \"");
+    m.extend_from_slice(biz_type);
+    m.extend_from_slice(b"\" ");
+    m.extend_from_slice(rest.as_bytes());
+    m
+}
+
 impl IdemError {
     pub fn code(&self) -> &'static [u8; 5] {
         match self {
             IdemError::NullArgument(_) => b"22004",
-            IdemError::InvalidArgument(_) => b"22023",
+            IdemError::InvalidArgument(_) | IdemError::InvalidValue { .. } => b"22023",
             IdemError::FingerprintMismatch { .. } => b"ID001",
             IdemError::NotClaimed { .. } => b"ID003",
             IdemError::SerializationFailure { .. } => b"40001",
             IdemError::ObjectNotInPrerequisiteState(..) => b"55000",
-            IdemError::FeatureNotSupported(_) => b"0A000",
+            IdemError::FeatureNotSupported(..) => b"0A000",
+            IdemError::ReadOnly { .. } => b"25006",
+            IdemError::InsufficientPrivilege { .. } => b"42501",
+            IdemError::Internal(_) => b"XX000",
         }
     }
 
-    fn message(&self) -> String {
+    fn message(&self) -> Vec<u8> {
         match self {
-            IdemError::NullArgument(arg) => format!("idem: {arg} must not be NULL"),
-            IdemError::InvalidArgument(m) => format!("idem: {m}"),
-            IdemError::FingerprintMismatch { biz_type, key } => format!(
-                "idem: key \"{key}\" of biz_type \"{biz_type}\" was first claimed with a different fingerprint"
-            ),
-            IdemError::NotClaimed { biz_type, key, why } => {
-                format!("idem: key \"{key}\" of biz_type \"{biz_type}\" {why}")
+            IdemError::NullArgument(arg) => format!("idem: {arg} must not be NULL").into_bytes(),
+            IdemError::InvalidArgument(m) => format!("idem: {m}").into_bytes(),
+            IdemError::InvalidValue { what, value, rule } => {
+                let mut m = format!("idem: {what} \"").into_bytes();
+                m.extend_from_slice(value);
+                m.extend_from_slice(format!("\" is not valid: {rule}").as_bytes());
+                m
             }
-            IdemError::SerializationFailure { biz_type, key } => format!(
-                "could not serialize access: key \"{key}\" of biz_type \"{biz_type}\" was claimed by a transaction this snapshot cannot see"
-            ),
-            IdemError::ObjectNotInPrerequisiteState(m, _) => format!("idem: {m}"),
-            IdemError::FeatureNotSupported(m) => format!("idem: {m}"),
+            IdemError::FingerprintMismatch { biz_type, key } => {
+                about_key(biz_type, key, "was first claimed with a different fingerprint")
+            }
+            IdemError::NotClaimed { biz_type, key, why } => about_key(biz_type, key, why),
+            IdemError::SerializationFailure { biz_type, key } => {
+                let mut m = b"could not serialize access: ".to_vec();
+                m.extend(about_key(biz_type, key, "was claimed by a transaction this snapshot cannot see").drain(6..));
+                m
+            }
+            IdemError::ObjectNotInPrerequisiteState(m, _) => format!("idem: {m}").into_bytes(),
+            IdemError::FeatureNotSupported(m, _) => format!("idem: {m}").into_bytes(),
+            IdemError::ReadOnly { what, .. } => {
+                format!("cannot execute {what} in a read-only transaction").into_bytes()
+            }
+            IdemError::InsufficientPrivilege { biz_type, owner } => {
+                let mut m = b"idem: permission denied for biz_type \"".to_vec();
+                m.extend_from_slice(biz_type);
+                m.extend_from_slice(format!("\": only members of role \"{owner}\" may use it").as_bytes());
+                m
+            }
+            IdemError::Internal(m) => format!("idem: internal error: {m}").into_bytes(),
         }
     }
 
@@ -72,12 +115,21 @@ impl IdemError {
                 "The same idempotency key was reused for a different request; use a new key for a new intent.".into(),
             ),
             IdemError::NotClaimed { .. } => Some(
-                "Call idem_claim in the same transaction first, and finish only a claim it returned claimed = true for.".into(),
+                "Finish a claim in the transaction that made it, or pass the lease_token that idem_claim returned with the lease.".into(),
             ),
             IdemError::SerializationFailure { .. } => Some(
                 "Retry the transaction: the retry will see the first claim and get its result.".into(),
             ),
-            IdemError::ObjectNotInPrerequisiteState(_, h) => h.clone(),
+            IdemError::ObjectNotInPrerequisiteState(_, h) | IdemError::FeatureNotSupported(_, h) => h.clone(),
+            IdemError::ReadOnly { standby: true, .. } => Some(
+                "This server is a hot standby: claim on the primary. idem_lookup works here.".into(),
+            ),
+            IdemError::InsufficientPrivilege { owner, .. } => Some(format!(
+                "The business type is reserved for role \"{owner}\" (idem_configure ... owner =>); GRANT that role, or use another biz_type."
+            )),
+            IdemError::Internal(_) => {
+                Some("This is a bug or a damaged installation; please report it with the server log.".into())
+            }
             _ => None,
         }
     }
@@ -90,9 +142,12 @@ impl IdemError {
     }
 
     /// ereport(ERROR) from the outermost frame of a SQL function (see
-    /// `fmgr::entry`). Called anywhere else the longjmp would skip Rust
-    /// destructors. pgrx's own error path cannot carry a SQLSTATE outside
-    /// its enum (ID001..ID003), hence this.
+    /// `fmgr::entry`).
+    ///
+    /// # Safety
+    /// Call only where no Rust frame with a destructor lies between here and
+    /// the C caller: the ereport longjmps out. pgrx's own error path cannot
+    /// carry a SQLSTATE outside its enum (ID001..ID003), hence this.
     pub(crate) unsafe fn raise_from_entry(self) -> ! {
         unsafe extern "C-unwind" {
             fn errstart(elevel: std::ffi::c_int, domain: *const std::ffi::c_char) -> bool;
@@ -105,7 +160,7 @@ impl IdemError {
         // Copy the texts into palloc'd memory, which the error cleanup frees,
         // and drop every Rust allocation before the longjmp.
         let msg = palloc_cstr(&self.message());
-        let hint = self.hint().map(|h| palloc_cstr(&h));
+        let hint = self.hint().map(|h| palloc_cstr(h.as_bytes()));
         drop(self);
         unsafe {
             if errstart(pgrx::PgLogLevel::ERROR as _, std::ptr::null()) {
@@ -121,12 +176,26 @@ impl IdemError {
     }
 }
 
-fn palloc_cstr(s: &str) -> *const std::ffi::c_char {
-    let c = CString::new(s.replace('\0', "")).unwrap();
-    unsafe { pg_sys::pstrdup(c.as_ptr()) }
+/// A NUL-terminated palloc'd copy (text cannot hold NUL bytes; none get in).
+fn palloc_cstr(s: &[u8]) -> *const std::ffi::c_char {
+    unsafe {
+        let p = pg_sys::palloc(s.len() + 1) as *mut u8;
+        let mut n = 0;
+        for &b in s.iter().filter(|&&b| b != 0) {
+            *p.add(n) = b;
+            n += 1;
+        }
+        *p.add(n) = 0;
+        p as *const std::ffi::c_char
+    }
 }
 
-/// Shorthand for the most common error.
+/// Shorthand for the most common error: a caller's argument is wrong.
 pub fn invalid(msg: impl Into<String>) -> ! {
     IdemError::InvalidArgument(msg.into()).fail()
+}
+
+/// Something failed that no argument explains (XX000), naming what.
+pub fn internal(msg: impl Into<String>) -> ! {
+    IdemError::Internal(msg.into()).fail()
 }

@@ -1,18 +1,18 @@
-//! The boundary between PostgreSQL's function manager and idem's Rust code.
-//! The SQL API is declared by hand in sql/*.sql (defaults, SECURITY DEFINER,
-//! comments); each C symbol it names is made here by `sql_function!`.
+//! The boundary between PostgreSQL's function manager and idem's Rust code:
+//! the C symbols sql/*.sql names, argument reading and result building.
 //!
-//! Safety, for every `unsafe fn` here: `fcinfo` is the live call record the
-//! function manager passed to the current C function, and argument `n`
-//! exists in it.
-#![allow(clippy::missing_safety_doc)]
+//! Why not `#[pg_extern]`: see docs/design.md §11. In short, idem raises
+//! its own SQLSTATEs (ID001, ID003, ...), which pgrx's error type cannot
+//! carry, and raises them only after every Rust frame of the call is gone
+//! (`entry`); and the SQL surface (defaults, volatility, COMMENT, REVOKE) is
+//! written out in sql/*.sql, next to the storage DDL it belongs with.
 
 use crate::errors::IdemError;
 use pgrx::pg_sys;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// Export `$symbol` (and its `pg_finfo_` record) as a version-1 C function
-/// whose body is `$body(fcinfo) -> Datum`.
+/// whose body is `$body(Args) -> Datum`.
 #[macro_export]
 macro_rules! sql_function {
     ($symbol:ident, $finfo:ident, $body:path) => {
@@ -22,6 +22,8 @@ macro_rules! sql_function {
             const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
             &V1
         }
+        /// # Safety
+        /// Called by PostgreSQL's function manager with a live call record.
         #[no_mangle]
         #[doc(hidden)]
         pub unsafe extern "C-unwind" fn $symbol(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
@@ -33,12 +35,12 @@ macro_rules! sql_function {
 /// Run a SQL function body. PostgreSQL errors and Rust panics go through
 /// pgrx's guard as usual; an `IdemError` is raised here, after the body's
 /// frames are gone, so that it keeps its own SQLSTATE.
-pub unsafe fn entry(
-    fcinfo: pg_sys::FunctionCallInfo,
-    body: unsafe fn(pg_sys::FunctionCallInfo) -> pg_sys::Datum,
-) -> pg_sys::Datum {
+///
+/// # Safety
+/// `fcinfo` is the live call record the function manager passed.
+pub unsafe fn entry(fcinfo: pg_sys::FunctionCallInfo, body: fn(Args) -> pg_sys::Datum) -> pg_sys::Datum {
     let outcome: Result<pg_sys::Datum, IdemError> = unsafe {
-        pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| body(fcinfo))) {
+        pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| body(Args(fcinfo)))) {
             Ok(d) => Ok(d),
             Err(payload) => match payload.downcast::<IdemError>() {
                 Ok(e) => Err(*e),
@@ -52,160 +54,88 @@ pub unsafe fn entry(
     }
 }
 
-pub unsafe fn arg_is_null(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> bool {
-    unsafe { pgrx::fcinfo::pg_arg_is_null(fcinfo, n) }
-}
+/// The arguments of the current call. Only `entry` makes one, from the live
+/// call record; positions are named in api.rs next to each SQL signature.
+#[derive(Clone, Copy)]
+pub struct Args(pg_sys::FunctionCallInfo);
 
-pub unsafe fn arg_datum(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> pg_sys::Datum {
-    unsafe { pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n) }
-}
-
-/// A text argument's bytes (detoasted, valid for the call).
-pub unsafe fn arg_text<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<&'a [u8]> {
-    unsafe {
-        if arg_is_null(fcinfo, n) {
-            return None;
-        }
-        let v = pg_sys::pg_detoast_datum_packed(arg_datum(fcinfo, n).cast_mut_ptr());
-        Some(pgrx::varlena::varlena_to_byte_slice(v))
+impl Args {
+    fn nargs(&self) -> usize {
+        unsafe { (*self.0).nargs as usize }
     }
-}
 
-/// A text argument that must not be NULL (22004 otherwise).
-pub unsafe fn arg_text_req<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize, name: &'static str) -> &'a [u8] {
-    unsafe { arg_text(fcinfo, n) }.unwrap_or_else(|| IdemError::NullArgument(name).fail())
-}
-
-/// A jsonb argument as a plain (detoasted) datum, or None.
-pub unsafe fn arg_jsonb(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Datum> {
-    unsafe {
-        if arg_is_null(fcinfo, n) {
-            return None;
-        }
-        let v = pg_sys::pg_detoast_datum(arg_datum(fcinfo, n).cast_mut_ptr());
-        Some(pg_sys::Datum::from(v))
+    pub fn is_null(&self, n: usize) -> bool {
+        // A C function declared with fewer arguments than asked for (an old
+        // SQL definition) reads as NULL rather than past the record.
+        n >= self.nargs() || unsafe { pgrx::fcinfo::pg_arg_is_null(self.0, n) }
     }
-}
 
-pub unsafe fn arg_interval(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Interval> {
-    unsafe {
-        if arg_is_null(fcinfo, n) {
-            return None;
-        }
-        Some(*(arg_datum(fcinfo, n).cast_mut_ptr::<pg_sys::Interval>()))
+    /// An argument's raw datum (to pass on as it is), or None if NULL.
+    pub fn datum(&self, n: usize) -> Option<pg_sys::Datum> {
+        (!self.is_null(n)).then(|| unsafe { pgrx::fcinfo::pg_getarg_datum_raw(self.0, n) })
     }
-}
 
-pub unsafe fn arg_bool(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<bool> {
-    unsafe {
-        if arg_is_null(fcinfo, n) {
-            return None;
-        }
-        Some(arg_datum(fcinfo, n).value() != 0)
+    /// A text argument's exact bytes (detoasted, valid for the call).
+    pub fn text<'a>(&self, n: usize) -> Option<&'a [u8]> {
+        // SAFETY: a text argument is a valid varlena for the whole call.
+        self.datum(n).map(|d| unsafe { crate::datum::varlena_bytes(d) })
     }
-}
 
-pub unsafe fn return_null(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    unsafe { pgrx::fcinfo::pg_return_null(fcinfo) }
-}
-
-/// A Rust byte string as a palloc'd text datum.
-pub fn text_datum(bytes: &[u8]) -> pg_sys::Datum {
-    unsafe {
-        let len = bytes.len() + pg_sys::VARHDRSZ;
-        let p = pg_sys::palloc(len) as *mut pg_sys::varlena;
-        pgrx::varlena::set_varsize_4b(p, len as i32);
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), pgrx::varlena::vardata_4b(p) as *mut u8, bytes.len());
-        pg_sys::Datum::from(p)
+    /// A text argument that must not be NULL (22004 otherwise).
+    pub fn text_req<'a>(&self, n: usize, name: &'static str) -> &'a [u8] {
+        self.text(n).unwrap_or_else(|| IdemError::NullArgument(name).fail())
     }
-}
 
-/// The composite row type the calling function was declared to return,
-/// looked up once per call site (kept in fn_extra).
-pub unsafe fn result_tupdesc(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::TupleDesc {
-    unsafe {
-        let flinfo = (*fcinfo).flinfo;
-        if (*flinfo).fn_extra.is_null() {
-            let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
-            let kind = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
-            if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
-                IdemError::FeatureNotSupported("function must be declared to return a composite type".into()).fail();
+    /// A jsonb argument as a (detoasted) datum.
+    pub fn jsonb(&self, n: usize) -> Option<pg_sys::Datum> {
+        self.datum(n).map(|d| unsafe { pg_sys::Datum::from(pg_sys::pg_detoast_datum(d.cast_mut_ptr())) })
+    }
+
+    pub fn interval(&self, n: usize) -> Option<pg_sys::Interval> {
+        // SAFETY: an interval argument points to an Interval for the call.
+        self.datum(n).map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::Interval>() })
+    }
+
+    pub fn bool(&self, n: usize) -> Option<bool> {
+        self.datum(n).map(|d| d.value() != 0)
+    }
+
+    pub fn oid(&self, n: usize) -> Option<pg_sys::Oid> {
+        self.datum(n).map(|d| pg_sys::Oid::from(d.value() as u32))
+    }
+
+    pub fn return_null(&self) -> pg_sys::Datum {
+        unsafe { pgrx::fcinfo::pg_return_null(self.0) }
+    }
+
+    /// A composite result of the type the function was declared to return;
+    /// its descriptor is looked up once per call site (kept in fn_extra).
+    pub fn composite(&self, values: &mut [pg_sys::Datum], nulls: &mut [bool]) -> pg_sys::Datum {
+        unsafe {
+            let desc = self.result_tupdesc();
+            if (*desc).natts as usize != values.len() {
+                crate::errors::internal("the SQL result type does not match the C function");
             }
-            let old = pg_sys::MemoryContextSwitchTo((*flinfo).fn_mcxt);
-            let kept = pg_sys::CreateTupleDescCopy(desc);
-            pg_sys::MemoryContextSwitchTo(old);
-            (*flinfo).fn_extra = pg_sys::BlessTupleDesc(kept).cast();
+            let tup = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::Datum::from((*tup).t_data)
         }
-        (*flinfo).fn_extra.cast()
     }
-}
 
-pub unsafe fn form_composite(
-    desc: pg_sys::TupleDesc,
-    values: &mut [pg_sys::Datum],
-    nulls: &mut [bool],
-) -> pg_sys::Datum {
-    unsafe {
-        let tup = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-        pg_sys::Datum::from((*tup).t_data)
+    unsafe fn result_tupdesc(&self) -> pg_sys::TupleDesc {
+        unsafe {
+            let flinfo = (*self.0).flinfo;
+            if (*flinfo).fn_extra.is_null() {
+                let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
+                let kind = pg_sys::get_call_result_type(self.0, std::ptr::null_mut(), &mut desc);
+                if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
+                    crate::errors::internal("function must be declared to return a composite type");
+                }
+                let old = pg_sys::MemoryContextSwitchTo((*flinfo).fn_mcxt);
+                let kept = pg_sys::CreateTupleDescCopy(desc);
+                pg_sys::MemoryContextSwitchTo(old);
+                (*flinfo).fn_extra = pg_sys::BlessTupleDesc(kept).cast();
+            }
+            (*flinfo).fn_extra.cast()
+        }
     }
-}
-
-/// A jsonb datum's text form: exact (numerics keep every digit, any depth),
-/// unlike a round trip through serde_json.
-pub fn jsonb_text(d: pg_sys::Datum) -> String {
-    unsafe {
-        let out = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d);
-        std::ffi::CStr::from_ptr(out).to_string_lossy().into_owned()
-    }
-}
-
-/// Parse jsonb text (in the current memory context).
-pub fn jsonb_from_text(s: &str) -> pg_sys::Datum {
-    let c = std::ffi::CString::new(s).unwrap_or_else(|_| crate::errors::invalid("JSON text contains a NUL byte"));
-    unsafe {
-        pg_sys::OidInputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_IN), c.as_ptr().cast_mut(), pg_sys::JSONBOID, -1)
-    }
-}
-
-/// jsonb -> key, or None when the object has no such key.
-pub fn jsonb_field(doc: pg_sys::Datum, key: &str) -> Option<pg_sys::Datum> {
-    let k = text_datum(key.as_bytes());
-    unsafe {
-        let has = pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_EXISTS), pg_sys::InvalidOid, doc, k);
-        has.value() != 0
-    }
-    .then(|| unsafe {
-        pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_OBJECT_FIELD), pg_sys::InvalidOid, doc, k)
-    })
-}
-
-/// jsonb - key.
-pub fn jsonb_without(doc: pg_sys::Datum, key: &str) -> pg_sys::Datum {
-    let k = text_datum(key.as_bytes());
-    unsafe {
-        pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(pg_sys::F_JSONB_DELETE_JSONB_TEXT), pg_sys::InvalidOid, doc, k)
-    }
-}
-
-/// A JSON object made of `fields` plus `key` holding `raw` (a jsonb datum,
-/// kept exactly; JSON null when None).
-pub fn jsonb_with_raw(
-    fields: serde_json::Map<String, serde_json::Value>,
-    key: &str,
-    raw: Option<pg_sys::Datum>,
-) -> pg_sys::Datum {
-    let mut text = serde_json::to_string(&serde_json::Value::Object(fields)).unwrap();
-    text.pop(); // the closing brace
-    if text.len() > 1 {
-        text.push(',');
-    }
-    text.push_str(&serde_json::to_string(key).unwrap());
-    text.push(':');
-    match raw {
-        Some(d) => text.push_str(&jsonb_text(d)),
-        None => text.push_str("null"),
-    }
-    text.push('}');
-    jsonb_from_text(&text)
 }

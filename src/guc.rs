@@ -1,6 +1,7 @@
 //! idem's settings. The `idem.` prefix is reserved: a misspelt idem.* name
 //! is an error, not a silently ignored placeholder.
 
+use crate::backend::BackendLocal;
 use crate::errors::invalid;
 use pgrx::pg_sys;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
@@ -100,7 +101,7 @@ pub fn init() {
     unsafe { pg_sys::MarkGUCPrefixReserved(c"idem".as_ptr()) };
 }
 
-/// Whether claims go through SQL (sqlstore.rs) rather than direct access.
+/// Whether claims go through SQL (storage/sql.rs) rather than direct access.
 pub fn sql_access() -> bool {
     match STORAGE_ACCESS.get() {
         StorageAccess::Direct => false,
@@ -109,20 +110,24 @@ pub fn sql_access() -> bool {
     }
 }
 
-/// shared_preload_libraries cannot change while the server runs.
+/// shared_preload_libraries cannot change while the server runs: read once.
+static CITUS_PRELOADED: BackendLocal<Option<bool>> = BackendLocal::new(None);
+
 fn citus_preloaded() -> bool {
-    static mut CITUS: Option<bool> = None;
-    unsafe {
-        if let Some(c) = CITUS {
-            return c;
-        }
-        let raw = pg_sys::GetConfigOption(c"shared_preload_libraries".as_ptr(), true, false);
-        let list =
-            if raw.is_null() { String::new() } else { std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned() };
-        let c = list.split(',').any(|l| l.trim().trim_matches('"') == "citus");
-        CITUS = Some(c);
-        c
+    if let Some(c) = CITUS_PRELOADED.get() {
+        return c;
     }
+    let list = unsafe {
+        let raw = pg_sys::GetConfigOption(c"shared_preload_libraries".as_ptr(), true, false);
+        if raw.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned()
+        }
+    };
+    let c = list.split(',').any(|l| l.trim().trim_matches('"') == "citus");
+    CITUS_PRELOADED.set(Some(c));
+    c
 }
 
 pub const MIN_TTL_US: i128 = 1_000_000;
@@ -208,52 +213,39 @@ unsafe fn check_interval(
     }
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_ttl(
-    v: *mut *mut std::ffi::c_char,
-    _extra: *mut *mut std::ffi::c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    unsafe { check_interval(v, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.") }
+/// A GUC check hook accepting intervals within [$min_us, $max_us].
+macro_rules! interval_check_hook {
+    ($name:ident, $min_us:expr, $max_us:expr, $detail:literal) => {
+        #[pgrx::pg_guard]
+        unsafe extern "C-unwind" fn $name(
+            v: *mut *mut std::ffi::c_char,
+            _extra: *mut *mut std::ffi::c_void,
+            _source: pg_sys::GucSource::Type,
+        ) -> bool {
+            unsafe { check_interval(v, $min_us, $max_us, $detail) }
+        }
+    };
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_width(
-    v: *mut *mut std::ffi::c_char,
-    _extra: *mut *mut std::ffi::c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    unsafe { check_interval(v, 100_000, MAX_TTL_US, c"It must be an interval from 100 milliseconds to 400 days.") }
-}
+interval_check_hook!(check_ttl, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.");
+interval_check_hook!(check_width, 100_000, MAX_TTL_US, c"It must be an interval from 100 milliseconds to 400 days.");
+interval_check_hook!(check_lock_timeout, 0, 3_600_000_000, c"It must be an interval from 0 (NOWAIT) to 1 hour.");
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_lock_timeout(
-    v: *mut *mut std::ffi::c_char,
-    _extra: *mut *mut std::ffi::c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    unsafe { check_interval(v, 0, 3_600_000_000, c"It must be an interval from 0 (NOWAIT) to 1 hour.") }
-}
-
-static mut PARSED: Option<(CString, i64)> = None;
+/// The last idem.default_ttl parsed, and its value in microseconds.
+static DEFAULT_TTL_PARSED: BackendLocal<Option<(CString, i64)>> = BackendLocal::new(None);
 
 /// idem.default_ttl in microseconds (parsed once per distinct value).
-#[allow(static_mut_refs)]
 pub fn default_ttl_us() -> i64 {
     let raw = DEFAULT_TTL.get().unwrap_or_else(|| c"24 hours".into());
-    unsafe {
-        if let Some((s, us)) = &PARSED {
-            if *s == raw {
-                return *us;
-            }
-        }
-        // The check hook has vetted the value; a placeholder set before the
-        // library was loaded was vetted when the library defined the GUC.
-        let iv = parse_interval(&raw).unwrap_or_else(|| invalid("idem.default_ttl is not a valid interval"));
-        let us = checked_ttl(&iv, "idem.default_ttl");
-        PARSED = Some((raw, us));
-        us
+    if let Some(us) = DEFAULT_TTL_PARSED.with(|p| p.as_ref().filter(|(s, _)| *s == raw).map(|(_, us)| *us)) {
+        return us;
     }
+    // The check hook has vetted the value; a placeholder set before the
+    // library was loaded was vetted when the library defined the GUC.
+    let iv = parse_interval(&raw).unwrap_or_else(|| invalid("idem.default_ttl is not a valid interval"));
+    let us = checked_ttl(&iv, "idem.default_ttl");
+    DEFAULT_TTL_PARSED.set(Some((raw, us)));
+    us
 }
 
 #[cfg(any(test, feature = "pg_test"))]

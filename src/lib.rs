@@ -1,16 +1,30 @@
 //! idem: idempotency keys enforced inside PostgreSQL, in the caller's
-//! transaction. The SQL API is declared in sql/*.sql; this file wires the
-//! modules together.
+//! transaction. The layers, from the SQL call down:
+//!
+//! * api.rs: the SQL functions written in Rust (fmgr.rs is the call
+//!   boundary; the SQL declarations are sql/*.sql);
+//! * protocol.rs: claim, lookup, finish, forget; with key.rs (what a claim
+//!   is of), biztype.rs (settings and who may use a type), lease.rs;
+//! * storage/: how a key's row is found, locked, waited for and written
+//!   (direct.rs: heaps and indexes; sql.rs: SQL, for Citus; keylock.rs);
+//! * catalog.rs (caches of catalog facts), spi.rs (the SQL idem runs),
+//!   datum.rs, guc.rs, errors.rs, backend.rs, compat.rs (PostgreSQL majors).
 
 use pgrx::prelude::*;
 
+mod api;
+mod backend;
+mod biztype;
 mod catalog;
-mod claim;
+mod compat;
+mod datum;
 mod errors;
 pub mod fmgr;
 mod guc;
+mod key;
 mod lease;
-mod sqlstore;
+mod protocol;
+mod spi;
 mod storage;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -23,6 +37,12 @@ extension_sql_file!("../sql/scaling.sql", name = "scaling", requires = ["guards"
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // No Rust backtrace ever reaches a client: pgrx attaches one to an
+    // error's DETAIL whenever RUST_BACKTRACE is set in the server's
+    // environment. RUST_LIB_BACKTRACE takes precedence for captured
+    // backtraces; this backend's std reads it once, at the first capture.
+    // SAFETY: a backend is single-threaded (backend.rs).
+    unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     guc::init();
 }
 

@@ -314,7 +314,11 @@ def run(h):
         lfrag, lval = ttl_param(lease)
         q = sql.SQL("SELECT claimed, state, result FROM idem_claim(%s, %s, {}, %s, %s, {})").format(tfrag, lfrag)
         params = [key, biz] + ([tval] if tval is not None else []) + [fp, wait] + ([lval] if lval is not None else [])
-        valid = key_ok(key) and biz_ok(biz) and (ttl is None or ttl_in_range(ttl)) and (lease is None or ttl_in_range(lease))
+        # README: a lease is at most the claim's TTL (the ttl argument, else
+        # the type's, else idem.default_ttl: 24 hours here).
+        lease_fits = lease is None or not ttl_in_range(lease) or ttl_us(lease) <= ttl_us(ttl if ttl is not None else "24 hours")
+        valid = (key_ok(key) and biz_ok(biz) and (ttl is None or ttl_in_range(ttl))
+                 and (lease is None or ttl_in_range(lease)) and lease_fits)
         c.execute("BEGIN")
         out = h.call("idem_claim", q, params)
         if not valid:
@@ -467,7 +471,8 @@ def run(h):
         r = h.call("idem_claim", sql.SQL("SELECT claimed, result->>'lease_token' FROM idem_claim(%s, %s, lease => '1 second')"), [key, biz])
         c.execute("COMMIT")
         assert r[0] == "ok" and r[1][0][0], r
-        r = h.call("idem_checkpoint", sql.SQL("SELECT idem_checkpoint(%s, %s, %s, %s::jsonb)"), [key, biz, point, text])
+        token = r[1][0][1]
+        r = h.call("idem_checkpoint", sql.SQL("SELECT idem_checkpoint(%s, %s, %s, %s::jsonb, %s)"), [key, biz, point, text, token])
         point_ok = 1 <= len(point.encode()) <= 256
         if not point_ok:
             assert r[0] == "err" and r[1] == "22023", f"point of {len(point.encode())} bytes: {r}"
@@ -664,7 +669,7 @@ def run(h):
             null_calls += 1
             if r[0] == "err" and r[1] != "22004" and not (r[1] in h.documented and r[1] != "XX000"):
                 null_bad.append((q, r))
-            if r[0] == "ok" and pos != "all" and pos not in optional and proname not in ("idem_consume_token", "idem_classify_transition", "idem_configure", "idem_unguard"):
+            if r[0] == "ok" and pos != "all" and pos not in optional and proname not in ("idem_consume_token", "idem_classify_transition", "idem_configure", "idem_set_owner", "idem_unguard"):
                 null_bad.append((q, "accepted a NULL required argument", r))
     h.results["NULL in every argument of every function"] = (not null_bad, null_calls, 0.0)
     if null_bad:

@@ -58,7 +58,7 @@ SELECT idem_guard('orders', 'status', 'order');
 SELECT idem_transition('orders', 'id', '1', 'status', 'PAID', 'order');
 -- a running lease with a recovery point (its token is printed last)
 CREATE TEMP TABLE l AS SELECT result->>'lease_token' AS t FROM idem_claim('job-1', 'batch', lease => '10 minutes');
-SELECT idem_checkpoint('job-1', 'batch', 'item', '{"last_item": 42}');
+SELECT idem_checkpoint('job-1', 'batch', 'item', '{"last_item": 42}', (SELECT t FROM l));
 SELECT t FROM l;
 SQL
 )

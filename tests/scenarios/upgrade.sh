@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # ALTER EXTENSION idem UPDATE from every shipped version to the current one.
 # For each old version V with a frozen install script tests/upgrade/idem--V.sql:
-#   1. install V in a new database and use it: claims in range partitions and
-#      in the default one, completed and failed, a business type setting, a
-#      machine and a guarded table, a token;
+#   1. install V in a new database and use it (with the new library, as a
+#      server does between installing a build and ALTER EXTENSION UPDATE):
+#      claims in range partitions and in the default one, completed and
+#      failed, a lease, a business type setting, a machine and a guarded
+#      table, a token;
 #   2. ALTER EXTENSION idem UPDATE (walks sql/idem--A--B.sql to the current);
-#   3. every claim replays its stored outcome, guards and tokens still hold,
-#      new claims work;
+#   3. every claim replays its stored outcome, the lease is finished with its
+#      token, guards and tokens still hold, new claims work;
 #   4. the upgraded schema equals a fresh install's, object by object
 #      (tests/upgrade/schema.sql), so an upgrade script that forgets a change
 #      fails here.
@@ -44,6 +46,7 @@ BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"
 BEGIN; SELECT idem_claim('refused', 'pay'); SELECT idem_fail('refused', 'pay', '{"reason": "card declined"}'); COMMIT;
 BEGIN; SELECT idem_claim('far', 'pay', ttl => '400 days'); SELECT idem_complete('far', 'pay', '{"far": true}'); COMMIT;
 SELECT idem_claim('open', 'pay');
+CREATE TABLE lease_token AS SELECT result->>'lease_token' AS t FROM idem_claim('leased', 'pay', lease => '1 hour');
 SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
 CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL);
 SELECT idem_guard('orders', 'status', 'order');
@@ -59,6 +62,9 @@ SELECT 'refused=' || claimed || '/' || state || '/' || result::text FROM idem_cl
 SELECT 'far=' || claimed || '/' || state || '/' || result::text FROM idem_claim('far', 'pay');
 SELECT 'open=' || claimed || '/' || state FROM idem_claim('open', 'pay');
 SELECT 'new=' || claimed || '/' || state FROM idem_claim('new-after-upgrade', 'pay');
+SELECT 'leased=' || claimed || '/' || state FROM idem_claim('leased', 'pay');
+SELECT 'lease-completed=' || (count(idem_complete('leased', 'pay', '{"by": "owner"}', t)) = 1) FROM lease_token;
+SELECT 'leased-after=' || state || '/' || result::text FROM idem_lookup('leased', 'pay');
 SELECT 'ttl=' || ttl FROM idem.biz_types WHERE biz_type = 'pay';
 SELECT 'token=' || idem_consume_token(t, 'form') FROM tok;
 SELECT 'token-again=' || idem_consume_token(t, 'form') FROM tok;
@@ -71,6 +77,7 @@ SQL
   echo "  re-transition PAID → CREATED: $guard" | head -1
   for want in "version=$current" 'done=false/completed/{"charged": 42}' 'refused=false/failed/{"reason": "card declined"}' \
               'far=false/completed/{"far": true}' 'open=false/completed' 'new=true/new' 'ttl=3 days' \
+              'leased=false/in_progress' 'lease-completed=true' 'leased-after=completed/{"by": "owner"}' \
               'token=true' 'token-again=false' 'maintain=true'; do
     grep -qxF "$want" <<<"$out" || { echo "FAIL: after the upgrade from $old, expected '$want'"; fails=$((fails + 1)); }
   done

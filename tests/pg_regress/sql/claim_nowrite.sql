@@ -39,13 +39,17 @@ SELECT claimed, state, result FROM idem_lookup('nw-1', 'nowrite');
 SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
 COMMIT;
 
--- Duplicates and lookups work in a READ ONLY transaction of a new session, without a transaction id.
+-- Lookups work in a READ ONLY transaction of a new session, without a
+-- transaction id. A claim there is refused (25006) like any INSERT, even
+-- one that would be a duplicate (as INSERT ... ON CONFLICT DO NOTHING is).
 \c -
 BEGIN READ ONLY;
-SELECT claimed, state, result FROM idem_claim('nw-1', 'nowrite');
 SELECT claimed, state, result FROM idem_lookup('nw-1', 'nowrite');
 SELECT claimed, state, result FROM idem_lookup('nw-absent', 'nowrite');
 SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
+SAVEPOINT s;
+SELECT claimed, state, result FROM idem_claim('nw-1', 'nowrite');
+ROLLBACK TO SAVEPOINT s;
 COMMIT;
 
 -- After idem_configure (which invalidates every session's business-type cache) a duplicate still writes nothing.

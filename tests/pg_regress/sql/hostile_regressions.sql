@@ -15,10 +15,10 @@ END $$;
 -- 1. Recovery data is kept exactly: any nesting depth, any numeric precision.
 --    (0.1.0 went through serde_json: XX000 past 127 levels or beyond f64,
 --    rounded digits otherwise, and a key stuck until it expired.)
-BEGIN; SELECT claimed FROM idem_claim('deep', 'hr.lease', lease => '1 second'); COMMIT;
-SELECT idem_checkpoint('deep', 'hr.lease', 'p1', (repeat('[', 300) || repeat(']', 300))::jsonb);
+SELECT result->>'lease_token' AS deep_tok FROM idem_claim('deep', 'hr.lease', lease => '1 second') \gset
+SELECT idem_checkpoint('deep', 'hr.lease', 'p1', (repeat('[', 300) || repeat(']', 300))::jsonb, :'deep_tok');
 SELECT idem_checkpoint('deep', 'hr.lease', 'p2',
-       '{"amount": 123456789.123456789, "ref": 12345678901234567890123, "big": 1e400}');
+       '{"amount": 123456789.123456789, "ref": 12345678901234567890123, "big": 1e400}', :'deep_tok');
 SELECT pg_sleep(1.2);
 -- The lease ran out: the next claim takes over and gets the data back unchanged.
 SELECT claimed, result->'attempt' AS attempt, result->'recovery_point' AS point,
@@ -26,8 +26,8 @@ SELECT claimed, result->'attempt' AS attempt, result->'recovery_point' AS point,
        result->'recovery_data'->>'amount' AS amount
   FROM idem_claim('deep', 'hr.lease', lease => '1 minute');
 -- Deep data survives a takeover too.
-BEGIN; SELECT claimed FROM idem_claim('deep2', 'hr.lease', lease => '1 second'); COMMIT;
-SELECT idem_checkpoint('deep2', 'hr.lease', 'p', (repeat('[', 1000) || repeat(']', 1000))::jsonb);
+SELECT result->>'lease_token' AS deep2_tok FROM idem_claim('deep2', 'hr.lease', lease => '1 second') \gset
+SELECT idem_checkpoint('deep2', 'hr.lease', 'p', (repeat('[', 1000) || repeat(']', 1000))::jsonb, :'deep2_tok');
 SELECT pg_sleep(1.2);
 SELECT claimed, (result->'recovery_data')::text = repeat('[', 1000) || repeat(']', 1000) AS deep_exact
   FROM idem_claim('deep2', 'hr.lease');

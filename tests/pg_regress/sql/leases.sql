@@ -3,24 +3,36 @@ CREATE EXTENSION IF NOT EXISTS idem;
 \set SHOW_CONTEXT never
 
 -- An external charge: claim with a lease, committed on its own.
-SELECT claimed, state, result->'attempt' AS attempt, result ? 'lease_token' AS has_token
-  FROM idem_claim('pay-1', 'charge', lease => '3 seconds');
+CREATE TEMP TABLE lease1 AS SELECT * FROM idem_claim('pay-1', 'charge', lease => '3 seconds');
+SELECT claimed, state, result->'attempt' AS attempt, result ? 'lease_token' AS has_token,
+       length(result->>'lease_token') AS token_length, result->'recovery_point' AS point
+  FROM lease1;
+SELECT result->>'lease_token' AS tok1 FROM lease1 \gset
 -- Others see it in progress (no waiting: the claim is committed).
 SELECT claimed, state, result FROM idem_claim('pay-1', 'charge');
 SELECT state FROM idem_lookup('pay-1', 'charge');
--- The owner records a recovery point after the provider created the charge.
-SELECT idem_checkpoint('pay-1', 'charge', 'charge_created', '{"charge_id":"ch_1"}');
+-- The owner records a recovery point after the provider created the charge,
+-- proving ownership with the lease token.
+SELECT idem_checkpoint('pay-1', 'charge', 'charge_created', '{"charge_id":"ch_1"}', :'tok1');
 -- ... and crashes. The lease runs out; the next claim takes over and learns where it got to.
 SELECT pg_sleep(3.1);
+CREATE TEMP TABLE lease1b AS SELECT * FROM idem_claim('pay-1', 'charge', lease => '1 hour');
 SELECT claimed, state, result->'attempt' AS attempt, result->'recovery_point' AS point,
        result->'recovery_data' AS data
-  FROM idem_claim('pay-1', 'charge', lease => '1 hour');
+  FROM lease1b;
+SELECT result->>'lease_token' AS tok1b FROM lease1b \gset
+-- The old owner's token no longer works: the lease was taken over.
+SELECT idem_checkpoint('pay-1', 'charge', 'late', NULL, :'tok1');
 -- The new owner finishes from a later transaction.
-SELECT idem_complete('pay-1', 'charge', '{"charged":true}');
+SELECT idem_complete('pay-1', 'charge', '{"charged":true}', :'tok1b');
 SELECT claimed, state, result FROM idem_claim('pay-1', 'charge');
 
--- Ownership: by session, or by lease token from any session.
+-- Ownership is the lease token, from any session; the session that took
+-- the lease has no say without it (behind a pooler, the next client on the
+-- same server session is a stranger).
 SELECT result->>'lease_token' AS tok FROM idem_claim('pay-2', 'charge', lease => '1 hour') \gset
+SELECT idem_checkpoint('pay-2', 'charge', 'step0');
+SELECT idem_complete('pay-2', 'charge', '{"forged":true}');
 -- A wrong token: ID003.
 SELECT idem_checkpoint('pay-2', 'charge', 'x', NULL, 'wrong-token');
 SELECT idem_complete('pay-2', 'charge', '{}', 'wrong-token');
@@ -30,6 +42,16 @@ SELECT idem_checkpoint('pay-2', 'charge', 'step1');
 SELECT idem_checkpoint('pay-2', 'charge', 'step1', '{"n":1}', :'tok');
 SELECT idem_fail('pay-2', 'charge', '{"declined":true}', :'tok');
 SELECT claimed, state, result FROM idem_claim('pay-2', 'charge');
+-- The transaction that takes a lease holds it without the token until it ends.
+BEGIN;
+SELECT claimed FROM idem_claim('pay-4', 'charge', lease => '1 hour');
+SELECT idem_checkpoint('pay-4', 'charge', 'same-transaction');
+SELECT recovery_point FROM idem_leases WHERE key = 'pay-4';
+COMMIT;
+SELECT idem_checkpoint('pay-4', 'charge', 'after-commit');
+-- A lease longer than the claim's TTL would outlive the claim: refused.
+SELECT idem_claim('pay-5', 'charge', ttl => '1 minute', lease => '2 minutes');
+SELECT claimed, state FROM idem_claim('pay-5', 'charge', ttl => '2 minutes', lease => '2 minutes');
 -- Checkpoint on a claim that is not leased: ID003.
 BEGIN;
 SELECT claimed FROM idem_claim('plain-1', 'charge');
@@ -43,14 +65,15 @@ SELECT idem_checkpoint('pay-1', 'charge', '');
 -- A batch job resumes from its checkpoint: per-item progress is committed
 -- with the item's business write; a rerun after a crash starts after it.
 CREATE TABLE settled (shard int, item int PRIMARY KEY);
-SELECT claimed FROM idem_claim('daily_settle:2026-10-27:shard-3', 'batch', lease => '1 second');
+SELECT claimed, result->>'lease_token' AS batch_tok
+  FROM idem_claim('daily_settle:2026-10-27:shard-3', 'batch', lease => '1 second') \gset
 BEGIN;
 INSERT INTO settled VALUES (3, 1), (3, 2);
-SELECT idem_checkpoint('daily_settle:2026-10-27:shard-3', 'batch', 'item', '{"last_item":2}');
+SELECT idem_checkpoint('daily_settle:2026-10-27:shard-3', 'batch', 'item', '{"last_item":2}', :'batch_tok');
 COMMIT;
 BEGIN;
 INSERT INTO settled VALUES (3, 3);
-SELECT idem_checkpoint('daily_settle:2026-10-27:shard-3', 'batch', 'item', '{"last_item":3}');
+SELECT idem_checkpoint('daily_settle:2026-10-27:shard-3', 'batch', 'item', '{"last_item":3}', :'batch_tok');
 ROLLBACK; -- crash in the middle of item 3: neither its row nor its checkpoint stays
 SELECT pg_sleep(1.1);
 SELECT claimed, result->'attempt' AS attempt, result->'recovery_data'->'last_item' AS resume_after

@@ -1,0 +1,228 @@
+//! The SQL functions written in Rust: each reads its arguments by the
+//! positions named here (next to the SQL signature they come from,
+//! sql/*.sql; a pg_test checks the names against pg_proc), validates them,
+//! calls the protocol, and turns the answer into a datum.
+
+use crate::biztype;
+use crate::catalog;
+use crate::datum::text_datum;
+use crate::errors::{invalid, IdemError};
+use crate::fmgr::Args;
+use crate::guc;
+use crate::key::{self, check_biz_type, ClaimKey};
+use crate::protocol::{self, ClaimRequest, Finish, Outcome};
+use crate::sql_function;
+use pgrx::pg_sys;
+
+/// Argument positions of one SQL function, and their names as declared.
+macro_rules! arguments {
+    ($module:ident: $($name:ident = $pos:literal $sql:literal),* $(,)?) => {
+        #[allow(dead_code)]
+        mod $module {
+            $(pub const $name: usize = $pos;)*
+            pub const NAMES: &[&str] = &[$($sql),*];
+        }
+    };
+}
+
+/// The (key, biz_type) every claim function takes first.
+fn claim_key<'a>(args: Args, key: usize, biz_type: usize) -> ClaimKey<'a> {
+    ClaimKey::new(args.text_req(biz_type, "biz_type"), args.text_req(key, "key"))
+}
+
+fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
+    let opt = |v: Option<pg_sys::Datum>| (v.unwrap_or(pg_sys::Datum::from(0)), v.is_none());
+    let ts = |t: Option<i64>| opt(t.map(pg_sys::Datum::from));
+    let (result, result_null) = opt(o.result);
+    let (first, first_null) = ts(o.first_claimed_at);
+    let (expires, expires_null) = ts(o.expires_at);
+    let mut values = [pg_sys::Datum::from(o.claimed), text_datum(o.state.as_bytes()), result, first, expires];
+    let mut nulls = [false, false, result_null, first_null, expires_null];
+    args.composite(&mut values, &mut nulls)
+}
+
+// idem_claim(key text, biz_type text, ttl interval DEFAULT NULL,
+//            fingerprint text DEFAULT NULL, wait boolean DEFAULT true,
+//            lease interval DEFAULT NULL) RETURNS idem_claim_result
+arguments!(claim_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINT = 3 "fingerprint", WAIT = 4 "wait", LEASE = 5 "lease");
+fn claim(args: Args) -> pg_sys::Datum {
+    use claim_args::*;
+    let req = ClaimRequest {
+        key: claim_key(args, KEY, BIZ_TYPE),
+        ttl_us: args.interval(TTL).map(|iv| guc::checked_ttl(&iv, "ttl")),
+        fingerprint: args.text(FINGERPRINT),
+        wait: args.bool(WAIT).unwrap_or(true),
+        lease_us: args.interval(LEASE).map(|iv| guc::checked_ttl(&iv, "lease")),
+    };
+    outcome_datum(args, protocol::claim(&req))
+}
+sql_function!(idem_claim, pg_finfo_idem_claim, claim);
+
+// idem_lookup(key text, biz_type text) RETURNS idem_claim_result
+arguments!(lookup_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
+fn lookup(args: Args) -> pg_sys::Datum {
+    use lookup_args::*;
+    outcome_datum(args, protocol::lookup(&claim_key(args, KEY, BIZ_TYPE)))
+}
+sql_function!(idem_lookup, pg_finfo_idem_lookup, lookup);
+
+// idem_complete(key text, biz_type text, result jsonb DEFAULT NULL, lease_token text DEFAULT NULL)
+arguments!(complete_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", RESULT = 2 "result", LEASE_TOKEN = 3 "lease_token");
+fn complete(args: Args) -> pg_sys::Datum {
+    use complete_args::*;
+    let k = claim_key(args, KEY, BIZ_TYPE);
+    protocol::finish(&k, Finish::Complete(args.jsonb(RESULT)), args.text(LEASE_TOKEN));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_complete, pg_finfo_idem_complete, complete);
+
+// idem_fail(key text, biz_type text, error jsonb, lease_token text DEFAULT NULL)
+arguments!(fail_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", ERROR = 2 "error", LEASE_TOKEN = 3 "lease_token");
+fn fail(args: Args) -> pg_sys::Datum {
+    use fail_args::*;
+    let k = claim_key(args, KEY, BIZ_TYPE);
+    let error = args.jsonb(ERROR).unwrap_or_else(|| IdemError::NullArgument("error").fail());
+    protocol::finish(&k, Finish::Fail(error), args.text(LEASE_TOKEN));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_fail, pg_finfo_idem_fail, fail);
+
+// idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL)
+arguments!(checkpoint_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", POINT = 2 "point", DATA = 3 "data", LEASE_TOKEN = 4 "lease_token");
+fn checkpoint(args: Args) -> pg_sys::Datum {
+    use checkpoint_args::*;
+    let k = claim_key(args, KEY, BIZ_TYPE);
+    let point = args.text_req(POINT, "point");
+    if point.is_empty() || point.len() > 256 {
+        invalid("point must be 1 to 256 bytes long");
+    }
+    protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA) }, args.text(LEASE_TOKEN));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, checkpoint);
+
+// idem_forget(key text, biz_type text) RETURNS boolean
+arguments!(forget_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
+fn forget(args: Args) -> pg_sys::Datum {
+    use forget_args::*;
+    pg_sys::Datum::from(protocol::forget(&claim_key(args, KEY, BIZ_TYPE)))
+}
+sql_function!(idem_forget, pg_finfo_idem_forget, forget);
+
+/// A business type argument for the settings functions (no key).
+fn biz_type_arg<'a>(args: Args, n: usize) -> &'a str {
+    let b = args.text_req(n, "biz_type");
+    check_biz_type(b);
+    std::str::from_utf8(b).expect("biz_type is validated ASCII")
+}
+
+// idem_configure(biz_type text, ttl interval)
+arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl");
+fn configure(args: Args) -> pg_sys::Datum {
+    use configure_args::*;
+    let biz_type = biz_type_arg(args, BIZ_TYPE);
+    if let Some(iv) = args.interval(TTL) {
+        guc::checked_ttl(&iv, "ttl");
+    }
+    protocol::require_writable("idem_configure");
+    biztype::configure(biz_type, args.datum(TTL));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_configure, pg_finfo_idem_configure, configure);
+
+// idem_set_owner(biz_type text, owner regrole)
+arguments!(set_owner_args: BIZ_TYPE = 0 "biz_type", OWNER = 1 "owner");
+fn set_owner(args: Args) -> pg_sys::Datum {
+    use set_owner_args::*;
+    let biz_type = biz_type_arg(args, BIZ_TYPE);
+    protocol::require_writable("idem_set_owner");
+    biztype::set_owner(biz_type, args.oid(OWNER));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_set_owner, pg_finfo_idem_set_owner, set_owner);
+
+// idem.random_token() RETURNS text: 256 bits from the CSPRNG, as hex.
+fn random_token(_args: Args) -> pg_sys::Datum {
+    text_datum(crate::lease::random_hex(32).as_bytes())
+}
+sql_function!(idem_random_token, pg_finfo_idem_random_token, random_token);
+
+// idem.key_hash(biz_type text, key text) RETURNS bigint (STRICT)
+arguments!(key_hash_args: BIZ_TYPE = 0 "biz_type", KEY = 1 "key");
+fn key_hash(args: Args) -> pg_sys::Datum {
+    use key_hash_args::*;
+    pg_sys::Datum::from(key::key_hash(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default()))
+}
+sql_function!(idem_key_hash, pg_finfo_idem_key_hash, key_hash);
+
+// idem.partition_from(partition regclass) / idem.partition_to(partition
+// regclass) RETURNS timestamptz (STRICT): a partition's range of expires_at,
+// read in binary as the claim path reads it; NULL for the default partition
+// and for a relation that is not a partition.
+arguments!(partition_bound_args: PARTITION = 0 "partition");
+fn partition_bound(args: Args, upper: bool) -> pg_sys::Datum {
+    let relid = args.oid(partition_bound_args::PARTITION).unwrap_or(pg_sys::InvalidOid);
+    match catalog::partition_range(relid).flatten() {
+        Some((lo, hi)) => pg_sys::Datum::from(if upper { hi } else { lo }),
+        None => args.return_null(),
+    }
+}
+fn partition_from(args: Args) -> pg_sys::Datum {
+    partition_bound(args, false)
+}
+fn partition_to(args: Args) -> pg_sys::Datum {
+    partition_bound(args, true)
+}
+sql_function!(idem_partition_from, pg_finfo_idem_partition_from, partition_from);
+sql_function!(idem_partition_to, pg_finfo_idem_partition_to, partition_to);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// The positions api.rs reads each argument from are the positions the
+    /// SQL declarations give those names.
+    #[pg_test]
+    fn argument_positions_match_the_sql_declarations() {
+        let declared: &[(&str, &[&str])] = &[
+            ("idem_claim(text,text,interval,text,boolean,interval)", super::claim_args::NAMES),
+            ("idem_lookup(text,text)", super::lookup_args::NAMES),
+            ("idem_complete(text,text,jsonb,text)", super::complete_args::NAMES),
+            ("idem_fail(text,text,jsonb,text)", super::fail_args::NAMES),
+            ("idem_checkpoint(text,text,text,jsonb,text)", super::checkpoint_args::NAMES),
+            ("idem_forget(text,text)", super::forget_args::NAMES),
+            ("idem_configure(text,interval)", super::configure_args::NAMES),
+            ("idem_set_owner(text,regrole)", super::set_owner_args::NAMES),
+            ("idem.key_hash(text,text)", super::key_hash_args::NAMES),
+            ("idem.partition_from(regclass)", super::partition_bound_args::NAMES),
+            ("idem.partition_to(regclass)", super::partition_bound_args::NAMES),
+        ];
+        for (signature, names) in declared {
+            let sql = Spi::get_one_with_args::<Vec<String>>(
+                "SELECT proargnames::text[] FROM pg_proc WHERE oid = $1::regprocedure",
+                &[(*signature).into()],
+            )
+            .unwrap()
+            .unwrap_or_default();
+            assert_eq!(sql, names.iter().map(|n| n.to_string()).collect::<Vec<_>>(), "{signature}");
+        }
+    }
+
+    #[pg_test(error = "idem: key must not be empty")]
+    fn empty_key_is_refused() {
+        Spi::run("SELECT idem_claim('', 'unit')").unwrap();
+    }
+
+    #[pg_test]
+    fn claim_and_duplicate_in_one_transaction() {
+        let first = Spi::get_two::<bool, String>("SELECT claimed, state FROM idem_claim('u1', 'unit')").unwrap();
+        assert_eq!(first, (Some(true), Some("new".into())));
+        let again = Spi::get_two::<bool, String>("SELECT claimed, state FROM idem_claim('u1', 'unit')").unwrap();
+        assert_eq!(again, (Some(false), Some("in_progress".into())));
+        Spi::run("SELECT idem_complete('u1', 'unit', '{\"n\": 1}')").unwrap();
+        let done = Spi::get_two::<String, pgrx::JsonB>("SELECT state, result FROM idem_lookup('u1', 'unit')").unwrap();
+        assert_eq!(done.0.as_deref(), Some("completed"));
+        assert_eq!(done.1.unwrap().0, serde_json::json!({"n": 1}));
+    }
+}

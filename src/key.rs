@@ -1,0 +1,128 @@
+//! The identity of a claim: a business type and a key, validated once, with
+//! the digest storage indexes them by computed once.
+//!
+//! Both are compared as bytes, exactly as the database stores them, in
+//! whatever the database's encoding is: never decoded, never re-encoded.
+
+use crate::errors::{invalid, IdemError};
+use pgrx::pg_sys;
+
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// A validated (biz_type, key) and its digest.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimKey<'a> {
+    pub biz_type: &'a [u8],
+    pub key: &'a [u8],
+    pub hash: i64,
+}
+
+impl<'a> ClaimKey<'a> {
+    /// Validate, or raise 22023 naming the rule that was broken.
+    pub fn new(biz_type: &'a [u8], key: &'a [u8]) -> Self {
+        check_key(key);
+        check_biz_type(biz_type);
+        ClaimKey { biz_type, key, hash: key_hash(biz_type, key) }
+    }
+
+    /// The biz_type as text: validated ASCII.
+    pub fn biz_type_str(&self) -> &'a str {
+        std::str::from_utf8(self.biz_type).expect("biz_type is validated ASCII")
+    }
+}
+
+/// The business type rule. The same rule is written in SQL as
+/// idem.check_name (sql/storage.sql) for the PL/pgSQL functions; the
+/// pg_test below checks that the two agree.
+pub fn valid_biz_type(b: &[u8]) -> bool {
+    (1..=64).contains(&b.len()) && b.iter().all(|c| c.is_ascii_alphanumeric() || b"_.:-".contains(c))
+}
+
+pub fn check_biz_type(b: &[u8]) {
+    if !valid_biz_type(b) {
+        // At most 80 bytes are shown, cut at a character boundary of the
+        // database's encoding (a cut character would not be text).
+        let shown = unsafe { pg_sys::pg_mbcliplen(b.as_ptr().cast(), b.len() as i32, 80) } as usize;
+        IdemError::InvalidValue {
+            what: "biz_type",
+            value: b[..shown.min(b.len())].to_vec(),
+            rule: "it must match ^[A-Za-z0-9_.:-]{1,64}$",
+        }
+        .fail();
+    }
+}
+
+pub fn check_key(k: &[u8]) {
+    if k.is_empty() {
+        invalid("key must not be empty");
+    }
+    if k.len() > MAX_KEY_BYTES {
+        invalid(format!("key is {} bytes long; the limit is {MAX_KEY_BYTES}", k.len()));
+    }
+}
+
+/// The stable digest the index is built on: SipHash-1-3 with a fixed key over
+/// the biz_type's length (one byte: it is at most 64), the biz_type and the
+/// key. Changing it orphans every stored claim, so it never changes.
+pub fn key_hash(biz_type: &[u8], key: &[u8]) -> i64 {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x6964_656d_5f6b_6579, 0x7632_5f73_6970_3133);
+    h.write(&[biz_type.len() as u8]);
+    h.write(biz_type);
+    h.write(key);
+    h.finish() as i64
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::{key_hash, valid_biz_type};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn key_hash_is_stable() {
+        // On disk: these values must never change.
+        let pinned = key_hash(b"payment", b"req-42");
+        let sql = Spi::get_one::<i64>("SELECT idem.key_hash('payment', 'req-42')").unwrap().unwrap();
+        assert_eq!(pinned, sql, "SQL and claim path must agree");
+        assert_eq!(pinned, 0xa92d_befc_b3a3_fdeb_u64 as i64, "the digest of a stored key changed");
+    }
+
+    #[pg_test]
+    fn key_hash_separates_type_from_key() {
+        // ("ab", "c") and ("a", "bc") must not collide by construction.
+        assert_ne!(key_hash(b"ab", b"c"), key_hash(b"a", b"bc"));
+        assert_ne!(key_hash(b"t", b"k"), key_hash(b"u", b"k"));
+    }
+
+    #[pg_test]
+    fn biz_type_rule() {
+        assert!(valid_biz_type(b"payment"));
+        assert!(valid_biz_type(b"orders-consumer:v2.1_x"));
+        assert!(valid_biz_type("a".repeat(64).as_bytes()));
+        assert!(!valid_biz_type(b""));
+        assert!(!valid_biz_type("a".repeat(65).as_bytes()));
+        assert!(!valid_biz_type(b"has space"));
+        assert!(!valid_biz_type("caf\u{e9}".as_bytes()));
+    }
+
+    /// The Rust rule and idem.check_name (for the PL/pgSQL functions) agree
+    /// on every byte and on the length limits.
+    #[pg_test]
+    fn biz_type_rule_matches_sql() {
+        let mut candidates: Vec<Vec<u8>> = (1u8..=127).map(|b| vec![b'a', b]).collect();
+        candidates.push("a".repeat(64).into_bytes());
+        candidates.push("a".repeat(65).into_bytes());
+        candidates.push("é".as_bytes().to_vec());
+        for c in candidates {
+            let text = String::from_utf8(c.clone()).unwrap();
+            let sql_ok = Spi::get_one_with_args::<bool>(
+                "SELECT $1 ~ '^[A-Za-z0-9_.:-]{1,64}$' AND pg_get_functiondef('idem.check_name(text,text)'::regprocedure) LIKE '%^[A-Za-z0-9_.:-]{1,64}$%'",
+                &[text.as_str().into()],
+            )
+            .unwrap()
+            .unwrap();
+            assert_eq!(valid_biz_type(&c), sql_ok, "rule differs for {text:?}");
+        }
+    }
+}

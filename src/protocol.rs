@@ -1,0 +1,278 @@
+//! The claim protocol: the first arrival of (biz_type, key) claims it, every
+//! later one gets the first outcome, and only the holder of a claim may
+//! finish it. One body per operation; how a key's row is found, locked,
+//! waited for and written is storage's business (storage/mod.rs).
+//!
+//! claim: find the key's live row, then
+//!   - none: insert the claim: claimed;
+//!   - another transaction is writing it: storage waits for it (or, without
+//!     wait, the caller is told in_progress);
+//!   - a committed row: a duplicate, answered with the stored outcome and
+//!     nothing written. Under REPEATABLE READ / SERIALIZABLE a row this
+//!     snapshot cannot see raises 40001, as INSERT ... ON CONFLICT does;
+//!   - a committed leased claim (lease.rs): in_progress while the lease
+//!     runs, taken over by this claim once it has run out.
+//!
+//! docs/design.md says why no two claims of a key ever commit.
+
+use crate::biztype;
+use crate::errors::{invalid, IdemError};
+use crate::guc;
+use crate::key::ClaimKey;
+use crate::lease::Lease;
+use crate::storage::{
+    Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING,
+};
+use pgrx::pg_sys;
+
+fn now() -> i64 {
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// What a caller is told about a key.
+pub struct Outcome {
+    pub claimed: bool,
+    pub state: &'static str,
+    pub result: Option<pg_sys::Datum>,
+    pub first_claimed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+}
+
+impl Outcome {
+    fn absent() -> Outcome {
+        Outcome { claimed: false, state: "absent", result: None, first_claimed_at: None, expires_at: None }
+    }
+
+    /// Another transaction is writing the key and the caller would not wait;
+    /// its row, when the storage path can see it, gives the times.
+    fn in_progress(row: Option<&Row>) -> Outcome {
+        match row {
+            Some(row) => Outcome::of_row(row),
+            None => {
+                Outcome { claimed: false, state: "in_progress", result: None, first_claimed_at: None, expires_at: None }
+            }
+        }
+    }
+
+    /// How an existing row reads to someone who did not just claim it.
+    fn of_row(row: &Row) -> Outcome {
+        let running = row.busy.is_some() || row.state == STATE_LEASED;
+        let state = if running {
+            "in_progress"
+        } else {
+            match row.state {
+                STATE_FAILED => "failed",
+                STATE_COMPLETED => "completed",
+                // Claimed and committed without idem_complete: completed,
+                // no result. Still pending in this very transaction: ours.
+                _ if row.own => "in_progress",
+                _ => "completed",
+            }
+        };
+        Outcome {
+            claimed: false,
+            state,
+            result: if running { None } else { row.result },
+            first_claimed_at: Some(row.claimed_at),
+            expires_at: Some(row.expires_at),
+        }
+    }
+}
+
+/// Writers refuse in a read-only transaction or on a hot standby (25006),
+/// before they touch anything, as INSERT does.
+pub fn require_writable(what: &'static str) {
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            IdemError::ReadOnly { what, standby: true }.fail();
+        }
+        if pg_sys::XactReadOnly {
+            IdemError::ReadOnly { what, standby: false }.fail();
+        }
+    }
+}
+
+pub struct ClaimRequest<'a> {
+    pub key: ClaimKey<'a>,
+    pub ttl_us: Option<i64>,
+    pub fingerprint: Option<&'a [u8]>,
+    pub wait: bool,
+    pub lease_us: Option<i64>,
+}
+
+pub fn claim(req: &ClaimRequest) -> Outcome {
+    let k = &req.key;
+    require_writable("idem_claim");
+    let settings = biztype::admit(k);
+    let ttl = req.ttl_us.or(settings.ttl_us).unwrap_or_else(guc::default_ttl_us);
+    if req.lease_us.is_some_and(|lease| lease > ttl) {
+        // A lease never outlives its claim: the claim would expire under a
+        // running lease and a second worker would claim the key.
+        invalid("lease must not be longer than the claim's ttl");
+    }
+    let (store, found) = Storage::find(k, now(), Intent::Claim { wait: req.wait });
+    match found {
+        Found::Busy(row) => Outcome::in_progress(row.as_ref()),
+        Found::Absent(held) => {
+            let now = now();
+            let expires_at = now.saturating_add(ttl);
+            let (state, stored, told) = match req.lease_us {
+                None => (STATE_PENDING, None, None),
+                Some(lease_us) => {
+                    let (lease, token) = Lease::new(1, lease_us, now.saturating_add(lease_us), None, None);
+                    (STATE_LEASED, Some(lease.to_datum()), Some(lease.for_owner(Some(&token))))
+                }
+            };
+            let new = NewRow { claimed_at: now, expires_at, state, fingerprint: req.fingerprint, result: stored };
+            store.insert(k, &new);
+            drop(held);
+            Outcome {
+                claimed: true,
+                state: "new",
+                result: told,
+                first_claimed_at: Some(now),
+                expires_at: Some(expires_at),
+            }
+        }
+        Found::Row(row, held) => {
+            check_duplicate(k, req.fingerprint, &row);
+            let now = now();
+            if row.state != STATE_LEASED || row.own {
+                return Outcome::of_row(&row);
+            }
+            let lease = Lease::from_datum(row.result);
+            if lease.until > now {
+                return Outcome::of_row(&row);
+            }
+            // The lease ran out: this claim takes the work over, and is told
+            // which attempt it is and where the last one got to.
+            let lease_us = req.lease_us.unwrap_or(lease.lease_us);
+            let until = now.saturating_add(lease_us).min(row.expires_at);
+            let (next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
+            store.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
+            drop(held);
+            Outcome {
+                claimed: true,
+                state: "new",
+                result: Some(next.for_owner(Some(&token))),
+                first_claimed_at: Some(row.claimed_at),
+                expires_at: Some(row.expires_at),
+            }
+        }
+    }
+}
+
+/// Under REPEATABLE READ and SERIALIZABLE, a row the caller's snapshot
+/// cannot see must not be reported or written as if it could: 40001, as
+/// INSERT ... ON CONFLICT and UPDATE do.
+fn check_visible(k: &ClaimKey, row: &Row) {
+    if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        IdemError::SerializationFailure { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
+    }
+}
+
+/// A duplicate must be visible to the caller's snapshot and carry the first
+/// claim's fingerprint (if both have one).
+fn check_duplicate(k: &ClaimKey, fingerprint: Option<&[u8]>, row: &Row) {
+    check_visible(k, row);
+    if let (Some(mine), Some(first)) = (fingerprint, row.fingerprint.as_deref()) {
+        if mine != first {
+            IdemError::FingerprintMismatch { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
+        }
+    }
+}
+
+/// Read without claiming, locking or waiting.
+pub fn lookup(k: &ClaimKey) -> Outcome {
+    biztype::admit(k);
+    match Storage::peek(k, now()) {
+        Seen::Absent => Outcome::absent(),
+        Seen::Busy(row) => Outcome::in_progress(row.as_ref()),
+        Seen::Row(row) => Outcome::of_row(&row),
+    }
+}
+
+/// What idem_complete, idem_fail and idem_checkpoint do to a claim.
+pub enum Finish<'a> {
+    Complete(Option<pg_sys::Datum>),
+    Fail(pg_sys::Datum),
+    Checkpoint { point: &'a [u8], data: Option<pg_sys::Datum> },
+}
+
+impl Finish<'_> {
+    fn function(&self) -> &'static str {
+        match self {
+            Finish::Complete(_) => "idem_complete",
+            Finish::Fail(_) => "idem_fail",
+            Finish::Checkpoint { .. } => "idem_checkpoint",
+        }
+    }
+}
+
+/// Record an outcome or a recovery point on a claim the caller holds: one
+/// this transaction made, or a leased claim whose lease token the caller
+/// passes.
+pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
+    require_writable(what.function());
+    biztype::admit(k);
+    let (store, found) = Storage::find(k, now(), Intent::Update);
+    let (row, held) = match found {
+        Found::Row(row, held) => (row, held),
+        Found::Absent(_) | Found::Busy(_) => {
+            not_claimed(k, "is not claimed by this transaction, nor leased to the caller")
+        }
+    };
+    let leased = row.state == STATE_LEASED;
+    let lease = leased.then(|| Lease::from_datum(row.result));
+    let holds = match &lease {
+        Some(lease) => row.own || lease.token_matches(lease_token),
+        None => row.own && !matches!(what, Finish::Checkpoint { .. }),
+    };
+    if !holds {
+        match (&lease, lease_token) {
+            (Some(_), None) => not_claimed(k, "is leased: pass the lease_token that idem_claim returned"),
+            (Some(_), Some(_)) => not_claimed(k, "is leased to another owner (or the lease was taken over)"),
+            (None, _) if row.own => {
+                not_claimed(k, "is not leased: idem_checkpoint needs idem_claim(..., lease => ...)")
+            }
+            (None, _) => not_claimed(k, "is claimed by another transaction, not this one"),
+        }
+    }
+    check_visible(k, &row);
+    match what {
+        Finish::Complete(result) => store.rewrite(&row, k, STATE_COMPLETED, result),
+        Finish::Fail(error) => store.rewrite(&row, k, STATE_FAILED, Some(error)),
+        Finish::Checkpoint { point, data } => {
+            // Recording progress also renews the lease, never beyond the
+            // claim's expiry.
+            let mut lease = lease.expect("checked above: only a leased claim takes a checkpoint");
+            lease.point = Some(crate::datum::jsonb_string(point));
+            lease.data = data;
+            lease.until = now().saturating_add(lease.lease_us).min(row.expires_at);
+            store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
+        }
+    }
+    drop(held);
+}
+
+fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
+    IdemError::NotClaimed { biz_type: k.biz_type.to_vec(), key: k.key.to_vec(), why }.fail()
+}
+
+/// Operator eviction: delete the key's live claim (committed, or this
+/// transaction's own), after waiting for a transaction that is finishing
+/// it; a claim another transaction has not committed is left alone. True if
+/// one was removed.
+pub fn forget(k: &ClaimKey) -> bool {
+    require_writable("idem_forget");
+    biztype::admit(k);
+    let (store, found) = Storage::find(k, now(), Intent::Forget);
+    match found {
+        Found::Row(row, held) => {
+            store.delete(&row, k);
+            drop(held);
+            true
+        }
+        Found::Absent(_) | Found::Busy(_) => false,
+    }
+}

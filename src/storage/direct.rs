@@ -1,0 +1,500 @@
+//! The direct path: idem.claims reached by its partitions' heaps and
+//! indexes, no SQL and no executor. A key's row is found by probing every
+//! partition through its digest index with a dirty snapshot (which also
+//! returns rows other transactions are still writing, and says which
+//! transaction), under the short key lock; a row another transaction is
+//! writing is waited for with the key lock released (docs/design.md §2).
+//!
+//! Tuples have the shape catalog.rs checks every partition for; the column
+//! numbers below follow sql/storage.sql.
+
+use super::keylock::{self, KeyLock};
+use super::{now, Found, Held, Intent, NewRow, Row, Seen, Writer};
+use crate::backend::BackendLocal;
+use crate::catalog::{self, PartitionList};
+use crate::compat;
+use crate::datum::{text_datum, varlena_bytes, varlena_copy};
+use crate::errors::IdemError;
+use crate::key::ClaimKey;
+use pgrx::pg_sys;
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+use std::rc::Rc;
+
+const COL_EXPIRES_AT: usize = 0;
+const COL_CLAIMED_AT: usize = 1;
+const COL_STATE: usize = 2;
+const COL_BIZ_TYPE: usize = 3;
+const COL_KEY: usize = 4;
+const COL_FINGERPRINT: usize = 5;
+const COL_RESULT: usize = 6;
+const NCOLS: usize = 7;
+
+/// idem.claims and every partition, locked and open. Partition `i` here is
+/// `list.parts[i]`.
+pub struct Opened {
+    parent: pg_sys::Relation,
+    lockmode: pg_sys::LOCKMODE,
+    /// Each partition's heap, and its index (opened on first use: empty
+    /// partitions are never probed).
+    parts: Vec<(pg_sys::Relation, Cell<pg_sys::Relation>)>,
+    list: Rc<PartitionList>,
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        self.close_parts();
+        unsafe { pg_sys::table_close(self.parent, pg_sys::NoLock as _) };
+    }
+}
+
+impl Opened {
+    /// Lock idem.claims, then every partition. The parent is locked first:
+    /// idem_maintain changes partitions only under a lock that conflicts with
+    /// ours, so the set stays as read until the transaction ends. Anyone
+    /// else attaching a partition locks the default partition, which we lock
+    /// too: if taking a lock let an invalidation of the list in, read it
+    /// again.
+    ///
+    /// Every partition, also those whose range has ended: a claim whose
+    /// transaction is still open blocks its key whatever its expiry, and
+    /// maintenance cannot drop its partition meanwhile (our lock).
+    pub fn open(lockmode: pg_sys::LOCKMODE) -> Opened {
+        unsafe {
+            let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+            let (_, list) = catalog::partitions();
+            let mut opened = Opened { parent, lockmode, parts: Vec::new(), list };
+            loop {
+                let (generation, list) = catalog::partitions();
+                opened.close_parts();
+                opened.list = list;
+                for p in &opened.list.parts {
+                    opened.parts.push((pg_sys::table_open(p.relid, lockmode), Cell::new(std::ptr::null_mut())));
+                }
+                if catalog::partitions_generation() == generation {
+                    return opened;
+                }
+            }
+        }
+    }
+
+    /// Locks stay until the end of the transaction (NoLock here).
+    fn close_parts(&mut self) {
+        for (heap, index) in self.parts.drain(..) {
+            unsafe {
+                if !index.get().is_null() {
+                    pg_sys::index_close(index.get(), pg_sys::NoLock as _);
+                }
+                if !heap.is_null() {
+                    pg_sys::table_close(heap, pg_sys::NoLock as _);
+                }
+            }
+        }
+    }
+
+    fn index(&self, i: usize) -> pg_sys::Relation {
+        let index = &self.parts[i].1;
+        if index.get().is_null() {
+            index.set(unsafe { pg_sys::index_open(self.list.parts[i].index, self.lockmode) });
+        }
+        index.get()
+    }
+
+    /// The key's row for `intent`, under the short key lock; a row another
+    /// transaction is writing is waited for (or reported) with the lock
+    /// released, then the key is probed again.
+    pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
+        loop {
+            let lock = KeyLock::acquire(k.hash);
+            let row = self.probe(k, now());
+            self.predicate_lock(k);
+            match row {
+                Some(row) => match row.busy {
+                    Some(writer) => {
+                        drop(lock);
+                        let waits = match intent {
+                            Intent::Claim { wait } => wait,
+                            Intent::Update => true,
+                            Intent::Forget => !writer.inserting,
+                        };
+                        if !waits {
+                            return Found::Busy(Some(row));
+                        }
+                        keylock::wait_for(writer.xid);
+                    }
+                    None => return Found::Row(row, Held(Some(lock))),
+                },
+                None => return Found::Absent(Held(Some(lock))),
+            }
+        }
+    }
+
+    /// What a lookup sees: no lock, no wait.
+    pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
+        let row = self.probe(k, now);
+        self.predicate_lock(k);
+        match row {
+            None => Seen::Absent,
+            Some(row) if row.busy.is_some() => Seen::Busy(Some(row)),
+            Some(row) => Seen::Row(row),
+        }
+    }
+
+    /// The live row of `k` if there is one: a committed row that has not
+    /// expired, or one still being written (by another transaction, then
+    /// `busy` is set, or by this one), whatever its expiry.
+    fn probe(&self, k: &ClaimKey, now: i64) -> Option<Row> {
+        // A key has at most one live row (that is what the protocol
+        // guarantees), so the first one found is the answer.
+        for (i, (heap, _)) in self.parts.iter().enumerate() {
+            // An empty partition (the premade future ones, the default one)
+            // cannot hold the key: the size check is much cheaper than an
+            // index descent. Under the key lock no row of this key can
+            // appear meanwhile.
+            let p = &self.list.parts[i];
+            if !p.seen_nonempty.get() {
+                if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(*heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
+                    continue;
+                }
+                p.seen_nonempty.set(true);
+            }
+            if let Some(row) = unsafe { self.probe_one(i, k, now) } {
+                return Some(row);
+            }
+        }
+        None
+    }
+
+    /// Probe partition `i` through its index with a dirty snapshot.
+    unsafe fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
+        unsafe {
+            let heap = self.parts[i].0;
+            let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let scan = begin_key_scan(heap, self.index(i), &mut dirty, k.hash);
+            let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+            let mut found = None;
+            while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+                // dirty.xmin/xmax now describe this tuple's in-progress
+                // writers: an updater or deleter first, else its inserter.
+                let busy = if dirty.xmax != pg_sys::InvalidTransactionId {
+                    Some(Writer { xid: dirty.xmax, inserting: false })
+                } else if dirty.xmin != pg_sys::InvalidTransactionId {
+                    Some(Writer { xid: dirty.xmin, inserting: true })
+                } else {
+                    None
+                };
+                let mut should_free = false;
+                let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut should_free);
+                let own = pg_sys::TransactionIdIsCurrentTransactionId((*(*tuple).t_data).t_choice.t_heap.t_xmin);
+                pg_sys::slot_getsomeattrs_int(slot, NCOLS as i32);
+                let values = std::slice::from_raw_parts((*slot).tts_values, NCOLS);
+                let nulls = std::slice::from_raw_parts((*slot).tts_isnull, NCOLS);
+                let Some(mut row) = row_of(values, nulls, k, i, (*slot).tts_tid) else {
+                    continue; // a digest collision
+                };
+                if busy.is_none() && !own && row.expires_at <= now {
+                    continue; // committed and expired: as good as absent
+                }
+                row.own = own;
+                row.busy = busy;
+                row.visible =
+                    own || busy.is_none() && pg_sys::table_tuple_satisfies_snapshot(heap, slot, mvcc_snapshot());
+                found = Some(row);
+                break;
+            }
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::index_endscan(scan);
+            found
+        }
+    }
+
+    /// Under SERIALIZABLE, take the predicate locks an index scan for the
+    /// key would take in every partition (the dirty probe takes none), so
+    /// that SSI sees a reader of a key that another transaction then
+    /// claims, exactly as with a SELECT on a unique index.
+    fn predicate_lock(&self, k: &ClaimKey) {
+        if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_SERIALIZABLE as i32 {
+            return;
+        }
+        for (i, (heap, _)) in self.parts.iter().enumerate() {
+            unsafe {
+                let scan = begin_key_scan(*heap, self.index(i), mvcc_snapshot(), k.hash);
+                let slot = pg_sys::table_slot_create(*heap, std::ptr::null_mut());
+                while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
+                pg_sys::ExecDropSingleTupleTableSlot(slot);
+                pg_sys::index_endscan(scan);
+            }
+        }
+    }
+
+    /// Insert a new claim row into the partition whose range holds its
+    /// expiry (else the default partition). The key is locked, so no other
+    /// claim of the key can probe between our probe and this insert.
+    pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+        let target = self
+            .list
+            .parts
+            .iter()
+            .position(|p| p.range.is_some_and(|(lo, hi)| lo <= new.expires_at && new.expires_at < hi))
+            .or_else(|| self.list.parts.iter().position(|p| p.range.is_none()))
+            .unwrap_or_else(|| {
+                IdemError::ObjectNotInPrerequisiteState(
+                    "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
+                    Some("Run SELECT idem_maintain(); it recreates idem.claims_default.".into()),
+                )
+                .fail()
+            });
+        let heap = self.parts[target].0;
+        unsafe {
+            let tuple = form(heap, k, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
+            pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
+            self.index_insert(target, k.hash, &mut (*tuple).t_self);
+            remember(k.hash, self.list.parts[target].relid, (*tuple).t_self);
+        }
+    }
+
+    /// Rewrite a row with a new state and result. The key is locked and the
+    /// row was found not busy: every writer of a claim row (claims,
+    /// finishes, checkpoints, idem_forget) does the same, and idem_maintain
+    /// moves rows only under an exclusive lock on idem.claims, so no
+    /// concurrent update can get in the way of the update.
+    pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
+        let heap = self.parts[row.part].0;
+        unsafe {
+            let fingerprint = row.fingerprint.as_deref();
+            let tuple = form(heap, k, row.claimed_at, row.expires_at, state, fingerprint, result);
+            let mut otid = row.tid;
+            // The row may have been written by this very command (a claim and
+            // its completion in one statement): make it updatable.
+            pg_sys::CommandCounterIncrement();
+            if compat::heap_update(heap, &mut otid, tuple) {
+                self.index_insert(row.part, k.hash, &mut (*tuple).t_self);
+            }
+            if row.own {
+                remember(k.hash, self.list.parts[row.part].relid, (*tuple).t_self);
+            }
+        }
+    }
+
+    /// Delete a row (idem_forget), under the same rule as `rewrite`.
+    pub fn delete(&self, row: &Row) {
+        let mut tid = row.tid;
+        unsafe {
+            pg_sys::CommandCounterIncrement();
+            pg_sys::simple_heap_delete(self.parts[row.part].0, &mut tid);
+        }
+    }
+
+    unsafe fn index_insert(&self, i: usize, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+        unsafe {
+            let index = self.index(i);
+            let mut v = [pg_sys::Datum::from(hash)];
+            let mut n = [false];
+            pg_sys::index_insert(
+                index,
+                v.as_mut_ptr(),
+                n.as_mut_ptr(),
+                tid,
+                self.parts[i].0,
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO,
+                false,
+                self.list.index_info(i, index),
+            );
+        }
+    }
+
+    /// This transaction's own live row of `k` at `tid` in partition `i`, or
+    /// None if it is not (any more) there. Prunes the page on the way, as
+    /// an executor's read of the page would: the completion of a claim
+    /// leaves the claim's first version dead on this very page.
+    unsafe fn fetch_own(&self, i: usize, tid: pg_sys::ItemPointerData, k: &ClaimKey) -> Option<Row> {
+        unsafe {
+            let heap = self.parts[i].0;
+            let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let mut tuple: pg_sys::HeapTupleData = MaybeUninit::zeroed().assume_init();
+            tuple.t_self = tid;
+            let mut buffer: pg_sys::Buffer = 0;
+            if !pg_sys::heap_fetch(heap, &mut dirty, &mut tuple, &mut buffer, true) {
+                if buffer != 0 {
+                    pg_sys::ReleaseBuffer(buffer);
+                }
+                return None;
+            }
+            let mut values = [pg_sys::Datum::from(0); NCOLS];
+            let mut nulls = [false; NCOLS];
+            pg_sys::heap_deform_tuple(&mut tuple, (*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let own = pg_sys::TransactionIdIsCurrentTransactionId((*tuple.t_data).t_choice.t_heap.t_xmin);
+            let row = row_of(&values, &nulls, k, i, tid).filter(|_| own).map(|mut row| {
+                row.own = true;
+                row.visible = true;
+                row
+            });
+            pg_sys::heap_page_prune_opt(heap, buffer);
+            pg_sys::ReleaseBuffer(buffer);
+            row
+        }
+    }
+}
+
+/// A scan of `index` for the key digest `hash`.
+unsafe fn begin_key_scan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    hash: i64,
+) -> pg_sys::IndexScanDesc {
+    unsafe {
+        let mut skey: pg_sys::ScanKeyData = MaybeUninit::zeroed().assume_init();
+        pg_sys::ScanKeyInit(
+            &mut skey,
+            1,
+            pg_sys::BTEqualStrategyNumber as _,
+            pg_sys::Oid::from(pg_sys::F_INT8EQ),
+            pg_sys::Datum::from(hash),
+        );
+        let scan = compat::index_beginscan(heap, index, snapshot, 1);
+        pg_sys::index_rescan(scan, &mut skey, 1, std::ptr::null_mut(), 0);
+        scan
+    }
+}
+
+/// The caller's MVCC snapshot: the statement's, else the transaction's.
+fn mvcc_snapshot() -> pg_sys::Snapshot {
+    unsafe {
+        if pg_sys::ActiveSnapshotSet() {
+            pg_sys::GetActiveSnapshot()
+        } else {
+            pg_sys::GetTransactionSnapshot()
+        }
+    }
+}
+
+/// A stored row's columns as a `Row` of key `k`, or None if the row is of
+/// another key (a digest collision). Writer fields are left for the caller.
+///
+/// # Safety
+/// `values` and `nulls` are a deformed claims tuple (NCOLS columns).
+unsafe fn row_of(
+    values: &[pg_sys::Datum],
+    nulls: &[bool],
+    k: &ClaimKey,
+    part: usize,
+    tid: pg_sys::ItemPointerData,
+) -> Option<Row> {
+    unsafe {
+        if varlena_bytes(values[COL_KEY]) != k.key || varlena_bytes(values[COL_BIZ_TYPE]) != k.biz_type {
+            return None;
+        }
+        Some(Row {
+            part,
+            tid,
+            state: values[COL_STATE].value() as u8,
+            claimed_at: values[COL_CLAIMED_AT].value() as i64,
+            expires_at: values[COL_EXPIRES_AT].value() as i64,
+            fingerprint: (!nulls[COL_FINGERPRINT]).then(|| varlena_bytes(values[COL_FINGERPRINT]).to_vec()),
+            result: (!nulls[COL_RESULT]).then(|| varlena_copy(values[COL_RESULT])),
+            own: false,
+            busy: None,
+            visible: false,
+        })
+    }
+}
+
+/// A claims tuple with these columns, in `heap`'s descriptor.
+///
+/// # Safety
+/// `heap` is an open partition of idem.claims (its shape checked).
+unsafe fn form(
+    heap: pg_sys::Relation,
+    k: &ClaimKey,
+    claimed_at: i64,
+    expires_at: i64,
+    state: u8,
+    fingerprint: Option<&[u8]>,
+    result: Option<pg_sys::Datum>,
+) -> pg_sys::HeapTuple {
+    let mut values = [pg_sys::Datum::from(0); NCOLS];
+    let mut nulls = [false; NCOLS];
+    values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
+    values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
+    values[COL_STATE] = pg_sys::Datum::from(state as i8);
+    values[COL_BIZ_TYPE] = text_datum(k.biz_type);
+    values[COL_KEY] = text_datum(k.key);
+    match fingerprint {
+        Some(f) => values[COL_FINGERPRINT] = text_datum(f),
+        None => nulls[COL_FINGERPRINT] = true,
+    }
+    match result {
+        Some(r) => values[COL_RESULT] = r,
+        None => nulls[COL_RESULT] = true,
+    }
+    unsafe { pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
+}
+
+/// Where this backend last wrote a claim row of its own, so that finishing
+/// the claim just made (the common idem_claim ... idem_complete pattern)
+/// needs no probe of every partition and no key lock: a row this
+/// transaction has not committed is invisible to every other writer.
+/// Forgotten when any subtransaction aborts (the row may be dead, and its
+/// page vacuumed away), and worthless in any other transaction.
+#[derive(Clone, Copy)]
+struct Recent {
+    xid: pg_sys::TransactionId,
+    hash: i64,
+    relid: pg_sys::Oid,
+    tid: pg_sys::ItemPointerData,
+}
+
+static RECENT: BackendLocal<Option<Recent>> = BackendLocal::new(None);
+static RECENT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
+
+fn remember(hash: i64, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
+    if !RECENT_CALLBACK.get() {
+        RECENT_CALLBACK.set(true);
+        unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
+    }
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    RECENT.set(Some(Recent { xid, hash, relid, tid }));
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget_recent_on_abort(
+    event: pg_sys::SubXactEvent::Type,
+    _my: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        RECENT.set(None);
+    }
+}
+
+/// This transaction's own live row of `k`, if it is the one remembered,
+/// with idem.claims and its partition locked and open.
+pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
+    let r = RECENT.get()?;
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    if r.hash != k.hash || xid == pg_sys::InvalidTransactionId || r.xid != xid {
+        return None;
+    }
+    unsafe {
+        let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+        let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+        let (_, list) = catalog::partitions();
+        let Some(i) = list.parts.iter().position(|p| p.relid == r.relid) else {
+            pg_sys::table_close(parent, pg_sys::NoLock as _);
+            return None;
+        };
+        // Only partition i is opened; the others' slots stay empty (never
+        // touched: the row is in partition i).
+        let mut opened = Opened { parent, lockmode, parts: Vec::new(), list };
+        for (j, p) in opened.list.parts.iter().enumerate() {
+            let heap = if j == i { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
+            opened.parts.push((heap, Cell::new(std::ptr::null_mut())));
+        }
+        let row = opened.fetch_own(i, r.tid, k)?;
+        Some((opened, row))
+    }
+}

@@ -1,0 +1,78 @@
+//! The key lock: a heavyweight lock on a tag derived from the key's digest,
+//! which serializes the probe-then-write of one key across sessions.
+//!
+//! The direct path holds it for microseconds (`KeyLock`, released when
+//! dropped), never while waiting for another transaction: after its insert,
+//! the row itself (seen by the next claimer's dirty probe) is what makes
+//! later claimers wait. The SQL path cannot see uncommitted rows, so there
+//! it is held until the transaction ends (`lock_until_end`). Both use one
+//! tag, so a key is never locked two ways.
+//!
+//! pg_locks shows it as an advisory lock with objsubid = 18756 ('ID').
+
+use pgrx::pg_sys;
+
+const KEYLOCK_FIELD4: u16 = 0x4944;
+
+fn tag(hash: i64) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
+        locktag_field2: ((hash as u64) >> 32) as u32,
+        locktag_field3: hash as u32,
+        locktag_field4: KEYLOCK_FIELD4,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+/// The short key lock of the direct path; released on drop.
+pub struct KeyLock(pg_sys::LOCKTAG);
+
+impl KeyLock {
+    pub fn acquire(hash: i64) -> KeyLock {
+        let tag = tag(hash);
+        unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
+        KeyLock(tag)
+    }
+}
+
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        unsafe { pg_sys::LockRelease(&self.0, pg_sys::ExclusiveLock as _, false) };
+    }
+}
+
+/// The SQL path's key lock, kept until the transaction ends. False if `wait`
+/// is off and another transaction holds it.
+pub fn lock_until_end(hash: i64, wait: bool) -> bool {
+    let tag = tag(hash);
+    let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
+    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// Whether another transaction holds the key lock (the SQL path's only sign
+/// of a claim in progress, which no statement can see yet).
+pub fn held_elsewhere(hash: i64) -> bool {
+    // No claim runs on a hot standby, so nobody can hold it there.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return false;
+    }
+    let tag = tag(hash);
+    unsafe {
+        if pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, true)
+            == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+        {
+            return true;
+        }
+        // Undo this acquisition only: a lock this transaction already held
+        // (its own claim) stays held.
+        pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as _, false);
+        false
+    }
+}
+
+/// Wait for another transaction to end (honours lock_timeout and
+/// statement_timeout, and takes part in deadlock detection).
+pub fn wait_for(xid: pg_sys::TransactionId) {
+    unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
+}

@@ -1,0 +1,167 @@
+//! Where claims live, and how a key's row is found, locked, waited for and
+//! written. The protocol (protocol.rs) asks for a key's row and writes it;
+//! everything that differs between the two ways of reaching idem.claims —
+//! how the key is locked, when a writer is waited for, how rows are read
+//! and written — is decided here, behind `Storage`:
+//!
+//! * direct.rs: the partitions' heaps and indexes by OID, with a dirty
+//!   snapshot and a short key lock (the fast path);
+//! * sql.rs: SQL on the logical table under a key lock held to the end of
+//!   the transaction (`idem.storage_access = sql`; works on Citus).
+//!
+//! keylock.rs is the lock both use. docs/design.md §2 and §9 say why each
+//! path lets at most one claim of a key commit.
+
+mod direct;
+pub mod keylock;
+mod sql;
+
+use crate::guc;
+use crate::key::ClaimKey;
+use pgrx::pg_sys;
+
+pub const STATE_PENDING: u8 = b'p';
+pub const STATE_COMPLETED: u8 = b'c';
+pub const STATE_FAILED: u8 = b'f';
+pub const STATE_LEASED: u8 = b'l';
+
+/// A live row of one key, as a probe found it.
+pub struct Row {
+    /// Where the row is: the direct path's partition (index into its list)
+    /// and tuple; unused on the SQL path.
+    pub part: usize,
+    pub tid: pg_sys::ItemPointerData,
+    pub state: u8,
+    pub claimed_at: i64,
+    pub expires_at: i64,
+    pub fingerprint: Option<Vec<u8>>,
+    /// Detoasted copy in the caller's memory context.
+    pub result: Option<pg_sys::Datum>,
+    /// Written by this transaction (or one of its subtransactions).
+    pub own: bool,
+    /// Another transaction that is writing the row, if any.
+    pub busy: Option<Writer>,
+    /// Visible to the caller's MVCC snapshot.
+    pub visible: bool,
+}
+
+/// A transaction still writing a row another transaction found.
+#[derive(Clone, Copy)]
+pub struct Writer {
+    pub xid: pg_sys::TransactionId,
+    /// It inserted the row (a claim not yet committed), rather than
+    /// updating or deleting a committed one.
+    pub inserting: bool,
+}
+
+/// What the caller means to do with the key's row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Intent {
+    /// Claim it: a committed final outcome may be answered as it is; absent
+    /// or leased, the key must be locked against other claimers.
+    Claim { wait: bool },
+    /// Change the row (finish, checkpoint): always locked, always waiting
+    /// for another writer.
+    Update,
+    /// Delete a committed row (idem_forget): as Update, except that a claim
+    /// another transaction has not committed yet is not waited for (it is
+    /// not forgettable; the caller is told Busy).
+    Forget,
+}
+
+/// The key's row, found for an `Intent`.
+pub enum Found {
+    /// No live row. The key is locked against other claimers for as long as
+    /// `Held` lives (direct path) or the transaction lasts (SQL path).
+    Absent(Held),
+    /// The key's live row (committed, or this transaction's own); locked as
+    /// above unless it is a committed final outcome found for a claim.
+    Row(Row, Held),
+    /// Another transaction is writing the key and the caller would not wait
+    /// (the row, when the path can see it).
+    Busy(Option<Row>),
+}
+
+/// Proof that the key is locked; dropping it ends the direct path's short
+/// lock (the SQL path's lasts until the transaction ends).
+pub struct Held(#[allow(dead_code)] Option<keylock::KeyLock>);
+
+/// What a lookup sees, without locking or waiting.
+pub enum Seen {
+    Absent,
+    Row(Row),
+    /// A claim in progress in another transaction (its row, when visible).
+    Busy(Option<Row>),
+}
+
+/// idem.claims, opened the way this server reaches it.
+pub enum Storage {
+    Direct(direct::Opened),
+    Sql(sql::SqlStore),
+}
+
+impl Storage {
+    /// Find `k`'s row for `intent`, opening storage for writing.
+    pub fn find(k: &ClaimKey, now: i64, intent: Intent) -> (Storage, Found) {
+        if guc::sql_access() {
+            let store = sql::SqlStore::open();
+            let found = store.find(k, intent);
+            return (Storage::Sql(store), found);
+        }
+        if matches!(intent, Intent::Update | Intent::Forget) {
+            // The claim this transaction just made: found without a probe.
+            if let Some((opened, row)) = direct::open_recent(k, now) {
+                return (Storage::Direct(opened), Found::Row(row, Held(None)));
+            }
+        }
+        let opened = direct::Opened::open(pg_sys::RowExclusiveLock as _);
+        let found = opened.find(k, intent);
+        (Storage::Direct(opened), found)
+    }
+
+    /// What a lookup sees of `k` now.
+    pub fn peek(k: &ClaimKey, now: i64) -> Seen {
+        if guc::sql_access() {
+            sql::SqlStore::open().peek(k, now)
+        } else {
+            direct::Opened::open(pg_sys::AccessShareLock as _).peek(k, now)
+        }
+    }
+
+    /// Insert a new claim row; the key is locked (`Found::Absent`).
+    pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+        match self {
+            Storage::Direct(d) => d.insert(k, new),
+            Storage::Sql(s) => s.insert(k, new),
+        }
+    }
+
+    /// Give a row found locked a new state and result.
+    pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
+        match self {
+            Storage::Direct(d) => d.rewrite(row, k, state, result),
+            Storage::Sql(s) => s.rewrite(row, k, state, result),
+        }
+    }
+
+    /// Delete a row found locked.
+    pub fn delete(&self, row: &Row, k: &ClaimKey) {
+        match self {
+            Storage::Direct(d) => d.delete(row),
+            Storage::Sql(s) => s.delete(row, k),
+        }
+    }
+}
+
+/// A claim row to insert.
+pub struct NewRow<'a> {
+    pub claimed_at: i64,
+    pub expires_at: i64,
+    pub state: u8,
+    pub fingerprint: Option<&'a [u8]>,
+    pub result: Option<pg_sys::Datum>,
+}
+
+fn now() -> i64 {
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}

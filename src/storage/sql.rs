@@ -1,0 +1,243 @@
+//! The SQL path (`idem.storage_access = sql`): idem.claims reached through
+//! SQL on the logical table, for storage the direct path cannot see — on a
+//! Citus worker, idem.claims is a shell and the rows live in shard tables;
+//! statements on the logical table are routed to the shard.
+//!
+//! SQL cannot see another transaction's uncommitted row (no dirty
+//! snapshot), so here the key lock is held until the transaction ends: a
+//! second claimer of the key waits on the lock (or, without wait, is told
+//! in_progress), then sees the first one's row if it committed. That needs
+//! READ COMMITTED, where every statement sees everything committed before
+//! it (docs/design.md §9).
+//!
+//! Values go in and come out as datums (spi.rs): keys keep their exact
+//! bytes in every database encoding.
+
+use super::keylock;
+use super::{Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
+use crate::catalog;
+use crate::datum::{text_datum, varlena_bytes};
+use crate::errors::IdemError;
+use crate::key::ClaimKey;
+use crate::spi::Statement;
+use pgrx::pg_sys;
+
+/// Every row of the key, expired or not (this transaction's own expired
+/// row still counts), found through the digest index as on the direct path.
+static PROBE: Statement = Statement::new(
+    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin
+        FROM idem.claims
+       WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
+         AND biz_type OPERATOR(pg_catalog.=) $2
+         AND key OPERATOR(pg_catalog.=) $3",
+    &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+);
+
+static INSERT: Statement = Statement::new(
+    c"INSERT INTO idem.claims (expires_at, claimed_at, state, biz_type, key, fingerprint, result)
+      VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    &[
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::CHAROID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+    ],
+);
+
+static REWRITE: Statement = Statement::new(
+    c"UPDATE idem.claims SET state = $1, result = $2
+       WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $3
+         AND biz_type OPERATOR(pg_catalog.=) $4
+         AND key OPERATOR(pg_catalog.=) $5
+         AND expires_at OPERATOR(pg_catalog.=) $6
+         AND claimed_at OPERATOR(pg_catalog.=) $7",
+    &[
+        pg_sys::CHAROID,
+        pg_sys::JSONBOID,
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+);
+
+static DELETE: Statement = Statement::new(
+    c"DELETE FROM idem.claims
+       WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
+         AND biz_type OPERATOR(pg_catalog.=) $2
+         AND key OPERATOR(pg_catalog.=) $3
+         AND expires_at OPERATOR(pg_catalog.=) $4
+         AND claimed_at OPERATOR(pg_catalog.=) $5",
+    &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID],
+);
+
+pub struct SqlStore;
+
+/// A new snapshot made the active one for as long as this lives.
+struct FreshSnapshot;
+
+impl FreshSnapshot {
+    fn push() -> FreshSnapshot {
+        unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+        FreshSnapshot
+    }
+}
+
+impl Drop for FreshSnapshot {
+    fn drop(&mut self) {
+        unsafe { pg_sys::PopActiveSnapshot() };
+    }
+}
+
+/// Under REPEATABLE READ or SERIALIZABLE, a snapshot taken before the key
+/// lock wait could miss a claim committed after it, and nothing would
+/// tell: refuse.
+fn require_read_committed() {
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        IdemError::FeatureNotSupported(
+            "idem.storage_access = sql works under READ COMMITTED only: a REPEATABLE READ or SERIALIZABLE snapshot cannot see a claim committed after it was taken".into(),
+            Some("Claim in a READ COMMITTED transaction.".into()),
+        )
+        .fail();
+    }
+}
+
+/// The protocol keeps one live row per key; more means it was broken, which
+/// mixing storage paths does (docs/design.md §9).
+fn mixed(what: String) -> ! {
+    IdemError::ObjectNotInPrerequisiteState(
+        what,
+        Some("Were claims of this key made with different idem.storage_access settings? Every session must use one path.".into()),
+    )
+    .fail()
+}
+
+fn ts(us: i64) -> Option<pg_sys::Datum> {
+    Some(pg_sys::Datum::from(us))
+}
+
+impl SqlStore {
+    pub fn open() -> SqlStore {
+        SqlStore
+    }
+
+    /// A committed outcome other than a lease is final until it expires: a
+    /// claim that finds one is answered without the lock, so duplicates of
+    /// a committed claim never queue behind each other. Otherwise the key
+    /// is locked (or, without wait, found held: in_progress) and probed
+    /// again, now that whoever held it has ended.
+    pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
+        require_read_committed();
+        if let Intent::Claim { .. } = intent {
+            if let Some(row) = self.probe(k, super::now()) {
+                if row.state != STATE_LEASED && !row.own {
+                    return Found::Row(row, Held(None));
+                }
+            }
+        }
+        let wait = intent != Intent::Claim { wait: false };
+        if !keylock::lock_until_end(k.hash, wait) {
+            return Found::Busy(None);
+        }
+        match self.probe(k, super::now()) {
+            Some(row) => Found::Row(row, Held(None)),
+            None => Found::Absent(Held(None)),
+        }
+    }
+
+    pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
+        match self.probe(k, now) {
+            Some(row) => Seen::Row(row),
+            None if keylock::held_elsewhere(k.hash) => Seen::Busy(None),
+            None => Seen::Absent,
+        }
+    }
+
+    /// The key's live row: committed and unexpired, or this transaction's.
+    fn probe(&self, k: &ClaimKey, now: i64) -> Option<Row> {
+        // A read-only statement reads with the active snapshot, the calling
+        // statement's, taken before any wait for the key lock. Read with a
+        // new one instead (READ COMMITTED: it sees the claim the lock holder
+        // committed). A statement that writes would take one too, but it
+        // would take a transaction id, and a duplicate must write nothing.
+        let rows = catalog::as_owner(|| {
+            let _fresh = FreshSnapshot::push();
+            PROBE.query(&[Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))])
+        });
+        let mut live = rows.into_iter().filter_map(|r| {
+            let xmin = r[5].map_or(pg_sys::InvalidTransactionId, |d| pg_sys::TransactionId::from(d.value() as u32));
+            let own = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) };
+            let expires_at = r[2].map_or(0, |d| d.value() as i64);
+            (own || expires_at > now).then(|| Row {
+                part: 0,
+                tid: pg_sys::ItemPointerData::default(),
+                state: r[0].map_or(b'p', |d| d.value() as u8),
+                claimed_at: r[1].map_or(0, |d| d.value() as i64),
+                expires_at,
+                fingerprint: r[3].map(|d| unsafe { varlena_bytes(d) }.to_vec()),
+                result: r[4],
+                own,
+                // Only committed rows and our own are visible to a
+                // statement, and under READ COMMITTED every committed row is.
+                busy: None,
+                visible: true,
+            })
+        });
+        let first = live.next();
+        let more = live.count();
+        if more > 0 {
+            mixed(format!("{} live claims of one key in idem.claims", more + 1));
+        }
+        first
+    }
+
+    pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+        catalog::as_owner(|| {
+            INSERT.execute(&[
+                ts(new.expires_at),
+                ts(new.claimed_at),
+                Some(pg_sys::Datum::from(new.state as i8)),
+                Some(text_datum(k.biz_type)),
+                Some(text_datum(k.key)),
+                new.fingerprint.map(text_datum),
+                new.result,
+            ])
+        });
+    }
+
+    pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
+        let (n, _) = catalog::as_owner(|| {
+            REWRITE.execute(&[
+                Some(pg_sys::Datum::from(state as i8)),
+                result,
+                Some(pg_sys::Datum::from(k.hash)),
+                Some(text_datum(k.biz_type)),
+                Some(text_datum(k.key)),
+                ts(row.expires_at),
+                ts(row.claimed_at),
+            ])
+        });
+        if n != 1 {
+            mixed(format!("the claim row to update was found {n} times, not once"));
+        }
+    }
+
+    pub fn delete(&self, row: &Row, k: &ClaimKey) {
+        let (n, _) = catalog::as_owner(|| {
+            DELETE.execute(&[
+                Some(pg_sys::Datum::from(k.hash)),
+                Some(text_datum(k.biz_type)),
+                Some(text_datum(k.key)),
+                ts(row.expires_at),
+                ts(row.claimed_at),
+            ])
+        });
+        if n != 1 {
+            mixed(format!("the claim row to delete was found {n} times, not once"));
+        }
+    }
+}
