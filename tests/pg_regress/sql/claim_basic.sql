@@ -21,10 +21,13 @@ SELECT claimed, state, result FROM idem_lookup('order-1', 'basic');
 COMMIT;
 
 -- A duplicate in a later transaction gets the stored result and the original first_claimed_at.
-SELECT first_claimed_at AS first_at, expires_at AS first_expires FROM idem_lookup('order-1', 'basic') \gset
+-- (Kept as epoch numbers: a timestamp's text form depends on the session's
+-- DateStyle and TimeZone, and would not read back exactly in every one.)
+SELECT extract(epoch FROM first_claimed_at) AS first_at, extract(epoch FROM expires_at) AS first_expires
+  FROM idem_lookup('order-1', 'basic') \gset
 SELECT claimed, state, result,
-       first_claimed_at = :'first_at'::timestamptz AS same_first_claimed_at,
-       expires_at = :'first_expires'::timestamptz AS same_expires_at
+       extract(epoch FROM first_claimed_at) = :first_at AS same_first_claimed_at,
+       extract(epoch FROM expires_at) = :first_expires AS same_expires_at
   FROM idem_claim('order-1', 'basic');
 -- The composite form works too.
 SELECT (idem_claim('order-1', 'basic')).claimed, (idem_claim('order-1', 'basic')).result;
