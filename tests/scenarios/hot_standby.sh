@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# idem on a hot standby: a primary (port 5513) with a streaming replica
+# (port 5514) as its synchronous standby, synchronous_commit =
+# remote_apply, so that a commit on the primary has been replayed on the
+# replica when it returns. On the replica, idem_lookup answers from the
+# replicated claims (committed outcomes, and in_progress for a claim whose
+# transaction is still open on the primary); every writer fails with 25006
+# and a hint to claim on the primary (0.2.0: an xid-assignment error). Both
+# storage paths.
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+
+pdir="$(cluster_dir)/standby/primary"
+rdir="$(cluster_dir)/standby/replica"
+pport=5513
+rport=5514
+mkdir -p "$(dirname "$pdir")"
+pgsh="$ROOT/tests/stress/pg.sh"
+cleanup() {
+  [ -n "${holder:-}" ] && kill "$holder" 2>/dev/null
+  bash "$pgsh" destroy "$pdir" "$rdir"
+}
+trap cleanup EXIT
+set +e
+
+bash "$pgsh" init "$pdir" "$pport" primary
+bash "$pgsh" start "$pdir"
+bash "$pgsh" replica "$pdir" "$rdir" "$rport"
+primary() { "$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$pdir" -p "$pport" -U postgres "$@"; }
+replica() { "$PG_BIN/psql" -X -At -h "$rdir" -p "$rport" -U postgres "$@"; }
+# Commits on the primary wait for the standby from here on (a state the
+# primary reports, waited for with a bound).
+for _ in $(seq 1 100); do
+  state=$(primary -d postgres -c "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'stress_replica'")
+  [ "$state" = sync ] && break
+  sleep 0.1
+done
+[ "$state" = sync ] || { echo "FAIL: the replica is not a synchronous standby ($state)"; exit 1; }
+
+primary -q -d postgres -c "CREATE DATABASE standby"
+primary -q -d standby >/dev/null <<'SQL'
+CREATE EXTENSION idem;
+BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"charge": 7}'); COMMIT;
+BEGIN; SELECT idem_claim('declined', 'pay'); SELECT idem_fail('declined', 'pay', '{"reason": "card"}'); COMMIT;
+SQL
+# A claim whose transaction stays open on the primary. The holder signals
+# that it has claimed by taking an advisory lock the script can see.
+coproc HOLDER { primary -d standby; }
+holder=$HOLDER_PID
+echo "BEGIN; SELECT idem_claim('open', 'pay'); SELECT pg_advisory_lock(4242); SELECT 'claimed';" >&"${HOLDER[1]}"
+# (read's timeout only bounds a hang; the verdict is the line itself)
+while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = claimed ] && break; done
+[ "$line" = claimed ] || { echo "FAIL: the holder did not claim: $line"; exit 1; }
+# Its insert is replayed on the standby once a later commit has been: make one.
+primary -q -d standby -c "SELECT idem_configure('sync.marker', '1 hour')"
+
+fails=0
+check() { # label want got
+  if [ "$2" = "$3" ]; then echo "ok: $1: $3"; else echo "FAIL: $1: want '$2', got '$3'"; fails=$((fails + 1)); fi
+}
+for path in direct sql; do
+  replica -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
+  check "$path: replica in recovery" t "$(replica -d standby -c "SELECT pg_is_in_recovery()")"
+  check "$path: lookup of a completed claim" 'completed|{"charge": 7}' "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('done', 'pay')")"
+  check "$path: lookup of a failed claim" 'failed|{"reason": "card"}' "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('declined', 'pay')")"
+  check "$path: lookup of an unknown key" absent "$(replica -d standby -c "SELECT state FROM idem_lookup('never', 'pay')")"
+  # The SQL path cannot see an uncommitted claim, nor its key lock (a
+  # primary's lock is not on the standby): absent there, in_progress on the
+  # direct path, which sees the replayed row and its running transaction.
+  want=in_progress; [ "$path" = sql ] && want=absent
+  check "$path: lookup of a claim still open on the primary" "$want" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")"
+  for call in "idem_claim('new', 'pay')" "idem_claim('done', 'pay')" "idem_complete('done', 'pay')" \
+              "idem_fail('done', 'pay', '{}')" "idem_checkpoint('done', 'pay', 'p')" "idem_forget('done', 'pay')" \
+              "idem_configure('pay', '1 hour')" "idem_set_owner('pay', NULL)"; do
+    got=$(replica -d standby -c "\\set VERBOSITY verbose" -c "SELECT $call" 2>&1 | (grep -E "^ERROR|^HINT" || true) | tr '\n' ' ')
+    case "$got" in
+      *"ERROR:  25006: cannot execute idem_"*"in a read-only transaction"*"HINT:  This server is a hot standby: claim on the primary"*)
+        echo "ok: $path: $call refused with 25006 and the hint" ;;
+      *) echo "FAIL: $path: $call on the standby: $got"; fails=$((fails + 1)) ;;
+    esac
+  done
+done
+# The holder commits; the standby then reads the claim as completed.
+echo "COMMIT; SELECT 'committed';" >&"${HOLDER[1]}"
+while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = committed ] && break; done
+primary -q -d standby -c "SELECT idem_configure('sync.marker', '2 hours')"
+check "lookup after the primary committed" completed "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")"
+echo "hot standby checks failed: $fails"
+[ "$fails" = 0 ]

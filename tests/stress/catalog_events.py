@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Catalog events while sessions keep claiming.
+
+Client threads, one long-lived connection each, claim and complete keys
+without pause (about a third of the claims repeat an earlier key). The main
+thread runs, one after the other, every catalog event that changes
+something idem caches per session:
+
+  REINDEX INDEX CONCURRENTLY of each partition's index (new index OIDs),
+  REINDEX TABLE, VACUUM FULL and CLUSTER of a partition (new files),
+  idem_maintain() with a new partition width (partitions created, dropped,
+  claims moved out of the default partition), a partition detached and
+  attached again by hand, ALTER EXTENSION idem UPDATE (from the previous
+  version, installed at the start), and DROP EXTENSION + CREATE EXTENSION.
+
+After each event the main thread waits until every client has finished at
+least two further claims: a client whose next call fails permanently (0.2.0:
+XX000 until reconnect after REINDEX CONCURRENTLY or a reinstall) never
+does, and the run fails. Errors while an event holds its lock
+(lock_timeout, a claim during the reinstall that finds the extension gone)
+are counted, not failures; XX000 never is.
+
+At the end: every acknowledged claim (committed, and not erased by the
+reinstall) replays its stored result from a fresh session, and no key has
+two live claims.
+"""
+import argparse
+import collections
+import random
+import sys
+import threading
+import time
+
+import psycopg
+from psycopg import sql
+
+BIZ = "catalog"
+# An event's window: a claim may fail while the event holds its lock or
+# while the extension is gone. Anything else is a failure.
+TRANSIENT = {"55P03", "57014", "55000", "42P01", "42883", "3F000", "40P01", "25P02", "0A000"}
+
+
+class Client(threading.Thread):
+    def __init__(self, n, dsn, stop, state):
+        super().__init__(daemon=True)
+        self.n, self.dsn, self.stop, self.state = n, dsn, stop, state
+        self.done = 0           # claims finished (ok or a duplicate)
+        self.acked = {}         # key -> (result, epoch), committed by this client
+        self.errors = collections.Counter()
+        self.fatal = []
+
+    def run(self):
+        rnd = random.Random(self.n)
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        conn.execute("SET lock_timeout = '2s'")
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            if self.acked and rnd.random() < 0.33:
+                key = rnd.choice(list(self.acked))
+            else:
+                key = f"c{self.n}-{i}"
+            # The epoch counts reinstalls (which erase every claim); a call
+            # that straddles one proves nothing about the keys it touched.
+            epoch = self.state["epoch"]
+            try:
+                with conn.transaction():
+                    claimed, state, result = conn.execute(
+                        "SELECT claimed, state, result FROM idem_claim(%s, %s)", (key, BIZ)).fetchone()
+                    if claimed:
+                        conn.execute("SELECT idem_complete(%s, %s, jsonb_build_object('key', %s::text))", (key, BIZ, key))
+                same_epoch = self.state["epoch"] == epoch
+                if claimed:
+                    self.acked[key] = ({"key": key}, epoch if same_epoch else None)
+                elif same_epoch and key in self.acked and self.acked[key][1] == epoch:
+                    if (state, result) != ("completed", self.acked[key][0]):
+                        self.fatal.append(f"{key}: duplicate answered {state} {result}")
+                self.done += 1
+            except psycopg.Error as e:
+                code = e.sqlstate or "?"
+                self.errors[code] += 1
+                if code not in TRANSIENT:
+                    self.fatal.append(f"{key}: {code} {e}".splitlines()[0])
+                    if code == "XX000":
+                        self.done = -10**9  # never again counts as alive
+        conn.close()
+
+
+def wait_alive(clients, before, what, timeout=60):
+    """Until every client finished two more claims than at `before` (the
+    bound only stops a hang: a client that never does fails the run)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if all(c.done >= b + 2 for c, b in zip(clients, before)):
+            return True
+        time.sleep(0.02)
+    stuck = [c.n for c, b in zip(clients, before) if c.done < b + 2]
+    print(f"FAIL: after {what}, clients {stuck} made no progress", flush=True)
+    return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--old-version", default=None, help="installed at the start, for ALTER EXTENSION UPDATE")
+    a = ap.parse_args()
+
+    admin = psycopg.connect(a.dsn, autocommit=True)
+    admin.execute("SET client_min_messages = warning")
+    admin.execute("DROP EXTENSION IF EXISTS idem CASCADE")
+    if a.old_version:
+        admin.execute(f"CREATE EXTENSION idem VERSION '{a.old_version}'")
+    else:
+        admin.execute("CREATE EXTENSION idem")
+    admin.execute("SET idem.partition_width = '1 hour'")
+    admin.execute("SELECT idem_maintain()")
+
+    stop = threading.Event()
+    state = {"epoch": 0}
+    clients = [Client(n, a.dsn, stop, state) for n in range(a.clients)]
+    for c in clients:
+        c.start()
+    ok = wait_alive(clients, [0] * len(clients), "the start")
+
+    def partitions():
+        return [r[0] for r in admin.execute(
+            "SELECT b.partition::text FROM idem.partition_bounds b ORDER BY b.is_default, b.range_from").fetchall()]
+
+    def indexes():
+        return [r[0] for r in admin.execute(
+            "SELECT i.indexrelid::regclass::text FROM pg_index i JOIN idem.partition_bounds b ON i.indrelid = b.partition").fetchall()]
+
+    events = []
+    events.append(("REINDEX INDEX CONCURRENTLY (every partition)",
+                   lambda: [admin.execute(f"REINDEX INDEX CONCURRENTLY {ix}") for ix in indexes()]))
+    events.append(("REINDEX TABLE (a partition)", lambda: admin.execute(f"REINDEX TABLE {partitions()[1]}")))
+    events.append(("VACUUM FULL (a partition)", lambda: admin.execute(f"VACUUM FULL {partitions()[1]}")))
+    events.append(("CLUSTER (the default partition)",
+                   lambda: admin.execute("CLUSTER idem.claims_default USING claims_default_key_hash")))
+    events.append(("idem_maintain with another width",
+                   lambda: (admin.execute("SET idem.partition_width = '30 minutes'"), admin.execute("SELECT idem_maintain()"))))
+
+    def detach_attach():
+        # The oldest range: its claims expire first, so no new claim goes there.
+        p = partitions()[0]
+        lo, hi = admin.execute(
+            "SELECT range_from, range_to FROM idem.partition_bounds WHERE partition = %s::regclass", (p,)).fetchone()
+        admin.execute(f"ALTER TABLE idem.claims DETACH PARTITION {p}")
+        admin.execute(sql.SQL("ALTER TABLE idem.claims ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+            sql.SQL(p), sql.Literal(lo), sql.Literal(hi)))
+    events.append(("DETACH and ATTACH PARTITION by hand", detach_attach))
+    if a.old_version:
+        events.append(("ALTER EXTENSION idem UPDATE", lambda: admin.execute("ALTER EXTENSION idem UPDATE")))
+
+    def reinstall():
+        admin.execute("DROP EXTENSION idem")
+        state["epoch"] += 1  # every claim made so far is gone
+        admin.execute("CREATE EXTENSION idem")
+    events.append(("DROP EXTENSION + CREATE EXTENSION", reinstall))
+
+    for what, run in events:
+        before = [c.done for c in clients]
+        t0 = time.time()
+        try:
+            run()
+        except psycopg.Error as e:
+            print(f"FAIL: the event itself failed: {what}: {e}", flush=True)
+            ok = False
+        alive = wait_alive(clients, before, what)
+        ok = ok and alive
+        print(f"{'ok' if alive else 'FAIL'}: {what} ({(time.time() - t0) * 1000:.0f} ms); every session claimed on", flush=True)
+
+    stop.set()
+    for c in clients:
+        c.join()
+
+    # Every acknowledged claim made since the reinstall replays; no key has
+    # two live claims.
+    fresh = psycopg.connect(a.dsn, autocommit=True)
+    lost = 0
+    checked = 0
+    for c in clients:
+        for key, (result, epoch) in c.acked.items():
+            if epoch != state["epoch"]:
+                continue
+            checked += 1
+            row = fresh.execute("SELECT state, result FROM idem_lookup(%s, %s)", (key, BIZ)).fetchone()
+            if row != ("completed", result):
+                lost += 1
+                if lost <= 5:
+                    print(f"FAIL: {key} acknowledged, now reads {row}", flush=True)
+    doubles = fresh.execute(
+        "SELECT count(*) FROM (SELECT key FROM idem.claims WHERE biz_type = %s AND expires_at > now() "
+        "GROUP BY key HAVING count(*) > 1) d", (BIZ,)).fetchone()[0]
+    errors = sum((c.errors for c in clients), collections.Counter())
+    fatal = [f for c in clients for f in c.fatal]
+    claims = sum(max(c.done, 0) for c in clients)
+    print(f"{claims} claims by {len(clients)} sessions across {len(events)} events; "
+          f"transient errors during events: {dict(errors) or 'none'}; acknowledged and checked: {checked}, "
+          f"lost: {lost}; keys with two live claims: {doubles}", flush=True)
+    for f in fatal[:10]:
+        print(f"FAIL: {f}", flush=True)
+    ok = ok and not fatal and lost == 0 and doubles == 0 and checked > 0
+    print("catalog events:", "PASS" if ok else "FAIL", flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
