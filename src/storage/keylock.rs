@@ -5,8 +5,8 @@
 //! dropped), never while waiting for another transaction: after its insert,
 //! the row itself (seen by the next claimer's dirty probe) is what makes
 //! later claimers wait. The SQL path cannot see uncommitted rows, so there
-//! it is held until the transaction ends (`lock_until_end`). Both use one
-//! tag, so a key is never locked two ways.
+//! a transaction that wrote a key's row keeps its lock until it ends
+//! (`hold_until_end`). Both use one tag, so a key is never locked two ways.
 //!
 //! pg_locks shows it as an advisory lock with objsubid = 18756 ('ID').
 
@@ -25,29 +25,36 @@ fn tag(hash: i64) -> pg_sys::LOCKTAG {
     }
 }
 
-/// The short key lock of the direct path; released on drop.
+/// The key lock, released on drop (one acquisition of it: PostgreSQL
+/// counts a transaction's acquisitions of a lock, and `hold_until_end` adds
+/// one that lasts until the transaction ends).
 pub struct KeyLock(pg_sys::LOCKTAG);
 
 impl KeyLock {
     pub fn acquire(hash: i64) -> KeyLock {
-        let tag = tag(hash);
-        unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
-        KeyLock(tag)
+        KeyLock::try_acquire(hash, true).expect("a waiting LockAcquire returns with the lock")
     }
+
+    /// None if `wait` is off and another transaction holds it.
+    pub fn try_acquire(hash: i64, wait: bool) -> Option<KeyLock> {
+        let tag = tag(hash);
+        let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
+        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then_some(KeyLock(tag))
+    }
+}
+
+/// One more acquisition of a key lock the transaction holds, which no guard
+/// releases: the key stays locked until the transaction ends (the SQL path,
+/// once it has written the key's row).
+pub fn hold_until_end(hash: i64) {
+    let tag = tag(hash);
+    unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
 }
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
         unsafe { pg_sys::LockRelease(&self.0, pg_sys::ExclusiveLock as _, false) };
     }
-}
-
-/// The SQL path's key lock, kept until the transaction ends. False if `wait`
-/// is off and another transaction holds it.
-pub fn lock_until_end(hash: i64, wait: bool) -> bool {
-    let tag = tag(hash);
-    let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
-    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
 /// Whether another transaction holds the key lock (the SQL path's only sign

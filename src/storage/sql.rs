@@ -4,16 +4,17 @@
 //! statements on the logical table are routed to the shard.
 //!
 //! SQL cannot see another transaction's uncommitted row (no dirty
-//! snapshot), so here the key lock is held until the transaction ends: a
-//! second claimer of the key waits on the lock (or, without wait, is told
-//! in_progress), then sees the first one's row if it committed. That needs
+//! snapshot), so here a transaction that writes a key's row keeps the key
+//! lock until it ends: a second claimer of the key waits on the lock (or,
+//! without wait, is told in_progress), then sees the first one's row if it
+//! committed. A call that writes nothing releases the lock when it returns. That needs
 //! READ COMMITTED, where every statement sees everything committed before
 //! it (docs/design.md §9).
 //!
 //! Values go in and come out as datums (spi.rs): keys keep their exact
 //! bytes in every database encoding.
 
-use super::keylock;
+use super::keylock::{self, KeyLock};
 use super::{Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
 use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
@@ -76,6 +77,14 @@ static DELETE: Statement = Statement::new(
 );
 
 pub struct SqlStore;
+
+/// A transaction that writes a key's row keeps the key locked until it
+/// ends: nobody else can see the row before then, so the lock is what
+/// makes them wait. (The caller holds the lock already: this adds the
+/// acquisition that outlives its guard.)
+fn keep_locked(k: &ClaimKey) {
+    keylock::hold_until_end(k.hash);
+}
 
 /// A new snapshot made the active one for as long as this lives.
 struct FreshSnapshot;
@@ -140,12 +149,12 @@ impl SqlStore {
             }
         }
         let wait = intent != Intent::Claim { wait: false };
-        if !keylock::lock_until_end(k.hash, wait) {
+        let Some(lock) = KeyLock::try_acquire(k.hash, wait) else {
             return Found::Busy(None);
-        }
+        };
         match self.probe(k, super::now()) {
-            Some(row) => Found::Row(row, Held(None)),
-            None => Found::Absent(Held(None)),
+            Some(row) => Found::Row(row, Held(Some(lock))),
+            None => Found::Absent(Held(Some(lock))),
         }
     }
 
@@ -196,6 +205,7 @@ impl SqlStore {
     }
 
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+        keep_locked(k);
         catalog::as_owner(|| {
             INSERT.execute(&[
                 ts(new.expires_at),
@@ -210,6 +220,7 @@ impl SqlStore {
     }
 
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
+        keep_locked(k);
         let (n, _) = catalog::as_owner(|| {
             REWRITE.execute(&[
                 Some(pg_sys::Datum::from(state as i8)),
@@ -227,6 +238,7 @@ impl SqlStore {
     }
 
     pub fn delete(&self, row: &Row, k: &ClaimKey) {
+        keep_locked(k);
         let (n, _) = catalog::as_owner(|| {
             DELETE.execute(&[
                 Some(pg_sys::Datum::from(k.hash)),

@@ -12,7 +12,7 @@ db=idem_two_phase
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d "$db" -c "CREATE EXTENSION idem"
 cleanup() {
-  psql_idem -q -d "$db" -c "ROLLBACK PREPARED 'idem_tp'" >/dev/null 2>&1
+  psql_idem -q -d "$db" -c "ROLLBACK PREPARED 'idem_tp'" >/dev/null 2>&1 || true
   psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null
 }
 trap cleanup EXIT
