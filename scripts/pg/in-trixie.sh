@@ -62,7 +62,7 @@ others_in_namespace() {
 
 unmount_all() {
   local rc=$? i
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
   others_in_namespace
   if [ ${#OTHERS[@]} -gt 0 ]; then
     echo "in-trixie: processes still run in the root (pids ${OTHERS[*]}); the mounts stay with them (private namespace, gone when they exit)" >&2
@@ -82,6 +82,7 @@ if [ "${1:-}" = --in-namespace ]; then
   trap unmount_all EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  trap 'exit 129' HUP
   mount --make-rprivate /
   mount_at proc "$ROOTFS/proc"
   mount_at bind "$ROOTFS/sys" /sys
@@ -100,17 +101,46 @@ if [ "${1:-}" = --in-namespace ]; then
     case "$common/" in "$PROJECT"/*) ;; *) mount_at bind "$ROOTFS$common" "$common" ;; esac
   fi
   cp -L /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
+  # The host's local certificate authorities (a TLS-inspecting proxy's,
+  # say) are trusted inside too, so that pip, npm and cargo reach their
+  # registries as they do on the host.
+  cas=/usr/local/share/ca-certificates
+  if [ -d "$cas" ] && ! diff -rq "$cas" "$ROOTFS$cas" >/dev/null 2>&1; then
+    rm -rf "$ROOTFS$cas"
+    cp -a "$cas" "$ROOTFS$cas"
+    chroot "$ROOTFS" /usr/sbin/update-ca-certificates >/dev/null 2>&1 \
+      || echo "in-trixie: update-ca-certificates failed in the root" >&2
+  fi
   case "$PWD/" in "$PROJECT"/*) dir=$PWD ;; *) dir=$PROJECT ;; esac
   envs=(HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 IDEM_IN_TRIXIE=1
         PATH="$cargo_home/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home"
         PG_CONFIG="${IDEM_TRIXIE_PG_CONFIG:-/usr/lib/postgresql/17/bin/pg_config}")
-  for v in IDEM_PORT IDEM_CACHE RUST_BACKTRACE CARGO_TERM_COLOR DEBIAN_FRONTEND ${IDEM_TRIXIE_ENV:-}; do
-    [ -n "${!v+x}" ] && envs+=("$v=${!v}")
+  # Passed through: these, and any named in IDEM_TRIXIE_ENV; one whose value
+  # is an absolute path only when that path exists inside the root.
+  for v in IDEM_PORT IDEM_CACHE RUST_BACKTRACE CARGO_TERM_COLOR DEBIAN_FRONTEND \
+           http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY \
+           SSL_CERT_FILE SSL_CERT_DIR CURL_CA_BUNDLE REQUESTS_CA_BUNDLE PIP_CERT \
+           NODE_EXTRA_CA_CERTS GIT_SSL_CAINFO CARGO_HTTP_CAINFO PIP_DEFAULT_TIMEOUT \
+           ${IDEM_TRIXIE_ENV:-}; do
+    [ -n "${!v+x}" ] || continue
+    case "${!v}" in /*) [ -e "$ROOTFS${!v}" ] || continue ;; esac
+    envs+=("$v=${!v}")
   done
+  # The command runs in the background of this shell so that a SIGTERM or
+  # SIGHUP sent to this script reaches it at once (bash would only run the
+  # trap after a foreground child ended); it keeps the terminal's stdin and
+  # process group, and SIGINT/SIGQUIT at their defaults (a background child
+  # of a script ignores them otherwise): ^C on a terminal reaches it directly.
+  env --default-signal=INT,QUIT chroot "$ROOTFS" /usr/bin/env -i "${envs[@]}" \
+    /bin/bash -c 'cd "$1" && shift && exec "$@"' in-trixie "$dir" "$@" <&0 &
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null' TERM
+  trap 'kill -HUP "$child" 2>/dev/null' HUP
+  trap ':' INT
   set +e
-  chroot "$ROOTFS" /usr/bin/env -i "${envs[@]}" /bin/bash -c 'cd "$1" && shift && exec "$@"' in-trixie "$dir" "$@"
-  rc=$?
+  while wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null; do :; done
+  wait "$child" 2>/dev/null; rc=$?
   set -e
   exit $rc
 fi
