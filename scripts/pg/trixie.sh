@@ -94,10 +94,12 @@ if ! stamp_ok "$STAMP" "$RECIPE"; then
     started=$(date +%s)
     host_packages "${HOST_PACKAGES[@]}"
     new="$ROOTFS.new"
-    remove_tree "$new"
-    build_root "$new"
-    v() { chroot "$new" dpkg-query -W -f='${Version}' "$1"; }
-    cat > "$new/.idem-stamp" <<STAMP
+    # (a complete new root left by a run that could not swap it in is reused)
+    if ! stamp_ok "$new/.idem-stamp" "$RECIPE"; then
+      remove_tree "$new"
+      build_root "$new"
+      v() { chroot "$new" dpkg-query -W -f='${Version}' "$1"; }
+      cat > "$new/.idem-stamp" <<STAMP
 recipe=$RECIPE
 postgresql=$(chroot "$new" /usr/lib/postgresql/17/bin/pg_config --version | sed 's/^PostgreSQL //') (postgresql-17 $(v postgresql-17))
 pg_cron=$(v postgresql-17-cron)
@@ -106,6 +108,7 @@ libc6=$(v libc6)
 packages=${PACKAGES[*]}
 built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by scripts/pg/trixie.sh
 STAMP
+    fi
     if [ -e "$ROOTFS" ]; then
       busy=$(processes_in "$(readlink -f "$ROOTFS")" | tr '\n' ' ')
       [ -z "$busy" ] || die "processes run in $ROOTFS (pids $busy; a test cluster? stop it with: bash scripts/pg/in-trixie.sh bash scripts/cluster.sh stop); the new root is kept in $new"
