@@ -13,10 +13,10 @@
 # Installed under $IDEM_CACHE/pg18 (default /var/cache/idem/pg18), outside
 # the clone, so that every checkout and worktree shares one build. The stamp
 # $PREFIX/.idem-stamp records the recipe's hash and what was built; a re-run
-# with the same recipe is a no-op, a changed recipe rebuilds (5 to 13
-# minutes on 2 cores, by load). A rebuild does not look for a newer 18.x in sid; to
-# take one, delete the stamp. Progress goes to stderr, the pg_config path
-# to stdout.
+# with the same recipe is a no-op, a changed recipe rebuilds (9.5 min of
+# CPU, 10-13 min measured on a busy 2-core machine). A rebuild does not
+# look for a newer 18.x in sid; to take one, delete the stamp. Progress
+# goes to stderr, the pg_config path to stdout.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 PREFIX="$IDEM_CACHE/pg18"
@@ -85,7 +85,7 @@ if ! stamp_ok "$STAMP" "$RECIPE" || ! "$PREFIX/bin/pg_config" --version >/dev/nu
     stage="$work/stage"
     rm -rf "$work"
     mkdir -p "$work"
-    log "building PostgreSQL 18 from Debian sid's source into $PREFIX (5 minutes of 2 idle cores, 13 on a busy machine; log in $work)"
+    log "building PostgreSQL 18 from Debian sid's source into $PREFIX (about 9.5 min of CPU: 10-13 min measured on a busy 2-core machine; log in $work)"
     build_pg18 "$work" "$stage"
     pg_version=$(ls "$work"/postgresql-18_*.dsc | sed -E 's/.*postgresql-18_(.*)\.dsc/\1/')
     log "building pg_cron for it"
