@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # start | stop | status of idem's private PostgreSQL cluster (port
 # $IDEM_PORT, default 5499, socket and data under the project folder).
+# Each PostgreSQL major version has its own (lib.sh: PG_CONFIG picks it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 dir="$(cluster_dir)"
@@ -14,12 +15,19 @@ start)
   if [ ! -f "$data/PG_VERSION" ]; then
     say "creating the cluster in $data"
     as_postgres "$PG_BIN/initdb" -D "$data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+    # pg_cron when this PostgreSQL has it (a source-built one may not).
+    cron="shared_preload_libraries = 'pg_cron'"
+    if [ ! -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
+      echo "note: no pg_cron for this PostgreSQL; the cluster runs without it" >&2
+      cron="# (no pg_cron: $("$PG_CONFIG" --pkglibdir)/pg_cron.so is missing)
+#$cron"
+    fi
     cat >> "$data/postgresql.conf" <<CONF
 # idem's test cluster
 listen_addresses = ''
 unix_socket_directories = '$dir'
 port = $IDEM_PORT
-shared_preload_libraries = 'pg_cron'
+$cron
 cron.database_name = 'idem_cron'
 cron.use_background_workers = on
 max_worker_processes = 16

@@ -1,21 +1,65 @@
 # Shared by the project's scripts: where things are, and how to reach the
 # private cluster. Source it; it defines functions and variables only.
+#
+# Which PostgreSQL: the one whose pg_config is $PG_CONFIG, by default Debian
+# 12's PostgreSQL 15 (/usr/lib/postgresql/15/bin/pg_config). Others:
+#   PG_CONFIG=$(bash scripts/pg/pg18.sh) bash scripts/test.sh     18, built from source
+#   bash scripts/pg/in-trixie.sh bash scripts/test.sh               17, in a Debian 13 root
+# Each major version has its own cluster (.cluster/ and port 5499 for 15,
+# .cluster-NN/ and port 54NN for the others), its own cargo target folder
+# (target/ for 15, target/pgNN/ for the others) and is built with
+# --no-default-features --features pgNN when it is not 15.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PG_BIN=/usr/lib/postgresql/15/bin
-PG_CONFIG="$PG_BIN/pg_config"
-PGXS_TEST=/usr/lib/postgresql/15/lib/pgxs/src/test
 PGRX_VERSION=0.18.1
-IDEM_PORT="${IDEM_PORT:-5499}"
+PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
+if [ -x "$PG_CONFIG" ]; then
+  PG_BIN="$("$PG_CONFIG" --bindir)"
+  PG_MAJOR="$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+  PGXS_TEST="$("$PG_CONFIG" --pkglibdir)/pgxs/src/test"
+elif [[ "$PG_CONFIG" =~ ^/usr/lib/postgresql/([0-9]+)/bin/pg_config$ ]]; then
+  # Debian's layout, before setup.sh has installed the package.
+  PG_MAJOR="${BASH_REMATCH[1]}"
+  PG_BIN="/usr/lib/postgresql/$PG_MAJOR/bin"
+  PGXS_TEST="/usr/lib/postgresql/$PG_MAJOR/lib/pgxs/src/test"
+else
+  echo "PG_CONFIG=$PG_CONFIG: no such program" >&2
+  exit 1
+fi
+[[ "$PG_MAJOR" =~ ^[0-9]+$ ]] || { echo "$PG_CONFIG: cannot tell the major version" >&2; exit 1; }
+# Debian's packaged server (its packages can be installed with apt-get).
+PG_DEBIAN=0
+[ "$PG_CONFIG" != "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ] || PG_DEBIAN=1
+
+# What differs per major version. 15 keeps the names it always had.
+if [ "$PG_MAJOR" = 15 ]; then
+  PG_SUFFIX=""
+  IDEM_PORT="${IDEM_PORT:-5499}"
+  IDEM_TARGET="$ROOT/target"
+  PG_FEATURE_ARGS=()
+else
+  PG_SUFFIX="-$PG_MAJOR"
+  IDEM_PORT="${IDEM_PORT:-54$PG_MAJOR}"
+  IDEM_TARGET="$ROOT/target/pg$PG_MAJOR"
+  PG_FEATURE_ARGS=(--no-default-features --features "pg$PG_MAJOR")
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$IDEM_TARGET}"
+fi
+
+# Things built against the operating system's own libraries (a Python venv,
+# the Rust example's build scripts) are kept apart per system, so that the
+# Debian 13 root (scripts/pg/in-trixie.sh) and the Debian 12 host can share
+# one checkout: no suffix on Debian 12, "-debian13" in the root.
+IDEM_OS_SUFFIX="$(. /etc/os-release && echo "-$ID$VERSION_ID")"
+[ "$IDEM_OS_SUFFIX" != "-debian12" ] || IDEM_OS_SUFFIX=""
 
 # The cluster lives under the project folder, unless the postgres user cannot
 # reach that folder (a checkout under /root, say): then under /tmp.
 cluster_dir() {
   if sudo -u postgres test -x "$ROOT" 2>/dev/null; then
-    echo "$ROOT/.cluster"
+    echo "$ROOT/.cluster$PG_SUFFIX"
   else
-    echo "/tmp/idem-cluster-$(echo "$ROOT" | md5sum | cut -c1-8)"
+    echo "/tmp/idem-cluster$PG_SUFFIX-$(echo "$ROOT" | md5sum | cut -c1-8)"
   fi
 }
 
@@ -29,5 +73,5 @@ psql_idem() {
 
 # Python for the project's drivers and examples: a venv under the project
 # (Debian 12's system Python refuses pip installs), made by setup.d/10-python.sh.
-IDEM_VENV="$ROOT/.venv"
+IDEM_VENV="$ROOT/.venv$IDEM_OS_SUFFIX"
 IDEM_PY="$IDEM_VENV/bin/python"

@@ -10,6 +10,8 @@
 # package metadata, and runs dpkg-deb. The version is Cargo.toml's.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
+[ "$PG_MAJOR" = 15 ] && [ "$PG_DEBIAN" = 1 ] \
+  || { echo "package.sh builds the package for Debian 12's PostgreSQL 15 only (PG_CONFIG=$PG_CONFIG)" >&2; exit 1; }
 
 # (awk, not "| head -1": under pipefail a closed pipe would kill the script)
 cargo_field() { awk -F'"' -v k="$1" '$1 == k " = " { print $2; exit }' Cargo.toml; }

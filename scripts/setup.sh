@@ -2,11 +2,18 @@
 # Install everything idem needs on Debian 12 (as root), then build and
 # install the extension into the system PostgreSQL 15. Safe to run again:
 # each step is skipped when already done.
+# Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/setup.sh
+# (see lib.sh). A Debian-packaged one (/usr/lib/postgresql/NN/bin/pg_config)
+# gets its packages from apt; for any other, the version-specific packages
+# are skipped (the server, its headers, pg_cron and PL/Proxy come with it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron postgresql-15-plproxy
-          libclang-dev clang sudo libipc-run-perl build-essential pkg-config
+PACKAGES=(libclang-dev clang sudo libipc-run-perl build-essential pkg-config
           python3-venv python3-pip)
+if [ "$PG_DEBIAN" = 1 ]; then
+  PACKAGES=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-$PG_MAJOR-cron"
+            "postgresql-$PG_MAJOR-plproxy" "${PACKAGES[@]}")
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,9 +29,19 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-if ! grep -qs "pg15" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-  say "pointing pgrx at PostgreSQL 15"
-  cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+# `cargo pgrx init` rewrites config.toml with just the versions it is given:
+# pass every version already configured (whose pg_config still exists) too.
+pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+if ! grep -qsxF "pg$PG_MAJOR = \"$PG_CONFIG\"" "$pgrx_config"; then
+  init_args=()
+  while IFS= read -r line; do
+    if [[ "$line" =~ ^pg([0-9]+)\ =\ \"(.*)\"$ ]] && [ "${BASH_REMATCH[1]}" != "$PG_MAJOR" ]; then
+      if [ -x "${BASH_REMATCH[2]}" ]; then init_args+=("--pg${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}")
+      else echo "dropping pg${BASH_REMATCH[1]} from $pgrx_config: ${BASH_REMATCH[2]} is gone" >&2; fi
+    fi
+  done < <(cat "$pgrx_config" 2>/dev/null || true)
+  say "pointing pgrx at PostgreSQL $PG_MAJOR ($PG_CONFIG)"
+  cargo pgrx init "${init_args[@]}" "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
 fi
 
 # Each area's own tools (language drivers, toolchains): scripts/setup.d/*.sh,
@@ -35,5 +52,5 @@ done
 
 say "building and installing the extension"
 cd "$ROOT"
-cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 | grep -E "^error|^warning|Finished installing" || true
+cargo pgrx install --release --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" 2>&1 | grep -E "^error|^warning|Finished installing" || true
 test -f "$($PG_CONFIG --pkglibdir)/idem.so" || { echo "idem.so was not installed" >&2; exit 1; }

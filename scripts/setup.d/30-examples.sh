@@ -33,4 +33,6 @@ fi
 # one, too much for its test's time. A no-op when up to date (the test
 # builds again, incrementally, to pick up any change); errors still print.
 rust_dir="$ROOT/examples/rust-batch"
-(cd "$rust_dir" && cargo build --locked --quiet --target-dir "$rust_dir/target")
+# (target$IDEM_OS_SUFFIX: build scripts linked against another system's glibc
+# must not be reused; see lib.sh)
+(cd "$rust_dir" && cargo build --locked --quiet --target-dir "$rust_dir/target$IDEM_OS_SUFFIX")

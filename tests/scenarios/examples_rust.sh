@@ -22,9 +22,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 t0=$(date +%s%N)
-(cd "$dir" && cargo build --locked --quiet --target-dir "$dir/target")
+(cd "$dir" && cargo build --locked --quiet --target-dir "$dir/target$IDEM_OS_SUFFIX")
 echo "cargo build (dev profile, no debug info; incremental): $(ms "$t0") ms"
-bin="$dir/target/debug/idem-example-batch"
+bin="$dir/target$IDEM_OS_SUFFIX/debug/idem-example-batch"
 
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"

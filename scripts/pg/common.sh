@@ -1,0 +1,69 @@
+# Shared by scripts/pg/*.sh (source it): the cache folder outside the clone,
+# a lock so that two runs never build the same thing at once, and the stamp
+# that makes a re-run a no-op. A stamp records the recipe's hash: the hash of
+# the build functions' code as bash prints it back (`declare -f` drops the
+# comments, so editing a comment does not rebuild; changing a step does),
+# plus the variables the recipe names (package lists, configure flags).
+set -euo pipefail
+
+IDEM_CACHE="${IDEM_CACHE:-/var/cache/idem}"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# recipe_hash FUNCTION... -- VARIABLE...
+recipe_hash() {
+  local fns=() vars=() seen=0 a
+  for a in "$@"; do
+    if [ "$a" = -- ]; then seen=1
+    elif [ $seen = 0 ]; then fns+=("$a")
+    else vars+=("$a"); fi
+  done
+  { declare -f "${fns[@]}"; for a in "${vars[@]}"; do declare -p "$a" | sed 's/^declare -[a-zA-Z-]* //'; done; } \
+    | sha256sum | cut -c1-16
+}
+
+# stamp_ok STAMPFILE RECIPE: the thing was built by this recipe.
+stamp_ok() { [ -f "$1" ] && grep -qx "recipe=$2" "$1"; }
+
+# take_lock NAME: hold $IDEM_CACHE/NAME.lock until the script exits.
+take_lock() {
+  mkdir -p "$IDEM_CACHE"
+  chmod 755 "$IDEM_CACHE"
+  exec 9>"$IDEM_CACHE/$1.lock"
+  if ! flock -n 9; then
+    log "waiting for another run holding $IDEM_CACHE/$1.lock"
+    flock 9
+  fi
+}
+
+# host_packages PKG...: install from the host's own apt sources (Debian 12)
+# whatever is missing.
+host_packages() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} = 0 ] && return 0
+  log "installing Debian 12 packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# sid_source DIR PACKAGE...: download Debian sid's source packages into DIR
+# with a throw-away apt list under DIR/.apt; the host's apt sources, lists
+# and caches are left as they are. apt checks every file against the signed
+# index, so the downloads are verified.
+sid_source() {
+  local dir=$1; shift
+  local apt="$dir/.apt"
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial"
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
+    > "$apt/sources.list"
+  local o=(-o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts=-
+           -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache"
+           -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache=
+           -o APT::Sandbox::User=root)
+  apt-get "${o[@]}" update -qq
+  (cd "$dir" && apt-get "${o[@]}" source --download-only -qq "$@")
+}
