@@ -205,6 +205,22 @@ def basics(obs):
     a.close()
     b.close()
 
+    # The wait can be bounded for one transaction.
+    k = f"{RUN}-lock-timeout"
+    a = via()
+    a.execute("BEGIN")
+    a.execute("SELECT claimed FROM idem_claim(%s, 'pool')", (k,))
+    with via() as b:
+        b.execute("BEGIN")
+        b.execute("SET LOCAL lock_timeout = '100ms'")
+        st = sqlstate_of(b, "SELECT claimed FROM idem_claim(%s, 'pool')", (k,))
+        b.execute("ROLLBACK")
+        after = b.execute("SHOW lock_timeout").fetchone()[0]
+    a.execute("ROLLBACK")
+    a.close()
+    check((st, after) == ("55P03", "0"),
+          f"SET LOCAL lock_timeout = '100ms' bounds a duplicate's wait: {st}; afterwards lock_timeout = {after}")
+
 
 # ---- leases: ownership is the token, never the server session ----------------
 

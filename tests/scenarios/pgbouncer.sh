@@ -117,7 +117,7 @@ INI
     "$PSQL" -X -h 127.0.0.1 -p "$port" -U postgres -d pgbouncer -Atc "SHOW VERSION" >/dev/null 2>&1 && break
     sleep 0.02
   done
-  echo "$(/usr/sbin/pgbouncer --version | head -1), pool_mode = $mode, on 127.0.0.1:$port"
+  echo "$(/usr/sbin/pgbouncer --version | sed -n 1p), pool_mode = $mode, on 127.0.0.1:$port"
 done
 
 # ---- the issue's attack, with psql (transaction mode, pool_size 1) ---------
@@ -135,7 +135,7 @@ for call in "idem_checkpoint('L1', 'job', 'forged', '{\"by\":\"B\"}')" \
             "idem_complete('L1', 'job', '{\"by\":\"B\"}')" \
             "idem_fail('L1', 'job', '{\"by\":\"B\"}')"; do
   res=$(client "SELECT $call")
-  pid_b=$(echo "$res" | head -1)
+  pid_b=$(echo "$res" | sed -n 1p)
   expect "client B (server session $pid_b, A's was $pid_a) without the token: $call" \
     "$([ "$pid_b" = "$pid_a" ] && echo same-session) $(echo "$res" | tail -1)" "same-session ID003"
 done
@@ -148,6 +148,14 @@ expect "a later duplicate (another client) replays" \
   "$(client "SELECT state || ' ' || result FROM idem_claim('L1', 'job')" | sed -n 2p)" 'completed {"by": "A"}'
 expect "stored in the database (read directly)" \
   "$(direct -d pgb -Atc "SELECT state || ' ' || result FROM idem_lookup('L1', 'job')")" 'completed {"by": "A"}'
+
+# After an upgrade, server sessions must load the new library: RECONNECT on
+# the console replaces each one once its client releases it.
+before=$(client "SELECT 1" | sed -n 1p)
+"$PSQL" -X -q -h 127.0.0.1 -p $TX_PORT -U postgres -d pgbouncer -c "RECONNECT psql1"
+after=$(client "SELECT 1" | sed -n 1p)
+expect "RECONNECT psql1 on PgBouncer's console: the next client's server session (was $before)" \
+  "$([ "$after" != "$before" ] && echo new || echo same)" new
 
 # ---- psycopg: both pool modes --------------------------------------------
 for mode in transaction session; do
@@ -262,7 +270,7 @@ done
 # ---- summary ---------------------------------------------------------------
 echo
 echo "summary: $checks checks, ${#failed[@]} failed, $(ms_since "$t_start") ms in all" \
-     "(PgBouncer $(/usr/sbin/pgbouncer --version | head -1 | awk '{print $2}'), transaction and session mode)"
+     "(PgBouncer $(/usr/sbin/pgbouncer --version | awk 'NR == 1 {print $2}'), transaction and session mode)"
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failed[@]}"
   exit 1
