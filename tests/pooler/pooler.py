@@ -366,6 +366,14 @@ def prepared():
         st = [sqlstate_of(b, q_b, (str(i),)) for i in range(7)]
         check("42P05" in st, f"psycopg default (prepare_threshold=5), two clients on one server session: {st}"
               " (42P05: prepared statement \"_pg3_0\" already exists)")
+        # The server session goes away under A (RECONNECT here; PgBouncer's
+        # server_lifetime does the same): A's next use of "_pg3_0" meets a
+        # session that never saw it.
+        with admin() as adm:
+            adm.execute("RECONNECT prep1")
+        st = sqlstate_of(a, q_a, ("again",))
+        check(st == "26000", f"psycopg default, after the server session was replaced: {st}"
+              " (26000: prepared statement \"_pg3_0\" does not exist)")
     with via("prep1") as a, via("prep1") as b:
         st = [sqlstate_of(b, q_b, (str(i),)) for i in range(7)] + [sqlstate_of(a, q_a, (str(i),)) for i in range(7)]
         check(st == ["00000"] * 14, "prepare_threshold=None: the same 14 statements run (no named statements)")
