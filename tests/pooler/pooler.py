@@ -312,6 +312,35 @@ def session_state():
           f"SET LOCAL applies to its own transaction only ({own} h; the next client: {after} h); the ttl argument: {arg} h")
     c.close()
 
+    # Whether the library is loaded in a server session depends on the
+    # clients before: only then is the idem. prefix reserved, and a misspelt
+    # idem.* name refused (42602) rather than kept as a placeholder.
+    # session_preload_libraries makes every session alike.
+    def typo(conn):
+        conn.execute("BEGIN")
+        st = sqlstate_of(conn, "SET LOCAL idem.defualt_ttl = '1 hour'")
+        conn.execute("ROLLBACK")
+        return st
+    results = []
+    for preload in (False, True):
+        with direct() as d:
+            d.execute("ALTER DATABASE pgb SET session_preload_libraries = 'idem'" if preload
+                      else "ALTER DATABASE pgb RESET session_preload_libraries")
+        with admin() as adm:
+            adm.execute("RECONNECT pool1")  # the next client gets a new server session
+        c = Clients("pool1")
+        first = typo(c("A"))
+        c("A").execute("SELECT idem_lookup('any', 'ttl')")
+        results.append((first, typo(c("B"))))
+        c.close()
+    with direct() as d:
+        d.execute("ALTER DATABASE pgb RESET session_preload_libraries")
+    with admin() as adm:
+        adm.execute("RECONNECT pool1")
+    check(results == [("00000", "42602"), ("42602", "42602")],
+          f"SET LOCAL idem.defualt_ttl (a typo) on a new server session, then after an idem call: {results[0]};"
+          f" with session_preload_libraries = 'idem': {results[1]}")
+
     # A role set for the session outlives the client, and with it the right
     # to use the business types reserved for that role (idem_set_owner).
     k = f"{RUN}-role"
