@@ -113,17 +113,23 @@ INI
   } > "$dir/pgbouncer-$mode.ini"
   chown postgres:postgres "$dir/pgbouncer-$mode.ini" "$dir/userlist.txt"
   as_postgres /usr/sbin/pgbouncer -d "$dir/pgbouncer-$mode.ini"
+  ready=
   for _ in $(seq 1 250); do
-    "$PSQL" -X -h 127.0.0.1 -p "$port" -U postgres -d pgbouncer -Atc "SHOW VERSION" >/dev/null 2>&1 && break
+    "$PSQL" -X -h 127.0.0.1 -p "$port" -U postgres -d pgbouncer -Atc "SHOW VERSION" >/dev/null 2>&1 && ready=1 && break
     sleep 0.02
   done
+  if [ -z "$ready" ]; then
+    echo "FAIL PgBouncer ($mode) did not start on 127.0.0.1:$port:"
+    tail -5 "$dir/pgbouncer-$mode.log"
+    exit 1
+  fi
   echo "$(/usr/sbin/pgbouncer --version | sed -n 1p), pool_mode = $mode, on 127.0.0.1:$port"
 done
 
 # ---- the issue's attack, with psql (transaction mode, pool_size 1) ---------
 echo "== psql: a lease on a server session shared by two clients (transaction mode, pool_size 1) =="
 # Each call is a new client connection; psql's LAST_ERROR_SQLSTATE tells the outcome.
-client() { # SQL... -> "pid|sqlstate" lines, the statements' output in between
+client() { # SQL... -> its server session's pid, the statements' output, the last SQLSTATE
   local args=(-c "SELECT pg_backend_pid()")
   for s in "$@"; do args+=(-c "$s"); done
   "$PSQL" -X -At -h 127.0.0.1 -p $TX_PORT -U postgres -d psql1 "${args[@]}" -c '\echo :LAST_ERROR_SQLSTATE' 2>/dev/null
