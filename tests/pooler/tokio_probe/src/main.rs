@@ -82,13 +82,15 @@ async fn main() {
         }
         "leftover" => {
             println!("pid {}", pid(&db).await);
+            report(db.query_typed("SELECT idem_lookup($1, 'probe')", &[(&"k", Type::TEXT)]).await, |rows| {
+                format!("{} row(s)", rows.len())
+            });
             report(
-                db.query_typed("SELECT idem_lookup($1, 'probe')", &[(&"k", Type::TEXT)]).await,
-                |rows| format!("{} row(s)", rows.len()),
-            );
-            report(
-                db.query_typed("SELECT coalesce(string_agg(name, ',' ORDER BY name), '') FROM pg_prepared_statements", &[])
-                    .await,
+                db.query_typed(
+                    "SELECT coalesce(string_agg(name, ',' ORDER BY name), '') FROM pg_prepared_statements",
+                    &[],
+                )
+                .await,
                 |rows| format!("named statements left on the server session: [{}]", text(rows)),
             );
         }
