@@ -67,9 +67,14 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 as_postgres() { (cd / && sudo -u postgres "$@"); }
 
+# IDEM_HOST (a socket directory) and IDEM_PORT point the scripts at another
+# cluster; IDEM_CLIENT_HOST / IDEM_CLIENT_PORT point the programs under test
+# (the examples) at a pooler in front of it (tests/scenarios/pgbouncer.sh).
 psql_idem() {
-  "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$(cluster_dir)" -p "$IDEM_PORT" -U postgres "$@"
+  "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "${IDEM_HOST:-$(cluster_dir)}" -p "$IDEM_PORT" -U postgres "$@"
 }
+client_host() { echo "${IDEM_CLIENT_HOST:-${IDEM_HOST:-$(cluster_dir)}}"; }
+client_port() { echo "${IDEM_CLIENT_PORT:-$IDEM_PORT}"; }
 
 # Python for the project's drivers and examples: a venv under the project
 # (Debian 12's system Python refuses pip installs), made by setup.d/10-python.sh.

@@ -156,8 +156,14 @@ public class PaymentRetry {
                 ? UnixDomainSocketAddress.of(host + "/.s.PGSQL." + port)
                 : new InetSocketAddress(host, port);
         try (FlakyLink link = new FlakyLink(server)) {
+            // prepareThreshold=0: no named server-side statements, so that the
+            // program also runs behind PgBouncer in transaction mode. With
+            // pgjdbc's default (5), commit() sends COMMIT as a named statement
+            // ("S_1"), and the next connection given the same server session
+            // fails on its own "S_1" with 42P05 (docs/operations.md, "Behind a
+            // pooler"). Each statement here runs once per connection anyway.
             String url = String.format("jdbc:postgresql://127.0.0.1:%d/%s?user=%s&ApplicationName=idem-example-java"
-                            + "&connectTimeout=10&socketTimeout=30",
+                            + "&connectTimeout=10&socketTimeout=30&prepareThreshold=0",
                     link.port(), env("PGDATABASE", "postgres"), env("PGUSER", "postgres"));
             try (Connection db = DriverManager.getConnection(url); Statement st = db.createStatement()) {
                 st.execute("CREATE EXTENSION IF NOT EXISTS idem");

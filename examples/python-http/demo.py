@@ -89,7 +89,10 @@ def main():
     first = {}
     t = threading.Thread(target=lambda: first.update(post(server, "request 4", "shop-1", k2, order2, 201)))
     t.start()
-    with psycopg.connect(autocommit=True) as db:
+    # The same query up to 200 times on one connection: psycopg would prepare
+    # it (a named statement) from the 6th time on, which a transaction-mode
+    # pooler may route to another server session (docs/operations.md).
+    with psycopg.connect(autocommit=True, prepare_threshold=None) as db:
         for _ in range(200):
             state = db.execute("SELECT state FROM idem_lookup(%s, %s)", (f"shop-1/{k2}", api.BIZ_TYPE)).fetchone()[0]
             if state == "in_progress":

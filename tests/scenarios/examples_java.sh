@@ -23,7 +23,7 @@ psql_idem -q -d $db -c "CREATE EXTENSION idem"
 t0=$(date +%s%N)
 javac -d "$work/classes" "$ROOT/examples/java-payment/PaymentRetry.java"
 echo "javac: $(ms "$t0") ms"
-export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PGDATABASE=$db
+export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
 t0=$(date +%s%N)
 java -cp "$work/classes:$JDBC" PaymentRetry | tee "$work/log"
 echo "program run: $(ms "$t0") ms"

@@ -20,7 +20,7 @@ ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"
-export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PGDATABASE=$db
+export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
 q() { psql_idem -d $db -Atc "$1"; }
 events=$(grep -c . "$dir/events.jsonl")
 

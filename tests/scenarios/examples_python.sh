@@ -15,7 +15,7 @@ trap cleanup EXIT
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"
 
-export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PGDATABASE=$db
+export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
 t0=$(date +%s%N)
 (cd "$ROOT/examples/python-http" && "$IDEM_PY" demo.py --report "$report")
 echo "program run: $(( ($(date +%s%N) - t0) / 1000000 )) ms"

@@ -28,7 +28,7 @@ bin="$dir/target$IDEM_OS_SUFFIX/debug/idem-example-batch"
 
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"
-export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PGDATABASE=$db
+export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
 q() { psql_idem -d $db -Atc "$1"; }
 args=(--job "$job" --items $items --item-ms 15 --lease-secs 2)
 

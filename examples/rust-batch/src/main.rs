@@ -10,11 +10,19 @@
 //! after it. A rerun after completion finds `completed` and does nothing.
 //!
 //! Connection: the libpq environment variables PGHOST (a host name or a
-//! socket directory), PGPORT, PGUSER, PGDATABASE.
+//! socket directory), PGPORT, PGUSER, PGDATABASE; directly or through
+//! PgBouncer in transaction mode. For the pooler, statements outside a
+//! transaction use `query_typed`/`execute_typed` (an unnamed statement, one
+//! round trip): `query`/`execute` prepare a named statement ("s0", "s1", …)
+//! in one round trip and bind it in the next, and between the two the
+//! pooler may hand the server session to another client. Inside the item's
+//! transaction the session stays this client's, so `execute` is fine there
+//! (docs/operations.md, "Behind a pooler").
 //! Options: --job NAME, --items N, --item-ms MS (simulated work per item),
 //! --lease-secs S.
 
 use std::time::{Duration, Instant};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
 
 const BIZ_TYPE: &str = "batch";
@@ -72,9 +80,9 @@ async fn setup(db: &Client, items: i32) -> Result<(), tokio_postgres::Error> {
              settled_at timestamptz NOT NULL DEFAULT clock_timestamp());",
     )
     .await?;
-    db.execute(
-        "INSERT INTO invoices SELECT i, 1000 + i FROM generate_series(1, $1::int) i ON CONFLICT DO NOTHING",
-        &[&items],
+    db.execute_typed(
+        "INSERT INTO invoices SELECT i, 1000 + i FROM generate_series(1, $1) i ON CONFLICT DO NOTHING",
+        &[(&items, Type::INT4)],
     )
     .await?;
     Ok(())
@@ -93,12 +101,12 @@ async fn claim_job(db: &Client, o: &Options) -> Result<Option<Claim>, tokio_post
     let mut said_waiting = false;
     loop {
         let row = db
-            .query_one(
+            .query_typed_one(
                 "SELECT claimed, state, (result->>'attempt')::int,
                         coalesce((result->'recovery_data'->>'last_item')::int, 0),
                         result->>'lease_token', result::text
-                   FROM idem_claim($1, $2, lease => make_interval(secs => $3::float8))",
-                &[&o.job, &BIZ_TYPE, &o.lease_secs],
+                   FROM idem_claim($1, $2, lease => make_interval(secs => $3))",
+                &[(&o.job, Type::TEXT), (&BIZ_TYPE, Type::TEXT), (&o.lease_secs, Type::FLOAT8)],
             )
             .await?;
         let claimed: bool = row.get(0);
@@ -173,7 +181,7 @@ async fn run(db: &mut Client, o: &Options) -> Result<(), tokio_postgres::Error> 
     }
 
     let todo: Vec<i32> = db
-        .query("SELECT id FROM invoices WHERE id > $1 ORDER BY id", &[&claim.last_item])
+        .query_typed("SELECT id FROM invoices WHERE id > $1 ORDER BY id", &[(&claim.last_item, Type::INT4)])
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -197,9 +205,15 @@ async fn run(db: &mut Client, o: &Options) -> Result<(), tokio_postgres::Error> 
             println!("item {item}: settled, checkpoint {item}");
         }
     }
-    db.execute(
-        "SELECT idem_complete($1, $2, jsonb_build_object('items', $3::int, 'attempts', $4::int), lease_token => $5)",
-        &[&o.job, &BIZ_TYPE, &o.items, &claim.attempt, &claim.lease_token],
+    db.execute_typed(
+        "SELECT idem_complete($1, $2, jsonb_build_object('items', $3, 'attempts', $4), lease_token => $5)",
+        &[
+            (&o.job, Type::TEXT),
+            (&BIZ_TYPE, Type::TEXT),
+            (&o.items, Type::INT4),
+            (&claim.attempt, Type::INT4),
+            (&claim.lease_token, Type::TEXT),
+        ],
     )
     .await?;
     println!("job {}: completed; this run settled {} items (attempt {})", o.job, done, claim.attempt);
