@@ -33,6 +33,7 @@ SELECT c.oid::regclass AS partition,
   FROM pg_inherits h
   JOIN pg_class c ON c.oid = h.inhrelid
  WHERE h.inhparent = 'idem.claims'::regclass;
+COMMENT ON VIEW idem.partition_bounds IS 'Partitions of idem.claims with their range of expires_at, read in binary (NULL bounds: the default partition).';
 
 -- The settings pinned below make every timestamp this function writes into
 -- DDL (partition bounds, CHECK constraints) print as ISO 8601 in UTC, which

@@ -10,6 +10,7 @@ use crate::errors::{invalid, IdemError};
 use crate::fmgr::Args;
 use crate::guc;
 use crate::key::{self, check_biz_type, ClaimKey};
+use crate::metrics;
 use crate::protocol::{self, ClaimRequest, Finish, Outcome};
 use crate::sql_function;
 use pgrx::pg_sys;
@@ -175,6 +176,88 @@ fn partition_to(args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_partition_from, pg_finfo_idem_partition_from, partition_from);
 sql_function!(idem_partition_to, pg_finfo_idem_partition_to, partition_to);
+
+// idem.metrics() RETURNS TABLE (biz_type text, claims bigint, takeovers bigint,
+//   duplicates_completed bigint, duplicates_failed bigint, in_progress bigint,
+//   waits bigint, wait_seconds double precision, fingerprint_mismatches bigint,
+//   not_held bigint, serialization_failures bigint, completes bigint,
+//   fails bigint, checkpoints bigint, stats_since timestamptz, note text)
+// The columns after biz_type follow metrics::Event, then the wait time.
+const METRICS_COLUMNS: usize = 16;
+pub const METRICS_OFF: &str = "counters are off: idem is not in shared_preload_libraries. Add it (shared_preload_libraries = 'idem', or append it to the list there) and restart the server to count claims, duplicates, waits and errors per business type";
+fn metrics(args: Args) -> pg_sys::Datum {
+    let nothing = || (vec![pg_sys::Datum::from(0); METRICS_COLUMNS], vec![true; METRICS_COLUMNS]);
+    let rows = match metrics::rows() {
+        None => {
+            let (mut values, mut nulls) = nothing();
+            values[METRICS_COLUMNS - 1] = text_datum(METRICS_OFF.as_bytes());
+            nulls[METRICS_COLUMNS - 1] = false;
+            vec![(values, nulls)]
+        }
+        Some(rows) => rows
+            .into_iter()
+            .map(|r| {
+                let (mut values, mut nulls) = nothing();
+                let mut put = |i: usize, d: pg_sys::Datum| {
+                    values[i] = d;
+                    nulls[i] = false;
+                };
+                match &r.biz_type {
+                    Some(b) => put(0, text_datum(b)),
+                    None => put(
+                        METRICS_COLUMNS - 1,
+                        text_datum(
+                            format!(
+                                "overflow: more (database, biz_type) pairs than the {} the counters hold since the server started; the counts of the pairs that found no room, all databases together",
+                                metrics::SLOTS
+                            )
+                            .as_bytes(),
+                        ),
+                    ),
+                }
+                // claims .. in_progress, waits
+                for (i, v) in r.counters[..6].iter().enumerate() {
+                    put(1 + i, pg_sys::Datum::from(*v as i64));
+                }
+                put(7, pg_sys::Datum::from((r.wait_us as f64 / 1e6).to_bits()));
+                // fingerprint_mismatches .. checkpoints
+                for (i, v) in r.counters[6..].iter().enumerate() {
+                    put(8 + i, pg_sys::Datum::from(*v as i64));
+                }
+                put(14, pg_sys::Datum::from(r.since));
+                (values, nulls)
+            })
+            .collect(),
+    };
+    args.return_rows(rows)
+}
+sql_function!(idem_metrics, pg_finfo_idem_metrics, metrics);
+
+// idem.metrics_info() RETURNS TABLE (counting boolean, slots_used int,
+//   slots int, overflowed boolean)
+fn metrics_info(args: Args) -> pg_sys::Datum {
+    let row = match metrics::usage() {
+        None => (vec![pg_sys::Datum::from(false), 0.into(), 0.into(), 0.into()], vec![false, true, true, true]),
+        Some((used, overflowed)) => (
+            vec![
+                pg_sys::Datum::from(true),
+                pg_sys::Datum::from(used as i32),
+                pg_sys::Datum::from(metrics::SLOTS as i32),
+                pg_sys::Datum::from(overflowed),
+            ],
+            vec![false; 4],
+        ),
+    };
+    args.return_rows(vec![row])
+}
+sql_function!(idem_metrics_info, pg_finfo_idem_metrics_info, metrics_info);
+
+// idem_metrics_reset() RETURNS void
+fn metrics_reset(_args: Args) -> pg_sys::Datum {
+    metrics::reset();
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_metrics_reset, pg_finfo_idem_metrics_reset, metrics_reset);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

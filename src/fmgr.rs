@@ -121,6 +121,27 @@ impl Args {
         }
     }
 
+    /// Return a set of rows of the declared result type (materialize mode:
+    /// the rows go into a tuplestore the executor reads after the call).
+    pub fn return_rows(&self, rows: Vec<(Vec<pg_sys::Datum>, Vec<bool>)>) -> pg_sys::Datum {
+        unsafe {
+            pg_sys::InitMaterializedSRF(self.0, 0);
+            let rsinfo = (*self.0).resultinfo.cast::<pg_sys::ReturnSetInfo>();
+            for (mut values, mut nulls) in rows {
+                if (*(*rsinfo).setDesc).natts as usize != values.len() {
+                    crate::errors::internal("the SQL result type does not match the C function");
+                }
+                pg_sys::tuplestore_putvalues(
+                    (*rsinfo).setResult,
+                    (*rsinfo).setDesc,
+                    values.as_mut_ptr(),
+                    nulls.as_mut_ptr(),
+                );
+            }
+            pg_sys::Datum::from(0)
+        }
+    }
+
     unsafe fn result_tupdesc(&self) -> pg_sys::TupleDesc {
         unsafe {
             let flinfo = (*self.0).flinfo;

@@ -17,6 +17,10 @@ static MAINTENANCE_LOCK_TIMEOUT: GucSetting<Option<CString>> =
 static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);
 static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(32);
 
+// Read by the idem_health view (sql/metrics.sql): its thresholds.
+static HEALTH_MAINTENANCE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
+static HEALTH_LEASE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
+
 /// How claims reach idem.claims: by the partitions' heaps and indexes
 /// (direct, fast), or by SQL on the logical table (sql, which also works when
 /// the table is a Citus distributed table). auto: sql when Citus is loaded.
@@ -66,6 +70,28 @@ pub fn init() {
             GucContext::Suset,
             GucFlags::default(),
             Some(check_lock_timeout),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"idem.health_maintenance_after",
+            c"idem_health reports maintenance overdue when its last successful run is older than this (1 second to 400 days).",
+            c"Critical once it is older than idem.partition_width, or when no run is recorded.",
+            &HEALTH_MAINTENANCE_AFTER,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_ttl),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"idem.health_lease_after",
+            c"idem_health reports a lease stuck when it ran out longer ago than this and nobody took it over (1 second to 400 days).",
+            c"The work it stands for stopped: the next idem_claim of the key takes the lease over.",
+            &HEALTH_LEASE_AFTER,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_ttl),
             None,
             None,
         );

@@ -7,6 +7,8 @@
 //!   is of), biztype.rs (settings and who may use a type), lease.rs;
 //! * storage/: how a key's row is found, locked, waited for and written
 //!   (direct.rs: heaps and indexes; sql.rs: SQL, for Citus; keylock.rs);
+//! * metrics.rs: counters of the protocol's outcomes in shared memory
+//!   (with shared_preload_libraries = 'idem'), read by idem_metrics;
 //! * catalog.rs (caches of catalog facts), spi.rs (the SQL idem runs),
 //!   datum.rs, guc.rs, errors.rs, backend.rs, compat.rs (PostgreSQL majors).
 
@@ -23,6 +25,7 @@ pub mod fmgr;
 mod guc;
 mod key;
 mod lease;
+mod metrics;
 mod protocol;
 mod spi;
 mod storage;
@@ -34,6 +37,7 @@ extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
 extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["claim"]);
 extension_sql_file!("../sql/guards.sql", name = "guards", requires = ["maintenance"]);
 extension_sql_file!("../sql/scaling.sql", name = "scaling", requires = ["guards"]);
+extension_sql_file!("../sql/metrics.sql", name = "metrics", requires = ["scaling"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
@@ -44,6 +48,8 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a backend is single-threaded (backend.rs).
     unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     guc::init();
+    // Shared memory for the counters, when preloaded (else they stay off).
+    metrics::init();
 }
 
 #[cfg(test)]

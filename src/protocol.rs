@@ -14,12 +14,16 @@
 //!     runs, taken over by this claim once it has run out.
 //!
 //! docs/design.md says why no two claims of a key ever commit.
+//!
+//! Each outcome is counted where it is decided (metrics.rs: one call per
+//! outcome; nothing when the counters are off).
 
 use crate::biztype;
 use crate::errors::{invalid, IdemError};
 use crate::guc;
 use crate::key::ClaimKey;
 use crate::lease::Lease;
+use crate::metrics::{self, Event};
 use crate::storage::{
     Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING,
 };
@@ -112,7 +116,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
     }
     let (store, found) = Storage::find(k, now(), Intent::Claim { wait: req.wait });
     match found {
-        Found::Busy(row) => Outcome::in_progress(row.as_ref()),
+        Found::Busy(row) => answered(k, Outcome::in_progress(row.as_ref())),
         Found::Absent(held) => {
             let now = now();
             let expires_at = now.saturating_add(ttl);
@@ -126,6 +130,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             let new = NewRow { claimed_at: now, expires_at, state, fingerprint: req.fingerprint, result: stored };
             store.insert(k, &new);
             drop(held);
+            metrics::count(k, Event::Claimed);
             Outcome {
                 claimed: true,
                 state: "new",
@@ -138,11 +143,11 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             check_duplicate(k, req.fingerprint, &row);
             let now = now();
             if row.state != STATE_LEASED || row.own {
-                return Outcome::of_row(&row);
+                return answered(k, Outcome::of_row(&row));
             }
             let lease = Lease::from_datum(row.result);
             if lease.until > now {
-                return Outcome::of_row(&row);
+                return answered(k, Outcome::of_row(&row));
             }
             // The lease ran out: this claim takes the work over, and is told
             // which attempt it is and where the last one got to.
@@ -151,6 +156,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             let (next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
             store.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
             drop(held);
+            metrics::count(k, Event::Takeover);
             Outcome {
                 claimed: true,
                 state: "new",
@@ -162,11 +168,25 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
     }
 }
 
+/// A claim that did not claim, counted by what it was told.
+fn answered(k: &ClaimKey, o: Outcome) -> Outcome {
+    metrics::count(
+        k,
+        match o.state {
+            "completed" => Event::DuplicateCompleted,
+            "failed" => Event::DuplicateFailed,
+            _ => Event::InProgress,
+        },
+    );
+    o
+}
+
 /// Under REPEATABLE READ and SERIALIZABLE, a row the caller's snapshot
 /// cannot see must not be reported or written as if it could: 40001, as
 /// INSERT ... ON CONFLICT and UPDATE do.
 fn check_visible(k: &ClaimKey, row: &Row) {
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        metrics::count(k, Event::SerializationFailure);
         IdemError::SerializationFailure { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
     }
 }
@@ -177,6 +197,7 @@ fn check_duplicate(k: &ClaimKey, fingerprint: Option<&[u8]>, row: &Row) {
     check_visible(k, row);
     if let (Some(mine), Some(first)) = (fingerprint, row.fingerprint.as_deref()) {
         if mine != first {
+            metrics::count(k, Event::FingerprintMismatch);
             IdemError::FingerprintMismatch { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
         }
     }
@@ -240,8 +261,14 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     }
     check_visible(k, &row);
     match what {
-        Finish::Complete(result) => store.rewrite(&row, k, STATE_COMPLETED, result),
-        Finish::Fail(error) => store.rewrite(&row, k, STATE_FAILED, Some(error)),
+        Finish::Complete(result) => {
+            store.rewrite(&row, k, STATE_COMPLETED, result);
+            metrics::count(k, Event::Completed);
+        }
+        Finish::Fail(error) => {
+            store.rewrite(&row, k, STATE_FAILED, Some(error));
+            metrics::count(k, Event::Failed);
+        }
         Finish::Checkpoint { point, data } => {
             // Recording progress also renews the lease, never beyond the
             // claim's expiry.
@@ -250,12 +277,14 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             lease.data = data;
             lease.until = now().saturating_add(lease.lease_us).min(row.expires_at);
             store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
+            metrics::count(k, Event::Checkpointed);
         }
     }
     drop(held);
 }
 
 fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
+    metrics::count(k, Event::NotHeld);
     IdemError::NotClaimed { biz_type: k.biz_type.to_vec(), key: k.key.to_vec(), why }.fail()
 }
 

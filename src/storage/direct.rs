@@ -16,6 +16,7 @@ use crate::compat;
 use crate::datum::{text_datum, varlena_bytes, varlena_copy};
 use crate::errors::IdemError;
 use crate::key::ClaimKey;
+use crate::metrics;
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::mem::MaybeUninit;
@@ -120,6 +121,7 @@ impl Opened {
                         if !waits {
                             return Found::Busy(Some(row));
                         }
+                        let _timed = metrics::wait(k);
                         keylock::wait_for(writer.xid);
                     }
                     None => return Found::Row(row, Held(Some(lock))),

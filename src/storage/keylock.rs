@@ -78,6 +78,21 @@ pub fn held_elsewhere(hash: i64) -> bool {
     }
 }
 
+/// Whether another transaction holds the key lock now, so that asking for
+/// it would wait (the SQL path's metrics; the holder may end a moment
+/// later). Asks the lock table without requesting the lock.
+pub fn contended(hash: i64) -> bool {
+    let tag = tag(hash);
+    let mut holders = 0;
+    unsafe {
+        let vxids = pg_sys::GetLockConflicts(&tag, pg_sys::ExclusiveLock as _, &mut holders);
+        if !vxids.is_null() {
+            pg_sys::pfree(vxids.cast());
+        }
+    }
+    holders > 0
+}
+
 /// Wait for another transaction to end (honours lock_timeout and
 /// statement_timeout, and takes part in deadlock detection).
 pub fn wait_for(xid: pg_sys::TransactionId) {

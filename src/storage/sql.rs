@@ -20,6 +20,7 @@ use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
 use crate::errors::IdemError;
 use crate::key::ClaimKey;
+use crate::metrics;
 use crate::spi::Statement;
 use pgrx::pg_sys;
 
@@ -149,7 +150,13 @@ impl SqlStore {
             }
         }
         let wait = intent != Intent::Claim { wait: false };
-        let Some(lock) = KeyLock::try_acquire(k.hash, wait) else {
+        let lock = {
+            // A wait is counted (and timed) when another transaction holds
+            // the key as we ask for it.
+            let _timed = (wait && metrics::on() && keylock::contended(k.hash)).then(|| metrics::wait(k));
+            KeyLock::try_acquire(k.hash, wait)
+        };
+        let Some(lock) = lock else {
             return Found::Busy(None);
         };
         match self.probe(k, super::now()) {

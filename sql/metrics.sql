@@ -1,0 +1,203 @@
+-- What an operator watches: counters of the claim protocol's outcomes
+-- (src/metrics.rs; they need shared_preload_libraries = 'idem'), the record
+-- of maintenance runs, and the health checks to alert on. A dashboard and a
+-- postgres_exporter queries file built on these are in monitoring/.
+
+-- The counters of this database, one row per business type used since the
+-- server started (or the counters were reset); without preloading, one row
+-- that says so.
+CREATE FUNCTION idem.metrics(
+    OUT biz_type text,
+    OUT claims bigint,
+    OUT takeovers bigint,
+    OUT duplicates_completed bigint,
+    OUT duplicates_failed bigint,
+    OUT in_progress bigint,
+    OUT waits bigint,
+    OUT wait_seconds double precision,
+    OUT fingerprint_mismatches bigint,
+    OUT not_held bigint,
+    OUT serialization_failures bigint,
+    OUT completes bigint,
+    OUT fails bigint,
+    OUT checkpoints bigint,
+    OUT stats_since timestamptz,
+    OUT note text)
+    RETURNS SETOF record
+    VOLATILE ROWS 10
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics';
+COMMENT ON FUNCTION idem.metrics() IS 'The counters in shared memory of this database (read by the view idem_metrics).';
+
+CREATE FUNCTION idem.metrics_info(OUT counting boolean, OUT slots_used int, OUT slots int, OUT overflowed boolean)
+    RETURNS SETOF record
+    VOLATILE ROWS 1
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_info';
+COMMENT ON FUNCTION idem.metrics_info() IS 'Whether the counters run (idem preloaded), how many of their (database, biz_type) slots are used, of how many, and whether some pair found no room.';
+
+CREATE VIEW idem_metrics AS
+SELECT m.biz_type,
+       m.claims,
+       m.takeovers,
+       m.duplicates_completed,
+       m.duplicates_failed,
+       m.in_progress,
+       m.waits,
+       m.wait_seconds,
+       m.fingerprint_mismatches,
+       m.not_held,
+       m.serialization_failures,
+       m.completes,
+       m.fails,
+       m.checkpoints,
+       m.stats_since,
+       m.note
+  FROM idem.metrics() m;
+COMMENT ON VIEW idem_metrics IS
+'Counters per business type of this database since stats_since (server start, first use, or idem_metrics_reset()): claims (new), takeovers (of leases that ran out), duplicates answered completed / failed, in_progress answers, waits for another transaction and their total time, ID001 fingerprint mismatches, ID003 refusals (not_held), 40001 raised, and idem_complete / idem_fail / idem_checkpoint calls. Counted when decided, committed or not; in shared memory, reset on restart like pg_stat_*. Needs shared_preload_libraries = ''idem''; without it, one row whose note says so. A row with biz_type NULL and a note counts the pairs that found the table full.';
+
+CREATE FUNCTION idem_metrics_reset() RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_reset';
+COMMENT ON FUNCTION idem_metrics_reset() IS
+'Zero the idem_metrics counters of this database (and the overflow row); their stats_since becomes now. Does nothing when the counters are off.';
+REVOKE EXECUTE ON FUNCTION idem_metrics_reset() FROM PUBLIC;
+
+-- One row: what the reports in idem.maintenance_runs (the last 100 runs)
+-- say about maintenance.
+CREATE VIEW idem_maintenance AS
+WITH runs AS (
+    SELECT r.run_id,
+           r.finished_at,
+           r.report,
+           coalesce(jsonb_typeof(r.report->'skipped') = 'array', false) AS skipped
+      FROM idem.maintenance_runs r
+), last AS (
+    SELECT * FROM runs ORDER BY run_id DESC LIMIT 1
+), success AS (
+    SELECT max(run_id) AS run_id, max(finished_at) AS finished_at FROM runs WHERE NOT skipped
+)
+SELECT last.finished_at AS last_run_at,
+       (last.report->>'duration_ms')::numeric AS last_duration_ms,
+       jsonb_array_length(coalesce(last.report->'partitions_created', '[]')) AS last_partitions_created,
+       jsonb_array_length(coalesce(last.report->'partitions_dropped', '[]')) AS last_partitions_dropped,
+       coalesce((last.report->>'rows_moved_from_default')::bigint, 0) AS last_rows_moved_from_default,
+       last.skipped AS last_skipped,
+       success.finished_at AS last_success_at,
+       now() - success.finished_at AS since_last_success,
+       (SELECT count(*) FROM runs WHERE run_id > coalesce(success.run_id, 0)) AS skipped_in_a_row,
+       (SELECT count(*) FROM runs) AS runs_recorded,
+       (SELECT count(*) FROM runs WHERE skipped) AS runs_skipped
+  FROM success LEFT JOIN last ON true;
+COMMENT ON VIEW idem_maintenance IS
+'Maintenance at a glance, from the reports of the last 100 idem_maintain() runs (idem.maintenance_runs): the last run (when, how long, partitions created and dropped, claims moved out of the default partition, whether it gave up on its lock), the last successful run and how long ago, runs in a row that gave up on the lock, runs recorded and how many of them gave up.';
+
+-- Claims in the default partition, counted up to cap (NULL if the default
+-- partition is missing). Named in dynamic SQL so that nothing depends on
+-- the partition (maintenance recreates it if it is dropped), and SECURITY
+-- DEFINER so that the view works for roles that may not read idem.claims.
+CREATE FUNCTION idem.default_partition_rows(cap bigint) RETURNS bigint
+    STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    n bigint;
+BEGIN
+    IF to_regclass('idem.claims_default') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM idem.claims_default LIMIT $1) d' INTO n USING cap;
+    RETURN n;
+END
+$fn$;
+COMMENT ON FUNCTION idem.default_partition_rows(bigint) IS 'Rows in idem.claims_default, counted up to cap; NULL when it is missing.';
+
+-- One row per check, always in this order, with its severity (ok, info,
+-- warning, critical), a measured value, what was found, and what to do.
+-- Alert on severity <> 'ok'. Reads idem.claims once for leased claims (a
+-- scan, like idem_leases); everything else is small.
+CREATE VIEW idem_health AS
+WITH s AS (
+    SELECT idem.setting_interval('idem.partition_width', '1 day') AS width,
+           greatest(idem.setting_interval('idem.default_ttl', '24 hours'),
+                    (SELECT max(t.ttl) FROM idem.biz_types t)) AS longest_ttl,
+           idem.setting_interval('idem.health_maintenance_after', '15 minutes') AS maintenance_after,
+           idem.setting_interval('idem.health_lease_after', '15 minutes') AS lease_after
+), m AS (
+    SELECT * FROM idem_maintenance
+), p AS (
+    SELECT max(b.range_to) FILTER (WHERE NOT b.is_default) AS horizon,
+           count(*) FILTER (WHERE NOT b.is_default AND b.range_to < now() - s.maintenance_after) AS expired_left
+      FROM s LEFT JOIN idem.partition_bounds b ON true
+     GROUP BY s.maintenance_after
+), d AS (
+    SELECT idem.default_partition_rows(10000) AS n
+), l AS (
+    SELECT count(*) AS n, min(x.lease_until) AS oldest
+      FROM s JOIN idem_leases x ON x.lease_until < now() - s.lease_after
+), mi AS (
+    SELECT * FROM idem.metrics_info()
+)
+SELECT 'maintenance_overdue'::text AS check_name,
+       CASE WHEN m.last_success_at IS NULL OR m.last_success_at < now() - s.width THEN 'critical'
+            WHEN m.last_success_at < now() - s.maintenance_after THEN 'warning'
+            ELSE 'ok' END AS severity,
+       extract(epoch FROM now() - m.last_success_at)::double precision AS value,
+       CASE WHEN m.last_success_at IS NULL THEN 'no successful idem_maintain() run is recorded'
+            ELSE format('the last successful idem_maintain() run finished %s ago (warning after %s, critical after %s)',
+                        date_trunc('second', now() - m.last_success_at), s.maintenance_after, s.width) END AS detail,
+       'Run SELECT idem_maintain(), and schedule it every few minutes: SELECT idem_schedule_maintenance() with pg_cron, or cron and psql.'::text AS action
+  FROM s, m
+UNION ALL
+SELECT 'maintenance_lock',
+       CASE WHEN m.skipped_in_a_row >= 3 THEN 'warning' ELSE 'ok' END,
+       m.skipped_in_a_row,
+       format('%s run(s) in a row gave up on the lock on idem.claims', m.skipped_in_a_row),
+       'A long transaction keeps idem.claims locked: find it in pg_stat_activity (oldest xact_start) and end it, or raise idem.maintenance_lock_retries.'
+  FROM m
+UNION ALL
+SELECT 'default_partition',
+       CASE WHEN d.n IS NULL THEN 'critical' WHEN d.n > 0 THEN 'warning' ELSE 'ok' END,
+       d.n,
+       CASE WHEN d.n IS NULL THEN 'idem.claims_default is missing: claims beyond the premade partitions fail'
+            WHEN d.n >= 10000 THEN 'at least 10000 claims in the default partition'
+            ELSE format('%s claims in the default partition', d.n) END,
+       'Run SELECT idem_maintain() (it moves them into range partitions); claims that stay there have a per-call ttl beyond the premade partitions: give their type that TTL with idem_configure instead.'
+  FROM d
+UNION ALL
+SELECT 'partition_horizon',
+       CASE WHEN p.horizon IS NULL OR p.horizon < now() + s.longest_ttl THEN 'warning' ELSE 'ok' END,
+       extract(epoch FROM p.horizon - (now() + s.longest_ttl))::double precision,
+       CASE WHEN p.horizon IS NULL THEN 'no range partition exists: every claim goes to the default partition'
+            ELSE format('the partitions end %s after the expiry of a claim made now with the longest TTL (%s)',
+                        date_trunc('second', p.horizon - (now() + s.longest_ttl)), s.longest_ttl) END,
+       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit or idem.partition_width (a run makes partitions up to now + the longest TTL + one width).'
+  FROM s, p
+UNION ALL
+SELECT 'stuck_leases',
+       CASE WHEN l.n > 0 THEN 'warning' ELSE 'ok' END,
+       l.n,
+       CASE WHEN l.n = 0 THEN format('no lease ran out more than %s ago without a takeover', s.lease_after)
+            ELSE format('%s lease(s) ran out more than %s ago and nobody took them over; the oldest ran out at %s',
+                        l.n, s.lease_after, l.oldest) END,
+       'The work they stand for stopped: rerun it (the next idem_claim of the key takes the lease over and is told the recovery point); idem_leases lists them.'
+  FROM s, l
+UNION ALL
+SELECT 'expired_partitions',
+       CASE WHEN p.expired_left > 0 THEN 'warning' ELSE 'ok' END,
+       p.expired_left,
+       format('%s partition(s) whose range ended more than %s ago are still there', p.expired_left, s.maintenance_after),
+       'Run SELECT idem_maintain() (it drops them); if they stay, a long transaction keeps idem.claims locked (see maintenance_lock).'
+  FROM s, p
+UNION ALL
+SELECT 'metrics',
+       CASE WHEN NOT mi.counting THEN 'info' WHEN mi.overflowed THEN 'warning' ELSE 'ok' END,
+       mi.slots_used,
+       CASE WHEN NOT mi.counting THEN 'counters are off (idem is not in shared_preload_libraries): idem_metrics has no counts'
+            WHEN mi.overflowed THEN format('all %s (database, biz_type) slots of the counters are in use: idem_metrics counts the other types together in its overflow row', mi.slots)
+            ELSE format('%s of %s (database, biz_type) slots of the counters in use', mi.slots_used, mi.slots) END,
+       CASE WHEN NOT mi.counting THEN 'To count claims, duplicates, waits and errors: add idem to shared_preload_libraries and restart the server.'
+            WHEN mi.overflowed THEN 'Use fewer business types; a restart empties the table (and loses the counts).'
+            ELSE 'None.' END
+  FROM mi;
+COMMENT ON VIEW idem_health IS
+'Health checks, one row each, always in the same order: maintenance_overdue, maintenance_lock, default_partition, partition_horizon, stuck_leases, expired_partitions, metrics; each with severity (ok, info, warning, critical), a measured value, what was found (detail) and a one-line action. Alert on severity <> ''ok''. Thresholds: idem.health_maintenance_after and idem.health_lease_after. Scans the live claims for leases (as idem_leases does).';
