@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# idem_metrics on a cluster that preloads idem (its own, port
+# ${IDEM_METRICS_PORT:-5471}): a known workload, then every counter checked
+# for its exact value. Covers each outcome where the protocol decides it
+# (claim, duplicate completed / failed, in_progress, wait on both storage
+# paths, ID001, ID003, 40001, takeover, complete, fail, checkpoint), per
+# business type and per database, idem_metrics_reset (and its revocation
+# from PUBLIC), the overflow row when the table of (database, biz_type)
+# slots is full, idem_health's metrics check, and that a restart empties
+# the counters. No verdict depends on time: concurrent steps wait for the
+# state they need (pg_stat_activity, the session's own output).
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
+trap pc_stop EXIT
+pc_init "$(cluster_dir)/metrics" "${IDEM_METRICS_PORT:-5471}" "shared_preload_libraries = 'idem'"
+pc_start
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+q() { pc_psql -d "$1" -Atc "$2"; }
+expect() { # what got want
+  if [ "$2" = "$3" ]; then echo "ok: $1: $2"; else fail "$1: got '$2', expected '$3'"; fi
+}
+COLUMNS_SQL="claims, takeovers, duplicates_completed, duplicates_failed, in_progress, waits,
+             fingerprint_mismatches, not_held, serialization_failures, completes, fails, checkpoints"
+counters() { # db biz_type: the counters as one line a|b|c...
+  q "$1" "SELECT concat_ws('|', $COLUMNS_SQL) FROM idem_metrics WHERE biz_type = '$2'"
+}
+
+for db in m1 m2 m3; do
+  pc_psql -q -d postgres -c "CREATE DATABASE $db"
+  pc_psql -q -d $db -c "CREATE EXTENSION idem" -c "SELECT idem_maintain()" >/dev/null
+done
+
+say "before any claim: no rows, counters on"
+expect "rows" "$(q m1 "SELECT count(*) FROM idem_metrics")" 0
+expect "health: metrics" "$(q m1 "SELECT severity || ' ' || value FROM idem_health WHERE check_name = 'metrics'")" "ok 0"
+
+say "workload on biz_type pay (database m1), one session"
+pc_psql -q -d m1 >/dev/null <<'SQL'
+-- 5 claims completed in their transaction
+BEGIN; SELECT idem_claim('p1', 'pay'); SELECT idem_complete('p1', 'pay', '{"n": 1}'); COMMIT;
+BEGIN; SELECT idem_claim('p2', 'pay'); SELECT idem_complete('p2', 'pay', '{"n": 2}'); COMMIT;
+BEGIN; SELECT idem_claim('p3', 'pay'); SELECT idem_complete('p3', 'pay', '{"n": 3}'); COMMIT;
+BEGIN; SELECT idem_claim('p4', 'pay'); SELECT idem_complete('p4', 'pay', '{"n": 4}'); COMMIT;
+BEGIN; SELECT idem_claim('p5', 'pay'); SELECT idem_complete('p5', 'pay', '{"n": 5}'); COMMIT;
+-- 3 duplicates of completed claims
+SELECT idem_claim('p1', 'pay'); SELECT idem_claim('p2', 'pay'); SELECT idem_claim('p3', 'pay');
+-- a failure, and 2 duplicates of it
+BEGIN; SELECT idem_claim('f1', 'pay'); SELECT idem_fail('f1', 'pay', '{"e": "declined"}'); COMMIT;
+SELECT idem_claim('f1', 'pay'); SELECT idem_claim('f1', 'pay');
+-- a fingerprint: its duplicate, then a different one (ID001)
+BEGIN; SELECT idem_claim('fp1', 'pay', fingerprint => 'a'); SELECT idem_complete('fp1', 'pay'); COMMIT;
+SELECT idem_claim('fp1', 'pay', fingerprint => 'a');
+\set ON_ERROR_STOP off
+SELECT idem_claim('fp1', 'pay', fingerprint => 'b');
+-- ID003: finishing a claim nobody made here
+SELECT idem_complete('never', 'pay');
+\set ON_ERROR_STOP on
+-- the caller's own unfinished claim is in_progress; counted though rolled back
+BEGIN; SELECT idem_claim('o1', 'pay'); SELECT idem_claim('o1', 'pay'); ROLLBACK;
+-- a lease that runs: in_progress for others, ID003 without its token
+SELECT idem_claim('l2', 'pay', lease => '1 hour');
+SELECT idem_claim('l2', 'pay');
+\set ON_ERROR_STOP off
+SELECT idem_checkpoint('l2', 'pay', 'step');
+\set ON_ERROR_STOP on
+-- a lease left to run out, taken over, checkpointed and completed with its token
+SELECT idem_claim('l1', 'pay', lease => '1 second');
+SELECT pg_sleep(1.1);
+SELECT result->>'lease_token' AS token FROM idem_claim('l1', 'pay', lease => '1 hour') \gset
+SELECT idem_checkpoint('l1', 'pay', 'step', '{"i": 1}', :'token');
+SELECT idem_complete('l1', 'pay', '{"done": true}', :'token');
+-- another business type
+SELECT idem_claim('x1', 'other'); SELECT idem_claim('x2', 'other');
+SQL
+
+say "concurrency: a claim held open, wait => false, a duplicate that waits (direct path)"
+session_open A m1
+session_open B m1
+session_run A "BEGIN; SELECT claimed FROM idem_claim('w1', 'pay');"
+expect "wait => false on a held key" "$(q m1 "SELECT state FROM idem_claim('w1', 'pay', wait => false)")" in_progress
+session_send B "SELECT 'B got ' || state FROM idem_claim('w1', 'pay');"
+pc_until m1 "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'B' AND wait_event_type = 'Lock'" "B waits for A"
+session_run A "SELECT idem_complete('w1', 'pay', '{\"w\": 1}'); COMMIT;"
+session_wait B
+grep -q "B got completed" "$PC_DIR/B.out" && echo "ok: the waiting duplicate got completed" || fail "B: $(cat "$PC_DIR/B.out")"
+
+say "40001: a REPEATABLE READ snapshot older than the claim"
+session_run A "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;"
+q m1 "SELECT claimed FROM idem_claim('rr1', 'pay')" >/dev/null
+session_run A "SELECT idem_claim('rr1', 'pay'); ROLLBACK;"
+grep -q "could not serialize access" "$PC_DIR/A.out" && echo "ok: 40001 raised" || fail "A: $(cat "$PC_DIR/A.out")"
+
+say "a wait on the SQL storage path (idem.storage_access = sql)"
+session_close A
+session_close B
+pc_psql -q -d m1 -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" >/dev/null
+# (sessions that start after the postmaster has reloaded have the new value)
+pc_until m1 "SELECT current_setting('idem.storage_access') = 'sql'" "the reload"
+session_open A m1
+session_open B m1
+session_run A "BEGIN; SELECT claimed FROM idem_claim('s1', 'sqlpath');"
+session_send B "SELECT 'B got ' || state FROM idem_claim('s1', 'sqlpath');"
+pc_until m1 "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'B' AND wait_event = 'advisory'" "B waits for the key lock"
+session_run A "SELECT idem_complete('s1', 'sqlpath'); COMMIT;"
+session_wait B
+grep -q "B got completed" "$PC_DIR/B.out" && echo "ok: the waiting duplicate got completed (SQL path)" || fail "B: $(cat "$PC_DIR/B.out")"
+grep -q "WARNING" "$PC_DIR/B.out" && fail "B: $(cat "$PC_DIR/B.out")"
+session_close A
+session_close B
+pc_psql -q -d m1 -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null
+
+say "the counters"
+pc_psql -d m1 -c "SELECT biz_type, claims, takeovers AS tko, duplicates_completed AS dup_c, duplicates_failed AS dup_f,
+                          in_progress AS inp, waits, round(wait_seconds::numeric, 3) AS wait_s, fingerprint_mismatches AS id001,
+                          not_held AS id003, serialization_failures AS \"40001\", completes, fails, checkpoints AS ckpt
+                     FROM idem_metrics ORDER BY biz_type"
+# claims:      p1-p5, f1, fp1, o1, l2, l1, w1, rr1              12
+# takeovers:   l1                                                 1
+# dup. compl.: p1-p3, fp1 (a), w1 (B)                             5
+# dup. failed: f1 twice                                           2
+# in_progress: o1 (own), l2 (lease running), w1 (wait => false)  3
+# waits: B on w1; ID001: fp1 (b); ID003: never, l2 without token (2); 40001: rr1
+# completes:   p1-p5, fp1, l1, w1                                 8
+# fails: f1; checkpoints: l1
+expect "pay" "$(counters m1 pay)" "12|1|5|2|3|1|1|2|1|8|1|1"
+expect "other" "$(counters m1 other)" "2|0|0|0|0|0|0|0|0|0|0|0"
+expect "sqlpath" "$(counters m1 sqlpath)" "1|0|1|0|0|1|0|0|0|1|0|0"
+expect "pay: the wait took time" "$(q m1 "SELECT wait_seconds > 0 FROM idem_metrics WHERE biz_type = 'pay'")" t
+expect "sqlpath: the wait took time" "$(q m1 "SELECT wait_seconds > 0 FROM idem_metrics WHERE biz_type = 'sqlpath'")" t
+expect "no note on counted rows" "$(q m1 "SELECT count(*) FROM idem_metrics WHERE note IS NOT NULL")" 0
+expect "stats_since set" "$(q m1 "SELECT bool_and(stats_since <= now()) FROM idem_metrics")" t
+
+say "per database, and idem_metrics_reset"
+q m2 "SELECT count(idem_claim('k' || i, 'pay')) FROM generate_series(1, 3) i" >/dev/null
+expect "m2 pay" "$(counters m2 pay)" "3|0|0|0|0|0|0|0|0|0|0|0"
+expect "m2 sees only its own types" "$(q m2 "SELECT string_agg(biz_type, ',') FROM idem_metrics")" pay
+pc_psql -q -d m2 -c "CREATE ROLE plain LOGIN"
+err=$(pc_psql -d m2 -c "SET ROLE plain" -c "SELECT idem_metrics_reset()" 2>&1 || true)
+[[ "$err" == *"permission denied for function idem_metrics_reset"* ]] && echo "ok: idem_metrics_reset is revoked from PUBLIC" || fail "reset as a plain role: $err"
+before=$(q m2 "SELECT stats_since FROM idem_metrics WHERE biz_type = 'pay'")
+q m2 "SELECT idem_metrics_reset()" >/dev/null
+expect "m2 pay after reset" "$(counters m2 pay)" "0|0|0|0|0|0|0|0|0|0|0|0"
+expect "m2 stats_since moved" "$(q m2 "SELECT stats_since > '$before' FROM idem_metrics WHERE biz_type = 'pay'")" t
+expect "m1 pay untouched by m2's reset" "$(counters m1 pay)" "12|1|5|2|3|1|1|2|1|8|1|1"
+expect "health: metrics" "$(q m1 "SELECT severity || ' ' || value FROM idem_health WHERE check_name = 'metrics'")" "ok 4"
+
+say "more (database, biz_type) pairs than slots: the overflow row"
+used=$(q m3 "SELECT slots_used FROM idem.metrics_info()")
+slots=$(q m3 "SELECT slots FROM idem.metrics_info()")
+q m3 "SELECT count(idem_claim('k', 't' || i)) FROM generate_series(1, 1100) i" >/dev/null
+room=$((slots - used))
+expect "m3 types with a row of their own" "$(q m3 "SELECT count(*) FROM idem_metrics WHERE biz_type IS NOT NULL")" $room
+expect "the overflow row's claims" "$(q m3 "SELECT claims FROM idem_metrics WHERE biz_type IS NULL")" $((1100 - room))
+expect "the overflow row says so" "$(q m3 "SELECT note LIKE 'overflow: more (database, biz_type) pairs than the 1024%' FROM idem_metrics WHERE biz_type IS NULL")" t
+expect "health: metrics" "$(q m3 "SELECT severity FROM idem_health WHERE check_name = 'metrics'")" warning
+expect "m1 counts the overflow row too (all databases)" "$(q m1 "SELECT claims FROM idem_metrics WHERE biz_type IS NULL")" $((1100 - room))
+
+say "a restart empties the counters (statistics, like pg_stat_*)"
+pc_restart
+expect "rows after restart" "$(q m1 "SELECT count(*) FROM idem_metrics")" 0
+q m1 "SELECT idem_claim('after', 'pay')" >/dev/null
+expect "pay after restart" "$(counters m1 pay)" "1|0|0|0|0|0|0|0|0|0|0|0"
+expect "the duplicate after restart" "$(q m1 "SELECT state FROM idem_claim('p1', 'pay')")" completed
+expect "pay after restart and a duplicate" "$(counters m1 pay)" "1|0|1|0|0|0|0|0|0|0|0|0"
+
+echo "metrics checks failed: $fails"
+[ "$fails" = 0 ]
