@@ -55,12 +55,22 @@ IDEM_OS_SUFFIX="$(. /etc/os-release && echo "-$ID$VERSION_ID")"
 
 # The cluster lives under the project folder, unless the postgres user cannot
 # reach that folder (a checkout under /root, say): then under /tmp.
-cluster_dir() {
+cluster_dir_now() {
   if sudo -u postgres test -x "$ROOT" 2>/dev/null; then
     echo "$ROOT/.cluster$PG_SUFFIX"
   else
     echo "/tmp/idem-cluster$PG_SUFFIX-$(echo "$ROOT" | md5sum | cut -c1-8)"
   fi
+}
+# Asked once per script, not per psql call: sudo can take seconds (it looks
+# up the host name). Before setup.sh has installed sudo and PostgreSQL (on a
+# fresh machine) there is no answer yet: a script that runs setup.sh first
+# calls idem_locate_cluster after it.
+idem_locate_cluster() { IDEM_CLUSTER_DIR=$(cluster_dir_now); }
+IDEM_CLUSTER_DIR=
+if command -v sudo >/dev/null && id postgres >/dev/null 2>&1; then idem_locate_cluster; fi
+cluster_dir() {
+  if [ -n "$IDEM_CLUSTER_DIR" ]; then echo "$IDEM_CLUSTER_DIR"; else cluster_dir_now; fi
 }
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }

@@ -87,9 +87,15 @@ expect 42501 $OTHER $dba "SELECT idem_define_machine('hostile.any', '{\"A\":[\"B
 # takes idem.claims' ACCESS EXCLUSIVE lock (it needs only some work to do,
 # which raising its own idem.default_ttl provides) and holds it as long as
 # its transaction stays open; every claim in the database waits meanwhile.
-(as $OTHER $dba "BEGIN; SET LOCAL idem.default_ttl = '400 days'; SELECT idem_maintain(); SELECT pg_sleep(3); COMMIT" >/tmp/hostile_priv_hold.$$ 2>&1) &
+(PGAPPNAME=idem_priv_holder as $OTHER $dba "BEGIN; SET LOCAL idem.default_ttl = '400 days'; SELECT idem_maintain(); SELECT pg_sleep(3); COMMIT" >/tmp/hostile_priv_hold.$$ 2>&1) &
 holder=$!
-sleep 1
+# The claim below runs once the holder is either gone (refused) or sleeping
+# inside its transaction (holding whatever idem_maintain took).
+for _ in $(seq 1 1200); do
+  kill -0 $holder 2>/dev/null || break
+  [ "$(psql_idem -d $dba -Atc "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem_priv_holder' AND query LIKE '%pg_sleep%'")" = 1 ] && break
+  sleep 0.1
+done
 got=$(as $APP $dba "SET lock_timeout = '500ms'; SELECT idem_claim('blocked?', 'hostile.pay')")
 wait $holder || true
 held=$(cat /tmp/hostile_priv_hold.$$); rm -f /tmp/hostile_priv_hold.$$

@@ -19,7 +19,11 @@
 //! transaction the session stays this client's, so `execute` is fine there
 //! (docs/operations.md, "Behind a pooler").
 //! Options: --job NAME, --items N, --item-ms MS (simulated work per item),
-//! --lease-secs S.
+//! --lease-secs S, and for tests --hang-at-item N: in item N's transaction,
+//! once its settlement and checkpoint are written but before COMMIT, print
+//! "item N: written, not committed; hanging until killed" and wait forever,
+//! so that a test can kill the job at a known point (and see that item N's
+//! settlement and checkpoint roll back together).
 
 use std::time::{Duration, Instant};
 use tokio_postgres::types::Type;
@@ -32,10 +36,17 @@ struct Options {
     items: i32,
     item_ms: u64,
     lease_secs: f64,
+    hang_at_item: Option<i32>,
 }
 
 fn options() -> Options {
-    let mut o = Options { job: "daily_settle:2026-11-30:shard-3".into(), items: 100, item_ms: 20, lease_secs: 2.0 };
+    let mut o = Options {
+        job: "daily_settle:2026-11-30:shard-3".into(),
+        items: 100,
+        item_ms: 20,
+        lease_secs: 2.0,
+        hang_at_item: None,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -45,6 +56,9 @@ fn options() -> Options {
             "--items" => o.items = value.parse().unwrap_or_else(|_| usage("--items: a number")),
             "--item-ms" => o.item_ms = value.parse().unwrap_or_else(|_| usage("--item-ms: a number")),
             "--lease-secs" => o.lease_secs = value.parse().unwrap_or_else(|_| usage("--lease-secs: a number")),
+            "--hang-at-item" => {
+                o.hang_at_item = Some(value.parse().unwrap_or_else(|_| usage("--hang-at-item: a number")))
+            }
             other => usage(&format!("unknown option {other}")),
         }
         i += 2;
@@ -53,7 +67,7 @@ fn options() -> Options {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("batch: {msg}\nusage: batch [--job NAME] [--items N] [--item-ms MS] [--lease-secs S]");
+    eprintln!("batch: {msg}\nusage: batch [--job NAME] [--items N] [--item-ms MS] [--lease-secs S] [--hang-at-item N]");
     std::process::exit(2)
 }
 
@@ -199,6 +213,13 @@ async fn run(db: &mut Client, o: &Options) -> Result<(), tokio_postgres::Error> 
             &[&o.job, &BIZ_TYPE, &item, &claim.lease_token],
         )
         .await?;
+        if o.hang_at_item == Some(item) {
+            // For tests: the kill point, announced on stdout (line by line).
+            use std::io::Write;
+            println!("item {item}: written, not committed; hanging until killed");
+            std::io::stdout().flush().ok();
+            std::future::pending::<()>().await;
+        }
         tx.commit().await?;
         done += 1;
         if done == 1 || item % 10 == 0 || item == o.items {
