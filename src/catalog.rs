@@ -310,6 +310,9 @@ pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
 
 /// The one value of a range bound list (idem.claims has one partition
 /// column): MINVALUE and MAXVALUE as the ends of the timestamp line.
+///
+/// # Safety
+/// `list` is a bound list of a PartitionBoundSpec from `stringToNode`.
 unsafe fn range_datum(list: *mut pg_sys::List) -> i64 {
     unsafe {
         if list.is_null() || (*list).length != 1 {
