@@ -210,6 +210,21 @@ pub fn claims_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.claims, c"claims")
 }
 
+/// Open and lock idem.claims. The cached OID may name a table that a
+/// concurrent DROP EXTENSION dropped while we waited for its lock (taking
+/// the lock processes the invalidation, which drops the cache): then look
+/// the name up again, which finds the new table, or reports that the
+/// extension is gone (55000) — never XX000 for a vanished OID.
+pub fn open_claims(lockmode: pg_sys::LOCKMODE) -> pg_sys::Relation {
+    loop {
+        let rel = unsafe { pg_sys::try_table_open(claims_oid(), lockmode) };
+        if !rel.is_null() {
+            return rel;
+        }
+        with_cache(reset);
+    }
+}
+
 pub fn biz_types_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.biz_types, c"biz_types")
 }

@@ -61,7 +61,7 @@ impl Opened {
     /// maintenance cannot drop its partition meanwhile (our lock).
     pub fn open(lockmode: pg_sys::LOCKMODE) -> Opened {
         unsafe {
-            let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+            let parent = catalog::open_claims(lockmode);
             let (_, list) = catalog::partitions();
             let mut opened = Opened { parent, lockmode, parts: Vec::new(), list };
             loop {
@@ -494,7 +494,7 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     }
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+        let parent = catalog::open_claims(lockmode);
         let (_, list) = catalog::partitions();
         let Some(i) = list.parts.iter().position(|p| p.relid == r.relid) else {
             pg_sys::table_close(parent, pg_sys::NoLock as _);
