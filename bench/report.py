@@ -622,7 +622,9 @@ class Report:
         tm = max(ms) / max(min(ms), 0.001)
         self.target("clean_time", f"Cleanup flat in rows: idem_maintain() time within 1.2× across {sz} rows "
                     f"(warm session){big_note}",
-                    " / ".join(f"{x:,.1f}" for x in ms) + f" ms (max/min {tm:.2f}×); cold first call: " +
+                    " / ".join(f"{x:,.1f}" for x in ms) + f" ms (max/min {tm:.2f}×; its own duration_ms, "
+                    "without the commit that unlinks the files: " +
+                    " / ".join(fmt(d["own_ms"], 1) for d in wsum.values()) + "); cold first call: " +
                     ", ".join(f"{r['ms']:,.1f} ms at {r['rows']:,}" for r in cold) +
                     (f" — expired rows LEFT at {left}" if left else ""),
                     tm <= 1.2 and not left)
