@@ -1361,8 +1361,11 @@ def pct(values, q):
     return v[k] / 1000.0
 
 
+PG_CONFIG = "/usr/lib/postgresql/15/bin/pg_config"   # main() sets it from --pg-bin
+
+
 def idem_so_digest():
-    pkglib = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--pkglibdir"],
+    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
                             capture_output=True, text=True).stdout.strip()
     try:
         with open(os.path.join(pkglib, "idem.so"), "rb") as f:
@@ -1374,7 +1377,7 @@ def idem_so_digest():
 def idem_build():
     """Is the installed idem.so an optimized build? Compare it with the
     project's target/{debug,release}/libidem.so, else guess from its size."""
-    pkglib = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--pkglibdir"],
+    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
                             capture_output=True, text=True).stdout.strip()
     so = os.path.join(pkglib, "idem.so")
     if not os.path.exists(so):
@@ -1497,6 +1500,8 @@ def main():
                          "a measurement it disturbed (default 1800; 0 with --smoke)")
     ap.add_argument("--command", default="bash bench/run.sh")
     a = ap.parse_args()
+    global PG_CONFIG
+    PG_CONFIG = os.path.join(a.pg_bin, "pg_config")
     b = Bench(a)
     ok = b.run()
     if not ok:
