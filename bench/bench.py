@@ -64,11 +64,11 @@ PROFILES = {
                   latency_duration=1, latency_rounds=1, latency_sync=["on"], latency_clients=2,
                   sustained_seconds=20, sustained_window=5, sustained_clients=2,
                   sustained_variants=["B1r", "I2"],
-                  wal_txns=200, bytes_claims=10000, bytes_clients=2,
+                  wal_txns=200, bytes_claims=4000, bytes_clients=2,
                   scale_small=2000, scale_big=10000,
                   scale_rounds=1, scale_duration=1, parts=[0, 8], parts_rounds=1,
-                  parts_duration=1, cleanup_rows=[2000, 10000, 30000], cleanup_reps=1,
-                  cleanup_live=2000, p99_rows=10000, p99_duration=3, p99_rounds=1),
+                  parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
+                  cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1),
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
@@ -549,7 +549,8 @@ class Bench:
         for i, v in enumerate(p["sustained_variants"]):
             self.wait_quiet()
             self.reset_main(db, p["prefill"], checkpoint=True)
-            self.psql(db, "SELECT pg_stat_reset()")
+            # (not pg_stat_reset(): autovacuum schedules from those counters)
+            st0 = self.store_stats(db, v)
             run = self.next_run()
             # pgbench prints no progress line for the interval that ends with
             # the run: run a second longer and keep the full windows only.
@@ -584,7 +585,10 @@ class Bench:
             tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
             if proc.returncode != 0 or not tps or (failed and int(failed.group(1)) > 0) or not windows:
                 raise BenchError(f"pgbench sustained {v} failed (exit {proc.returncode}):\n{out[-1500:]}")
+            time.sleep(1.0)   # the backends' last statistics reach the shared counters
             st = self.store_stats(db, v)
+            for k in ("autovacuums", "autoanalyzes", "hot_updates", "updates"):
+                st[k] -= st0[k]
             res = {"variant": v, "clients": c, "sync": "off", "seconds": secs, "window": win,
                    "tps": float(tps.group(1)), "windows": windows, "end": st, "run": run}
             res.update(noise())
