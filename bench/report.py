@@ -61,8 +61,9 @@ def mib(b):
     return None if b is None else b / 1048576
 
 
-def pct_loss(keep):
-    return f"{(1 - keep) * 100:+.0f} %".replace("+-", "+").replace("-", "−") if keep is not None else "—"
+def pct_change(keep):
+    """last/first as a change: 0.81 -> "−19.0 %", 1.38 -> "+38.0 %"."""
+    return "—" if keep is None else f"{(keep - 1) * 100:+.1f} %".replace("-", "−")
 
 
 class Report:
@@ -323,16 +324,17 @@ class Report:
                 continue
             if kb is None:
                 ok = kv >= 0.9
-                text = f"{v} last/first {kv:.2f} (no baseline measured)"
+                text = f"{v} last/first {kv:.3f} ({pct_change(kv)}; no baseline measured)"
             elif kb >= 0.9:
                 ok = kv >= 0.9
-                text = f"{v} {kv:.2f} ({pct_loss(kv)}), {b} {kb:.2f} ({pct_loss(kb)}): {b} held"
+                text = (f"{v} last/first {kv:.3f} ({pct_change(kv)}), {b} {kb:.3f} ({pct_change(kb)}): "
+                        f"{b} held")
             else:
                 # the baseline lost more than 10 % too: the table or the
                 # machine, not idem; idem may lose at most 10 % more than it
                 ok = kv >= 0.9 * kb
-                text = (f"{v} {kv:.2f}, {b} {kb:.2f}: {b} lost more than 10 % too, so {v} is held "
-                        f"to ≥ 0.9 × {b}'s last/first")
+                text = (f"{v} last/first {kv:.3f} ({pct_change(kv)}), {b} {kb:.3f} ({pct_change(kb)}): "
+                        f"{b} lost more than 10 % too, so {v} is held to ≥ 0.9 × {b}'s")
             self.target("sustained", f"Sustained: {v} loses ≤ 10 % first → last window where {b} "
                         f"does not{short}", text, ok)
 
