@@ -16,7 +16,7 @@ COMMENT ON TABLE idem.maintenance_runs IS 'Reports of the last 100 idem_maintain
 -- publisher's on run_id and stop its apply worker: this trigger, enabled for
 -- replication only (session_replication_role = replica, as in logical
 -- replication workers), discards every row change replicated into the table
--- (docs/design.md §11).
+-- (docs/design.md §12).
 CREATE FUNCTION idem.discard_replicated() RETURNS trigger
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
     AS $$ BEGIN RETURN NULL; END $$;

@@ -1,6 +1,6 @@
 -- Logical replication and CDC: which publications include idem's tables,
 -- and what in them would stop a subscriber or lose claim updates there.
--- docs/design.md §11 has the reasoning, docs/operations.md ("Logical
+-- docs/design.md §12 has the reasoning, docs/operations.md ("Logical
 -- replication and CDC") the set-ups.
 
 -- One row per problem, none when every publication is fine. idem_maintain

@@ -39,7 +39,7 @@ CREATE TABLE idem.claims (
     result      jsonb
 ) PARTITION BY RANGE (expires_at);
 COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
--- Logical replication (docs/design.md §11): no column set identifies a
+-- Logical replication (docs/design.md §12): no column set identifies a
 -- row (the index is a non-unique digest), so an UPDATE or DELETE carries the
 -- whole old row. idem.claims, its default partition and every partition
 -- idem_maintain makes have it; without it a publication refuses the SQL
