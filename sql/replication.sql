@@ -5,8 +5,11 @@
 
 -- One row per problem, none when every publication is fine. idem_maintain
 -- raises a WARNING with these, the view idem_publications lists them.
+-- SECURITY DEFINER: it reads idem.partition_bounds, and a monitoring role
+-- granted SELECT on idem_publications needs nothing in schema idem. It
+-- reads catalogs only, and shows what pg_publication_tables shows anyone.
 CREATE FUNCTION idem.publication_problems() RETURNS TABLE (publication name, problem text)
-    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
 WITH published AS (
     -- the tables of schema idem each publication publishes, as a subscriber
     -- sees them (with publish_via_partition_root, idem.claims itself;

@@ -263,6 +263,13 @@ check "(a) idem_maintain warns" "${warn:0:80}" "WARNING:  idem_maintain: publica
 A -d app -c "DROP PUBLICATION leaf_names, some_columns"
 stop_loops
 rm -f "$work/stop"
+echo "--- a partition without REPLICA IDENTITY FULL (made by hand, or restored from an old dump)"
+part=$(A -d app -c "SELECT partition FROM idem.partition_bounds WHERE NOT is_default ORDER BY range_to DESC LIMIT 1")
+A -d app -c "ALTER TABLE $part REPLICA IDENTITY DEFAULT"
+check "(a) idem_publications reports it" \
+  "$(A -d app -c "SELECT split_part(problems[1], ':', 1) FROM idem_publications")" "$part has no REPLICA IDENTITY FULL"
+check "(a) idem_maintain sets it" "$(A -d app -c "SELECT idem_maintain()->'replica_identity_set'")" "[\"$part\"]"
+check "(a) and the problem is gone" "$(A -d app -c "SELECT problems FROM idem_publications")" "{}"
 check "(a) no maintenance run failed on A or B" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
 read -r ca da ma na <<<"$(maint_summary a)"
 read -r cb db mb nb <<<"$(maint_summary b)"
