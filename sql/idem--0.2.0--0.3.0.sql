@@ -5,6 +5,12 @@
 -- schema equals a fresh 0.3.0 install's.
 \echo Use "ALTER EXTENSION idem UPDATE TO '0.3.0'" to load this file. \quit
 
+-- This update alters idem.claims and its partitions (replica identity) and
+-- idem.biz_types. Claims lock idem.claims and its partitions before they
+-- read idem.biz_types: take the locks in that order too, so that the update
+-- waits for claims in progress instead of deadlocking with one of them.
+LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+
 -- storage.sql ---------------------------------------------------------------
 
 

@@ -72,6 +72,9 @@ impl Opened {
                     opened.parts.push((pg_sys::table_open(p.relid, lockmode), Cell::new(std::ptr::null_mut())));
                 }
                 if catalog::partitions_generation() == generation {
+                    if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
+                        catalog::check_replicable(&opened.list);
+                    }
                     return opened;
                 }
             }

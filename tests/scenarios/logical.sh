@@ -268,8 +268,27 @@ part=$(A -d app -c "SELECT partition FROM idem.partition_bounds WHERE NOT is_def
 A -d app -c "ALTER TABLE $part REPLICA IDENTITY DEFAULT"
 check "(a) idem_publications reports it" \
   "$(A -d app -c "SELECT split_part(problems[1], ':', 1) FROM idem_publications")" "$part has no REPLICA IDENTITY FULL"
+# The direct path refuses a claim before anything is written (55000), the
+# SQL path's UPDATE is refused by PostgreSQL itself: either way the
+# business transaction rolls back, nothing diverges on the subscriber.
+out=$(A -d app -v VERBOSITY=verbose -c "BEGIN" -c "INSERT INTO orders VALUES ('gap-direct', 1, 'x')" \
+        -c "SELECT idem_claim('gap-direct', 'pay')" -c "COMMIT" 2>&1 || true)
+check "(a) direct path: the claim is refused" "$(grep -o 'ERROR:  55000: idem: [^,]*' <<<"$out")" \
+  "ERROR:  55000: idem: $part has no REPLICA IDENTITY FULL"
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" > /dev/null
+out=$(A -d app -v VERBOSITY=verbose -c "BEGIN" -c "INSERT INTO orders VALUES ('gap-sql', 1, 'x')" \
+        -c "SELECT idem_claim('gap-sql', 'pay', ttl => (SELECT range_from + (range_to - range_from) / 2 - now()
+                                                        FROM idem.partition_bounds WHERE partition = '$part'::regclass))" \
+        -c "SELECT idem_complete('gap-sql', 'pay')" -c "COMMIT" 2>&1 || true)
+check "(a) SQL path: PostgreSQL refuses the update" "$(grep -o 'ERROR:  55000: cannot update table' <<<"$out")" \
+  "ERROR:  55000: cannot update table"
+check "(a) neither business row was written" "$(A -d app -c "SELECT count(*) FROM orders WHERE request LIKE 'gap-%'")" 0
 check "(a) idem_maintain sets it" "$(A -d app -c "SELECT idem_maintain()->'replica_identity_set'")" "[\"$part\"]"
 check "(a) and the problem is gone" "$(A -d app -c "SELECT problems FROM idem_publications")" "{}"
+A -d app -c "BEGIN" -c "SELECT idem_claim('gap-sql', 'pay')" -c "SELECT idem_complete('gap-sql', 'pay')" -c "COMMIT" > /dev/null
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" > /dev/null
+A -d app -c "BEGIN" -c "SELECT idem_claim('gap-direct', 'pay')" -c "SELECT idem_complete('gap-direct', 'pay')" -c "COMMIT" > /dev/null
+echo "ok: (a) after it, both paths claim and complete again"
 check "(a) no maintenance run failed on A or B" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
 read -r ca da ma na <<<"$(maint_summary a)"
 read -r cb db mb nb <<<"$(maint_summary b)"
@@ -277,7 +296,10 @@ echo "(a) maintenance on A: $na runs, $ca partitions created, $da dropped, $ma c
 echo "(a) maintenance on B: $nb runs, $cb partitions created, $db dropped, $mb claims moved out of the default partition"
 [ "$da" -gt 0 ] && [ "$db" -gt 0 ] && [ "$ca" -gt 0 ] && [ "$cb" -gt 0 ] || fail "(a) partitions did not rotate on both sides"
 [ "$ma" -gt 0 ] || fail "(a) A's maintenance moved no claim out of the default partition"
-grep -h "ERROR" "$adir/server.log" "$bdir/server.log" | grep -v "idem_maintain is already running" && fail "(a) errors in the server logs" || echo "ok: (a) no ERROR in either server log"
+# (expected: the refusals above)
+expected_errors="idem_maintain is already running\|has no REPLICA IDENTITY FULL\|cannot update table"
+grep -h "ERROR" "$adir/server.log" "$bdir/server.log" | grep -v "$expected_errors" \
+  && fail "(a) errors in the server logs" || echo "ok: (a) no unexpected ERROR in either server log"
 B -d app -c "DROP SUBSCRIPTION all_tables"
 : > "$work/maint-a.log"; : > "$work/maint-b.log"
 
@@ -386,7 +408,7 @@ read -r cb db mb nb <<<"$(maint_summary b)"
 echo "(b) maintenance on blue: $na runs, $ca partitions created, $da dropped, $ma claims moved out of the default partition"
 echo "(b) maintenance on green: $nb runs, $cb partitions created, $db dropped, $mb claims moved out of the default partition"
 [ "$da" -gt 0 ] && [ "$db" -gt 0 ] && [ "$ca" -gt 0 ] && [ "$cb" -gt 0 ] || fail "(b) partitions did not rotate on both sides"
-grep -h "ERROR" "$adir/server.log" "$bdir/server.log" | grep -v "idem_maintain is already running\|is leased: pass the lease_token" \
+grep -h "ERROR" "$adir/server.log" "$bdir/server.log" | grep -v "$expected_errors\|is leased: pass the lease_token" \
   && fail "(b) errors in the server logs" || echo "ok: (b) no unexpected ERROR in either server log"
 
 echo "logical replication scenario: $(( $(date +%s) - t_start )) s, failures: $fails"
