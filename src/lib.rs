@@ -37,7 +37,8 @@ extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
 extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["claim"]);
 extension_sql_file!("../sql/guards.sql", name = "guards", requires = ["maintenance"]);
 extension_sql_file!("../sql/scaling.sql", name = "scaling", requires = ["guards"]);
-extension_sql_file!("../sql/metrics.sql", name = "metrics", requires = ["scaling"]);
+extension_sql_file!("../sql/replication.sql", name = "replication", requires = ["scaling"]);
+extension_sql_file!("../sql/metrics.sql", name = "metrics", requires = ["replication"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

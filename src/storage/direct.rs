@@ -62,7 +62,7 @@ impl Opened {
     /// maintenance cannot drop its partition meanwhile (our lock).
     pub fn open(lockmode: pg_sys::LOCKMODE) -> Opened {
         unsafe {
-            let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+            let parent = catalog::open_claims(lockmode);
             let (_, list) = catalog::partitions();
             let mut opened = Opened { parent, lockmode, parts: Vec::new(), list };
             loop {
@@ -73,6 +73,9 @@ impl Opened {
                     opened.parts.push((pg_sys::table_open(p.relid, lockmode), Cell::new(std::ptr::null_mut())));
                 }
                 if catalog::partitions_generation() == generation {
+                    if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
+                        catalog::check_replicable(&opened.list);
+                    }
                     return opened;
                 }
             }
@@ -160,7 +163,7 @@ impl Opened {
                 }
                 p.seen_nonempty.set(true);
             }
-            if let Some(row) = unsafe { self.probe_one(i, k, now) } {
+            if let Some(row) = self.probe_one(i, k, now) {
                 return Some(row);
             }
         }
@@ -168,7 +171,11 @@ impl Opened {
     }
 
     /// Probe partition `i` through its index with a dirty snapshot.
-    unsafe fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
+    fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
+        // SAFETY: partition i's heap and index are open and locked for as
+        // long as self lives; the dirty snapshot and the slot outlive the
+        // scan; the slot's values are a claims tuple of NCOLS columns (the
+        // shape catalog.rs checked).
         unsafe {
             let heap = self.parts[i].0;
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
@@ -288,7 +295,10 @@ impl Opened {
         }
     }
 
-    unsafe fn index_insert(&self, i: usize, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+    /// The digest index entry of the heap tuple at `tid` in partition `i`.
+    fn index_insert(&self, i: usize, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+        // SAFETY: partition i's heap and index are open and locked; `tid`
+        // points to the TID of a tuple just inserted into that heap.
         unsafe {
             let index = self.index(i);
             let mut v = [pg_sys::Datum::from(hash)];
@@ -310,7 +320,10 @@ impl Opened {
     /// None if it is not (any more) there. Prunes the page on the way, as
     /// an executor's read of the page would: the completion of a claim
     /// leaves the claim's first version dead on this very page.
-    unsafe fn fetch_own(&self, i: usize, tid: pg_sys::ItemPointerData, k: &ClaimKey) -> Option<Row> {
+    fn fetch_own(&self, i: usize, tid: pg_sys::ItemPointerData, k: &ClaimKey) -> Option<Row> {
+        // SAFETY: partition i's heap is open and locked; `tid` names a tuple
+        // this transaction wrote in it and did not roll back (RECENT is
+        // forgotten on any subtransaction abort), so its block exists.
         unsafe {
             let heap = self.parts[i].0;
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
@@ -341,6 +354,9 @@ impl Opened {
 }
 
 /// A scan of `index` for the key digest `hash`.
+///
+/// # Safety
+/// `heap` and `index` are open and locked; `snapshot` outlives the scan.
 unsafe fn begin_key_scan(
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
@@ -483,7 +499,7 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     }
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let parent = pg_sys::table_open(catalog::claims_oid(), lockmode);
+        let parent = catalog::open_claims(lockmode);
         let (_, list) = catalog::partitions();
         let Some(i) = list.parts.iter().position(|p| p.relid == r.relid) else {
             pg_sys::table_close(parent, pg_sys::NoLock as _);
