@@ -36,6 +36,15 @@ fsync = off
 log_min_messages = warning
 CONF
   fi
+  # pg_cron installed after the cluster was made (the demo's set-up does not
+  # install it, the test suite's does): turn it on, restarting if need be.
+  if grep -q "^# (no pg_cron: " "$data/postgresql.conf" && [ -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
+    say "pg_cron is installed now: preloading it in the cluster"
+    sed -i -e "/^# (no pg_cron: /d" -e "s/^#shared_preload_libraries = 'pg_cron'$/shared_preload_libraries = 'pg_cron'/" "$data/postgresql.conf"
+    if as_postgres "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+      as_postgres "$PG_BIN/pg_ctl" -D "$data" -m fast -w restart -l "$dir/server.log" >/dev/null
+    fi
+  fi
   if ! as_postgres "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     say "starting PostgreSQL on port $IDEM_PORT"
     as_postgres "$PG_BIN/pg_ctl" -D "$data" -l "$dir/server.log" -w start >/dev/null

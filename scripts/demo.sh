@@ -4,10 +4,15 @@
 # Installs what is missing, builds and installs idem, starts a private
 # PostgreSQL cluster (port 5499, under .cluster/) and plays a payment that is
 # retried after its answer was lost: the card is charged once, and the retry
-# gets the first answer back. Safe to run again and again.
+# gets the first answer back. Safe to run again and again. Installs only
+# what the demo needs (scripts/setup.sh without --tests); prints its time.
+# Needs a Rust toolchain (README: Set-up).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+demo_started=$(date +%s)
 
 bash "$ROOT/scripts/setup.sh"
+idem_locate_cluster
+setup_done=$(date +%s)
 bash "$ROOT/scripts/cluster.sh" start
 
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS idem_demo WITH (FORCE)" -c "CREATE DATABASE idem_demo"
@@ -61,3 +66,5 @@ SELECT claimed, state FROM idem_claim('req-43', 'payment');
 SELECT biz_type, ttl, live_keys, completed FROM idem_stats;
 SQL
 say "done: request req-42 was charged once and its retry got the first answer back"
+now=$(date +%s)
+say "demo finished in $((now - demo_started)) s (set-up $((setup_done - demo_started)) s, cluster and demo $((now - setup_done)) s)"

@@ -8,7 +8,7 @@
 #   bash scripts/failover.sh [--no-setup]
 # The suite runs a smaller one (tests/scenarios/failover.sh, ~35 s).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-[ "${1:-}" = --no-setup ] || bash "$ROOT/scripts/setup.sh"
+[ "${1:-}" = --no-setup ] || bash "$ROOT/scripts/setup.sh" --tests
 mkdir -p "$ROOT/target/stress"
 FAILOVER_TIMEOUT=${FAILOVER_TIMEOUT:-1800} FAILOVER_AT=${FAILOVER_AT:-60} FAILOVER_TTL=${FAILOVER_TTL:-30} FAILOVER_TAIL_CLAIMS=${FAILOVER_TAIL_CLAIMS:-10000} \
   STRESS_OUT="$ROOT/target/stress" exec bash "$ROOT/tests/scenarios/failover.sh"

@@ -1,33 +1,97 @@
 #!/usr/bin/env bash
-# Install everything idem needs on Debian 12 (as root), then build and
-# install the extension into the system PostgreSQL 15. Safe to run again:
-# each step is skipped when already done.
+# Install what idem needs on Debian 12 (as root), then build and install the
+# extension into the system PostgreSQL 15. Safe to run again: each step is
+# skipped when already done.
+#   bash scripts/setup.sh            what building and running idem needs (the demo's part)
+#   bash scripts/setup.sh --tests    also the test suite's tools: scripts/setup.d/*.sh
+# Not installed here: a Rust toolchain (rustup, https://rustup.rs), Rust
+# 1.89 or newer to build (idem's locked dependencies need it), 1.95 or newer
+# for the tests (pgrx-tests' sysinfo); checked first.
 # Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/setup.sh
 # (see lib.sh). A Debian-packaged one (/usr/lib/postgresql/NN/bin/pg_config)
 # gets its packages from apt; for any other, the version-specific packages
-# are skipped (the server, its headers, pg_cron and PL/Proxy come with it).
+# are skipped (the server and its headers come with it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PACKAGES=(libclang-dev clang sudo libipc-run-perl build-essential pkg-config
-          python3-venv python3-pip)
-if [ "$PG_DEBIAN" = 1 ]; then
-  PACKAGES=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-$PG_MAJOR-cron"
-            "postgresql-$PG_MAJOR-plproxy" "${PACKAGES[@]}")
+tests=0
+[ "${1:-}" = --tests ] && tests=1
+RUST_MIN=1.89
+RUST_MIN_TESTS=1.95
+
+# step NAME: announce a step; its time is printed when the next one starts
+# (and by step_end).
+step_started= step_name=
+step_end() {
+  [ -z "$step_started" ] || printf '    (%s: %d s)\n' "$step_name" $(( $(date +%s) - step_started ))
+  step_started=
+}
+step() { step_end; step_name=$1; step_started=$(date +%s); say "$1"; }
+
+# The one prerequisite: cargo and rustc, new enough.
+need=$RUST_MIN
+[ $tests = 1 ] && need=$RUST_MIN_TESTS
+if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then
+  cat >&2 <<MSG
+idem needs a Rust toolchain ($need or newer), which this script does not install.
+Install it with rustup (https://rustup.rs), as the user that runs this script:
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  . "\$HOME/.cargo/env"
+MSG
+  exit 1
 fi
+have=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+  echo "rustc $have is older than $need, which idem's build needs$([ $tests = 1 ] && echo ' with its tests'): rustup update stable" >&2
+  exit 1
+fi
+
+# What building and running idem needs (the server, its headers, bindgen's
+# libclang, a C compiler, sudo for the scripts).
+PACKAGES=(libclang-dev clang sudo build-essential pkg-config)
+[ "$PG_DEBIAN" = 1 ] && PACKAGES=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "${PACKAGES[@]}")
+# The test suite's: pg_cron and PL/Proxy (Debian's PostgreSQL only), TAP
+# tests' IPC::Run, Python for drivers and property tests.
+TEST_PACKAGES=(libipc-run-perl python3-venv python3-pip)
+[ "$PG_DEBIAN" = 1 ] && TEST_PACKAGES=("postgresql-$PG_MAJOR-cron" "postgresql-$PG_MAJOR-plproxy" "${TEST_PACKAGES[@]}")
+[ $tests = 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing Debian packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
 
+# cargo-pgrx builds while apt installs (it needs only the Rust toolchain and
+# a linker): the two overlap. Built with cargo's dev profile, no debug info:
+# half the compile time of a release build, and it only drives builds.
+pgrx_log="${TMPDIR:-/tmp}/idem-cargo-pgrx-install.$$.log"
+pgrx_pid=
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
-  say "installing cargo-pgrx $PGRX_VERSION (takes about 6 minutes, once)"
-  cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+  step "building cargo-pgrx $PGRX_VERSION (once; about 3 minutes of CPU on 2 cores, log: $pgrx_log)"
+  if command -v cc >/dev/null; then
+    CARGO_PROFILE_DEV_DEBUG=0 cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --debug > "$pgrx_log" 2>&1 &
+    pgrx_pid=$!
+  else
+    pgrx_pid=later   # no C linker yet: after build-essential is installed
+  fi
 fi
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ "$pgrx_pid" = later ]; then
+  step "building cargo-pgrx $PGRX_VERSION (once; about 3 minutes of CPU on 2 cores)"
+  CARGO_PROFILE_DEV_DEBUG=0 cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --debug
+elif [ -n "$pgrx_pid" ]; then
+  step "waiting for cargo-pgrx $PGRX_VERSION to finish building"
+  if ! wait "$pgrx_pid"; then
+    tail -30 "$pgrx_log" >&2
+    echo "cargo install cargo-pgrx failed (log: $pgrx_log)" >&2
+    exit 1
+  fi
+  rm -f "$pgrx_log"
+fi
+idem_locate_cluster
 
 # `cargo pgrx init` rewrites config.toml with just the versions it is given:
 # pass every version already configured (whose pg_config still exists) too.
@@ -40,20 +104,25 @@ if ! grep -qsxF "pg$PG_MAJOR = \"$PG_CONFIG\"" "$pgrx_config"; then
       else echo "dropping pg${BASH_REMATCH[1]} from $pgrx_config: ${BASH_REMATCH[2]} is gone" >&2; fi
     fi
   done < <(cat "$pgrx_config" 2>/dev/null || true)
-  say "pointing pgrx at PostgreSQL $PG_MAJOR ($PG_CONFIG)"
+  step "pointing pgrx at PostgreSQL $PG_MAJOR ($PG_CONFIG)"
   cargo pgrx init "${init_args[@]}" "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
 fi
 
-# Each area's own tools (language drivers, toolchains): scripts/setup.d/*.sh,
-# in name order, each idempotent. The core suite that runs on the other
-# majors (scripts/test.sh, IDEM_SUITE=core) needs only Python and ps.
-for step in "$ROOT"/scripts/setup.d/*.sh; do
-  [ -e "$step" ] || continue
-  if [ "${IDEM_SUITE:-full}" = core ] && [[ ! "$(basename "$step")" =~ ^(10-python|20-stress) ]]; then continue; fi
-  bash "$step"
-done
+# The test suite's own tools (language drivers, toolchains, exporters):
+# scripts/setup.d/*.sh, in name order, each idempotent. The core suite that
+# runs on the other majors (scripts/test.sh, IDEM_SUITE=core) needs only
+# Python and ps.
+if [ $tests = 1 ]; then
+  step "the test suite's tools (scripts/setup.d)"
+  for s in "$ROOT"/scripts/setup.d/*.sh; do
+    [ -e "$s" ] || continue
+    if [ "${IDEM_SUITE:-full}" = core ] && [[ ! "$(basename "$s")" =~ ^(10-python|20-stress) ]]; then continue; fi
+    bash "$s"
+  done
+fi
 
-say "building and installing the extension"
+step "building and installing the extension (release build)"
 cd "$ROOT"
 cargo pgrx install --release --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" 2>&1 | grep -E "^error|^warning|Finished installing" || true
 test -f "$($PG_CONFIG --pkglibdir)/idem.so" || { echo "idem.so was not installed" >&2; exit 1; }
+step_end

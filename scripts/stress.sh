@@ -16,7 +16,7 @@ args=()
 for a in "$@"; do
   if [ "$a" = --no-setup ]; then setup=0; else args+=("$a"); fi
 done
-if [ $setup = 1 ]; then bash "$ROOT/scripts/setup.sh"; fi
+if [ $setup = 1 ]; then bash "$ROOT/scripts/setup.sh" --tests; fi
 bash "$ROOT/scripts/cluster.sh" start
 
 db=stress_full

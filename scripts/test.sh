@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian 12 machine as root:
 #   bash scripts/test.sh
-# Installs what is missing, builds, starts the private cluster and runs every
+# Installs what is missing (scripts/setup.sh --tests: also the tests' own
+# tools), builds, starts the private cluster and runs every
 # level on PostgreSQL 15: #[pg_test] units, pg_regress, pg_isolation_regress,
 # every scenario in tests/scenarios/. Then the core of the suite again on
 # PostgreSQL 18 (built from Debian sid's source, cached) and on PostgreSQL
@@ -21,7 +22,8 @@ IDEM_MAJORS="${IDEM_MAJORS-16 17 18}"
 # every shipped version, and the stress scenario at the suite's size.
 CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress)
 
-bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/setup.sh" --tests
+idem_locate_cluster
 bash "$ROOT/scripts/cluster.sh" start
 
 passed=0
