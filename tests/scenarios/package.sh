@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Debian package and the PGXN metadata, checked without installing the
-# package (the other tests use the build installed in the system PostgreSQL):
+# The Debian package and the PGXN metadata (the other tests use the build
+# installed in the system PostgreSQL, which this one leaves alone):
 #   - scripts/package.sh builds target/package/postgresql-15-idem_<v>_<arch>.deb;
 #   - its control fields (name, Cargo.toml's version, Depends on postgresql-15);
 #   - the .so, the control file and every SQL script (the generated install
@@ -8,6 +8,10 @@
 #   - the packaged .so and SQL are byte-identical to the installed ones (both
 #     come from this source tree: a difference means one of them is stale);
 #   - apt-get install --simulate accepts it;
+#   - installed for real with apt-get in a Debian 12 root that has only
+#     Debian's PostgreSQL 15 (scripts/pg/bookworm.sh): CREATE EXTENSION idem
+#     from it, claims, the update path from 0.2.0, then apt-get remove
+#     (tests/package/in_root.sh);
 #   - META.json follows PGXN Meta spec 1.0.0 and carries Cargo.toml's version.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$ROOT"
@@ -72,6 +76,18 @@ if apt-get install --simulate "./$deb" > "$work/apt" 2>&1; then
   grep -E "^(Inst|Conf) postgresql-15-idem" "$work/apt" || { cat "$work/apt"; fail "apt-get --simulate did not plan to install the package"; }
 else
   cat "$work/apt"; fail "apt-get install --simulate refused the package"
+fi
+
+say "installed for real: apt-get install into a Debian 12 root with PostgreSQL 15 (scripts/pg/bookworm.sh)"
+# The host's PostgreSQL is not touched: a debootstrapped Debian 12 with only
+# Debian's postgresql-15, cached under /var/cache/idem (built once, minutes).
+bookworm=$(bash scripts/pg/bookworm.sh)
+if IDEM_TRIXIE_ROOT="$bookworm" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config \
+   IDEM_TRIXIE_ENV="IDEM_PKG_DEB IDEM_PKG_PORT" IDEM_PKG_DEB="$ROOT/$deb" IDEM_PKG_PORT="${IDEM_PKG_PORT:-5475}" \
+   bash scripts/pg/in-trixie.sh bash tests/package/in_root.sh > "$work/in_root.log" 2>&1; then
+  cat "$work/in_root.log"
+else
+  cat "$work/in_root.log"; fail "installing the package in the Debian 12 root failed"
 fi
 
 say "META.json (PGXN Meta spec 1.0.0)"
