@@ -66,8 +66,8 @@ done
 pgrx_log="${TMPDIR:-/tmp}/idem-cargo-pgrx-install.$$.log"
 pgrx_pid=
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
-  step "building cargo-pgrx $PGRX_VERSION (once; about 3 minutes of CPU on 2 cores, log: $pgrx_log)"
   if command -v cc >/dev/null; then
+    step "building cargo-pgrx $PGRX_VERSION in the background (once; about 3 minutes of CPU on 2 cores, log: $pgrx_log)"
     CARGO_PROFILE_DEV_DEBUG=0 cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --debug > "$pgrx_log" 2>&1 &
     pgrx_pid=$!
   else
