@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# How long the README's demo command takes on a fresh Debian 12 machine,
+# measured as close to one as this machine gets: a new Debian 12 root
+# (debootstrap minbase, plus ca-certificates, as on any server), run on
+# this kernel through scripts/pg/in-trixie.sh, with only the prerequisite
+# the README names: a Rust toolchain (this machine's rustup toolchains,
+# behind a fresh CARGO_HOME: no cargo-pgrx, no crates downloaded yet) and a
+# fresh cargo target folder. Then `bash scripts/demo.sh` twice (cold,
+# then warm), each timed (wall clock and CPU), its output in the log.
+#   bash bench/first_run.sh            writes bench/out/first_run/
+# Takes as long as a first run does (29 minutes on a 2-core machine kept
+# at a load of 5 to 8 by other jobs, 2026-12-01) and needs network access (deb.debian.org, crates.io). Deletes
+# its root and caches at the end (KEEP=1 keeps them).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/pg/common.sh"
+OUT="$ROOT/bench/out/first_run"
+work="$IDEM_CACHE/first-run.$$"
+# The demo in the root makes its cluster in the checkout's .cluster/ (owned
+# by the root's postgres user): the host's own must not be there.
+[ ! -e "$ROOT/.cluster" ] || die "$ROOT/.cluster exists (the host's cluster: bash scripts/cluster.sh stop, then move it away); the demo in the root would use it"
+mkdir -p "$OUT" "$work"
+cleanup() {
+  [ "${KEEP:-0}" = 1 ] && { echo "kept: $work and $ROOT/.cluster"; return; }
+  rm -rf "$ROOT/.cluster"
+  # (nothing is mounted there: in-trixie.sh mounts in a private namespace)
+  rm -rf --one-file-system "$work"
+}
+trap cleanup EXIT
+host_packages debootstrap debian-archive-keyring
+
+t0=$(date +%s)
+log "debootstrap bookworm (minbase) into $work/root"
+unshare --mount --propagation private -- debootstrap --variant=minbase --include=ca-certificates \
+  bookworm "$work/root" http://deb.debian.org/debian > "$OUT/debootstrap.log" 2>&1
+printf '#!/bin/sh\nexit 101\n' > "$work/root/usr/sbin/policy-rc.d"; chmod 755 "$work/root/usr/sbin/policy-rc.d"
+cat > "$work/root/etc/apt/sources.list" <<SOURCES
+deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-updates main
+deb http://deb.debian.org/debian-security bookworm-security main
+SOURCES
+cp /etc/hosts "$work/root/etc/hosts"
+echo "root made in $(( $(date +%s) - t0 )) s (not part of the measurement)"
+
+# A CARGO_HOME with the rustup proxies only (cargo, rustc, ...), on the
+# host's toolchains (RUSTUP_HOME).
+mkdir -p "$work/cargo/bin" "$work/root/tmp/idem-target"
+for b in "${CARGO_HOME:-$HOME/.cargo}"/bin/*; do
+  case "$(basename "$b")" in cargo|rustc|rustup|rustdoc|rust-gdb|rust-lldb|rustfmt|cargo-fmt|clippy-driver|cargo-clippy) cp -a "$b" "$work/cargo/bin/" ;; esac
+done
+[ -x "$work/cargo/bin/cargo" ] || die "no rustup proxies in ${CARGO_HOME:-$HOME/.cargo}/bin"
+
+run() { # NAME: the demo in the root, timed
+  local name=$1 start end
+  log "demo, $name run (log: $OUT/demo-$name.log)"
+  start=$(date +%s)
+  /usr/bin/time -f "%e s wall, %U s user, %S s system CPU" -o "$OUT/demo-$name.time" \
+    env CARGO_HOME="$work/cargo" CARGO_TARGET_DIR=/tmp/idem-target IDEM_PORT="${IDEM_FIRST_RUN_PORT:-5479}" \
+        IDEM_TRIXIE_ROOT="$work/root" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config \
+        IDEM_TRIXIE_ENV="CARGO_TARGET_DIR" DEBIAN_FRONTEND=noninteractive \
+        bash "$ROOT/scripts/pg/in-trixie.sh" bash scripts/demo.sh > "$OUT/demo-$name.log" 2>&1 \
+    || { tail -30 "$OUT/demo-$name.log"; die "the $name demo run failed"; }
+  end=$(date +%s)
+  echo "$name: $(cat "$OUT/demo-$name.time")"
+  grep -E "^\s+\(|demo finished" "$OUT/demo-$name.log" | sed 's/\x1b\[[0-9;]*m//g' | sed 's/^/    /'
+}
+run cold
+run warm
+# Stop the demo's cluster (it runs in the root, from the checkout's .cluster/).
+IDEM_TRIXIE_ROOT="$work/root" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config IDEM_PORT="${IDEM_FIRST_RUN_PORT:-5479}" \
+  bash "$ROOT/scripts/pg/in-trixie.sh" bash scripts/cluster.sh stop >/dev/null 2>&1 || true
+{ echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GB", $2/1048576}' /proc/meminfo), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "cold: $(cat "$OUT/demo-cold.time")"; echo "warm: $(cat "$OUT/demo-warm.time")"; } | tee "$OUT/summary.txt"
