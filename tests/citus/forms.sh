@@ -108,7 +108,11 @@ for f in "${FORMS[@]}"; do
       sent=$(grep -c "issuing .*public.idem_claim(" <<<"$out" || true)
       stmts=$(grep -c "issuing .*idem\.claims_[0-9]" <<<"$out" || true)
       err=$(grep -m1 "^ERROR" <<<"$out" || true)
-      if [ "$sent" -gt 0 ] && [ "$stmts" = 0 ]; then r="delegated ($sent)"; else r="NOT delegated ($stmts stmts)"; fi
+      routed=$(grep "issuing .*public\.idem_claim(" <<<"$out" | grep -c "orders_[0-9]" || true)
+      if [ "$routed" -gt 0 ]; then r="query pushed down to a shard"
+      elif [ "$sent" -gt 0 ] && [ "$stmts" = 0 ]; then r="delegated ($sent)"
+      elif [ "$sent" = 0 ] && [ "$stmts" = 0 ]; then r="ran here, nothing remote"
+      else r="NOT delegated ($stmts stmts)"; fi
       [ -n "$err" ] && r="$r $err"
       res1="$r"
     else
