@@ -2,7 +2,7 @@
 # A Citus 13 cluster for the Citus tests: a coordinator and two workers, each
 # its own initdb'd PostgreSQL 15 run as postgres, on 127.0.0.1 and a Unix
 # socket in its own folder under the project's cluster dir, trust
-# authentication, fsync off. Citus comes from scripts/setup.d/40-citus.sh.
+# authentication, fsync off. Citus comes from tests/citus/install.sh.
 #
 #   bash tests/citus/cluster.sh start     create (first time) and start all three; create the
 #                                         database $CITUS_DB with Citus on every node and add
@@ -60,7 +60,7 @@ CONF
 
 start() {
   if [ ! -f "$($PG_CONFIG --pkglibdir)/citus.so" ]; then
-    echo "citus is not installed: run bash scripts/setup.d/40-citus.sh first" >&2; exit 1
+    echo "citus is not installed: run bash tests/citus/install.sh first" >&2; exit 1
   fi
   mkdir -p "$base"
   chown postgres:postgres "$(dirname "$base")" "$base"
