@@ -17,6 +17,21 @@ CREATE FUNCTION idem.setting_interval(name text, fallback interval) RETURNS inte
     AS $$ SELECT coalesce(nullif(current_setting(name, true), '')::interval, fallback) $$;
 COMMENT ON FUNCTION idem.setting_interval(text, interval) IS 'An interval-valued setting, or fallback when unset.';
 
+-- Whether Citus distributes a table (false without Citus).
+CREATE FUNCTION idem.is_distributed(rel regclass) RETURNS boolean
+    STABLE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    found boolean := false;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)' INTO found USING rel;
+    END IF;
+    RETURN found;
+END
+$fn$;
+COMMENT ON FUNCTION idem.is_distributed(regclass) IS 'Whether Citus distributes the table (false without Citus).';
+
 CREATE FUNCTION idem.partition_name(lo timestamptz) RETURNS text
     IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp
     AS $$ SELECT 'claims_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS"_"MS') $$;
@@ -238,7 +253,6 @@ DECLARE
     p           record;
     n           bigint;
     report      jsonb;
-    distributed boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- Moving claims out of the default partition must see every
@@ -262,11 +276,7 @@ BEGIN
 
     -- A Citus-distributed idem.claims (idem_distribute, docs/scaling.md):
     -- its partitions are made and dropped through Citus, on every node.
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
-           INTO distributed USING 'idem.claims'::regclass;
-    END IF;
-    IF distributed THEN
+    IF idem.is_distributed('idem.claims') THEN
         report := idem.maintain_distributed(width, max_ttl, limit_parts, retries)
                   || jsonb_build_object('duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
         DELETE FROM idem.tokens WHERE expires_at <= clock_timestamp();
@@ -427,14 +437,8 @@ CREATE FUNCTION idem.partition_sizes() RETURNS TABLE (partition regclass, estima
     STABLE PARALLEL UNSAFE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
-DECLARE
-    distributed boolean := false;
 BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
-           INTO distributed USING 'idem.claims'::regclass;
-    END IF;
-    IF NOT distributed THEN
+    IF NOT idem.is_distributed('idem.claims') THEN
         RETURN QUERY SELECT b.partition, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(b.partition)
                        FROM idem.partition_bounds b JOIN pg_class c ON c.oid = b.partition;
         RETURN;

@@ -99,10 +99,10 @@ impl IdemError {
             }
             IdemError::ObjectNotInPrerequisiteState(m, _) => format!("idem: {m}").into_bytes(),
             IdemError::FeatureNotSupported(m, _) => format!("idem: {m}").into_bytes(),
-            IdemError::NotOnShardNode { biz_type, key, shard, node } => about_key(
+            IdemError::NotOnShardNode { biz_type, key, node, .. } => about_key(
                 biz_type,
                 key,
-                &format!("is in shard {shard} of idem.claims, on {node}: a call on the key runs only there, and this is another node"),
+                &format!("lives on {node}: a call on the key runs only there, and this is another node"),
             ),
             IdemError::ReadOnly { what, .. } => {
                 format!("cannot execute {what} in a read-only transaction").into_bytes()
@@ -129,9 +129,9 @@ impl IdemError {
                 "Retry the transaction: the retry will see the first claim and get its result.".into(),
             ),
             IdemError::ObjectNotInPrerequisiteState(_, h) | IdemError::FeatureNotSupported(_, h) => h.clone(),
-            IdemError::NotOnShardNode { .. } => Some(
-                "Citus runs a call on the node of its key only when it delegates it: SELECT idem_claim(...), SELECT * FROM idem_claim(...) or SELECT claimed, state FROM idem_claim(...) as the whole statement (also inside BEGIN ... COMMIT, in a prepared statement, and in PL/pgSQL as SELECT ... INTO ... FROM idem_claim(...)), and the same for idem_complete, idem_fail, idem_checkpoint, idem_lookup and idem_forget. It does not delegate SELECT (idem_claim(...)).claimed, a WHERE clause, a CTE, or PL/pgSQL's := and PERFORM: call those inside a function distributed with the key (docs/scaling.md). Right after a shard move, a retry succeeds.".into(),
-            ),
+            IdemError::NotOnShardNode { shard, .. } => Some(format!(
+                "The key is in shard {shard} of idem.claims. Citus runs a call on the node of its key only when it delegates it: SELECT idem_claim(...), SELECT * FROM idem_claim(...) or SELECT claimed, state FROM idem_claim(...) as the whole statement (also inside BEGIN ... COMMIT, in a prepared statement, and in PL/pgSQL as SELECT ... INTO ... FROM idem_claim(...)), and the same for idem_complete, idem_fail, idem_checkpoint, idem_lookup and idem_forget. It does not delegate SELECT (idem_claim(...)).claimed, a WHERE clause, a CTE, or PL/pgSQL's := and PERFORM: call those inside a function distributed with the key (docs/scaling.md). Right after a shard move, a retry succeeds."
+            )),
             IdemError::ReadOnly { standby: true, .. } => Some(
                 "This server is a hot standby: claim on the primary. idem_lookup works here.".into(),
             ),
