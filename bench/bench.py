@@ -6,8 +6,11 @@ bench/report.py turns into the tables, CSV/JSON, report.md and tps.svg.
 Sections (README.md explains each):
   matrix      TPS of every variant, interleaved, per synchronous_commit and
               client count
+  latency     p50/p99 per transaction at 2 clients, from per-transaction logs
   wal         WAL bytes and transaction ids per transaction, per variant
-  bytes       bytes per claim after N claims (without / with a result)
+  bytes       bytes per claim after N claims; heap bytes per completed claim
+              (I2's pattern) vs the hand-written table with a result (B1r's)
+  sustained   TPS per window over a long run on one growing table
   scale       claim cost with few vs many live keys
   partitions  claim cost vs number of live partitions of idem.claims
   cleanup     idem_maintain() vs DELETE ... WHERE expires_at < now()
@@ -15,10 +18,12 @@ Sections (README.md explains each):
 import argparse
 import hashlib
 import json
+import math
 import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -31,56 +36,105 @@ SQL = os.path.join(BENCH, "sql")
 VARIANTS = {
     "B0": ("pgbench", "b0.sql", "business insert only"),
     "B1": ("pgbench", "b1.sql", "+ INSERT ... ON CONFLICT DO NOTHING (hand-written table)"),
+    "B1r": ("pgbench", "b1r.sql", "+ ON CONFLICT DO NOTHING, then UPDATE of the stored result"),
     "B2": ("pgbench", "b2.sql", "+ PL/pgSQL EXCEPTION WHEN unique_violation"),
     "B3": ("redis", "b3", "+ Redis SET NX EX round trip before the transaction (C driver)"),
     "B0c": ("redis", "b0", "B0 through the C driver of B3 (calibration)"),
-    "I1": ("pgbench", "i1.sql", "+ idem_claim on a new key"),
+    "I1": ("pgbench", "i1.sql", "+ SELECT idem_claim(...) on a new key (plain form)"),
+    "I1c": ("pgbench", "i1c.sql", "+ SELECT claimed FROM idem_claim(...) on a new key (recommended form)"),
+    "I1f": ("pgbench", "i1f.sql", "+ SELECT (idem_claim(...)).claimed on a new key"),
     "I2": ("pgbench", "i2.sql", "+ idem_claim + idem_complete with a small result"),
     "I3": ("pgbench", "i3.sql", "idem_claim on an already claimed key (duplicate path, no business insert)"),
     "B1d": ("pgbench", "b1d.sql", "hand-written duplicate path: ON CONFLICT DO NOTHING on an existing key"),
 }
+MATRIX_VARIANTS = ["B0", "B1", "B1r", "B2", "I1", "I1c", "I1f", "I2", "I3"]  # + B3, B0c with redis
+WAL_VARIANTS = ["B0", "B1", "B1d", "B1r", "B2", "I1", "I1c", "I2", "I3"]
+LATENCY_VARIANTS = ["B1", "B1r", "I1", "I1c", "I2", "I3"]
+SUSTAINED_VARIANTS = ["B1", "B1r", "I1c", "I2", "I3"]
+# The table each variant's dedup step writes (sustained section: its growth)
+STORE = {"B1": "dedup", "B1r": "dedup_r", "B2": "dedup_exc", "I1": "idem.claims",
+         "I1c": "idem.claims", "I1f": "idem.claims", "I2": "idem.claims", "I3": "idem.claims"}
 
 PROFILES = {
-    # tiny: proves every code path runs; numbers mean nothing
-    "smoke": dict(duration=1, rounds=1, clients=[1, 2], sync=["off", "on"], prefill=1000,
-                  wal_txns=300, bytes_claims=20000, scale_small=10000, scale_big=40000,
+    # tiny: proves every code path runs; numbers mean nothing. Kept under ~3
+    # minutes: one matrix configuration (synchronous_commit off, 2 clients;
+    # the latency runs use on, so both modes run), and the sustained section
+    # on the pair the issue is about (B1r, I2) for 20 s each.
+    "smoke": dict(duration=1, rounds=1, clients=[2], sync=["off"], prefill=1000,
+                  latency_duration=1, latency_rounds=1, latency_sync=["on"], latency_clients=2,
+                  sustained_seconds=20, sustained_window=5, sustained_clients=2,
+                  sustained_variants=["B1r", "I2"],
+                  wal_txns=200, bytes_claims=4000, bytes_clients=2,
+                  scale_small=2000, scale_big=10000,
                   scale_rounds=1, scale_duration=1, parts=[0, 8], parts_rounds=1,
-                  parts_duration=1, cleanup_rows=20000, cleanup_live=2000,
-                  p99_duration=3, p99_rounds=1),
-    # default: about 20 minutes on 2 cores
+                  parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
+                  cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1),
+    # default: in between (1 M live keys in the scale section, cleanup up to
+    # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
-                    wal_txns=10000, bytes_claims=1000000, scale_small=10000, scale_big=1000000,
+                    latency_duration=6, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
+                    sustained_seconds=300, sustained_window=30, sustained_clients=2,
+                    sustained_variants=SUSTAINED_VARIANTS,
+                    wal_txns=10000, bytes_claims=1000000, bytes_clients=2,
+                    scale_small=10000, scale_big=1000000,
                     scale_rounds=5, scale_duration=4, parts=[0, 8, 32], parts_rounds=3,
-                    parts_duration=4, cleanup_rows=1000000, cleanup_live=10000,
-                    p99_duration=6, p99_rounds=2),
-    # full: the sizes of the targets (10 M live keys); about 40 minutes
+                    parts_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
+                    cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2),
+    # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
-                 wal_txns=20000, bytes_claims=1000000, scale_small=10000, scale_big=10000000,
+                 latency_duration=10, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
+                 sustained_seconds=300, sustained_window=30, sustained_clients=2,
+                 sustained_variants=SUSTAINED_VARIANTS,
+                 wal_txns=20000, bytes_claims=1000000, bytes_clients=2,
+                 scale_small=10000, scale_big=10000000,
                  scale_rounds=5, scale_duration=5, parts=[0, 8, 32, 128], parts_rounds=3,
-                 parts_duration=5, cleanup_rows=1000000, cleanup_live=10000,
-                 p99_duration=8, p99_rounds=3),
+                 parts_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
+                 cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3),
 }
 
-ALL_SECTIONS = ["matrix", "wal", "bytes", "scale", "partitions", "cleanup"]
+ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup"]
 
 # The benchmark's own partitions of idem.claims (partitions section, and the
 # expired partition of the cleanup section) get the index idem's partitions
 # have: inherited from a partitioned index on the parent when there is one,
 # else copied from the default partition's definition.
 MAKE_PARTITION_SQL = r"""
-CREATE FUNCTION public.bench_make_partition(name text, lo timestamptz, hi timestamptz)
-RETURNS void LANGUAGE plpgsql AS $f$
+CREATE FUNCTION public.bench_index_like_default(name text) RETURNS void
+LANGUAGE plpgsql AS $f$
 DECLARE def text;
 BEGIN
-  EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
-                 name, lo, hi);
-  IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass) THEN
+  IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass)
+     AND NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = 'idem.claims'::regclass) THEN
     SELECT pg_get_indexdef(indexrelid) INTO def
       FROM pg_index WHERE indrelid = 'idem.claims_default'::regclass LIMIT 1;
     def := regexp_replace(def, '^CREATE (UNIQUE )?INDEX \S+ ON (ONLY )?\S+',
                           'CREATE \1INDEX ON idem.' || quote_ident(name));
     EXECUTE def;
   END IF;
+END $f$;
+
+CREATE FUNCTION public.bench_make_partition(name text, lo timestamptz, hi timestamptz)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+  EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
+                 name, lo, hi);
+  IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass) THEN
+    PERFORM bench_index_like_default(name);
+  END IF;
+END $f$;
+
+-- n new keys md5(prefix || i), i = lo..hi, claimed through idem_claim in one
+-- statement; an error unless every one was claimed.
+CREATE FUNCTION public.bench_claim(prefix text, lo bigint, hi bigint) RETURNS bigint
+LANGUAGE plpgsql AS $f$
+DECLARE n bigint;
+BEGIN
+  SELECT count(*) INTO n FROM generate_series(lo, hi) g,
+         LATERAL idem_claim(md5(prefix || g::text), 'bench') c WHERE c.claimed;
+  IF n <> hi - lo + 1 THEN
+    RAISE EXCEPTION 'bench_claim: % of % keys claimed', n, hi - lo + 1;
+  END IF;
+  RETURN n;
 END $f$;
 """
 
@@ -119,8 +173,9 @@ class Bench:
         self.pg_bin = a.pg_bin
         self.run_id = 0
         self.fake_maintain = os.environ.get("BENCH_FAKE_MAINTAIN") == "1"
-        self.raw = {"meta": {}, "runs": [], "wal": [], "bytes": [], "scale": [],
-                    "partitions": [], "cleanup": {}, "errors": [], "notes": []}
+        self.raw = {"meta": {}, "runs": [], "latency": [], "latency_pooled": [], "sustained": [],
+                    "wal": [], "bytes": [], "scale": [], "partitions": [], "cleanup": {},
+                    "loads": [], "errors": [], "notes": []}
         self.t_start = time.time()
         self.redis_driver = None
         self.meter = CpuMeter(a.host, a.port, a.redis_pid)
@@ -161,19 +216,29 @@ class Bench:
         self.run_id += 1
         return self.run_id
 
+    def pgbench_cmd(self, db, script, clients, run, prefill=1):
+        return [os.path.join(self.pg_bin, "pgbench"), "-n", "-M", "prepared",
+                "-c", str(clients), "-j", str(clients),
+                "-D", "n=0", "-D", f"run={run}", "-D", f"prefill={prefill}",
+                "-f", os.path.join(SQL, script)] + self.conn_args(db)[:-2]
+
+    def drop_logs(self, prefix):
+        for f in os.listdir(self.logs):
+            if f.startswith(prefix + "."):
+                os.remove(os.path.join(self.logs, f))
+
     def pgbench(self, db, script, clients, sync, duration=None, txns=None, prefill=1,
                 log_prefix=None, tag=""):
         run = self.next_run()
-        cmd = [os.path.join(self.pg_bin, "pgbench"), "-n", "-M", "prepared",
-               "-c", str(clients), "-j", str(clients),
-               "-D", "n=0", "-D", f"run={run}", "-D", f"prefill={prefill}",
-               "-f", os.path.join(SQL, script)] + self.conn_args(db)[:-2]
+        cmd = self.pgbench_cmd(db, script, clients, run, prefill)
         if duration:
             cmd += ["-T", str(duration)]
         else:
             cmd += ["-t", str(txns)]
         cwd = self.logs
         if log_prefix:
+            # a retried run must not leave the earlier attempt's log behind
+            self.drop_logs(log_prefix)
             cmd += ["--log", "--log-prefix", log_prefix]
         cmd.append(db)
         env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={sync}")
@@ -289,25 +354,22 @@ class Bench:
                               "SELECT pg_reload_conf();")
         time.sleep(0.2)
 
-    def claim_keys(self, db, prefix, n, complete=False, batch=100000):
+    def claim_keys(self, db, prefix, n, batch=100000):
         """Claim n keys md5(prefix || i) through idem_claim, batch per
         transaction (the rows are exactly what the extension writes)."""
         done = 0
+        t0 = time.time()
         while done < n:
             hi = min(n, done + batch)
-            if complete:
-                sql = (f"SELECT count(*) FROM generate_series({done + 1}, {hi}) g, "
-                       f"LATERAL (SELECT md5('{prefix}' || g::text) AS k) s, "
-                       f"LATERAL (SELECT idem_claim(s.k, 'bench') AS c, "
-                       f"idem_complete(s.k, 'bench', '{{\"ok\": true}}') AS d) x")
-            else:
-                sql = (f"SELECT count(*) FROM generate_series({done + 1}, {hi}) g, "
-                       f"LATERAL idem_claim(md5('{prefix}' || g::text), 'bench') c "
-                       f"WHERE c.claimed")
-            got = int(self.val(db, sql))
-            if got != hi - done:
-                raise BenchError(f"claim_keys: {got} of {hi - done} keys claimed")
+            self.psql(db, f"SELECT bench_claim('{prefix}', {done + 1}, {hi})")
             done = hi
+        if n >= 100000:
+            self.load_rate("idem_claim bulk", n, time.time() - t0)
+
+    def load_rate(self, what, rows, seconds):
+        """Remember how fast a bulk load went (the duration estimate of a
+        full run uses it)."""
+        self.raw["loads"].append({"what": what, "rows": rows, "seconds": round(seconds, 3)})
 
     def claims_size(self, db):
         row = self.val(db, """
@@ -318,18 +380,22 @@ class Bench:
         parts, total, heap, idx = [int(x) for x in row.split("|")]
         return {"partitions": parts, "total": total, "heap": heap, "indexes": idx}
 
-    def reset_main(self, db, prefill):
+    def reset_main(self, db, prefill, checkpoint=False):
         """Every run starts from the same state: empty business and dedup
         tables except `prefill` committed keys in each dedup store (the
-        duplicates I3 reads), vacuumed, after a checkpoint."""
+        duplicates I3 reads; B1r's with their result), vacuumed; with
+        checkpoint, then a CHECKPOINT. One psql session."""
         self.psql(db, f"""
-            TRUNCATE orders, dedup, dedup_exc;
+            TRUNCATE orders, dedup, dedup_r, dedup_exc;
             TRUNCATE idem.claims;
             INSERT INTO dedup (key) SELECT md5('p' || g::text) FROM generate_series(1, {prefill}) g;
+            INSERT INTO dedup_r (key, result)
+              SELECT md5('p' || g::text), '{{"ok": true}}' FROM generate_series(1, {prefill}) g;
             INSERT INTO dedup_exc (key) SELECT md5('p' || g::text) FROM generate_series(1, {prefill}) g;
+            SELECT bench_claim('p', 1, {prefill});
+            VACUUM ANALYZE orders, dedup, dedup_r, dedup_exc, idem.claims;
+            {"CHECKPOINT;" if checkpoint else ""}
         """)
-        self.claim_keys(db, "p", prefill)
-        self.psql(db, "VACUUM ANALYZE orders, dedup, dedup_exc, idem.claims")
 
     # ---- sections -------------------------------------------------------
     def meta(self):
@@ -372,9 +438,9 @@ class Bench:
     def section_matrix(self):
         p = self.p
         db = "bench"
-        variants = ["B0", "B1", "B2", "I1", "I2", "I3"]
+        variants = list(MATRIX_VARIANTS)
         if self.redis_driver:
-            variants[3:3] = ["B3", "B0c"]
+            variants[4:4] = ["B3", "B0c"]
         configs = [(s, c) for s in p["sync"] for c in p["clients"]]
         total = len(configs) * p["rounds"] * len(variants)
         k = 0
@@ -385,7 +451,7 @@ class Bench:
                 for pos, v in enumerate(order):
                     k += 1
                     res = self.measured(
-                        lambda: (self.reset_main(db, p["prefill"]), self.checkpoint(db)),
+                        lambda: self.reset_main(db, p["prefill"], checkpoint=True),
                         lambda: self.run_variant(db, v, clients, sync, p["duration"], p["prefill"]))
                     res.update(section="matrix", variant=v, sync=sync, clients=clients,
                                round=r, position=pos)
@@ -394,12 +460,151 @@ class Bench:
                              f"{v:4s} tps={res['tps']:9.1f}")
                 self.save()
 
+    # ---- latency -----------------------------------------------------------
+    def read_latency_logs(self, prefix, keep=True):
+        """Per-transaction latencies (µs) from pgbench's --log files of one
+        run (one file per thread); the files are then gzipped into one."""
+        import gzip
+        lats = []
+        files = sorted(f for f in os.listdir(self.logs) if f.startswith(prefix + "."))
+        out = gzip.open(os.path.join(self.logs, prefix + ".log.gz"), "wt") if keep else None
+        for f in files:
+            path = os.path.join(self.logs, f)
+            with open(path) as fh:
+                for line in fh:
+                    if out:
+                        out.write(line)
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[2].isdigit():
+                        lats.append(int(parts[2]))
+            os.remove(path)
+        if out:
+            out.close()
+        return lats
+
+    def section_latency(self):
+        """p50/p99 of a whole transaction at 2 clients, computed exactly from
+        pgbench's per-transaction logs; interleaved rounds like the matrix."""
+        p = self.p
+        db = "bench"
+        variants = list(LATENCY_VARIANTS)
+        c = p["latency_clients"]
+        hist = {}
+        total = len(p["latency_sync"]) * p["latency_rounds"] * len(variants)
+        k = 0
+        for sync in p["latency_sync"]:
+            for r in range(p["latency_rounds"]):
+                off = (r * len(variants)) // p["latency_rounds"]
+                order = variants[off:] + variants[:off]
+                for v in order:
+                    k += 1
+                    tag = f"lat-{sync}-{v}-r{r}"
+                    res = self.measured(
+                        lambda: self.reset_main(db, p["prefill"], checkpoint=True),
+                        lambda: self.pgbench(db, VARIANTS[v][1], c, sync, duration=p["latency_duration"],
+                                             prefill=p["prefill"], log_prefix=tag, tag=tag))
+                    lats = self.read_latency_logs(tag)
+                    h = hist.setdefault((sync, v), {})
+                    for x in lats:
+                        h[x] = h.get(x, 0) + 1
+                    res.update(section="latency", variant=v, sync=sync, clients=c, round=r,
+                               logged=len(lats), **lat_stats(lats))
+                    self.raw["latency"].append(res)
+                    self.log(f"latency {k}/{total}: sync={sync} c={c} round={r} {v:4s} "
+                             f"p50={res['p50_ms']:.3f} ms p99={res['p99_ms']:.3f} ms "
+                             f"({len(lats)} txns)")
+                self.save()
+        # Over all rounds: exact percentiles of every logged transaction.
+        for (sync, v), h in hist.items():
+            self.raw["latency_pooled"].append(dict(sync=sync, variant=v, clients=c,
+                                                   rounds=p["latency_rounds"], **hist_stats(h)))
+        self.save()
+
+    # ---- sustained ---------------------------------------------------------
+    def store_stats(self, db, v):
+        """Size and tuple counts of the table variant v writes (all leaf
+        partitions for idem.claims)."""
+        store = STORE.get(v, "orders")
+        rels = ("SELECT relid FROM pg_partition_tree('idem.claims') WHERE isleaf"
+                if store == "idem.claims" else f"SELECT '{store}'::regclass")
+        row = self.val(db, f"""
+            SELECT (SELECT count(*) FROM {store}),
+                   coalesce(sum(pg_relation_size(c.oid)), 0), coalesce(sum(pg_indexes_size(c.oid)), 0),
+                   coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
+                   coalesce(sum(s.autovacuum_count), 0), coalesce(sum(s.autoanalyze_count), 0),
+                   coalesce(sum(s.n_tup_hot_upd), 0), coalesce(sum(s.n_tup_upd), 0)
+              FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+             WHERE c.oid IN ({rels})""")
+        keys = ("rows", "heap", "indexes", "n_live_tup", "n_dead_tup", "autovacuums",
+                "autoanalyzes", "hot_updates", "updates")
+        return dict(zip(keys, (int(x) for x in row.split("|"))), store=store)
+
+    def section_sustained(self):
+        """Each variant for sustained_seconds on one growing table: no
+        CHECKPOINT or VACUUM during the run (autovacuum as configured); TPS
+        per window from pgbench -P."""
+        p = self.p
+        db = "bench"
+        secs, win, c = p["sustained_seconds"], p["sustained_window"], p["sustained_clients"]
+        for i, v in enumerate(p["sustained_variants"]):
+            self.wait_quiet()
+            self.reset_main(db, p["prefill"], checkpoint=True)
+            # (not pg_stat_reset(): autovacuum schedules from those counters)
+            st0 = self.store_stats(db, v)
+            run = self.next_run()
+            # pgbench prints no progress line for the interval that ends with
+            # the run: run a second longer and keep the full windows only.
+            cmd = self.pgbench_cmd(db, VARIANTS[v][1], c, run, p["prefill"]) + \
+                ["-T", str(secs + 1), "-P", str(win), db]
+            env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
+            logf = os.path.join(self.logs, f"run{run:05d}-sustained-{v}.log")
+            self.log(f"sustained {i + 1}/{len(p['sustained_variants'])}: {v}, {c} clients, "
+                     f"{secs} s, windows of {win} s")
+            with open(logf, "w") as fh:
+                fh.write(" ".join(cmd) + "\n")
+                fh.flush()
+                t0 = time.time()
+                snaps = [self.meter.snap()]
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=self.logs)
+                while proc.poll() is None:
+                    nxt = t0 + len(snaps) * win
+                    time.sleep(max(0.05, min(0.5, nxt - time.time())))
+                    if time.time() >= nxt and len(snaps) <= secs // win:
+                        snaps.append(self.meter.snap())
+            with open(logf) as fh:
+                out = fh.read()
+            windows = []
+            for m in re.finditer(r"^progress: ([\d.]+) s, ([\d.]+) tps, lat ([\d.]+) ms", out, re.M):
+                t, tps, lat = float(m.group(1)), float(m.group(2)), float(m.group(3))
+                if t <= secs + 0.5:
+                    windows.append({"end_s": t, "tps": tps, "lat_ms": lat})
+            for j, w in enumerate(windows):
+                if j + 1 < len(snaps):
+                    w["foreign_cores"] = round(self.meter.foreign(snaps[j], snaps[j + 1]), 3)
+            failed = re.search(r"number of failed transactions: (\d+)", out)
+            tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
+            if proc.returncode != 0 or not tps or (failed and int(failed.group(1)) > 0) or not windows:
+                raise BenchError(f"pgbench sustained {v} failed (exit {proc.returncode}):\n{out[-1500:]}")
+            time.sleep(1.0)   # the backends' last statistics reach the shared counters
+            st = self.store_stats(db, v)
+            for k in ("autovacuums", "autoanalyzes", "hot_updates", "updates"):
+                st[k] -= st0[k]
+            res = {"variant": v, "clients": c, "sync": "off", "seconds": secs, "window": win,
+                   "tps": float(tps.group(1)), "windows": windows, "end": st, "run": run}
+            res.update(noise())
+            self.raw["sustained"].append(res)
+            first, last = windows[0]["tps"], windows[-1]["tps"]
+            self.log(f"sustained {v}: " + " ".join(f"{w['tps']:.0f}" for w in windows)
+                     + f" TPS per window (last/first {last / first:.2f}); {st['store']}: "
+                       f"{st['rows']} rows, {st['n_dead_tup']} dead, {st['autovacuums']} autovacuums")
+            self.save()
+
     def section_wal(self):
         """WAL bytes and xids per transaction, 1 client, a fixed number of
         transactions, autovacuum off (it writes WAL and takes xids)."""
         p = self.p
         db = "bench"
-        variants = ["B0", "B1", "B1d", "B2", "I1", "I2", "I3"]
+        variants = WAL_VARIANTS
         self.set_autovacuum(False)
         try:
             for v in variants:
@@ -447,50 +652,89 @@ class Bench:
             self.set_autovacuum(True)
 
     def section_bytes(self):
+        """Bytes per claim: N claims without a result (bulk through
+        idem_claim); then N transactions of I2's pattern (claim + business
+        insert + idem_complete with a small result, pgbench) against N of
+        B1r's (ON CONFLICT + business insert + UPDATE of the result); the
+        plain hand-written tables for comparison. Autovacuum is off for the
+        section: what the write pattern itself leaves behind (page pruning
+        included), not what a vacuum later reclaims."""
         p = self.p
         db = "bench_bytes"
         n = p["bytes_claims"]
+        c = p["bytes_clients"]
         self.create_db(db)
-        for with_result in (False, True):
+        pgst = self.ensure_pgstattuple(db)
+        self.set_autovacuum(False)
+        try:
             self.psql(db, "TRUNCATE idem.claims")
             t0 = time.time()
-            self.claim_keys(db, "b", n, complete=with_result)
+            self.claim_keys(db, "b", n)
             el = time.time() - t0
-            size = self.claims_size(db)
-            rows = int(self.val(db, "SELECT count(*) FROM idem.claims"))
-            st = self.val(db, """
+            row = self.measure_store(db, "idem.claims", pgst)
+            row.update(store="idem.claims", pattern="bulk", result=False, load_seconds=el,
+                       load_per_s=n / el if el else None)
+            self.add_bytes_row(row)
+            # one transaction per claim, as the application writes them
+            for v, store in (("I2", "idem.claims"), ("B1r", "dedup_r")):
+                self.psql(db, "TRUNCATE orders, dedup_r; TRUNCATE idem.claims; CHECKPOINT")
+                res = self.pgbench(db, VARIANTS[v][1], c, "off", txns=max(1, n // c),
+                                   tag=f"bytes-{v}")
+                row = self.measure_store(db, store, pgst)
+                row.update(store=store, pattern=v, result=True, tps=res["tps"], clients=c,
+                           load_per_s=res["tps"])
+                self.add_bytes_row(row)
+                self.load_rate(f"pgbench {v} {c} clients", row["rows"], row["rows"] / res["tps"])
+            self.psql(db, "TRUNCATE orders, dedup_r; TRUNCATE idem.claims")
+            # The plain hand-written tables (INSERT ... SELECT, no result).
+            for table in ("dedup", "dedup_ttl"):
+                t0 = time.time()
+                self.psql(db, f"TRUNCATE {table}; INSERT INTO {table} (key) "
+                              f"SELECT md5('b' || g::text) FROM generate_series(1, {n}) g")
+                if table == "dedup" and n >= 100000:
+                    self.load_rate("INSERT ... SELECT into dedup", n, time.time() - t0)
+                row = self.measure_store(db, table, pgst)
+                row.update(store=table, pattern="bulk", result=False)
+                self.add_bytes_row(row)
+                self.psql(db, f"TRUNCATE {table}")
+        finally:
+            self.set_autovacuum(True)
+        self.save()
+        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+
+    def measure_store(self, db, store, pgst):
+        """Rows, heap (main fork), index and total bytes of a table (summed
+        over the leaf partitions of idem.claims), with pgstattuple's live /
+        dead tuples and free space."""
+        rels = ("SELECT relid FROM pg_partition_tree('idem.claims') WHERE isleaf"
+                if store == "idem.claims" else f"SELECT '{store}'::regclass")
+        row = self.val(db, f"""
+            SELECT (SELECT count(*) FROM {store}), count(*),
+                   coalesce(sum(pg_relation_size(oid)), 0), coalesce(sum(pg_indexes_size(oid)), 0),
+                   coalesce(sum(pg_total_relation_size(oid)), 0)
+              FROM pg_class WHERE oid IN ({rels})""")
+        rows, parts, heap, idx, total = [int(x) for x in row.split("|")]
+        r = {"rows": rows, "partitions": parts, "heap": heap, "indexes": idx, "total": total,
+             "bytes_per_row": total / rows if rows else None,
+             "heap_per_row": heap / rows if rows else None,
+             "heap_index_per_row": (heap + idx) / rows if rows else None}
+        if pgst:
+            st = self.val(db, f"""
                 SELECT coalesce(sum(s.tuple_count), 0), coalesce(sum(s.tuple_len), 0),
                        coalesce(sum(s.dead_tuple_count), 0), coalesce(sum(s.dead_tuple_len), 0),
                        coalesce(sum(s.free_space), 0)
-                  FROM pg_partition_tree('idem.claims') t, LATERAL pgstattuple(t.relid) s
-                 WHERE t.isleaf""") if self.ensure_pgstattuple(db) else None
-            row = {"store": "idem.claims", "result": with_result, "rows": rows, **size,
-                   "bytes_per_row": size["total"] / rows if rows else None,
-                   "load_seconds": el, "load_per_s": n / el if el else None}
-            if st:
-                tc, tl, dc, dl, fs = [int(x) for x in st.split("|")]
-                row.update(live_tuples=tc, live_tuple_bytes=tl, dead_tuples=dc,
-                           dead_tuple_bytes=dl, free_bytes=fs)
-            self.raw["bytes"].append(row)
-            self.log(f"bytes idem result={with_result}: {row['bytes_per_row']:.1f} B/claim "
-                     f"({rows} rows, {size['heap']} heap + {size['indexes']} index bytes, "
-                     f"{n / el:.0f} claims/s in bulk)")
-            self.save()
-        self.psql(db, "TRUNCATE idem.claims")
-        # The hand-written tables, for comparison (plain INSERT ... SELECT).
-        for table, cols in (("dedup", "key"), ("dedup_ttl", "key")):
-            self.psql(db, f"TRUNCATE {table}; INSERT INTO {table} ({cols}) "
-                          f"SELECT md5('b' || g::text) FROM generate_series(1, {n}) g")
-            total = int(self.val(db, f"SELECT pg_total_relation_size('{table}')"))
-            heap = int(self.val(db, f"SELECT pg_relation_size('{table}')"))
-            idx = int(self.val(db, f"SELECT pg_indexes_size('{table}')"))
-            self.raw["bytes"].append({"store": table, "result": False, "rows": n, "total": total,
-                                      "heap": heap, "indexes": idx, "partitions": 1,
-                                      "bytes_per_row": total / n})
-            self.log(f"bytes {table}: {total / n:.1f} B/row")
-            self.psql(db, f"TRUNCATE {table}")
+                  FROM pg_class c, LATERAL pgstattuple(c.oid) s WHERE c.oid IN ({rels})""")
+            tc, tl, dc, dl, fs = [int(x) for x in st.split("|")]
+            r.update(live_tuples=tc, live_tuple_bytes=tl, dead_tuples=dc, dead_tuple_bytes=dl,
+                     free_bytes=fs)
+        return r
+
+    def add_bytes_row(self, row):
+        self.raw["bytes"].append(row)
+        self.log(f"bytes {row['store']} ({row['pattern']}): {row['rows']} rows, "
+                 f"heap {row['heap_per_row']:.1f} B/row, heap+index {row['heap_index_per_row']:.1f}, "
+                 f"total {row['bytes_per_row']:.1f}; dead tuples {row.get('dead_tuples')}")
         self.save()
-        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
 
     def ensure_pgstattuple(self, db):
         try:
@@ -590,51 +834,62 @@ class Bench:
             self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
 
     # -- cleanup --
-    def timed(self, db, sql):
-        """Run one statement; return (ms, wal_bytes, start_epoch, end_epoch, output)."""
+    def timed(self, db, sql, pre=""):
+        """Run one statement, after `pre` in the same session (so that the
+        session is warm); return (ms, wal_bytes, start_epoch, end_epoch,
+        output of the statement)."""
         script = (
+            (pre.rstrip() + "\n" if pre else "") +
+            "\\echo __TIMED__\n"
             "SELECT pg_current_wal_insert_lsn() AS l0 \\gset\n"
             "SELECT extract(epoch FROM clock_timestamp()) AS e0 \\gset\n"
             "\\timing on\n" + sql.rstrip(";") + ";\n\\timing off\n"
             "SELECT 'WAL=' || (pg_current_wal_insert_lsn() - :'l0'::pg_lsn);\n"
             "SELECT 'E0=' || :'e0';\n"
             "SELECT 'E1=' || extract(epoch FROM clock_timestamp());\n")
-        out = self.psql(db, script)
+        self.last_pre, _, out = self.psql(db, script).rpartition("__TIMED__")
         ms = float(re.findall(r"^Time: ([\d.]+) ms", out, re.M)[-1])
         wal = int(re.search(r"^WAL=(\d+)", out, re.M).group(1))
         e0 = float(re.search(r"^E0=([\d.]+)", out, re.M).group(1))
         e1 = float(re.search(r"^E1=([\d.]+)", out, re.M).group(1))
         body = "\n".join(l for l in out.splitlines()
-                         if not re.match(r"^(Time:|WAL=|E0=|E1=)", l))
+                         if l.strip() and not re.match(r"^(Time:|WAL=|E0=|E1=)", l))
         return ms, wal, e0, e1, body
 
     def load_expired_handwritten(self, db, rows, live):
+        """dedup_ttl with `rows` expired rows (in expiry order, as a table
+        fills) and `live` current ones. Loaded without its indexes, which are
+        built afterwards: 10 M rows in a minute or two, not twenty."""
+        t0 = time.time()
         self.psql(db, f"""
             TRUNCATE dedup_ttl;
+            ALTER TABLE dedup_ttl DROP CONSTRAINT dedup_ttl_pkey;
+            DROP INDEX dedup_ttl_expires_at;
             INSERT INTO dedup_ttl (key, created_at, expires_at)
               SELECT md5('x' || g::text), now() - interval '30 days',
                      now() - interval '29 days' + g * interval '1 ms'
                 FROM generate_series(1, {rows}) g;
             INSERT INTO dedup_ttl (key) SELECT md5('l' || g::text) FROM generate_series(1, {live}) g;
-            VACUUM ANALYZE dedup_ttl;""")
-        self.checkpoint(db)
+            ALTER TABLE dedup_ttl ADD CONSTRAINT dedup_ttl_pkey PRIMARY KEY (key);
+            CREATE INDEX dedup_ttl_expires_at ON dedup_ttl (expires_at);
+            VACUUM ANALYZE dedup_ttl;
+            CHECKPOINT;""")
+        if rows >= 100000:
+            self.load_rate("expired rows into dedup_ttl (+ indexes, VACUUM, CHECKPOINT)", rows,
+                           time.time() - t0)
 
-    def load_expired_idem(self, db, rows, live):
-        """Claims that expired long ago, in a partition whose upper bound is
-        past. The clock cannot be moved, so the benchmark creates that
-        partition itself (as maintenance would have, 30 days ago) and writes
-        the rows into it directly, in the extension's row format; `live`
-        current claims go through idem_claim."""
-        self.psql(db, "TRUNCATE idem.claims")
-        self.psql(db, "DROP TABLE IF EXISTS idem.bench_expired")
-        lo, hi = "now() - interval '31 days'", "now() - interval '28 days'"
-        try:
-            self.psql(db, f"SELECT bench_make_partition('bench_expired', {lo}, {hi})")
-            made = True
-        except BenchError as e:
-            made = False
-            self.raw["notes"].append(f"cleanup: could not create a past partition ({e}); "
-                                     "expired rows went to whichever partition covers them")
+    def expired_idem_sql(self, db, rows, live):
+        """SQL that fills idem.claims with `rows` claims that expired long
+        ago, in a partition whose upper bound is past, plus `live` current
+        claims through idem_claim, then ANALYZE and CHECKPOINT. The clock
+        cannot be moved, so the benchmark makes that partition itself (as
+        maintenance would have, a month ago): a standalone table filled by
+        INSERT ... SELECT in the extension's row format, then its index, a
+        CHECK of its range (so that ATTACH scans nothing), then ATTACH.
+        Autovacuum is off for that partition: a month-old partition has long
+        been vacuumed, and an autovacuum of the freshly loaded one would hold
+        a lock the measured DROP waits for (a full VACUUM pass instead would
+        double the load's writes)."""
         # The row format follows whatever idem.claims looks like: the type is
         # a type_id (early versions) or the biz_type name.
         cols = self.psql(db, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass "
@@ -643,15 +898,123 @@ class Bench:
             tcol, tval = "type_id", "(SELECT type_id FROM idem.biz_types WHERE biz_type = 'bench')"
         else:
             tcol, tval = "biz_type", "'bench'"
-        self.psql(db, f"""
-            INSERT INTO idem.claims (expires_at, claimed_at, {tcol}, state, key)
+        return f"""
+            TRUNCATE idem.claims;
+            DROP TABLE IF EXISTS idem.bench_expired;
+            SELECT date_trunc('hour', now()) - interval '31 days' AS lo,
+                   date_trunc('hour', now()) - interval '28 days' AS hi \gset
+            CREATE TABLE idem.bench_expired (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+            INSERT INTO idem.bench_expired (expires_at, claimed_at, {tcol}, state, key)
               SELECT now() - interval '29 days' + g * interval '1 ms', now() - interval '30 days',
                      {tval}, 'c', md5('x' || g::text)
-                FROM generate_series(1, {rows}) g""")
-        self.claim_keys(db, "l", live)
-        self.psql(db, "VACUUM ANALYZE idem.claims")
-        self.checkpoint(db)
-        return made
+                FROM generate_series(1, {rows}) g;
+            SELECT bench_index_like_default('bench_expired');
+            ALTER TABLE idem.bench_expired ADD CONSTRAINT bench_expired_range
+              CHECK (expires_at >= :'lo' AND expires_at < :'hi');
+            ALTER TABLE idem.bench_expired SET (autovacuum_enabled = off);
+            ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM (:'lo') TO (:'hi');
+            SELECT bench_claim('l', 1, {live});
+            ANALYZE idem.claims;
+            CHECKPOINT;
+        """
+
+    def load_expired_idem(self, db, rows, live):
+        t0 = time.time()
+        self.psql(db, self.expired_idem_sql(db, rows, live))
+        if rows >= 100000:
+            self.load_rate("expired claims into a past partition (+ index, ANALYZE, CHECKPOINT)", rows,
+                           time.time() - t0)
+
+    def maintain_result(self, db, rows, ms, wal, out, before, kind, rep):
+        after = self.claims_size(db)
+        left = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at < now()"))
+        live_after = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at >= now()"))
+        r = {"rows": rows, "session": kind, "rep": rep, "ms": ms, "wal": wal,
+             "size_before": before["total"], "size_after": after["total"],
+             "partitions_before": before["partitions"], "partitions_after": after["partitions"],
+             "expired_left": left, "live_left": live_after, "report": out[-2000:]}
+        m = re.search(r'"duration_ms": ([\d.]+)', out)
+        if m:
+            # what idem_maintain() measured itself: without its commit,
+            # where DROP TABLE unlinks the files and drops the buffers
+            r["own_duration_ms"] = float(m.group(1))
+        m = re.search(r'"partitions_created": \[([^\]]*)\]', out)
+        r["partitions_created"] = len([x for x in (m.group(1) if m else "").split(",") if x.strip()])
+        self.log(f"cleanup idem_maintain ({kind} session) {rows} rows: {ms:.1f} ms, {wal} B WAL, "
+                 f"size {before['total'] / 1e6:.1f} -> {after['total'] / 1e6:.1f} MB, "
+                 f"{left} expired rows left")
+        return r
+
+    def section_cleanup(self):
+        p = self.p
+        db = "bench_cleanup"
+        self.create_db(db)
+        sizes = sorted(p["cleanup_rows"])
+        live = p["cleanup_live"]
+        res = {"rows": sizes, "live": live, "reps": p["cleanup_reps"], "p99_rows": p["p99_rows"],
+               "delete": [], "idem": [], "idem_cold": [], "p99": {}}
+        self.raw["cleanup"] = res
+        # hand-written: DELETE ... WHERE expires_at < now()
+        for rows in sizes:
+            self.load_expired_handwritten(db, rows, live)
+            before = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+            ms, wal, _, _, _ = self.timed(db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
+            after = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+            t0 = time.time()
+            self.psql(db, "VACUUM dedup_ttl")
+            vac_s = time.time() - t0
+            after_vac = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+            left = int(self.val(db, "SELECT count(*) FROM dedup_ttl WHERE expires_at < now()"))
+            r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before, "size_after": after,
+                 "size_after_vacuum": after_vac, "vacuum_s": vac_s, "expired_left": left}
+            res["delete"].append(r)
+            self.log(f"cleanup DELETE {rows} rows: {ms:.0f} ms, {wal / 1e6:.1f} MB WAL, "
+                     f"size {before / 1e6:.1f} -> {after / 1e6:.1f} MB "
+                     f"({after_vac / 1e6:.1f} MB after VACUUM, which took {vac_s:.1f}s)")
+            self.save()
+        # latency of hand-written claims without / during the DELETE
+        self.p99_rounds(db, "delete", "b1ttl.sql", "DELETE FROM dedup_ttl WHERE expires_at < now()",
+                        lambda: self.load_expired_handwritten(db, p["p99_rows"], live))
+        self.psql(db, "TRUNCATE dedup_ttl")
+
+        if not self.has_maintain(db):
+            res["idem_skipped"] = "skipped: idem_maintain not available"
+            self.log("cleanup idem: skipped: idem_maintain not available")
+            self.save()
+            self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+            return
+        # Warm: one session per measurement, whose first idem_maintain()
+        # call (nothing to drop yet: it compiles the function and fills the
+        # caches) comes before the load; the measured call is its second.
+        for rep in range(p["cleanup_reps"]):
+            order = sizes[rep % len(sizes):] + sizes[:rep % len(sizes)]
+            for rows in order:
+                self.wait_quiet()
+                t0 = time.time()
+                ms, wal, _, _, out = self.timed(
+                    db, "SELECT idem_maintain()",
+                    pre="SELECT idem_maintain();\n" + self.expired_idem_sql(db, rows, live) +
+                        "SELECT 'SIZE=' || sum(pg_total_relation_size(relid)) || '/' || count(*)"
+                        "  FROM pg_partition_tree('idem.claims') WHERE isleaf;")
+                if rows >= 100000:
+                    self.load_rate("expired claims into a past partition (+ index, ANALYZE, CHECKPOINT)",
+                                   rows, time.time() - t0 - ms / 1000)
+                m = re.search(r"^SIZE=(\d+)/(\d+)", self.last_pre, re.M)
+                before = {"total": int(m.group(1)), "partitions": int(m.group(2))}
+                res["idem"].append(self.maintain_result(db, rows, ms, wal, out, before, "warm", rep))
+                self.save()
+        # Cold: the first call of a fresh session (as a cron job's psql or a
+        # pg_cron run makes it), once per size.
+        for rows in sizes:
+            self.wait_quiet()
+            self.load_expired_idem(db, rows, live)
+            before = self.claims_size(db)
+            ms, wal, _, _, out = self.timed(db, "SELECT idem_maintain()")
+            res["idem_cold"].append(self.maintain_result(db, rows, ms, wal, out, before, "cold", 0))
+            self.save()
+        self.p99_rounds(db, "idem", "i1.sql", "SELECT idem_maintain()",
+                        lambda: self.load_expired_idem(db, p["p99_rows"], live))
+        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
 
     def p99_run(self, db, script, during_sql, tag):
         """pgbench (1 client, sync off) for p99_duration seconds with
@@ -707,68 +1070,6 @@ class Bench:
                        window_s=window[1] - window[0], cleanup=cleanup)
         return res
 
-    def section_cleanup(self):
-        p = self.p
-        db = "bench_cleanup"
-        self.create_db(db)
-        big = p["cleanup_rows"]
-        small = max(1, big // 10)
-        live = p["cleanup_live"]
-        res = {"rows": [small, big], "live": live, "delete": [], "idem": [], "p99": {}}
-        self.raw["cleanup"] = res
-        # hand-written: DELETE ... WHERE expires_at < now()
-        for rows in (small, big):
-            self.load_expired_handwritten(db, rows, live)
-            before = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-            ms, wal, _, _, _ = self.timed(db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
-            after = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-            t0 = time.time()
-            self.psql(db, "VACUUM dedup_ttl")
-            vac_s = time.time() - t0
-            after_vac = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-            left = int(self.val(db, "SELECT count(*) FROM dedup_ttl WHERE expires_at < now()"))
-            r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before, "size_after": after,
-                 "size_after_vacuum": after_vac, "vacuum_s": vac_s, "expired_left": left}
-            res["delete"].append(r)
-            self.log(f"cleanup DELETE {rows} rows: {ms:.0f} ms, {wal / 1e6:.1f} MB WAL, "
-                     f"size {before / 1e6:.1f} -> {after / 1e6:.1f} MB "
-                     f"({after_vac / 1e6:.1f} MB after VACUUM, which took {vac_s:.1f}s)")
-            self.save()
-        # latency of hand-written claims without / during the DELETE
-        self.p99_rounds(db, "delete", "b1ttl.sql", "DELETE FROM dedup_ttl WHERE expires_at < now()",
-                        lambda: self.load_expired_handwritten(db, big, live))
-
-        if not self.has_maintain(db):
-            res["idem_skipped"] = "skipped: idem_maintain not available"
-            self.log("cleanup idem: skipped: idem_maintain not available")
-            self.save()
-            self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
-            return
-        for rows in (small, big):
-            made = self.load_expired_idem(db, rows, live)
-            before = self.claims_size(db)
-            ms, wal, _, _, out = self.timed(db, "SELECT idem_maintain()")
-            after = self.claims_size(db)
-            left = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at < now()"))
-            live_after = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at >= now()"))
-            r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before["total"],
-                 "size_after": after["total"], "partitions_before": before["partitions"],
-                 "partitions_after": after["partitions"], "expired_left": left,
-                 "live_left": live_after, "past_partition_created": made, "report": out[-2000:]}
-            m = re.search(r'"duration_ms": ([\d.]+)', out)
-            if m:
-                # what idem_maintain() measured itself: without its commit,
-                # where DROP TABLE unlinks the files and drops the buffers
-                r["own_duration_ms"] = float(m.group(1))
-            res["idem"].append(r)
-            self.log(f"cleanup idem_maintain {rows} rows: {ms:.1f} ms, {wal} B WAL, "
-                     f"size {before['total'] / 1e6:.1f} -> {after['total'] / 1e6:.1f} MB, "
-                     f"{left} expired rows left")
-            self.save()
-        self.p99_rounds(db, "idem", "i1.sql", "SELECT idem_maintain()",
-                        lambda: self.load_expired_idem(db, big, live))
-        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
-
     def p99_rounds(self, db, name, script, cleanup_sql, load):
         """Per round: load the expired rows, CHECKPOINT, a run without
         cleanup, CHECKPOINT, a run with the cleanup starting 1 s in."""
@@ -797,22 +1098,16 @@ class Bench:
     # ---- main -------------------------------------------------------------
     def run(self):
         a = self.a
-        self.p = dict(PROFILES[a.profile])
-        for k in ("duration", "rounds", "prefill", "wal_txns", "bytes_claims", "scale_small",
-                  "scale_big", "cleanup_rows"):
-            v = getattr(a, k.replace("-", "_"), None)
-            if v is not None:
-                self.p[k] = v
-        if a.clients:
-            self.p["clients"] = [int(x) for x in a.clients.split(",")]
-        if a.sync:
-            self.p["sync"] = a.sync.split(",")
-        if a.parts:
-            self.p["parts"] = [int(x) for x in a.parts.split(",")]
+        self.p = profile_params(a)
         sections = a.sections.split(",") if a.sections else ALL_SECTIONS
         for s in sections:
             if s not in ALL_SECTIONS:
                 raise SystemExit(f"unknown section {s}; known: {','.join(ALL_SECTIONS)}")
+        est = estimate(self.p, sections, bool(a.redis_sock and not a.no_redis))
+        full = estimate(PROFILES["full"], ALL_SECTIONS, True)
+        self.raw["meta"]["estimate_s"] = est
+        self.log(f"estimated duration of this run: {est['total'] / 60:.0f} min "
+                 f"(a full run, --full, about {full['total'] / 60:.0f} min on an idle 2-core machine)")
         if a.redis_sock and not a.no_redis:
             self.redis_driver = build_redis_driver(self.out, self.pg_bin)
             if not self.redis_driver:
@@ -840,6 +1135,14 @@ class Bench:
             self.raw["meta"].setdefault("section_seconds", {})[s] = round(time.time() - t0, 1)
             self.save()
         self.raw["meta"]["total_seconds"] = round(time.time() - self.t_start, 1)
+        # The full run's duration, from what this run measured on this machine
+        rates = measured_rates(self.raw)
+        full = estimate(PROFILES["full"], ALL_SECTIONS, True, rates)
+        self.raw["meta"]["full_estimate_s"] = full
+        self.raw["meta"]["measured_rates"] = rates
+        self.log(f"done in {self.raw['meta']['total_seconds'] / 60:.1f} min; a full run (--full) "
+                 f"would take about {full['total'] / 60:.0f} min on this machine at the rates "
+                 f"this run measured")
         end = idem_so_digest()
         if end != self.raw["meta"].get("idem_so_md5"):
             builds = self.raw["meta"].get("section_build", {})
@@ -852,6 +1155,104 @@ class Bench:
             self.log("WARNING: idem.so changed during the run")
         self.save()
         return ok
+
+
+def profile_params(a):
+    """The profile's parameters with the command line's overrides."""
+    p = dict(PROFILES[a.profile])
+    for k in ("duration", "rounds", "prefill", "wal_txns", "bytes_claims", "scale_small",
+              "scale_big", "cleanup_reps", "p99_rows", "sustained_seconds", "sustained_window",
+              "latency_duration", "latency_rounds"):
+        v = getattr(a, k, None)
+        if v is not None:
+            p[k] = v
+    ints = lambda x: [int(v) for v in x.split(",")]
+    for k, conv in (("clients", ints), ("sync", lambda x: x.split(",")), ("parts", ints),
+                    ("cleanup_rows", ints), ("latency_sync", lambda x: x.split(",")),
+                    ("sustained_variants", lambda x: x.split(","))):
+        v = getattr(a, k, None)
+        if v:
+            p[k] = conv(v)
+    for v in p["sustained_variants"]:
+        if v not in STORE:
+            raise SystemExit(f"--sustained-variants: {v} is not a pgbench variant with a dedup store")
+    if p["sustained_window"] > p["sustained_seconds"]:
+        raise SystemExit("--sustained-window must not be longer than --sustained-seconds")
+    return p
+
+
+# Rates for the duration estimate: an idle 2-core machine, release build.
+# measured_rates() replaces them with what a run measured.
+DEFAULT_RATES = {
+    "run_overhead_s": 1.2,        # reset, VACUUM, CHECKPOINT, connections around a timed run
+    "claim_bulk_per_s": 100000,   # idem_claim in bulk (INSERT ... SELECT-like)
+    "insert_bulk_per_s": 250000,  # INSERT ... SELECT md5 into a table with a primary key
+    "pgbench_load_per_s": 7000,   # I2 / B1r transactions at 2 clients
+    "expired_idem_per_s": 120000,  # expired claims: load, index, ANALYZE, CHECKPOINT
+    "expired_ttl_per_s": 100000,  # expired dedup_ttl rows: load, indexes, VACUUM, CHECKPOINT
+    "delete_vacuum_per_s": 150000,  # DELETE of expired rows, then VACUUM
+    "wal_txn_per_s": 3000,        # 1 client, synchronous_commit off
+}
+
+
+def measured_rates(raw):
+    r = dict(DEFAULT_RATES)
+    loads = raw.get("loads") or []
+
+    def rate(prefix):
+        xs = [l["rows"] / l["seconds"] for l in loads if l["what"].startswith(prefix) and l["seconds"] > 0]
+        return statistics.median(xs) if xs else None
+    for key, prefix in (("claim_bulk_per_s", "idem_claim bulk"),
+                        ("insert_bulk_per_s", "INSERT ... SELECT into dedup"),
+                        ("pgbench_load_per_s", "pgbench "),
+                        ("expired_idem_per_s", "expired claims"),
+                        ("expired_ttl_per_s", "expired rows into dedup_ttl")):
+        x = rate(prefix)
+        if x:
+            r[key] = x
+    d = [x for x in (raw.get("cleanup") or {}).get("delete", []) if x["rows"] >= 100000]
+    if d:
+        r["delete_vacuum_per_s"] = statistics.median(
+            [x["rows"] / (x["ms"] / 1000 + x["vacuum_s"]) for x in d])
+    runs = [x for x in raw.get("runs", []) if x.get("section") == "matrix"]
+    secs = (raw.get("meta") or {}).get("section_seconds", {}).get("matrix")
+    dur = ((raw.get("meta") or {}).get("params") or {}).get("duration")
+    if runs and secs and dur:
+        r["run_overhead_s"] = max(0.3, secs / len(runs) - dur)
+    w = raw.get("wal") or []
+    if w:
+        r["wal_txn_per_s"] = statistics.median([x["tps"] for x in w])
+    return {k: round(v, 2) for k, v in r.items()}
+
+
+def estimate(p, sections, redis, rates=None):
+    """Seconds each section of a run with parameters p should take."""
+    R = dict(DEFAULT_RATES, **(rates or {}))
+    ov = R["run_overhead_s"]
+    nmat = len(MATRIX_VARIANTS) + (2 if redis else 0)
+    e = {}
+    e["matrix"] = len(p["sync"]) * len(p["clients"]) * p["rounds"] * nmat * (p["duration"] + ov)
+    e["latency"] = len(p["latency_sync"]) * p["latency_rounds"] * len(LATENCY_VARIANTS) * \
+        (p["latency_duration"] + ov + 0.5)
+    e["sustained"] = len(p["sustained_variants"]) * (p["sustained_seconds"] + 1 + 3 * ov)
+    e["wal"] = len(WAL_VARIANTS) * (p["wal_txns"] / R["wal_txn_per_s"] + 2 * ov)
+    n = p["bytes_claims"]
+    e["bytes"] = 10 + n / R["claim_bulk_per_s"] + 2 * n / R["pgbench_load_per_s"] + \
+        2 * n / R["insert_bulk_per_s"] + 3 * n / 1e6 * 5   # + pgstattuple
+    big, small = p["scale_big"], p["scale_small"]
+    e["scale"] = 10 + (big + small) * (1 / R["claim_bulk_per_s"] + 1 / R["insert_bulk_per_s"]) + \
+        big / 200000 + p["scale_rounds"] * 4 * (p["scale_duration"] + ov) + \
+        p["scale_rounds"] * 2 * small * (1 / R["claim_bulk_per_s"] + 1 / R["insert_bulk_per_s"])
+    e["partitions"] = len(p["parts"]) * (5 + p["prefill"] / R["claim_bulk_per_s"]) + \
+        p["parts_rounds"] * len(p["parts"]) * (p["parts_duration"] + ov)
+    rows = sum(p["cleanup_rows"])
+    e["cleanup"] = 10 + rows * (1 / R["expired_ttl_per_s"] + 1 / R["delete_vacuum_per_s"]) + \
+        (p["cleanup_reps"] + 1) * rows / R["expired_idem_per_s"] + \
+        p["p99_rounds"] * (p["p99_rows"] * (1 / R["expired_ttl_per_s"] + 1 / R["expired_idem_per_s"])
+                           + 4 * (p["p99_duration"] + ov))
+    e = {k: round(v) for k, v in e.items() if k in sections}
+    e["total"] = sum(e.values()) + 15
+    return e
 
 
 QUIET_CORES = 0.15   # "quiet": other processes use less than this many cores
@@ -926,16 +1327,49 @@ def noise():
     return out
 
 
+def lat_stats(lats_us):
+    """p50/p99/p99.9/max/mean in ms of a list of latencies in µs (exact,
+    nearest-rank percentiles)."""
+    if not lats_us:
+        return {"txns": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None,
+                "mean_ms": None}
+    return {"txns": len(lats_us), "p50_ms": pct(lats_us, 50), "p99_ms": pct(lats_us, 99),
+            "p999_ms": pct(lats_us, 99.9), "max_ms": max(lats_us) / 1000,
+            "mean_ms": sum(lats_us) / len(lats_us) / 1000}
+
+
+def hist_stats(h):
+    """The same from a histogram {latency µs: count}: exact too."""
+    n = sum(h.values())
+    if not n:
+        return lat_stats([])
+    keys = sorted(h)
+    out = {"txns": n, "max_ms": keys[-1] / 1000, "mean_ms": sum(k * c for k, c in h.items()) / n / 1000}
+    for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p999_ms", 99.9)):
+        rank = max(1, min(n, math.ceil(q / 100 * n)))
+        acc = 0
+        for k in keys:
+            acc += h[k]
+            if acc >= rank:
+                out[name] = k / 1000
+                break
+    return out
+
+
 def pct(values, q):
     if not values:
         return None
+    # nearest rank: the smallest value with at least q % of them at or below
     v = sorted(values)
-    k = max(0, min(len(v) - 1, int(round(q / 100 * len(v) + 0.5)) - 1))
+    k = max(1, min(len(v), math.ceil(q / 100 * len(v)))) - 1
     return v[k] / 1000.0
 
 
+PG_CONFIG = "/usr/lib/postgresql/15/bin/pg_config"   # main() sets it from --pg-bin
+
+
 def idem_so_digest():
-    pkglib = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--pkglibdir"],
+    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
                             capture_output=True, text=True).stdout.strip()
     try:
         with open(os.path.join(pkglib, "idem.so"), "rb") as f:
@@ -947,7 +1381,7 @@ def idem_so_digest():
 def idem_build():
     """Is the installed idem.so an optimized build? Compare it with the
     project's target/{debug,release}/libidem.so, else guess from its size."""
-    pkglib = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--pkglibdir"],
+    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
                             capture_output=True, text=True).stdout.strip()
     so = os.path.join(pkglib, "idem.so")
     if not os.path.exists(so):
@@ -1015,8 +1449,9 @@ def main():
         prog="bash bench/run.sh",
         description="idem benchmark suite. Starts its own cluster; see bench/README.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Profiles: --smoke (tiny, < 3 min), default (~20 min on 2 cores), "
-               "--full (10 M live keys, more rounds; ~40 min).\n"
+        epilog="Profiles: --smoke (tiny, < 3 min), default (1 M live keys, cleanup up to 1 M rows), "
+               "--full (the targets' sizes: 10 M live keys, cleanup of 10 M rows, 5 rounds). "
+               "The run prints its estimated duration first.\n"
                "run.sh only: --out DIR (default bench/out, bench/out/smoke for --smoke), "
                "--keep-cluster (leave it running after the run), --no-redis.\n"
                "Environment: BENCH_PORT (default 5498); BENCH_FAKE_MAINTAIN=1 installs a "
@@ -1038,7 +1473,23 @@ def main():
     ap.add_argument("--big-keys", dest="scale_big", type=int,
                     help="live keys, big case (default 1000000; 10000000 with --full)")
     ap.add_argument("--parts", help="comma list of extra partition counts (default 0,8,32)")
-    ap.add_argument("--cleanup-rows", dest="cleanup_rows", type=int, help="expired rows to clean up")
+    ap.add_argument("--cleanup-rows", dest="cleanup_rows",
+                    help="comma list of expired row counts to clean up (full: 100000,1000000,10000000)")
+    ap.add_argument("--cleanup-reps", dest="cleanup_reps", type=int,
+                    help="warm idem_maintain() measurements per size (median; default 3)")
+    ap.add_argument("--p99-rows", dest="p99_rows", type=int,
+                    help="expired rows behind the claim-latency-during-cleanup runs (1000000)")
+    ap.add_argument("--latency-duration", dest="latency_duration", type=int,
+                    help="seconds per latency run")
+    ap.add_argument("--latency-rounds", dest="latency_rounds", type=int, help="latency rounds")
+    ap.add_argument("--latency-sync", dest="latency_sync",
+                    help="comma list of synchronous_commit values for the latency section (off,on)")
+    ap.add_argument("--sustained-seconds", dest="sustained_seconds", type=int,
+                    help="length of each sustained run (default 300; 20 with --smoke)")
+    ap.add_argument("--sustained-window", dest="sustained_window", type=int,
+                    help="TPS window of the sustained runs (default 30; 5 with --smoke)")
+    ap.add_argument("--sustained-variants", dest="sustained_variants",
+                    help="comma list (default " + ",".join(SUSTAINED_VARIANTS) + ")")
     # set by run.sh
     ap.add_argument("--out", required=True)
     ap.add_argument("--host", required=True)
@@ -1053,6 +1504,8 @@ def main():
                          "a measurement it disturbed (default 1800; 0 with --smoke)")
     ap.add_argument("--command", default="bash bench/run.sh")
     a = ap.parse_args()
+    global PG_CONFIG
+    PG_CONFIG = os.path.join(a.pg_bin, "pg_config")
     b = Bench(a)
     ok = b.run()
     if not ok:

@@ -12,20 +12,37 @@ import os
 import statistics
 import sys
 
-ORDER = ["B0", "B1", "B2", "B3", "B0c", "I1", "I2", "I3"]
+ORDER = ["B0", "B1", "B1r", "B2", "B3", "B0c", "I1", "I1c", "I1f", "I2", "I3"]
 DESC = {
     "B0": "business insert only",
     "B1": "+ INSERT ... ON CONFLICT DO NOTHING",
+    "B1r": "+ ON CONFLICT DO NOTHING, then UPDATE of the result",
     "B2": "+ PL/pgSQL EXCEPTION WHEN unique_violation",
     "B3": "+ Redis SET NX EX (C driver)",
     "B0c": "B0 via the C driver (calibration)",
-    "I1": "+ idem_claim (new key)",
+    "I1": "+ SELECT idem_claim(…) (new key)",
+    "I1c": "+ SELECT claimed FROM idem_claim(…) (new key)",
+    "I1f": "+ SELECT (idem_claim(…)).claimed (new key)",
     "I2": "+ idem_claim + idem_complete",
     "I3": "idem_claim, duplicate key",
     "B1d": "ON CONFLICT DO NOTHING, existing key",
 }
-COLORS = {"B0": "#7f7f7f", "B1": "#1f77b4", "B2": "#17becf", "B3": "#9467bd", "B0c": "#c7c7c7",
-          "I1": "#d62728", "I2": "#ff7f0e", "I3": "#2ca02c"}
+COLORS = {"B0": "#7f7f7f", "B1": "#1f77b4", "B1r": "#aec7e8", "B2": "#17becf", "B3": "#9467bd",
+          "B0c": "#c7c7c7", "I1": "#d62728", "I1c": "#ff9896", "I1f": "#8c564b", "I2": "#ff7f0e",
+          "I3": "#2ca02c"}
+# Ratios of the matrix: (numerator, denominator, target or None, what)
+RATIOS = [
+    ("I1c", "B1", 1.0, "new-key claim, recommended form `SELECT claimed FROM idem_claim(…)`"),
+    ("I1", "B1", 0.95, "new-key claim, plain form `SELECT idem_claim(…)`"),
+    ("I1f", "B1", None, "new-key claim, `SELECT (idem_claim(…)).claimed`"),
+    ("I2", "B1r", 1.0, "claim + stored result vs ON CONFLICT + UPDATE"),
+    ("I3", "I1", 2.0, "duplicate vs new-key claim"),
+]
+# The idem variant of the sustained section -> its hand-written counterpart
+SUSTAINED_BASE = {"I1": "B1", "I1c": "B1", "I1f": "B1", "I3": "B1", "I2": "B1r"}
+# Targets in the order of issue 16, then the earlier ones
+TARGET_ORDER = ["I1c", "I1", "I2", "heap", "I3", "I3wal", "clean_time", "clean_wal", "clean_delete",
+                "clean_p99", "scale", "latency", "sustained", "bytes120"]
 
 
 def med(xs):
@@ -44,6 +61,11 @@ def mib(b):
     return None if b is None else b / 1048576
 
 
+def pct_change(keep):
+    """last/first as a change: 0.81 -> "−19.0 %", 1.38 -> "+38.0 %"."""
+    return "—" if keep is None else f"{(keep - 1) * 100:+.1f} %".replace("-", "−")
+
+
 class Report:
     def __init__(self, out):
         self.out = out
@@ -53,7 +75,8 @@ class Report:
         self.smoke = self.meta.get("profile") == "smoke"
         self.summary = {}
         self.targets = []
-        self.md = []      # report.md lines
+        self.md = []      # report.md lines (the sections' tables)
+        self.readme = []  # the tables the README shows
         self.csv = []     # (section, variant, sync, clients, round, metric, value, unit)
 
     # ---- matrix --------------------------------------------------------------
@@ -70,20 +93,20 @@ class Report:
         syncs = list(dict.fromkeys(r["sync"] for r in runs))
         clients = sorted(set(r["clients"] for r in runs))
         variants = [v for v in ORDER if any(r["variant"] == v for r in runs)]
-        summ = {}
+        summ, ratios = {}, {}
         for s in syncs:
             for c in clients:
                 cell = {}
                 by_round = {}
+                for r in runs:
+                    if r["sync"] == s and r["clients"] == c:
+                        by_round.setdefault(r["round"], {})[r["variant"]] = r["tps"]
                 for v in variants:
                     xs = [r["tps"] for r in runs if r["sync"] == s and r["clients"] == c and r["variant"] == v]
                     if xs:
                         cell[v] = {"median": med(xs), "min": min(xs), "max": max(xs), "n": len(xs),
                                    "lat_ms": med([r["lat_ms"] for r in runs if r["sync"] == s and r["clients"] == c
                                                   and r["variant"] == v and r.get("lat_ms") is not None])}
-                    for r in runs:
-                        if r["sync"] == s and r["clients"] == c and r["variant"] == v:
-                            by_round.setdefault(r["round"], {})[v] = r["tps"]
                 b0 = cell.get("B0", {}).get("median")
                 b1 = cell.get("B1", {}).get("median")
                 b0c = cell.get("B0c", {}).get("median")
@@ -98,13 +121,18 @@ class Report:
                     else:
                         d["x_b0"] = m / b0 if b0 else None
                         d["x_b1"] = m / b1 if b1 else None
-                    # same-round pairs: how much the ratio moves between rounds
-                    ref = "B0c" if v == "B3" else "B1"
-                    pairs = [rd[v] / rd[ref] for rd in by_round.values() if v in rd and ref in rd and rd[ref]]
-                    if pairs and v not in ("B1",):
-                        d[f"paired_x_{ref.lower()}"] = {"median": med(pairs), "min": min(pairs), "max": max(pairs)}
                 summ[f"{s}/{c}"] = cell
+                for num, den, _, _ in RATIOS:
+                    if num in cell and den in cell:
+                        # ratio of medians, and the same-round ratios' range
+                        pairs = [rd[num] / rd[den] for rd in by_round.values()
+                                 if num in rd and den in rd and rd[den]]
+                        ratios.setdefault(f"{num}/{den}", {})[f"{s}/{c}"] = {
+                            "ratio": cell[num]["median"] / cell[den]["median"],
+                            "round_min": min(pairs) if pairs else None,
+                            "round_max": max(pairs) if pairs else None}
         self.summary["matrix"] = summ
+        self.summary["ratios"] = ratios
 
         p = self.meta.get("params", {})
         lines = ["## Throughput (TPS), interleaved",
@@ -117,8 +145,7 @@ class Report:
         for s in syncs:
             lines.append(f"### synchronous_commit = {s}")
             lines.append("")
-            head = "| variant | " + " | ".join(f"c={c} TPS | ×B0 | ×B1 | range" for c in clients) + " |"
-            lines.append(head)
+            lines.append("| variant | " + " | ".join(f"c={c} TPS | ×B0 | ×B1 | range" for c in clients) + " |")
             lines.append("|" + "---|" * (1 + 4 * len(clients)))
             for v in variants:
                 row = [f"**{v}** {DESC[v]}"]
@@ -131,30 +158,185 @@ class Report:
                             f"{d['min']:,.0f}–{d['max']:,.0f}"]
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
-        lat = []
-        for s in syncs:
-            for c in clients:
-                for v in variants:
-                    d = summ[f"{s}/{c}"].get(v)
-                    if d and d.get("lat_ms"):
-                        lat.append((s, c, v, d["lat_ms"]))
+        cfgs = [(s, c) for s in syncs for c in clients]
+        lines += ["### Ratios",
+                  "",
+                  "Ratio of median TPS; in brackets the range of the same-round ratios (how much the "
+                  "ratio moved between rounds). A ratio closer to its target than that range is a tie.",
+                  "",
+                  "| ratio | target | " + " | ".join(f"{s}, {c} cl." for s, c in cfgs) + " |",
+                  "|---|---|" + "---|" * len(cfgs)]
+        for num, den, goal, what in RATIOS:
+            d = ratios.get(f"{num}/{den}")
+            if not d:
+                continue
+            row = [f"**{num}/{den}** {what}", f"≥ {goal:.2f}" if goal else "—"]
+            for s, c in cfgs:
+                x = d.get(f"{s}/{c}")
+                row.append("—" if not x else f"{x['ratio']:.2f}" + (
+                    f" ({x['round_min']:.2f}–{x['round_max']:.2f})" if x["round_min"] is not None
+                    and x["round_min"] != x["round_max"] else ""))
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
         self.md += lines
 
-        # targets
-        if "off" in syncs:
-            for c in clients:
-                d = summ[f"off/{c}"]
-                if "I1" in d and "B1" in d:
-                    x = d["I1"]["median"] / d["B1"]["median"]
-                    pr = d["I1"].get("paired_x_b1")
-                    extra = f" (per-round {pr['min']:.2f}–{pr['max']:.2f})" if pr else ""
-                    self.target(f"I1 TPS ≥ 1.0 × B1, sync off, {c} client(s)", f"{x:.2f}×{extra}", x >= 1.0)
+        # The README's table: TPS per configuration, with the target ratios
+        rd = ["### Throughput (median TPS; each transaction is one business INSERT plus the dedup step)",
+              "",
+              "| variant | " + " | ".join(f"{s}, {c} client{'s' if c > 1 else ''}" for s, c in cfgs) + " |",
+              "|---|" + "---|" * len(cfgs)]
+        for v in variants:
+            if v in ("B0c", "B2", "B3"):
+                continue
+            rd.append(f"| {v} {DESC[v]} | " + " | ".join(
+                fmt(summ[f"{s}/{c}"].get(v, {}).get("median")) for s, c in cfgs) + " |")
+        for num, den, goal, _ in RATIOS:
+            d = ratios.get(f"{num}/{den}")
+            if d:
+                rd.append(f"| **{num} / {den}**{f' (≥ {goal:g})' if goal else ''} | " + " | ".join(
+                    fmt((d.get(f"{s}/{c}") or {}).get("ratio"), 2) for s, c in cfgs) + " |")
+        rd.append("")
+        self.readme += rd
+
+        # targets: one line per ratio target, every configuration in it
+        for num, den, goal, what in RATIOS:
+            d = ratios.get(f"{num}/{den}")
+            if not goal or not d:
+                continue
+            vals = [(cfg, x["ratio"]) for cfg, x in d.items()]
+            miss = [cfg for cfg, x in vals if x < goal]
+            text = "; ".join(f"{cfg.replace('/', ' ')}: {x:.2f}" for cfg, x in vals)
+            if miss:
+                text += f" — below at {', '.join(m.replace('/', ' ') for m in miss)}"
+            n_cfg = len(set(f"{s}/{c}" for s in ("off", "on") for c in (1, 2, 4)))
+            partial = "" if len(vals) >= n_cfg else " [not every configuration measured]"
+            key = {"I1c": "I1c", "I1": "I1", "I2": "I2", "I3": "I3"}[num]
+            label = {"I1c": f"I1c ≥ 1.0 × B1 (recommended form), 1/2/4 clients, sync off and on",
+                     "I1": f"I1 ≥ 0.95 × B1 (plain `SELECT idem_claim(…)`), 1/2/4 clients, sync off and on",
+                     "I2": f"I2 ≥ 1.0 × B1r (claim + complete vs ON CONFLICT + UPDATE)",
+                     "I3": f"I3 ≥ 2 × I1 (duplicate path)"}[num]
+            self.target(key, label + partial, text, not miss)
+
+    # ---- latency ---------------------------------------------------------------
+    def latency(self):
+        pooled = self.raw.get("latency_pooled") or []
+        runs = self.raw.get("latency") or []
+        if not pooled:
+            return
+        p = self.meta.get("params", {})
+        syncs = list(dict.fromkeys(r["sync"] for r in pooled))
+        c = pooled[0]["clients"]
+        out = {}
+        lines = ["## Latency per transaction",
+                 "",
+                 f"{c} clients, {p.get('latency_rounds')} interleaved round(s) × "
+                 f"{p.get('latency_duration')} s per variant, every transaction logged (`pgbench "
+                 f"--log`); percentiles are exact (nearest rank) over all logged transactions of all "
+                 f"rounds. Per-round p99: the range over rounds. The latency is the whole "
+                 f"transaction as the client sees it (BEGIN … END, every statement a round trip).",
+                 ""]
+        rd = []
         for s in syncs:
-            for c in clients:
-                d = summ[f"{s}/{c}"]
-                if "I3" in d and "I1" in d:
-                    x = d["I3"]["median"] / d["I1"]["median"]
-                    self.target(f"I3 TPS ≥ 1.5 × I1, sync {s}, {c} client(s)", f"{x:.2f}×", x >= 1.5)
+            lines += [f"### synchronous_commit = {s}", "",
+                      "| variant | transactions | p50 ms | p99 ms | p99.9 ms | max ms | mean ms | per-round p99 ms |",
+                      "|---|---|---|---|---|---|---|---|"]
+            rd += [f"### Latency per transaction, {c} clients, synchronous_commit = {s}", "",
+                   "| variant | p50 ms | p99 ms |", "|---|---|---|"]
+            for v in ORDER:
+                r = next((x for x in pooled if x["sync"] == s and x["variant"] == v), None)
+                if not r:
+                    continue
+                rr = [x["p99_ms"] for x in runs if x["sync"] == s and x["variant"] == v and x.get("p99_ms")]
+                out.setdefault(s, {})[v] = r
+                lines.append(f"| **{v}** {DESC[v]} | {r['txns']:,} | {fmt(r['p50_ms'], 3)} | "
+                             f"{fmt(r['p99_ms'], 3)} | {fmt(r['p999_ms'], 3)} | {fmt(r['max_ms'], 1)} | "
+                             f"{fmt(r['mean_ms'], 3)} | "
+                             f"{f'{min(rr):.3f}–{max(rr):.3f}' if rr else '—'} |")
+                rd.append(f"| {v} {DESC[v]} | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} |")
+                for k in ("p50_ms", "p99_ms", "p999_ms"):
+                    self.csv.append(("latency", v, s, c, "all", k, r[k], "ms"))
+            lines.append("")
+            rd.append("")
+        self.md += lines
+        self.readme += rd
+        self.summary["latency"] = out
+        want = ["I1", "I1c", "I2", "I3", "B1", "B1r"]
+        s0 = "off" if "off" in out else syncs[0]
+        have = out.get(s0, {})
+        missing = [v for v in want if v not in have or have[v].get("p99_ms") is None]
+        text = "; ".join(f"{v} {have[v]['p50_ms']:.3f}/{have[v]['p99_ms']:.3f}" for v in want if v in have)
+        self.target("latency", f"Latency: p50/p99 ms of I1, I1c, I2, I3 next to B1, B1r at {c} clients "
+                    f"(sync {s0}; reported, no threshold)",
+                    text + (f" — missing {', '.join(missing)}" if missing else ""), not missing)
+
+    # ---- sustained ---------------------------------------------------------------
+    def sustained(self):
+        rows = self.raw.get("sustained") or []
+        if not rows:
+            return
+        win = rows[0]["window"]
+        secs = rows[0]["seconds"]
+        keep = {}
+        for r in rows:
+            ws = r["windows"]
+            keep[r["variant"]] = ws[-1]["tps"] / ws[0]["tps"] if ws and ws[0]["tps"] else None
+            for i, w in enumerate(ws):
+                self.csv.append(("sustained", r["variant"], r["sync"], r["clients"], i,
+                                 f"tps_window_{w['end_s']:g}s", w["tps"], "tx/s"))
+        self.summary["sustained"] = {"last_over_first": keep}
+        nwin = max(len(r["windows"]) for r in rows)
+        lines = ["## Sustained load",
+                 "",
+                 f"Each variant for {secs} s, {rows[0]['clients']} clients, synchronous_commit "
+                 f"{rows[0]['sync']}, on one growing table: reset and CHECKPOINT before the run, then "
+                 f"no CHECKPOINT or VACUUM until it ends (autovacuum as configured). TPS per {win} s "
+                 f"window (pgbench -P). Last/first: the last window's TPS over the first's. A window "
+                 f"marked * shared the machine with other work (≥ 0.25 cores).",
+                 "",
+                 "| variant | " + " | ".join(f"{(i + 1) * win:g} s" for i in range(nwin)) +
+                 " | last/first | rows at end | dead tuples | heap MiB | autovacuums |",
+                 "|---|" + "---|" * (nwin + 5)]
+        for r in sorted(rows, key=lambda r: ORDER.index(r["variant"]) if r["variant"] in ORDER else 99):
+            e = r.get("end") or {}
+            cells = [f"{w['tps']:,.0f}{'*' if (w.get('foreign_cores') or 0) >= 0.25 else ''}"
+                     for w in r["windows"]] + ["—"] * (nwin - len(r["windows"]))
+            lines.append(f"| **{r['variant']}** {DESC.get(r['variant'], '')} | " + " | ".join(cells) +
+                         f" | {fmt(keep[r['variant']], 2)} | {fmt(e.get('rows'))} | "
+                         f"{fmt(e.get('n_dead_tup'))} | {fmt(mib(e.get('heap')), 1)} | "
+                         f"{fmt(e.get('autovacuums'))} |")
+        lines.append("")
+        self.md += lines
+        self.readme += [f"### Sustained load ({secs} s, {rows[0]['clients']} clients, TPS of the first "
+                        f"and last {win} s window)", "",
+                        "| variant | first window | last window | last/first |", "|---|---|---|---|"] + \
+            [f"| {r['variant']} {DESC.get(r['variant'], '')} | {r['windows'][0]['tps']:,.0f} | "
+             f"{r['windows'][-1]['tps']:,.0f} | {fmt(keep[r['variant']], 2)} |" for r in rows] + [""]
+        short = "" if secs >= 300 else f" [runs of {secs} s; the target is stated for ≥ 5 minutes]"
+        for r in rows:
+            v = r["variant"]
+            if v not in SUSTAINED_BASE:
+                continue
+            b = SUSTAINED_BASE[v]
+            if b not in keep:
+                b = next((x for x in ("B1", "B1r") if x in keep), None)
+            kv, kb = keep[v], keep.get(b)
+            if kv is None:
+                continue
+            if kb is None:
+                ok = kv >= 0.9
+                text = f"{v} last/first {kv:.3f} ({pct_change(kv)}; no baseline measured)"
+            elif kb >= 0.9:
+                ok = kv >= 0.9
+                text = (f"{v} last/first {kv:.3f} ({pct_change(kv)}), {b} {kb:.3f} ({pct_change(kb)}): "
+                        f"{b} held")
+            else:
+                # the baseline lost more than 10 % too: the table or the
+                # machine, not idem; idem may lose at most 10 % more than it
+                ok = kv >= 0.9 * kb
+                text = (f"{v} last/first {kv:.3f} ({pct_change(kv)}), {b} {kb:.3f} ({pct_change(kb)}): "
+                        f"{b} lost more than 10 % too, so {v} is held to ≥ 0.9 × {b}'s")
+            self.target("sustained", f"Sustained: {v} loses ≤ 10 % first → last window where {b} "
+                        f"does not{short}", text, ok)
 
     # ---- WAL / xids --------------------------------------------------------
     def wal(self):
@@ -183,11 +365,15 @@ class Report:
                 self.csv.append(("wal", r["variant"], "off", 1, "", k, r[k], "B" if "wal" in k else "xid"))
         lines.append("")
         self.md += lines
+        self.readme += ["### WAL and xids per transaction (1 client, synchronous_commit off)", "",
+                        "| variant | WAL B/txn | xids/txn |", "|---|---|---|"] + \
+            [f"| {r['variant']} {DESC.get(r['variant'], '')} | {r['wal_per_txn']:.1f} | "
+             f"{r['xids_per_txn']:.2f} |" for r in rows] + [""]
         i3 = next((r for r in rows if r["variant"] == "I3"), None)
         if i3:
             ok = i3["wal_bytes"] - i3["background_bytes"] == 0 and i3["xids"] == 0
-            self.target("I3 writes 0 WAL bytes and takes 0 xids",
-                        f"{i3['wal_bytes'] - i3['background_bytes']} B, {i3['xids']} xids over {i3['txns']} txns",
+            self.target("I3wal", "I3 (duplicate) writes 0 WAL bytes and takes 0 xids",
+                        f"{i3['wal_bytes'] - i3['background_bytes']} B, {i3['xids']} xids over {i3['txns']:,} txns",
                         ok)
 
     # ---- bytes per claim ----------------------------------------------------
@@ -198,30 +384,47 @@ class Report:
         self.summary["bytes"] = rows
         lines = ["## Bytes per claim",
                  "",
-                 "pg_total_relation_size summed over the leaf partitions of idem.claims (heap, "
-                 "indexes, TOAST, FSM/VM) divided by the rows, right after loading through "
-                 "idem_claim (32-character keys, md5 hex), no VACUUM. The hand-written tables are "
-                 "loaded with INSERT ... SELECT, for comparison.",
+                 "Autovacuum off for the section, no VACUUM: what each write pattern leaves in the "
+                 "table by itself (page pruning included). *bulk*: idem_claim in batches of 100 000 "
+                 "per transaction (no result), or INSERT … SELECT into the hand-written tables. "
+                 "*I2*: pgbench, one transaction per claim: idem_claim, the business insert, "
+                 "idem_complete with `{\"ok\": true}`. *B1r*: pgbench, one transaction per key: "
+                 "INSERT … ON CONFLICT DO NOTHING, the business insert, UPDATE of the result. Heap = "
+                 "main fork (summed over idem's leaf partitions); total adds FSM/VM/TOAST. Live / dead "
+                 "tuples and free space: pgstattuple.",
                  "",
-                 "| store | result | rows | partitions | heap MiB | index MiB | total MiB | **bytes/row** | live tuple B/row | dead tuples | free space MiB | bulk load |",
+                 "| store | written by | rows | heap B/row | heap+index B/row | total B/row | heap MiB | index MiB | live tuple B/row | dead tuples | free space MiB | load |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            load = f"{r['load_per_s']:,.0f} claims/s" if r.get("load_per_s") else "—"
-            dead = fmt(r.get("dead_tuples")) if "dead_tuples" in r else "—"
-            res = '{"ok": true}' if r["result"] else "none"
-            lines.append(f"| {r['store']} | {res} | {r['rows']:,} | "
-                         f"{r['partitions']} | {mib(r['heap']):.1f} | {mib(r['indexes']):.1f} | "
-                         f"{mib(r['total']):.1f} | **{r['bytes_per_row']:.1f}** | "
-                         f"{fmt(r['live_tuple_bytes'] / r['rows'], 1) if r.get('live_tuple_bytes') else '—'} | {dead} | "
-                         f"{fmt(mib(r.get('free_bytes')), 1)} | {load} |")
-            self.csv.append(("bytes", r["store"] + ("+result" if r["result"] else ""), "", "", "",
-                             "bytes_per_row", r["bytes_per_row"], "B"))
+            load = f"{r['load_per_s']:,.0f}/s" if r.get("load_per_s") else "—"
+            lines.append(f"| {r['store']} | {r.get('pattern', 'bulk')} | {r['rows']:,} | "
+                         f"{fmt(r.get('heap_per_row'), 1)} | {fmt(r.get('heap_index_per_row'), 1)} | "
+                         f"**{fmt(r.get('bytes_per_row'), 1)}** | {mib(r['heap']):.1f} | {mib(r['indexes']):.1f} | "
+                         f"{fmt(r['live_tuple_bytes'] / r['rows'], 1) if r.get('live_tuple_bytes') and r['rows'] else '—'} | "
+                         f"{fmt(r.get('dead_tuples'))} | {fmt(mib(r.get('free_bytes')), 1)} | {load} |")
+            for k in ("heap_per_row", "heap_index_per_row", "bytes_per_row"):
+                if r.get(k) is not None:
+                    self.csv.append(("bytes", f"{r['store']}:{r.get('pattern', 'bulk')}", "", "", "",
+                                     k, r[k], "B"))
         lines.append("")
         self.md += lines
-        r = next((r for r in rows if r["store"] == "idem.claims" and not r["result"]), None)
-        if r:
-            self.target(f"≤ 120 bytes per claim, 32-char keys, no result ({r['rows']:,} claims)",
-                        f"{r['bytes_per_row']:.1f} B", r["bytes_per_row"] <= 120)
+        i2 = next((r for r in rows if r.get("pattern") == "I2"), None)
+        b1r = next((r for r in rows if r.get("pattern") == "B1r"), None)
+        bulk = next((r for r in rows if r["store"] == "idem.claims" and r.get("pattern", "bulk") == "bulk"), None)
+        self.readme += ["### Bytes per row (32-character keys; no VACUUM)", "",
+                        "| store | heap B/row | heap+index B/row | dead tuples |", "|---|---|---|---|"] + \
+            [f"| {r['store']} ({r.get('pattern', 'bulk')}) | {fmt(r.get('heap_per_row'), 1)} | "
+             f"{fmt(r.get('heap_index_per_row'), 1)} | {fmt(r.get('dead_tuples'))} |" for r in rows] + [""]
+        if i2 and b1r and i2.get("heap_per_row") and b1r.get("heap_per_row"):
+            few = "" if i2["rows"] >= 1000000 else f" [after {i2['rows']:,} claims; the target is stated for 1 M]"
+            self.target("heap", f"heap bytes per completed claim (I2 pattern) ≤ the B1r table's{few}",
+                        f"{i2['heap_per_row']:.1f} vs {b1r['heap_per_row']:.1f} B/row (heap+index "
+                        f"{i2['heap_index_per_row']:.1f} vs {b1r['heap_index_per_row']:.1f}; dead tuples "
+                        f"{fmt(i2.get('dead_tuples'))} vs {fmt(b1r.get('dead_tuples'))})",
+                        i2["heap_per_row"] <= b1r["heap_per_row"])
+        if bulk:
+            self.target("bytes120", f"(0.1.0 target) ≤ 120 bytes per claim, 32-char keys, no result "
+                        f"({bulk['rows']:,} claims)", f"{bulk['bytes_per_row']:.1f} B", bulk["bytes_per_row"] <= 120)
 
     # ---- scale ----------------------------------------------------------------
     def scale(self):
@@ -274,9 +477,11 @@ class Report:
         self.md += lines
         d = out.get("I1", {})
         if "cost_ratio" in d:
-            note = "" if big >= 10_000_000 else f" [measured at {big:,} keys; the target is stated for 10 M: run --full or --big-keys 10000000]"
-            self.target(f"I1 cost at {big:,} live keys ≤ 1.2 × at {small:,}{note}",
-                        f"{d['cost_ratio']:.2f}×", d["cost_ratio"] <= 1.2)
+            note = "" if big >= 10_000_000 and small <= 10_000 else \
+                f" [measured at {small:,} → {big:,} keys; the target is stated for 10 k → 10 M: run --full or --big-keys 10000000]"
+            self.target("scale", f"Scale: I1 cost at {big:,} live keys ≤ 1.1 × at {small:,}{note}",
+                        f"{d['cost_ratio']:.2f}× (B1: {fmt(out.get('B1', {}).get('cost_ratio'), 2)}×)",
+                        d["cost_ratio"] <= 1.1)
 
     # ---- partitions -------------------------------------------------------------
     def partitions(self):
@@ -315,38 +520,68 @@ class Report:
         if not c:
             return
         self.summary["cleanup"] = c
+        sizes = c["rows"]
+        warm = c.get("idem") or []
+        cold = c.get("idem_cold") or []
         lines = ["## Cleanup of expired claims",
                  "",
-                 f"Expired rows: {c['rows'][0]:,} and {c['rows'][1]:,} (plus {c['live']:,} live ones), "
+                 f"Expired rows: {', '.join(f'{n:,}' for n in sizes)} (plus {c['live']:,} live ones), "
                  "loaded, VACUUMed, then a CHECKPOINT (so the cleanup pays the full-page images it "
                  "would in production). Hand-written: `DELETE FROM dedup_ttl WHERE expires_at < now()` "
-                 "(index on expires_at). idem: `SELECT idem_maintain()` with the expired claims in a "
-                 "partition whose upper bound is past (the benchmark creates that partition, 31 to 28 "
-                 "days ago, since the clock cannot be moved). Time is psql's \\timing; WAL is the "
-                 "insert-LSN delta.",
+                 "(index on expires_at), once per size. idem: `SELECT idem_maintain()` with the "
+                 "expired claims in a partition whose upper bound is past (the benchmark makes that "
+                 "partition, a month ago, since the clock cannot be moved). *warm*: the second call of "
+                 f"a session whose first call came before the load ({c.get('reps')} per size; the "
+                 "table shows the median and the range); *cold*: the first call of a fresh session "
+                 "(what a cron job's psql or a pg_cron run pays: the PL/pgSQL compilation of the "
+                 "function and cold caches). Time is psql's \\timing, client side, commit included; "
+                 "WAL is the insert-LSN delta.",
                  "",
-                 "| method | expired rows | time ms | WAL MiB | size before MiB | after MiB | after VACUUM MiB | expired left |",
-                 "|---|---|---|---|---|---|---|---|"]
+                 "| method | expired rows | time ms | range ms | WAL KiB | size before MiB | after MiB | after VACUUM MiB | expired left |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for r in c.get("delete", []):
-            lines.append(f"| DELETE | {r['rows']:,} | {r['ms']:,.0f} | {mib(r['wal']):.2f} | "
+            lines.append(f"| DELETE | {r['rows']:,} | {r['ms']:,.0f} | — | {r['wal'] / 1024:,.0f} | "
                          f"{mib(r['size_before']):.1f} | {mib(r['size_after']):.1f} | "
                          f"{mib(r['size_after_vacuum']):.1f} (VACUUM {r['vacuum_s']:.1f} s) | {r['expired_left']:,} |")
             self.csv.append(("cleanup", "DELETE", "", "", "", f"ms_{r['rows']}", r["ms"], "ms"))
             self.csv.append(("cleanup", "DELETE", "", "", "", f"wal_{r['rows']}", r["wal"], "B"))
-        for r in c.get("idem", []):
-            own = f" (its own duration_ms: {r['own_duration_ms']:.1f})" if r.get("own_duration_ms") is not None else ""
-            lines.append(f"| idem_maintain() | {r['rows']:,} | {r['ms']:,.1f}{own} | {mib(r['wal']):.3f} | "
-                         f"{mib(r['size_before']):.1f} | {mib(r['size_after']):.1f} | — | {r['expired_left']:,} |")
-            self.csv.append(("cleanup", "idem_maintain", "", "", "", f"ms_{r['rows']}", r["ms"], "ms"))
-            self.csv.append(("cleanup", "idem_maintain", "", "", "", f"wal_{r['rows']}", r["wal"], "B"))
+        wsum = {}
+        for n in sizes:
+            rs = [r for r in warm if r["rows"] == n]
+            if not rs:
+                continue
+            d = {"ms": med([r["ms"] for r in rs]), "wal": med([r["wal"] for r in rs]),
+                 "ms_min": min(r["ms"] for r in rs), "ms_max": max(r["ms"] for r in rs),
+                 "own_ms": med([r["own_duration_ms"] for r in rs if r.get("own_duration_ms") is not None]),
+                 "left": max(r["expired_left"] for r in rs), "n": len(rs),
+                 "created": sum(r.get("partitions_created") or 0 for r in rs)}
+            wsum[n] = d
+            own = f" (own {d['own_ms']:.1f})" if d["own_ms"] is not None else ""
+            lines.append(f"| idem_maintain(), warm | {n:,} | {d['ms']:,.1f}{own} | "
+                         f"{d['ms_min']:,.1f}–{d['ms_max']:,.1f} | {d['wal'] / 1024:,.1f} | "
+                         f"{mib(rs[-1]['size_before']):.1f} | {mib(rs[-1]['size_after']):.1f} | — | {d['left']:,} |")
+            for r in rs:
+                self.csv.append(("cleanup", "idem_maintain_warm", "", "", r["rep"], f"ms_{n}", r["ms"], "ms"))
+                self.csv.append(("cleanup", "idem_maintain_warm", "", "", r["rep"], f"wal_{n}", r["wal"], "B"))
+        for r in cold:
+            own = f" (own {r['own_duration_ms']:.1f})" if r.get("own_duration_ms") is not None else ""
+            lines.append(f"| idem_maintain(), cold | {r['rows']:,} | {r['ms']:,.1f}{own} | — | "
+                         f"{r['wal'] / 1024:,.1f} | {mib(r['size_before']):.1f} | {mib(r['size_after']):.1f} | — | "
+                         f"{r['expired_left']:,} |")
+            self.csv.append(("cleanup", "idem_maintain_cold", "", "", "", f"ms_{r['rows']}", r["ms"], "ms"))
+            self.csv.append(("cleanup", "idem_maintain_cold", "", "", "", f"wal_{r['rows']}", r["wal"], "B"))
         if c.get("idem_skipped"):
-            lines.append(f"| idem_maintain() | — | {c['idem_skipped']} | | | | | |")
+            lines.append(f"| idem_maintain() | — | {c['idem_skipped']} | | | | | | |")
         lines.append("")
+        if any(d["created"] for d in wsum.values()):
+            lines += ["Note: some warm calls also created a partition (the premade horizon moved "
+                      "during the run); their time and WAL include it.", ""]
         p = c.get("p99", {})
         if p:
-            lines += ["Claim latency (1 client, synchronous_commit off), per round: a run without cleanup, "
-                      "then a run with the cleanup starting 1 s in. The window is the cleanup's duration "
-                      "(at least 1 s); window p99 is over the claims that overlap it.",
+            lines += [f"Claim latency (1 client, synchronous_commit off) with {c.get('p99_rows') or sizes[-1]:,} "
+                      "expired rows, per round: a run without cleanup, then a run with the cleanup "
+                      "starting 1 s in (idem: a fresh session's call, as cron makes it). The window is "
+                      "the cleanup's duration (at least 1 s); window p99 is over the claims that overlap it.",
                       "",
                       "| claims | cleanup | round | txns | p50 ms | p99 ms | max ms | window txns | window p99 ms | window max ms | cleanup ms | claim errors |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -366,35 +601,58 @@ class Report:
                             self.csv.append(("cleanup", key, "off", 1, i, k, r[k], "ms"))
             lines.append("")
         self.md += lines
+        dl = {r["rows"]: r for r in c.get("delete", [])}
+        self.readme += ["### Cleanup of expired claims (idem_maintain(), warm session, median; DELETE once)", "",
+                        "| expired rows | idem_maintain() ms | WAL KiB | DELETE ms | DELETE WAL MiB |",
+                        "|---|---|---|---|---|"] + \
+            [f"| {n:,} | {fmt(wsum.get(n, {}).get('ms'), 1)} | {fmt((wsum.get(n, {}).get('wal') or 0) / 1024, 1)} | "
+             f"{fmt(dl.get(n, {}).get('ms'))} | {fmt(mib(dl.get(n, {}).get('wal')), 1)} |" for n in sizes] + \
+            ([f"| cold first call, {r['rows']:,} | {r['ms']:,.1f} | {r['wal'] / 1024:,.1f} | | |" for r in cold]) + [""]
 
-        names = ("cleanup ≥ 100× faster than DELETE",
-                 "cleanup WAL does not grow with row count",
-                 "claim p99 during cleanup ≤ 2× without")
-        if c.get("idem_skipped") or not c.get("idem"):
-            for n in names:
-                self.target(n, c.get("idem_skipped", "skipped"), None)
+        big_note = "" if sizes[-1] >= 10_000_000 else \
+            f" [measured up to {sizes[-1]:,} rows; the target is stated for 100 k, 1 M and 10 M: run --full]"
+        if c.get("idem_skipped") or not wsum:
+            for k, n in (("clean_time", "Cleanup flat in rows: time"), ("clean_wal", "Cleanup flat in rows: WAL"),
+                         ("clean_delete", "Cleanup ≥ 100× faster than DELETE"),
+                         ("clean_p99", "Claim p99 during cleanup ≤ 1.5× without")):
+                self.target(k, n, c.get("idem_skipped", "skipped"), None)
             return
-        d_big, i_big = c["delete"][-1], c["idem"][-1]
-        i_small = c["idem"][0]
-        if i_big["expired_left"]:
-            self.target(names[0], f"idem_maintain() left {i_big['expired_left']:,} expired rows", False)
-        else:
-            x = d_big["ms"] / max(i_big["ms"], 0.001)
-            self.target(names[0] + f" ({d_big['rows']:,} rows)", f"{x:,.0f}× ({d_big['ms']:,.0f} ms vs {i_big['ms']:,.1f} ms)",
-                        x >= 100)
-        g = i_big["wal"] / max(i_small["wal"], 1)
-        self.target(names[1] + f" ({i_small['rows']:,} → {i_big['rows']:,} rows)",
-                    f"{i_small['wal']:,} → {i_big['wal']:,} B ({g:.1f}×; pass if ≤ 2× for 10× rows)", g <= 2)
+        left = [n for n, d in wsum.items() if d["left"]]
+        ms = [d["ms"] for d in wsum.values()]
+        wal = [d["wal"] for d in wsum.values()]
+        sz = " / ".join(f"{n:,}" for n in wsum)
+        tm = max(ms) / max(min(ms), 0.001)
+        self.target("clean_time", f"Cleanup flat in rows: idem_maintain() time within 1.2× across {sz} rows "
+                    f"(warm session){big_note}",
+                    " / ".join(f"{x:,.1f}" for x in ms) + f" ms (max/min {tm:.2f}×; its own duration_ms, "
+                    "without the commit that unlinks the files: " +
+                    " / ".join(fmt(d["own_ms"], 1) for d in wsum.values()) + "); cold first call: " +
+                    ", ".join(f"{r['ms']:,.1f} ms at {r['rows']:,}" for r in cold) +
+                    (f" — expired rows LEFT at {left}" if left else ""),
+                    tm <= 1.2 and not left)
+        wm = max(wal) / max(min(wal), 1)
+        self.target("clean_wal", f"Cleanup flat in rows: idem_maintain() WAL within 1.2× across {sz} rows{big_note}",
+                    " / ".join(f"{x / 1024:,.1f}" for x in wal) + f" KiB (max/min {wm:.2f}×)", wm <= 1.2)
+        n = max(n for n in wsum if n in dl) if any(n in dl for n in wsum) else None
+        if n:
+            x = dl[n]["ms"] / max(wsum[n]["ms"], 0.001)
+            cold_n = next((r for r in cold if r["rows"] == n), None)
+            extra = f"; cold call {dl[n]['ms'] / max(cold_n['ms'], 0.001):,.0f}×" if cold_n else ""
+            self.target("clean_delete", f"Cleanup ≥ 100× faster than DELETE of the same {n:,} rows{big_note}",
+                        f"{x:,.0f}× ({dl[n]['ms']:,.0f} ms vs {wsum[n]['ms']:,.1f} ms warm{extra})",
+                        x >= 100 and not wsum[n]["left"])
         base, during = p.get("idem_base") or [], p.get("idem_during") or []
         errs = [e for r in during for e in (r.get("client_errors") or [])]
+        name = "Claim p99 during cleanup ≤ 1.5× its p99 without"
         if errs:
-            self.target(names[2], f"claims FAILED while idem_maintain() ran: {errs[0][:160]}", False)
+            self.target("clean_p99", name, f"claims FAILED while idem_maintain() ran: {errs[0][:160]}", False)
         elif base and during:
             b = med([r["p99_ms"] for r in base if r.get("p99_ms") is not None])
             d = med([r["window_p99_ms"] for r in during if r.get("window_p99_ms") is not None])
             if b and d:
                 x = d / b
-                self.target(names[2], f"{d:.2f} ms vs {b:.2f} ms ({x:.2f}×, medians over rounds)", x <= 2)
+                self.target("clean_p99", name, f"{d:.2f} ms vs {b:.2f} ms ({x:.2f}×, medians over rounds)",
+                            x <= 1.5)
         db_, dd = p.get("delete_base") or [], p.get("delete_during") or []
         if db_ and dd:
             b = med([r["p99_ms"] for r in db_ if r.get("p99_ms") is not None])
@@ -403,10 +661,12 @@ class Report:
                 self.summary.setdefault("cleanup_p99_delete_ratio", d / b)
 
     # ---- targets ------------------------------------------------------------------------
-    def target(self, name, measured, ok):
-        self.targets.append({"target": name, "measured": measured,
+    def target(self, key, name, measured, ok):
+        self.targets.append({"key": key, "target": name, "measured": measured,
                              "status": "SKIP" if ok is None else ("PASS" if ok else "MISS")})
 
+    def sort_targets(self):
+        self.targets.sort(key=lambda t: TARGET_ORDER.index(t["key"]) if t["key"] in TARGET_ORDER else 99)
     # ---- SVG ----------------------------------------------------------------------------
     def svg(self):
         summ = self.summary.get("matrix")
@@ -485,7 +745,8 @@ class Report:
     def noise_lines(self):
         """How much other work ran next to the measurements."""
         timed = [r for r in self.raw.get("runs", [])] + [r for r in self.raw.get("scale", [])] + \
-                [r for r in self.raw.get("partitions", [])]
+                [r for r in self.raw.get("partitions", [])] + [r for r in self.raw.get("latency", [])] + \
+                [w for r in self.raw.get("sustained", []) for w in r["windows"]]
         for v in (self.raw.get("cleanup") or {}).get("p99", {}).values():
             timed += v
         timed = [r for r in timed if "foreign_cores" in r]
@@ -530,6 +791,9 @@ class Report:
                  f"- driver: pgbench -n -M prepared -c N -j N (B3/B0c: bench/redis_txn.c, same loop); "
                  f"synchronous_commit set per session.",
                  f"- section times (s): {m.get('section_seconds')}",
+                 f"- duration estimated at the start: {(m.get('estimate_s') or {}).get('total', 0) / 60:.0f} min; "
+                 f"a full run (`--full`) at the rates this run measured: "
+                 f"{(m.get('full_estimate_s') or {}).get('total', 0) / 60:.0f} min",
                  ""]
         if "idem_build" in m and "debug" in str(m["idem_build"]):
             head += ["> **Warning:** the installed idem.so is an unoptimized debug build; its numbers "
@@ -539,10 +803,17 @@ class Report:
             head += [f"> note: {n}", ""]
         for e in self.raw.get("errors", []):
             head += [f"> **ERROR** in section {e['section']}: {e['error'][:800]}", ""]
-        tl = ["## Targets", "", "| target | measured | status |", "|---|---|---|"]
+        tl = ["## Targets (issue 16)", "",
+              "Ratios are from one interleaved run; a MISS states what was measured. "
+              "Sizes below the targets' are flagged in brackets.", "",
+              "| target | measured | status |", "|---|---|---|"]
         for t in self.targets:
             tl.append(f"| {t['target']} | {t['measured']} | **{t['status']}** |")
         tl.append("")
+        if self.readme:
+            tl += ["## Tables for the README", "",
+                   "The README's Performance section shows these (paste them from here after the "
+                   "final run).", ""] + self.readme
         if os.path.exists(os.path.join(self.out, "tps.svg")):
             tl += ["![TPS](tps.svg)", ""]
         md = head + tl + self.md
@@ -581,6 +852,10 @@ class Report:
         for t in self.targets:
             out.append(f"  {t['status']:4s}  {t['target']:<{w}}  {t['measured']}")
         out.append("")
+        full = (m.get("full_estimate_s") or {}).get("total")
+        if full:
+            out.append(f"this run took {m.get('total_seconds', 0) / 60:.1f} min; a full run (--full) would "
+                       f"take about {full / 60:.0f} min on this machine")
         out.append(f"written: {', '.join(os.path.join(self.out, f) for f in ('results.csv', 'results.json', 'report.md', 'tps.svg'))}")
         return out
 
@@ -603,8 +878,9 @@ def esc(s):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
     r = Report(out)
-    for part in (r.matrix, r.wal, r.bytes_, r.scale, r.partitions, r.cleanup):
+    for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.partitions, r.cleanup):
         part()
+    r.sort_targets()
     r.svg()
     r.write()
     r.print()

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # idem's benchmark suite. One command:
 #
-#   bash bench/run.sh            # default run (~20 min on 2 cores)
+#   bash bench/run.sh --full     # the targets' sizes (10 M live keys, cleanup of
+#                                # 10 M rows, 5-minute sustained runs): ~1.5 h on 2 cores
+#   bash bench/run.sh            # default run (1 M live keys; ~1 h on 2 cores)
 #   bash bench/run.sh --smoke    # tiny sizes, < 3 min, proves the script works
-#   bash bench/run.sh --full     # full sizes (10 M live keys; long)
 #   bash bench/run.sh --help     # every option
+# It prints its estimated duration when it starts.
 #
 # Starts its own PostgreSQL 15 cluster (port 5498, unix socket only, under
 # bench/out/cluster), and its own redis-server (unix socket) for variant B3,

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Build the Debian package of idem for Debian's PostgreSQL 15:
-#   bash scripts/package.sh
-#   → target/package/postgresql-15-idem_<version>_amd64.deb
-# Install it with: apt-get install ./target/package/postgresql-15-idem_<version>_amd64.deb
+# Build the Debian package of idem for a Debian-packaged PostgreSQL:
+#   bash scripts/package.sh                 Debian 12's PostgreSQL 15
+#   bash scripts/pg/in-trixie.sh bash scripts/package.sh   Debian 13's 17
+#   → target/package/postgresql-NN-idem_<version>_amd64.deb
+# Install it with: apt-get install ./target/package/postgresql-NN-idem_<version>_amd64.deb
 #
 # `cargo pgrx package` builds the release library and the install script into
-# target/release/idem-pg15/ under the paths pg_config reports; this adds the
+# target/release/idem-pgNN/ (target/pgNN/release/… for NN != 15) under the paths pg_config reports; this adds the
 # hand-written upgrade scripts (sql/idem--*.sql), the documentation and the
 # package metadata, and runs dpkg-deb. The version is Cargo.toml's.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
-[ "$PG_MAJOR" = 15 ] && [ "$PG_DEBIAN" = 1 ] \
-  || { echo "package.sh builds the package for Debian 12's PostgreSQL 15 only (PG_CONFIG=$PG_CONFIG)" >&2; exit 1; }
+[ "$PG_DEBIAN" = 1 ] \
+  || { echo "package.sh builds packages for Debian's own PostgreSQL packages only (PG_CONFIG=$PG_CONFIG is not one)" >&2; exit 1; }
 
 # (awk, not "| head -1": under pipefail a closed pipe would kill the script)
 cargo_field() { awk -F'"' -v k="$1" '$1 == k " = " { print $2; exit }' Cargo.toml; }
@@ -19,22 +20,22 @@ version=$(cargo_field version)
 description=$(cargo_field description)
 license=$(cargo_field license)
 arch=$(dpkg --print-architecture)
-name=postgresql-15-idem
+name=postgresql-$PG_MAJOR-idem
 [ -n "$version" ] || { echo "no version in Cargo.toml" >&2; exit 1; }
 
 pkglibdir=$("$PG_CONFIG" --pkglibdir)
 extdir="$("$PG_CONFIG" --sharedir)/extension"
 
 # A tree left by an earlier version would carry its idem--<old>.sql along.
-rm -rf target/release/idem-pg15
-say "cargo pgrx package (release build, shares target/ with other builds)"
+built="$IDEM_TARGET/release/idem-pg$PG_MAJOR"
+rm -rf "$built"
+say "cargo pgrx package for PostgreSQL $PG_MAJOR (release build, in $IDEM_TARGET)"
 mkdir -p target/package
-if ! cargo pgrx package --pg-config "$PG_CONFIG" > target/package/build.log 2>&1; then
+if ! cargo pgrx package --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" > target/package/build.log 2>&1; then
   grep -E -A8 "^error" target/package/build.log | head -60 >&2
   echo "cargo pgrx package failed (log: target/package/build.log)" >&2
   exit 1
 fi
-built=target/release/idem-pg15
 for f in "$pkglibdir/idem.so" "$extdir/idem.control" "$extdir/idem--$version.sql"; do
   [ -f "$built$f" ] || { echo "cargo pgrx package did not produce $f" >&2; exit 1; }
 done
@@ -88,10 +89,10 @@ Architecture: $arch
 Maintainer: $maintainer
 Section: database
 Priority: optional
-Depends: postgresql-15, libc6 (>= ${glibc:-2.34}), libgcc-s1
+Depends: postgresql-$PG_MAJOR, libc6 (>= ${glibc:-2.34}), libgcc-s1
 Installed-Size: $(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 Description: $description
- idem is a PostgreSQL 15 extension: idempotency keys claimed in the same
+ idem is a PostgreSQL $PG_MAJOR extension: idempotency keys claimed in the same
  transaction as the business write, so that the dedup record and the write
  commit or roll back together, and a duplicate gets the first outcome back.
  After installing: CREATE EXTENSION idem; in each database (superuser), or

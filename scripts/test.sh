@@ -2,11 +2,24 @@
 # The whole test suite, on a fresh Debian 12 machine as root:
 #   bash scripts/test.sh
 # Installs what is missing, builds, starts the private cluster and runs every
-# level: #[pg_test] units, pg_regress, pg_isolation_regress, the pg_cron and
-# rotation scenarios, and a tiny benchmark run. Ends with "N passed, N failed".
+# level on PostgreSQL 15: #[pg_test] units, pg_regress, pg_isolation_regress,
+# every scenario in tests/scenarios/. Then the core of the suite again on
+# PostgreSQL 18 (built from Debian sid's source, cached) and on PostgreSQL
+# 17 in a Debian 13 root (cached), `cargo check` for 16, and pg_upgrade from
+# 15 to 18. Ends with "N passed, N failed".
+#
+#   IDEM_SUITE=core   only the core (what runs on the other majors): pg_regress
+#                     and isolation, the scenarios in CORE_SCENARIOS below
+#   IDEM_MAJORS="16 17 18" (default) / "" : which other majors a full run covers
 # Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/test.sh
 # (see lib.sh; its own cluster, port and target/pgNN/test-out).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+IDEM_SUITE="${IDEM_SUITE:-full}"
+IDEM_MAJORS="${IDEM_MAJORS-16 17 18}"
+# The core: both storage paths' suites (storage_sql), the hardening matrix
+# (environments, encodings, catalog_events, two_phase), the upgrade from
+# every shipped version, and the stress scenario at the suite's size.
+CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress)
 
 bash "$ROOT/scripts/setup.sh"
 bash "$ROOT/scripts/cluster.sh" start
@@ -68,21 +81,74 @@ run_suite isolation "$PGXS_TEST/isolation/pg_isolation_regress" idem_isolation "
 for t in "$ROOT"/tests/scenarios/*.sh; do
   [ -e "$t" ] || continue
   name=$(basename "$t" .sh)
+  if [ "$IDEM_SUITE" = core ] && ! printf '%s\n' "${CORE_SCENARIOS[@]}" | grep -qx "$name"; then continue; fi
   say "scenario: $name"
   if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok"
   else record "scenario/$name" 1; tail -30 "$OUT/scenario-$name.log"; fi
 done
 
-say "#[pg_test] units (cargo pgrx test)"
-PGRX_DATA="$(cluster_dir)/pgrx-test"
-mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
-if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
-grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
-while read -r line; do
-  name=$(echo "$line" | awk '{print $2}')
-  if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
-done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
-grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+# Another major's run of this script (IDEM_SUITE=core): its tests count
+# here as pgNN/<test>.
+run_major() { # label command...
+  local label=$1 log="$OUT/$1.log"
+  shift
+  local t0=$SECONDS
+  "$@" > "$log" 2>&1 || true
+  local summary
+  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1 || true)
+  if [ -z "$summary" ]; then
+    record "$label/suite" 1; tail -40 "$log"; return
+  fi
+  local n_passed=${summary%% passed*}
+  passed=$((passed + n_passed))
+  while read -r f; do record "$label/$f" 1; done < <(sed -n 's/^failed: //p' "$log")
+  echo "$label: $summary ($((SECONDS - t0)) s; log: $log)"
+}
+
+if [ "$IDEM_SUITE" = full ]; then
+  say "#[pg_test] units (cargo pgrx test)"
+  PGRX_DATA="$(cluster_dir)/pgrx-test"
+  mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
+  if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+  grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
+  while read -r line; do
+    name=$(echo "$line" | awk '{print $2}')
+    if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+  done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
+  grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+  # (cargo pgrx test installed a build with the test functions: put the
+  # plain build back for whatever runs next.)
+  bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
+
+  for major in $IDEM_MAJORS; do
+    case "$major" in
+      18)
+        say "PostgreSQL 18: the core suite (scripts/pg/pg18.sh builds it once, cached)"
+        pg18=$(bash "$ROOT/scripts/pg/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; continue; }
+        run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+        say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
+        if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
+          record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
+        else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
+        ;;
+      17)
+        say "PostgreSQL 17 on Debian 13: the core suite (scripts/pg/trixie.sh makes the root once, cached)"
+        bash "$ROOT/scripts/pg/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; continue; }
+        run_major pg17 bash "$ROOT/scripts/pg/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+        bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
+        ;;
+      16)
+        say "PostgreSQL 16: cargo check (no server is reachable; headers from scripts/pg/pg16-headers.sh)"
+        if pg16=$(bash "$ROOT/scripts/pg/pg16-headers.sh" 2> "$OUT/pg16-headers.log") &&
+           (cd "$ROOT" && PGRX_PG_CONFIG_PATH="$pg16" CARGO_TARGET_DIR="$ROOT/target/pg16" \
+              cargo check --no-default-features --features pg16) > "$OUT/pg16-check.log" 2>&1 &&
+           ! grep -q "^warning" "$OUT/pg16-check.log"; then
+          record "pg16/cargo_check" 0; echo ok
+        else record "pg16/cargo_check" 1; tail -30 "$OUT/pg16-check.log"; fi
+        ;;
+    esac
+  done
+fi
 
 echo
 if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi

@@ -5,12 +5,32 @@
 -- schema equals a fresh 0.3.0 install's.
 \echo Use "ALTER EXTENSION idem UPDATE TO '0.3.0'" to load this file. \quit
 
+-- This update alters idem.claims and its partitions (replica identity) and
+-- idem.biz_types. Claims lock idem.claims and its partitions before they
+-- read idem.biz_types: take the locks in that order too, so that the update
+-- waits for claims in progress instead of deadlocking with one of them.
+LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+
 -- storage.sql ---------------------------------------------------------------
 
 
 -- Business types may be reserved for the members of a role (idem_set_owner).
 ALTER TABLE idem.biz_types ADD COLUMN owner regrole;
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims (idem_configure) and the role whose members alone may use it (idem_set_owner).';
+
+-- Logical replication: updates and deletes of claims carry the whole old
+-- row (no column set identifies a claim), on every partition, including
+-- those 0.2.0's maintenance made.
+ALTER TABLE idem.claims REPLICA IDENTITY FULL;
+DO $$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT inhrelid::regclass AS rel FROM pg_inherits WHERE inhparent = 'idem.claims'::regclass LOOP
+        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
+    END LOOP;
+END
+$$;
 
 -- Partition bounds read in binary, for the views and maintenance.
 CREATE FUNCTION idem.partition_from(partition regclass) RETURNS timestamptz
@@ -59,10 +79,326 @@ SELECT c.oid::regclass AS partition,
   JOIN pg_class c ON c.oid = h.inhrelid
  WHERE h.inhparent = 'idem.claims'::regclass;
 
+-- The maintenance reports stay local: a logical subscriber discards the
+-- publisher's (their run_ids would collide with its own).
+CREATE FUNCTION idem.discard_replicated() RETURNS trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+    AS $$ BEGIN RETURN NULL; END $$;
+COMMENT ON FUNCTION idem.discard_replicated() IS 'Trigger that discards a row change (enabled for replication only on idem.maintenance_runs: the reports stay local).';
+CREATE TRIGGER local_only BEFORE INSERT OR UPDATE OR DELETE ON idem.maintenance_runs
+    FOR EACH ROW EXECUTE FUNCTION idem.discard_replicated();
+ALTER TABLE idem.maintenance_runs ENABLE REPLICA TRIGGER local_only;
+
 -- Maintenance writes bounds into DDL in one fixed style, whatever the
--- calling session's settings.
-ALTER FUNCTION idem_maintain()
+-- calling session's settings; it gives every partition REPLICA IDENTITY
+-- FULL, moves claims out of the default partition through idem.claims once
+-- their partition is attached, and warns of publications that need a change.
+CREATE OR REPLACE FUNCTION idem_maintain() RETURNS jsonb
+    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
     SET DateStyle = 'ISO, YMD'
     SET TimeZone = 'UTC'
     SET IntervalStyle = 'postgres'
-    SET timezone_abbreviations = 'Default';
+    SET timezone_abbreviations = 'Default'
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    started     timestamptz := clock_timestamp();
+    t_now       timestamptz;
+    width       interval := idem.setting_interval('idem.partition_width', '1 day');
+    lock_wait   interval := idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds');
+    retries     int := coalesce(nullif(current_setting('idem.maintenance_lock_retries', true), '')::int, 20);
+    limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 32);
+    max_ttl     interval;
+    horizon     timestamptz;
+    cur         timestamptz;
+    nxt         timestamptz;
+    w_us        numeric;
+    made        text[] := '{}';
+    dropped     text[] := '{}';
+    skipped     text[] := '{}';
+    rows_dropped bigint := 0;
+    moved       bigint := 0;
+    expired_default bigint := 0;
+    locked      boolean := false;
+    expired_in_default boolean := false;
+    los         timestamptz[] := '{}';
+    his         timestamptz[] := '{}';
+    old_lock_timeout text := current_setting('lock_timeout');
+    attempt     int := 0;
+    p           record;
+    n           bigint;
+    report      jsonb;
+    distributed boolean := false;
+    to_move     boolean := false;
+    replica_fixed text[] := '{}';
+    pub_problems jsonb;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- Moving claims out of the default partition must see every
+        -- committed claim, which an older snapshot would not.
+        RAISE EXCEPTION 'idem: idem_maintain must run in a READ COMMITTED transaction'
+            USING ERRCODE = '55000';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(18756, 1) THEN
+        RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';
+        RETURN jsonb_build_object('skipped', 'another idem_maintain() is running');
+    END IF;
+    IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
+        RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
+            USING ERRCODE = '22023';
+    END IF;
+    w_us := extract(epoch FROM width) * 1000000;
+
+    -- The longest TTL a coming claim can get without a per-call override.
+    SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
+      INTO max_ttl FROM idem.biz_types;
+
+    -- A Citus-distributed idem.claims (idem_distribute, docs/scaling.md):
+    -- its partitions are made and dropped through Citus, on every worker.
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
+           INTO distributed USING 'idem.claims'::regclass;
+    END IF;
+    IF distributed THEN
+        t_now := clock_timestamp();
+        EXECUTE 'SELECT pg_catalog.create_time_partitions($1, $2, $3)'
+          USING 'idem.claims'::regclass, width, t_now + max_ttl + width;
+        FOR p IN EXECUTE 'SELECT partition::regclass AS rel FROM pg_catalog.time_partitions
+                           WHERE parent_table = $1 AND to_value::timestamptz <= $2'
+                   USING 'idem.claims'::regclass, t_now LOOP
+            EXECUTE format('DROP TABLE %s', p.rel);
+            dropped := dropped || p.rel::text;
+        END LOOP;
+        DELETE FROM idem.tokens WHERE expires_at <= t_now;
+        report := jsonb_build_object(
+            'citus', true,
+            'partitions_until', t_now + max_ttl + width,
+            'partitions_dropped', to_jsonb(dropped),
+            'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+        INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+        DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
+        RETURN report;
+    END IF;
+
+    -- Decide the work, and prepare the new partitions as standalone tables
+    -- (index and range CHECK included, so that attaching them neither builds
+    -- nor scans anything), all before taking the lock claims would queue on.
+    t_now := clock_timestamp();
+    horizon := t_now + max_ttl + width;
+    SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
+      INTO cur FROM idem.partition_bounds WHERE NOT is_default;
+    WHILE cur < horizon AND coalesce(array_length(made, 1), 0) < limit_parts LOOP
+        nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
+        EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+                          CONSTRAINT range CHECK (expires_at >= %L AND expires_at < %L))',
+                       idem.partition_name(cur), cur, nxt);
+        EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', idem.partition_name(cur));
+        EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', idem.partition_name(cur));
+        made := made || idem.partition_name(cur);
+        los := los || cur;
+        his := his || nxt;
+        cur := nxt;
+    END LOOP;
+
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
+    END IF;
+    IF cardinality(made) > 0
+       OR to_regclass('idem.claims_default') IS NULL
+       OR expired_in_default
+       OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
+       OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
+                   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass))
+    THEN
+        -- Every change to the partition set locks idem.claims against claims
+        -- (see design.md). Wait for the lock only briefly, so that claims
+        -- queued behind the request are not held up, and try again a little
+        -- later rather than queue behind a long transaction.
+        LOOP
+            attempt := attempt + 1;
+            BEGIN
+                IF lock_wait = interval '0' THEN
+                    -- never queue: claims never wait behind us, but under
+                    -- constant load the lock may never come free
+                    LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE NOWAIT;
+                ELSE
+                    PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms', true);
+                    LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+                END IF;
+                locked := true;
+            EXCEPTION WHEN lock_not_available THEN
+                locked := false;
+            END;
+            EXIT WHEN locked OR attempt >= retries;
+            PERFORM pg_sleep(least(0.01 * attempt * attempt, 1.0));
+        END LOOP;
+        PERFORM set_config('lock_timeout', old_lock_timeout, true);
+        IF NOT locked THEN
+            RAISE NOTICE 'idem_maintain: idem.claims stayed locked by other transactions through % attempts; nothing changed, the next run catches up', attempt;
+            skipped := skipped || 'lock on idem.claims not available'::text;
+            -- The prepared tables go with this transaction's rollback of them.
+            FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+                EXECUTE format('DROP TABLE idem.%I', made[i]);
+            END LOOP;
+            made := '{}';
+        END IF;
+    END IF;
+
+    IF locked THEN
+        t_now := clock_timestamp();
+        -- Someone dropped the default partition: claims beyond the premade
+        -- ranges need it back.
+        IF to_regclass('idem.claims_default') IS NULL THEN
+            CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+            CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+            ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
+        END IF;
+        -- Every partition carries whole old rows in its updates and deletes
+        -- (sql/storage.sql): also those made by hand, restored from a dump
+        -- of an older version, or altered since.
+        FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
+                   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
+            EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
+            replica_fixed := replica_fixed || p.rel::text;
+        END LOOP;
+        -- Drop partitions whose range is over: every row in them has expired.
+        FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
+                  WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
+            SELECT greatest(c.reltuples::bigint, 0) INTO n FROM pg_class c WHERE c.oid = p.partition;
+            EXECUTE format('DROP TABLE %s', p.partition);
+            dropped := dropped || p.name;
+            rows_dropped := rows_dropped + n;
+        END LOOP;
+
+        -- Claims in the default partition that expired before any partition
+        -- covered them (maintenance was late): the only rows deleted one by one.
+        EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
+        GET DIAGNOSTICS expired_default = ROW_COUNT;
+
+        -- Attach the prepared partitions, and move in the claims the default
+        -- partition holds for their ranges. ATTACH refuses while the default
+        -- partition holds rows of the new range, so they wait in a temporary
+        -- table, and go in through idem.claims once the partitions are
+        -- attached: a row written into a table that is not a partition yet
+        -- would reach a logical subscriber under that table's own name (or
+        -- not at all), not as a row of idem.claims.
+        IF cardinality(made) > 0 THEN
+            EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2)'
+               INTO to_move USING los[1], his[cardinality(made)];
+        END IF;
+        IF to_move THEN
+            CREATE TEMPORARY TABLE idem_maintain_moving (LIKE idem.claims);
+            EXECUTE 'WITH m AS (DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)
+                     INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM m' USING los[1], his[cardinality(made)];
+        END IF;
+        FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
+                           made[i], los[i], his[i]);
+        END LOOP;
+        IF to_move THEN
+            EXECUTE 'INSERT INTO idem.claims SELECT * FROM pg_temp.idem_maintain_moving';
+            GET DIAGNOSTICS moved = ROW_COUNT;
+            DROP TABLE pg_temp.idem_maintain_moving;
+        END IF;
+    END IF;
+
+    -- Spent and expired one-time tokens (a small table: row by row is fine).
+    DELETE FROM idem.tokens WHERE expires_at <= t_now;
+
+    -- Publications that would stop a logical subscriber or lose updates of
+    -- claims on it (docs/operations.md, Logical replication and CDC).
+    IF EXISTS (SELECT 1 FROM pg_publication) THEN
+        SELECT jsonb_agg(jsonb_build_object('publication', r.publication, 'problem', r.problem) ORDER BY r.publication, r.problem)
+          INTO pub_problems FROM idem.publication_problems() r;
+    END IF;
+    IF pub_problems IS NOT NULL THEN
+        RAISE WARNING 'idem_maintain: publications that include idem''s tables need a change: %', pub_problems
+            USING HINT = 'See the view idem_publications, and docs/operations.md, "Logical replication and CDC".';
+    END IF;
+
+    report := jsonb_build_object(
+        'partitions_created', to_jsonb(made),
+        'partitions_dropped', to_jsonb(dropped),
+        'rows_removed', rows_dropped + expired_default,
+        'rows_in_dropped_partitions_estimate', rows_dropped,
+        'expired_rows_deleted_from_default', expired_default,
+        'rows_moved_from_default', moved,
+        'lock_attempts', attempt,
+        'skipped', CASE WHEN cardinality(skipped) > 0 THEN to_jsonb(skipped) END,
+        'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
+        'publication_problems', pub_problems,
+        'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+    INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+    DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
+    RETURN report;
+END
+$fn$;
+
+-- replication.sql -----------------------------------------------------------
+
+-- One row per problem, none when every publication is fine. idem_maintain
+-- raises a WARNING with these, the view idem_publications lists them.
+-- SECURITY DEFINER: it reads idem.partition_bounds, and a monitoring role
+-- granted SELECT on idem_publications needs nothing in schema idem. It
+-- reads catalogs only, and shows what pg_publication_tables shows anyone.
+CREATE FUNCTION idem.publication_problems() RETURNS TABLE (publication name, problem text)
+    STABLE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+WITH published AS (
+    -- the tables of schema idem each publication publishes, as a subscriber
+    -- sees them (with publish_via_partition_root, idem.claims itself;
+    -- without, its partitions)
+    SELECT p.pubname, p.pubupdate, p.pubdelete, c.oid AS relid, c.relname, t.attnames,
+           c.oid IN (SELECT partition FROM idem.partition_bounds) AS is_partition
+      FROM pg_publication p
+      JOIN pg_publication_tables t ON t.pubname = p.pubname AND t.schemaname = 'idem'
+      JOIN pg_class c ON c.relname = t.tablename AND c.relnamespace = 'idem'::regnamespace
+), claims AS (
+    SELECT DISTINCT pubname, pubupdate, pubdelete FROM published
+     WHERE relid = 'idem.claims'::regclass OR is_partition
+)
+SELECT pubname, 'publishes the partitions of idem.claims under their own names (publish_via_partition_root = false): '
+                || 'a subscriber lacks the partitions idem_maintain makes later, and its apply worker stops or skips their rows. '
+                || format('Fix: ALTER PUBLICATION %I SET (publish_via_partition_root = true)', pubname)
+                || ', then ALTER SUBSCRIPTION ... REFRESH PUBLICATION on each subscriber'
+  FROM published WHERE is_partition GROUP BY pubname
+UNION ALL
+SELECT cl.pubname, format('%s has no REPLICA IDENTITY FULL: the SQL path cannot update or delete its claims, '
+                          || 'and the direct path''s updates reach subscribers unmatched. Fix: SELECT idem_maintain()', r.oid::regclass)
+  FROM claims cl
+  JOIN pg_class r ON r.relreplident <> 'f'
+                 AND r.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass)
+ WHERE cl.pubupdate OR cl.pubdelete
+UNION ALL
+SELECT cl.pubname, 'publishes idem.claims without '
+                   || CASE WHEN NOT cl.pubupdate AND NOT cl.pubdelete THEN 'updates and deletes'
+                           WHEN NOT cl.pubupdate THEN 'updates' ELSE 'deletes' END
+                   || ': on a subscriber, finished claims stay unfinished, or forgotten and moved ones stay'
+  FROM claims cl
+ WHERE NOT (cl.pubupdate AND cl.pubdelete)
+UNION ALL
+SELECT pb.pubname, format('publishes only some columns of idem.%I (a column list): subscribers get incomplete rows, '
+                          || 'and updates and deletes of a table whose replica identity is not covered are refused', pb.relname)
+  FROM published pb
+ WHERE pb.attnames IS NOT NULL
+   AND cardinality(pb.attnames) < (SELECT count(*) FROM pg_attribute a
+                                    WHERE a.attrelid = pb.relid AND a.attnum > 0 AND NOT a.attisdropped)
+$fn$;
+COMMENT ON FUNCTION idem.publication_problems() IS
+'Problems of the publications that include tables of schema idem: one row per problem, none when all is well.';
+
+CREATE VIEW idem_publications AS
+SELECT p.pubname AS publication,
+       p.puballtables AS all_tables,
+       p.pubviaroot AS via_root,
+       array_to_string(ARRAY[CASE WHEN p.pubinsert THEN 'insert' END, CASE WHEN p.pubupdate THEN 'update' END,
+                             CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END], ', ') AS publishes,
+       (SELECT array_agg(format('%I.%I', t.schemaname, t.tablename) ORDER BY t.tablename)
+          FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = 'idem') AS tables,
+       coalesce((SELECT array_agg(r.problem ORDER BY r.problem) FROM idem.publication_problems() r
+                  WHERE r.publication = p.pubname), '{}') AS problems
+  FROM pg_publication p
+ WHERE EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = 'idem')
+ ORDER BY 1;
+COMMENT ON VIEW idem_publications IS
+'Publications that include tables of schema idem: what they publish, which idem tables, and what would stop a subscriber or lose claim updates there (problems; empty when fine).';

@@ -11,6 +11,20 @@ CREATE TABLE idem.maintenance_runs (
 );
 COMMENT ON TABLE idem.maintenance_runs IS 'Reports of the last 100 idem_maintain() runs.';
 
+-- The reports are this server's own. A FOR ALL TABLES publication cannot
+-- leave the table out, and a subscriber's own runs would collide with the
+-- publisher's on run_id and stop its apply worker: this trigger, enabled for
+-- replication only (session_replication_role = replica, as in logical
+-- replication workers), discards every row change replicated into the table
+-- (docs/design.md §12).
+CREATE FUNCTION idem.discard_replicated() RETURNS trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+    AS $$ BEGIN RETURN NULL; END $$;
+COMMENT ON FUNCTION idem.discard_replicated() IS 'Trigger that discards a row change (enabled for replication only on idem.maintenance_runs: the reports stay local).';
+CREATE TRIGGER local_only BEFORE INSERT OR UPDATE OR DELETE ON idem.maintenance_runs
+    FOR EACH ROW EXECUTE FUNCTION idem.discard_replicated();
+ALTER TABLE idem.maintenance_runs ENABLE REPLICA TRIGGER local_only;
+
 -- The settings maintenance reads, with their defaults when unset.
 CREATE FUNCTION idem.setting_interval(name text, fallback interval) RETURNS interval
     STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp SET IntervalStyle = 'postgres'
@@ -253,6 +267,9 @@ DECLARE
     p           record;
     n           bigint;
     report      jsonb;
+    to_move     boolean := false;
+    replica_fixed text[] := '{}';
+    pub_problems jsonb;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- Moving claims out of the default partition must see every
@@ -298,6 +315,7 @@ BEGIN
                           CONSTRAINT range CHECK (expires_at >= %L AND expires_at < %L))',
                        idem.partition_name(cur), cur, nxt);
         EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', idem.partition_name(cur));
+        EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', idem.partition_name(cur));
         made := made || idem.partition_name(cur);
         los := los || cur;
         his := his || nxt;
@@ -312,6 +330,8 @@ BEGIN
        OR to_regclass('idem.claims_default') IS NULL
        OR expired_in_default
        OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
+       OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
+                   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass))
     THEN
         -- Every change to the partition set locks idem.claims against claims
         -- (see design.md). Wait for the lock only briefly, so that claims
@@ -354,7 +374,16 @@ BEGIN
         IF to_regclass('idem.claims_default') IS NULL THEN
             CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
             CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+            ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
         END IF;
+        -- Every partition carries whole old rows in its updates and deletes
+        -- (sql/storage.sql): also those made by hand, restored from a dump
+        -- of an older version, or altered since.
+        FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
+                   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
+            EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
+            replica_fixed := replica_fixed || p.rel::text;
+        END LOOP;
         -- Drop partitions whose range is over: every row in them has expired.
         FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
                   WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
@@ -369,21 +398,46 @@ BEGIN
         EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
         GET DIAGNOSTICS expired_default = ROW_COUNT;
 
-        -- Attach the prepared partitions, moving in the claims the default
-        -- partition holds for their range.
+        -- Attach the prepared partitions, and move in the claims the default
+        -- partition holds for their ranges. ATTACH refuses while the default
+        -- partition holds rows of the new range, so they wait in a temporary
+        -- table, and go in through idem.claims once the partitions are
+        -- attached: a row written into a table that is not a partition yet
+        -- would reach a logical subscriber under that table's own name (or
+        -- not at all), not as a row of idem.claims.
+        IF cardinality(made) > 0 THEN
+            EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2)'
+               INTO to_move USING los[1], his[cardinality(made)];
+        END IF;
+        IF to_move THEN
+            CREATE TEMPORARY TABLE idem_maintain_moving (LIKE idem.claims);
+            EXECUTE 'WITH m AS (DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)
+                     INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM m' USING los[1], his[cardinality(made)];
+        END IF;
         FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
-            EXECUTE format($q$WITH m AS (DELETE FROM idem.claims_default
-                                           WHERE expires_at >= %L AND expires_at < %L RETURNING *)
-                              INSERT INTO idem.%I SELECT * FROM m$q$, los[i], his[i], made[i]);
-            GET DIAGNOSTICS n = ROW_COUNT;
-            moved := moved + n;
             EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
                            made[i], los[i], his[i]);
         END LOOP;
+        IF to_move THEN
+            EXECUTE 'INSERT INTO idem.claims SELECT * FROM pg_temp.idem_maintain_moving';
+            GET DIAGNOSTICS moved = ROW_COUNT;
+            DROP TABLE pg_temp.idem_maintain_moving;
+        END IF;
     END IF;
 
     -- Spent and expired one-time tokens (a small table: row by row is fine).
     DELETE FROM idem.tokens WHERE expires_at <= t_now;
+
+    -- Publications that would stop a logical subscriber or lose updates of
+    -- claims on it (docs/operations.md, Logical replication and CDC).
+    IF EXISTS (SELECT 1 FROM pg_publication) THEN
+        SELECT jsonb_agg(jsonb_build_object('publication', r.publication, 'problem', r.problem) ORDER BY r.publication, r.problem)
+          INTO pub_problems FROM idem.publication_problems() r;
+    END IF;
+    IF pub_problems IS NOT NULL THEN
+        RAISE WARNING 'idem_maintain: publications that include idem''s tables need a change: %', pub_problems
+            USING HINT = 'See the view idem_publications, and docs/operations.md, "Logical replication and CDC".';
+    END IF;
 
     report := jsonb_build_object(
         'partitions_created', to_jsonb(made),
@@ -394,6 +448,8 @@ BEGIN
         'rows_moved_from_default', moved,
         'lock_attempts', attempt,
         'skipped', CASE WHEN cardinality(skipped) > 0 THEN to_jsonb(skipped) END,
+        'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
+        'publication_problems', pub_problems,
         'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
     INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
     DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);

@@ -39,10 +39,17 @@ CREATE TABLE idem.claims (
     result      jsonb
 ) PARTITION BY RANGE (expires_at);
 COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
+-- Logical replication (docs/design.md §12): no column set identifies a
+-- row (the index is a non-unique digest), so an UPDATE or DELETE carries the
+-- whole old row. idem.claims, its default partition and every partition
+-- idem_maintain makes have it; without it a publication refuses the SQL
+-- path's updates, and the direct path's would reach subscribers unmatched.
+ALTER TABLE idem.claims REPLICA IDENTITY FULL;
 
 -- Catches claims whose expiry no partition covers yet (maintenance late or
 -- never run, or a TTL past the premade horizon); idem_maintain moves them out.
 CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
 
 -- Every partition has exactly one index, on the digest; idem_maintain creates
 -- it with the partition. Not unique: an expired row of a key may share a

@@ -53,6 +53,11 @@ pub struct PartitionList {
     /// The partitioned table listed: idem.claims, or a shard of it.
     pub parent: pg_sys::Oid,
     pub parts: Vec<Partition>,
+    /// idem.claims or a partition whose updates and deletes a publication
+    /// would refuse (docs/design.md §12), and why: writers on the direct
+    /// path refuse before writing anything, as the executor would refuse
+    /// the SQL path's UPDATE.
+    pub unreplicable: Option<(pg_sys::Oid, &'static str)>,
     /// Holds what the entries point to outside Rust (IndexInfos).
     mcx: pg_sys::MemoryContext,
 }
@@ -216,6 +221,21 @@ pub fn claims_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.claims, c"claims")
 }
 
+/// Open and lock idem.claims. The cached OID may name a table that a
+/// concurrent DROP EXTENSION dropped while we waited for its lock (taking
+/// the lock processes the invalidation, which drops the cache): then look
+/// the name up again, which finds the new table, or reports that the
+/// extension is gone (55000) — never XX000 for a vanished OID.
+pub fn open_claims(lockmode: pg_sys::LOCKMODE) -> pg_sys::Relation {
+    loop {
+        let rel = unsafe { pg_sys::try_table_open(claims_oid(), lockmode) };
+        if !rel.is_null() {
+            return rel;
+        }
+        with_cache(reset);
+    }
+}
+
 pub fn biz_types_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.biz_types, c"biz_types")
 }
@@ -257,16 +277,20 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
         )
     };
     // Owns mcx from here on, also if loading fails.
-    let mut list = PartitionList { parent, parts: Vec::new(), mcx };
+    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, mcx };
     unsafe {
         let rel = pg_sys::table_open(parent, pg_sys::AccessShareLock as _);
+        list.unreplicable = replication_gap(rel).map(|why| (parent, why));
         // Detached-pending partitions included: their rows still count.
         let desc = pg_sys::RelationGetPartitionDesc(rel, false);
         for i in 0..(*desc).nparts as usize {
             let relid = *(*desc).oids.add(i);
             let range = partition_range(relid)
                 .unwrap_or_else(|| internal(format!("partition {} of idem.claims has no bound", relid.to_u32())));
-            let index = check_shape(relid);
+            let (index, gap) = check_shape(relid);
+            if list.unreplicable.is_none() {
+                list.unreplicable = gap.map(|why| (relid, why));
+            }
             list.parts.push(Partition {
                 relid,
                 index,
@@ -317,6 +341,9 @@ pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
 
 /// The one value of a range bound list (idem.claims has one partition
 /// column): MINVALUE and MAXVALUE as the ends of the timestamp line.
+///
+/// # Safety
+/// `list` is a bound list of a PartitionBoundSpec from `stringToNode`.
 unsafe fn range_datum(list: *mut pg_sys::List) -> i64 {
     unsafe {
         if list.is_null() || (*list).length != 1 {
@@ -368,10 +395,51 @@ fn relation_name(relid: pg_sys::Oid) -> String {
     }
 }
 
+/// Why a publication would refuse (or lose) updates and deletes of `rel`,
+/// by the executor's own rule (CheckCmdReplicaIdentity): published for
+/// them, it needs a replica identity (idem's tables have no key: FULL), and
+/// a column list must cover it. None when nothing publishes its changes.
+///
+/// # Safety
+/// `rel` is open.
+unsafe fn replication_gap(rel: pg_sys::Relation) -> Option<&'static str> {
+    unsafe {
+        let mut desc = pg_sys::PublicationDesc::default();
+        pg_sys::RelationBuildPublicationDesc(rel, &mut desc);
+        let a = desc.pubactions;
+        if !(a.pubupdate || a.pubdelete) {
+            None
+        } else if (*(*rel).rd_rel).relreplident as u8 != pg_sys::REPLICA_IDENTITY_FULL {
+            Some("has no REPLICA IDENTITY FULL")
+        } else if (a.pubupdate && !(desc.cols_valid_for_update && desc.rf_valid_for_update))
+            || (a.pubdelete && !(desc.cols_valid_for_delete && desc.rf_valid_for_delete))
+        {
+            Some("is published with a column list that leaves out some of its columns")
+        } else {
+            None
+        }
+    }
+}
+
+/// Refuse a write on the direct path, before anything is written, if a
+/// publication would refuse or lose its updates (the SQL path's UPDATE is
+/// refused by the executor itself).
+pub fn check_replicable(list: &PartitionList) {
+    if let Some((relid, why)) = list.unreplicable {
+        let name = if relid == claims_oid() { "idem.claims".to_string() } else { relation_name(relid) };
+        IdemError::ObjectNotInPrerequisiteState(
+            format!("{name} {why}, and a publication includes it: its updates and deletes would not replicate"),
+            Some("Run SELECT idem_maintain(): it sets REPLICA IDENTITY FULL on idem.claims and every partition. Publish idem.claims without a column list. See the view idem_publications.".into()),
+        )
+        .fail()
+    }
+}
+
 /// Check that a partition has the columns and the one digest index idem
 /// writes to (a column added by hand would make the direct path form
-/// tuples of the wrong shape); return the index's OID.
-fn check_shape(relid: pg_sys::Oid) -> pg_sys::Oid {
+/// tuples of the wrong shape); return the index's OID, and what
+/// `replication_gap` says of the partition.
+fn check_shape(relid: pg_sys::Oid) -> (pg_sys::Oid, Option<&'static str>) {
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let desc = (*rel).rd_att;
@@ -408,6 +476,7 @@ fn check_shape(relid: pg_sys::Oid) -> pg_sys::Oid {
             }
             && pg_sys::RelationGetIndexPredicate(index).is_null();
         let valid = (*ix).indisvalid && (*ix).indisready;
+        let gap = replication_gap(rel);
         pg_sys::index_close(index, pg_sys::NoLock as _);
         pg_sys::table_close(rel, pg_sys::NoLock as _);
         if !digest {
@@ -422,7 +491,7 @@ fn check_shape(relid: pg_sys::Oid) -> pg_sys::Oid {
                 "has its digest index marked invalid (an interrupted REINDEX CONCURRENTLY?)".into(),
             );
         }
-        index_oid
+        (index_oid, gap)
     }
 }
 

@@ -111,8 +111,10 @@ impl Args {
     /// A composite result of the type the function was declared to return;
     /// its descriptor is looked up once per call site (kept in fn_extra).
     pub fn composite(&self, values: &mut [pg_sys::Datum], nulls: &mut [bool]) -> pg_sys::Datum {
+        let desc = self.result_tupdesc();
+        // SAFETY: values and nulls have as many entries as desc has
+        // attributes (checked just below).
         unsafe {
-            let desc = self.result_tupdesc();
             if (*desc).natts as usize != values.len() {
                 crate::errors::internal("the SQL result type does not match the C function");
             }
@@ -121,7 +123,9 @@ impl Args {
         }
     }
 
-    unsafe fn result_tupdesc(&self) -> pg_sys::TupleDesc {
+    fn result_tupdesc(&self) -> pg_sys::TupleDesc {
+        // SAFETY: `Args` holds the live call record (see `entry`); fn_extra
+        // is ours to keep per call site, in fn_mcxt.
         unsafe {
             let flinfo = (*self.0).flinfo;
             if (*flinfo).fn_extra.is_null() {

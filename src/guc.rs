@@ -43,8 +43,8 @@ pub fn init() {
             &DEFAULT_TTL,
             GucContext::Userset,
             GucFlags::default(),
-            Some(check_ttl),
-            None,
+            Some(check_default_ttl),
+            Some(assign_default_ttl),
             None,
         );
         GucRegistry::define_string_guc_with_hooks(
@@ -193,6 +193,10 @@ pub fn parse_interval(text: &std::ffi::CStr) -> Option<pg_sys::Interval> {
 }
 
 /// A check hook: the value must be an interval within [min_us, max_us].
+///
+/// # Safety
+/// `newval` is the check hook's argument: a pointer to a NUL-terminated
+/// string or to NULL.
 unsafe fn check_interval(
     newval: *mut *mut std::ffi::c_char,
     min_us: i128,
@@ -227,25 +231,30 @@ macro_rules! interval_check_hook {
     };
 }
 
-interval_check_hook!(check_ttl, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.");
 interval_check_hook!(check_width, 100_000, MAX_TTL_US, c"It must be an interval from 100 milliseconds to 400 days.");
 interval_check_hook!(check_lock_timeout, 0, 3_600_000_000, c"It must be an interval from 0 (NOWAIT) to 1 hour.");
 
-/// The last idem.default_ttl parsed, and its value in microseconds.
-static DEFAULT_TTL_PARSED: BackendLocal<Option<(CString, i64)>> = BackendLocal::new(None);
+/// idem.default_ttl in microseconds, as the check hook parsed it and the
+/// assign hook installed it: PostgreSQL runs them whenever the value
+/// changes (SET, SET LOCAL and its rollback, RESET, a reload), so a claim
+/// reads a number, not the setting's text.
+static DEFAULT_TTL_US: BackendLocal<i64> = BackendLocal::new(86_400_000_000);
 
-/// idem.default_ttl in microseconds (parsed once per distinct value).
 pub fn default_ttl_us() -> i64 {
-    let raw = DEFAULT_TTL.get().unwrap_or_else(|| c"24 hours".into());
-    if let Some(us) = DEFAULT_TTL_PARSED.with(|p| p.as_ref().filter(|(s, _)| *s == raw).map(|(_, us)| *us)) {
-        return us;
-    }
-    // The check hook has vetted the value; a placeholder set before the
-    // library was loaded was vetted when the library defined the GUC.
-    let iv = parse_interval(&raw).unwrap_or_else(|| invalid("idem.default_ttl is not a valid interval"));
-    let us = checked_ttl(&iv, "idem.default_ttl");
-    DEFAULT_TTL_PARSED.set(Some((raw, us)));
-    us
+    DEFAULT_TTL_US.get()
+}
+
+interval_check_hook!(check_default_ttl, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.");
+
+/// The assign hook of idem.default_ttl: the check hook has vetted the value,
+/// so it parses (assign hooks must not fail; parse_interval never raises).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn assign_default_ttl(newval: *const std::ffi::c_char, _extra: *mut std::ffi::c_void) {
+    let parsed = (!newval.is_null())
+        .then(|| parse_interval(unsafe { std::ffi::CStr::from_ptr(newval) }))
+        .flatten()
+        .map(|iv| interval_us(&iv) as i64);
+    DEFAULT_TTL_US.set(parsed.unwrap_or(86_400_000_000));
 }
 
 #[cfg(any(test, feature = "pg_test"))]

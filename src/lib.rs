@@ -34,6 +34,7 @@ extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["storage"]);
 extension_sql_file!("../sql/maintenance.sql", name = "maintenance", requires = ["claim"]);
 extension_sql_file!("../sql/guards.sql", name = "guards", requires = ["maintenance"]);
 extension_sql_file!("../sql/scaling.sql", name = "scaling", requires = ["guards"]);
+extension_sql_file!("../sql/replication.sql", name = "replication", requires = ["scaling"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -83,6 +83,10 @@ impl Statement {
         }
     }
 
+    /// The kept plan, prepared on first use.
+    ///
+    /// # Safety
+    /// Call between SPI_connect and SPI_finish.
     unsafe fn plan(&self) -> pg_sys::SPIPlanPtr {
         unsafe {
             let kept = self.plan.0.get();

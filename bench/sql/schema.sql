@@ -13,6 +13,14 @@ CREATE TABLE dedup (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- B1r: the hand-written table of claim + stored result (INSERT ... ON
+-- CONFLICT DO NOTHING, then UPDATE ... SET result in the same transaction).
+CREATE TABLE dedup_r (
+    key        text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    result     jsonb
+);
+
 -- B2: the same table shape, written through PL/pgSQL with an EXCEPTION
 -- block (a subtransaction per call). Own table, so B1 and B2 never share
 -- an index.

@@ -59,6 +59,23 @@ impl Drop for Opened {
     }
 }
 
+/// Open and lock the target's tables: under Citus the logical idem.claims
+/// (the shell) and then the shard, else idem.claims. idem.claims is opened
+/// by catalog::open_claims, which survives a concurrent DROP EXTENSION
+/// (55000, never XX000 for a vanished OID).
+///
+/// # Safety
+/// Inside a transaction; the caller closes both relations.
+unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_sys::Relation>, pg_sys::Relation) {
+    match target.shell {
+        Some(_) => {
+            let shell = catalog::open_claims(lockmode);
+            (Some(shell), unsafe { pg_sys::table_open(target.parent, lockmode) })
+        }
+        None => (None, catalog::open_claims(lockmode)),
+    }
+}
+
 impl Opened {
     /// Lock the target's table, then every partition. The table is locked
     /// first: idem_maintain changes partitions only under a lock that
@@ -76,18 +93,21 @@ impl Opened {
     /// maintenance cannot drop its partition meanwhile (our lock).
     pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
         unsafe {
-            let shell = target.shell.map(|oid| pg_sys::table_open(oid, lockmode));
-            let parent = pg_sys::table_open(target.parent, lockmode);
-            let (_, list) = catalog::partitions(target.parent);
+            let (shell, parent) = open_target(target, lockmode);
+            let parent_oid = (*parent).rd_id;
+            let (_, list) = catalog::partitions(parent_oid);
             let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
             loop {
-                let (generation, list) = catalog::partitions(target.parent);
+                let (generation, list) = catalog::partitions(parent_oid);
                 opened.close_parts();
                 opened.list = list;
                 for p in &opened.list.parts {
                     opened.parts.push((pg_sys::table_open(p.relid, lockmode), Cell::new(std::ptr::null_mut())));
                 }
                 if catalog::partitions_generation() == generation {
+                    if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
+                        catalog::check_replicable(&opened.list);
+                    }
                     return opened;
                 }
             }
@@ -174,7 +194,7 @@ impl Opened {
                 }
                 p.seen_nonempty.set(true);
             }
-            if let Some(row) = unsafe { self.probe_one(i, k, now) } {
+            if let Some(row) = self.probe_one(i, k, now) {
                 return Some(row);
             }
         }
@@ -182,7 +202,11 @@ impl Opened {
     }
 
     /// Probe partition `i` through its index with a dirty snapshot.
-    unsafe fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
+    fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
+        // SAFETY: partition i's heap and index are open and locked for as
+        // long as self lives; the dirty snapshot and the slot outlive the
+        // scan; the slot's values are a claims tuple of NCOLS columns (the
+        // shape catalog.rs checked).
         unsafe {
             let heap = self.parts[i].0;
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
@@ -309,7 +333,10 @@ impl Opened {
         remember(hash, target, self.list.parts[i].relid, tid);
     }
 
-    unsafe fn index_insert(&self, i: usize, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+    /// The digest index entry of the heap tuple at `tid` in partition `i`.
+    fn index_insert(&self, i: usize, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+        // SAFETY: partition i's heap and index are open and locked; `tid`
+        // points to the TID of a tuple just inserted into that heap.
         unsafe {
             let index = self.index(i);
             let mut v = [pg_sys::Datum::from(hash)];
@@ -331,7 +358,10 @@ impl Opened {
     /// None if it is not (any more) there. Prunes the page on the way, as
     /// an executor's read of the page would: the completion of a claim
     /// leaves the claim's first version dead on this very page.
-    unsafe fn fetch_own(&self, i: usize, tid: pg_sys::ItemPointerData, k: &ClaimKey) -> Option<Row> {
+    fn fetch_own(&self, i: usize, tid: pg_sys::ItemPointerData, k: &ClaimKey) -> Option<Row> {
+        // SAFETY: partition i's heap is open and locked; `tid` names a tuple
+        // this transaction wrote in it and did not roll back (RECENT is
+        // forgotten on any subtransaction abort), so its block exists.
         unsafe {
             let heap = self.parts[i].0;
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
@@ -362,6 +392,9 @@ impl Opened {
 }
 
 /// A scan of `index` for the key digest `hash`.
+///
+/// # Safety
+/// `heap` and `index` are open and locked; `snapshot` outlives the scan.
 unsafe fn begin_key_scan(
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
@@ -508,9 +541,8 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     }
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let shell = r.target.shell.map(|oid| pg_sys::table_open(oid, lockmode));
-        let parent = pg_sys::table_open(r.target.parent, lockmode);
-        let (_, list) = catalog::partitions(r.target.parent);
+        let (shell, parent) = open_target(r.target, lockmode);
+        let (_, list) = catalog::partitions((*parent).rd_id);
         let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened; the others' slots stay empty (never

@@ -39,7 +39,9 @@ impl KeyLock {
     pub fn try_acquire(hash: i64, wait: bool) -> Option<KeyLock> {
         let tag = tag(hash);
         let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
-        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then_some(KeyLock(tag))
+        // (A closure: `then_some` would build the guard, whose drop releases
+        // the lock, even when it was not granted.)
+        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then(|| KeyLock(tag))
     }
 }
 

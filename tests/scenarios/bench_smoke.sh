@@ -9,7 +9,11 @@ bash "$ROOT/bench/run.sh" --smoke --out "$out"
 for f in results.csv results.json report.md tps.svg; do
   [ -s "$out/$f" ] || { echo "FAIL: bench/run.sh --smoke wrote no $f"; exit 1; }
 done
-for v in B0 B1 B2 I1 I2 I3; do
-  grep -q "^[a-z_]*,$v," "$out/results.csv" || { echo "FAIL: no measurement of $v"; exit 1; }
+for v in B0 B1 B1r B2 I1 I1c I1f I2 I3; do
+  grep -q "^matrix,$v," "$out/results.csv" || { echo "FAIL: no measurement of $v"; exit 1; }
 done
+for s in latency wal bytes sustained scale partitions cleanup; do
+  grep -q "^$s," "$out/results.csv" || { echo "FAIL: no measurement in section $s"; exit 1; }
+done
+grep -q "^## Targets" "$out/report.md" || { echo "FAIL: report.md has no targets table"; exit 1; }
 echo ok

@@ -28,7 +28,7 @@
 # key_hash, ...), which idem's SQL must never reach.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 bash "$ROOT/scripts/cluster.sh" start >/dev/null
-out="$ROOT/target/test-out/environments"
+out="$IDEM_TARGET/test-out/environments"
 rm -rf "$out"; mkdir -p "$out"
 restore() {
   psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null
@@ -91,8 +91,10 @@ SQL
     "$runner" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
       --inputdir="$input" --outputdir="$out/$name-$kind" --schedule="$schedule" --launcher="$out/launcher-$name-$kind.sh" \
       > "$out/$name-$kind.log" 2>&1 || true
-    ok=$(grep -c '\.\.\. ok' "$out/$name-$kind.log" || true)
-    bad=$( (grep -E '\.\.\. (FAILED|failed)' "$out/$name-$kind.log" || true) | sed -E 's/^(test)? *([a-z_0-9]+) .*/\2/' | tr '\n' ' ')
+    # pg_regress's "test x ... ok" (15), or TAP "ok 1 - x" / "not ok 1 - x" (16+).
+    ok=$(grep -cE '\.\.\. ok|^ok [0-9]+ ' "$out/$name-$kind.log" || true)
+    bad=$( (grep -E '\.\.\. (FAILED|failed)|^not ok [0-9]+ ' "$out/$name-$kind.log" || true) |
+           sed -E 's/^(test)? *([a-z_0-9]+) .*/\2/; s/^not ok [0-9]+ +[-+] +([a-z_0-9]+).*/\1/' | tr '\n' ' ')
     passed=$((passed + ok))
     if [ -n "$bad" ] || [ "$ok" = 0 ]; then
       echo "FAIL: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path) $kind: ${bad:-nothing ran}"

@@ -9,7 +9,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 PORT=5541
 dir="$(cluster_dir)/sqlpath"
-out="$ROOT/target/test-out/sql_access"
+out="$IDEM_TARGET/test-out/sql_access"
 stop() { as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true; }
 trap stop EXIT
 stop

@@ -8,7 +8,8 @@
 #      table, a token;
 #   2. ALTER EXTENSION idem UPDATE (walks sql/idem--A--B.sql to the current);
 #   3. every claim replays its stored outcome, the lease is finished with its
-#      token, guards and tokens still hold, new claims work;
+#      token, guards and tokens still hold, new claims work, idem.claims and
+#      every partition the old version made have REPLICA IDENTITY FULL;
 #   4. the upgraded schema equals a fresh install's, object by object
 #      (tests/upgrade/schema.sql), so an upgrade script that forgets a change
 #      fails here.
@@ -68,6 +69,8 @@ SELECT 'leased-after=' || state || '/' || result::text FROM idem_lookup('leased'
 SELECT 'ttl=' || ttl FROM idem.biz_types WHERE biz_type = 'pay';
 SELECT 'token=' || idem_consume_token(t, 'form') FROM tok;
 SELECT 'token-again=' || idem_consume_token(t, 'form') FROM tok;
+SELECT 'replica-identity=' || string_agg(DISTINCT relreplident::text, ',') FROM pg_class
+ WHERE oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'idem.claims'::regclass) OR oid = 'idem.claims'::regclass;
 SELECT 'maintain=' || (idem_maintain() IS NOT NULL);
 SQL
   )
@@ -78,7 +81,7 @@ SQL
   for want in "version=$current" 'done=false/completed/{"charged": 42}' 'refused=false/failed/{"reason": "card declined"}' \
               'far=false/completed/{"far": true}' 'open=false/completed' 'new=true/new' 'ttl=3 days' \
               'leased=false/in_progress' 'lease-completed=true' 'leased-after=completed/{"by": "owner"}' \
-              'token=true' 'token-again=false' 'maintain=true'; do
+              'token=true' 'token-again=false' 'maintain=true' 'replica-identity=f'; do
     grep -qxF "$want" <<<"$out" || { echo "FAIL: after the upgrade from $old, expected '$want'"; fails=$((fails + 1)); }
   done
   grep -q "ERROR" <<<"$guard" || { echo "FAIL: guard did not refuse a repeated transition after the upgrade"; fails=$((fails + 1)); }

@@ -154,7 +154,18 @@ def main():
         events.append(("ALTER EXTENSION idem UPDATE", lambda: admin.execute("ALTER EXTENSION idem UPDATE")))
 
     def reinstall():
-        admin.execute("DROP EXTENSION idem")
+        # DROP EXTENSION locks idem's objects in dependency order, a claim
+        # the parent before its partitions: under load the two can
+        # deadlock, and PostgreSQL may pick the DROP as the victim (40P01).
+        # An operator retries; so does this.
+        for attempt in range(5):
+            try:
+                admin.execute("DROP EXTENSION idem")
+                break
+            except psycopg.errors.DeadlockDetected:
+                print(f"  (DROP EXTENSION was the deadlock victim, attempt {attempt + 1}; retrying)", flush=True)
+        else:
+            raise RuntimeError("DROP EXTENSION lost five deadlocks in a row")
         state["epoch"] += 1  # every claim made so far is gone
         admin.execute("CREATE EXTENSION idem")
     events.append(("DROP EXTENSION + CREATE EXTENSION", reinstall))

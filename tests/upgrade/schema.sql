@@ -13,6 +13,7 @@ FROM members m JOIN pg_proc p ON m.classid = 'pg_proc'::regclass AND p.oid = m.o
 UNION ALL
 SELECT 'relation ' || c.oid::regclass || ' kind ' || c.relkind::text
        || ' persistence ' || c.relpersistence::text
+       || ' replica identity ' || c.relreplident::text
        || coalesce(' partition of ' || (SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid), '')
        || coalesce(' bound ' || pg_get_expr(c.relpartbound, c.oid), '')
        || coalesce(' partkey ' || pg_get_partkeydef(c.oid), '')
@@ -25,7 +26,7 @@ SELECT 'relation ' || c.oid::regclass || ' kind ' || c.relkind::text
                                    FROM pg_constraint co WHERE co.conrelid = c.oid), '-')
        || E'\nindexes ' || coalesce((SELECT string_agg(pg_get_indexdef(ix.indexrelid), '; ' ORDER BY 1)
                                FROM pg_index ix WHERE ix.indrelid = c.oid), '-')
-       || E'\ntriggers ' || coalesce((SELECT string_agg(pg_get_triggerdef(t.oid), '; ' ORDER BY t.tgname)
+       || E'\ntriggers ' || coalesce((SELECT string_agg(pg_get_triggerdef(t.oid) || ' enabled ' || t.tgenabled::text, '; ' ORDER BY t.tgname)
                                 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), '-')
        || E'\nview ' || CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) ELSE '-' END
        || E'\nacl ' || coalesce(c.relacl::text, '-')
