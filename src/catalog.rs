@@ -546,7 +546,7 @@ pub fn read_biz_type(name: &str) -> BizType {
 pub fn read_biz_type_in(relid: pg_sys::Oid, name: &str) -> BizType {
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
-        let index_oid = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        let index_oid = crate::compat::primary_key_index(rel);
         if index_oid == pg_sys::InvalidOid {
             internal(format!("{} has no primary key", relation_name(relid)));
         }
