@@ -109,6 +109,7 @@ DECLARE
     made        text[] := '{}';
     dropped     text[] := '{}';
     indexed     text[] := '{}';
+    replica_fixed text[] := '{}';
     skipped     text[] := '{}';
     moved       bigint := 0;
     expired_default bigint := 0;
@@ -147,7 +148,9 @@ BEGIN
         EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
     END IF;
     IF cardinality(names) = 0 AND unindexed IS NULL AND has_default AND NOT expired_in_default
-       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now) THEN
+       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
+       AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
+                        AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass)) THEN
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
                                   'lock_attempts', 0);
     END IF;
@@ -175,6 +178,14 @@ BEGIN
         CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
         CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
     END IF;
+    -- Every partition carries whole old rows in its updates and deletes,
+    -- as on a single node (Citus's logical shard moves need a replica
+    -- identity too).
+    FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
+               AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
+        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
+        replica_fixed := replica_fixed || p.rel::text;
+    END LOOP;
     FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
               WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
         EXECUTE format('DROP TABLE %s', p.partition);
@@ -201,8 +212,10 @@ BEGIN
         END IF;
         IF n = 0 THEN
             EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)', names[i], los[i], his[i]);
+            EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', names[i]);
         ELSE
             EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', names[i]);
+            EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', names[i]);
             PERFORM pg_catalog.create_distributed_table(format('idem.%I', names[i]), 'key', colocate_with => 'idem.claims');
             EXECUTE format('INSERT INTO idem.%I SELECT * FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2', names[i])
               USING los[i], his[i];
@@ -220,6 +233,7 @@ BEGIN
         'partitions_created', to_jsonb(made),
         'partitions_dropped', to_jsonb(dropped),
         'partitions_indexed', CASE WHEN cardinality(indexed) > 0 THEN to_jsonb(indexed) END,
+        'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
         'expired_rows_deleted_from_default', expired_default,
         'rows_moved_from_default', moved,
         'lock_attempts', attempt);
