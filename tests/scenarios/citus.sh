@@ -25,10 +25,29 @@ if [ ! -f "$("$PG_CONFIG" --sharedir)/extension/idem.control" ]; then
   echo "FAIL: idem is not installed into the PostgreSQL of $PG_CONFIG (bash scripts/setup.sh)"; exit 1
 fi
 
-say "Citus for $PG_CONFIG (built once, then cached)"
+# Citus and idem go into a private copy of Debian's PostgreSQL 15
+# (tests/citus/tree.sh), never into the system's: the build of idem the
+# suite installed into $PG_CONFIG's server is copied there (same server
+# version, so the same library loads).
+SUITE_PG_CONFIG=$PG_CONFIG
+say "a private PostgreSQL 15 for Citus (made once, then cached)"
 t=$(date +%s)
+CITUS_PG_CONFIG=$(bash "$ROOT/tests/citus/tree.sh")
+if [ "$("$SUITE_PG_CONFIG" --version)" != "$("$CITUS_PG_CONFIG" --version)" ]; then
+  echo "FAIL: the Citus scenario runs on Debian 12's PostgreSQL 15 (the vendored Citus is patched for 15.20);"
+  echo "      this build of idem is for $("$SUITE_PG_CONFIG" --version), the private tree is $("$CITUS_PG_CONFIG" --version)"
+  exit 1
+fi
+export PG_CONFIG=$CITUS_PG_CONFIG
+PG_BIN="$("$PG_CONFIG" --bindir)"
 bash "$ROOT/tests/citus/install.sh"
 build_s=$(( $(date +%s) - t ))
+if [ "$SUITE_PG_CONFIG" != "$CITUS_PG_CONFIG" ]; then
+  say "this build of idem into $("$PG_CONFIG" --pkglibdir)"
+  install -m 755 "$("$SUITE_PG_CONFIG" --pkglibdir)/idem.so" "$("$PG_CONFIG" --pkglibdir)/idem.so"
+  install -m 644 "$("$SUITE_PG_CONFIG" --sharedir)"/extension/idem.control \
+                 "$("$SUITE_PG_CONFIG" --sharedir)"/extension/idem--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+fi
 bash "$ROOT/scripts/setup.d/10-python.sh"
 
 export CITUS_DB=idem_citus PG_BIN
