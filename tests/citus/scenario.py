@@ -426,6 +426,10 @@ def check_maintenance():
                     SELECT count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = h.inhrelid))
                       FROM pg_inherits h$$)""")
     ok(all(r[0] == "0" for r in idx), f"every partition shard on the workers has its key index ({[r[0] for r in idx]} without)")
+    ri = q(m, """SELECT result FROM run_command_on_workers($$
+                   SELECT count(*) FROM pg_class c WHERE c.relreplident <> 'f'
+                      AND c.oid IN (SELECT inhrelid FROM pg_inherits UNION SELECT inhparent FROM pg_inherits)$$)""")
+    ok(all(r[0] == "0" for r in ri), f"idem.claims' shards and every partition shard have REPLICA IDENTITY FULL ({[r[0] for r in ri]} without)")
     rows = one(m, "SELECT sum(estimated_rows), sum(bytes) FROM idem_partitions")
     ok(rows[1] > 100000, f"idem_partitions on the coordinator sums the workers' shards ({rows[1]} bytes)")
     # 100 ms: the single-node minimum, names to the millisecond
@@ -459,7 +463,7 @@ def blocked(node, pid):
 
 
 def check_move_race():
-    """The race of docs/citus-notes.md: a claim waiting on a worker while its
+    """The race of docs/design.md §13: a claim waiting on a worker while its
     shard moves away. The claim holds the shard's metadata lock, so the move
     waits for it; the row moves with the shard; one live row."""
     bt = f"move.{RUN}"
