@@ -26,6 +26,8 @@
 # for the WAL write, not for the disk), created if missing and stopped at the
 # end unless --keep-cluster; the numbers compare variants on one cluster,
 # not with the single-node matrix.
+# The PostgreSQL Citus is built into: the private copy of Debian's 15.
+[ -n "${PG_CONFIG:-}" ] || PG_CONFIG=$(bash "$(dirname "${BASH_SOURCE[0]}")/../tests/citus/tree.sh")
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 ROUNDS=3 DURATION=20 CLIENTS="2 4" VARIANTS="b0 b1 i1 i2" OUT="$ROOT/bench/out/citus" KEEP=0
 while [ $# -gt 0 ]; do
@@ -43,7 +45,7 @@ done
 mkdir -p "$OUT/logs"
 OUT="$(cd "$OUT" && pwd)"
 [ -f "$("$PG_CONFIG" --sharedir)/extension/idem.control" ] ||
-  { echo "idem is not installed into the PostgreSQL of $PG_CONFIG (bash scripts/setup.sh)" >&2; exit 1; }
+  { echo "idem is not installed into the PostgreSQL of $PG_CONFIG (cargo pgrx install --release --pg-config $PG_CONFIG)" >&2; exit 1; }
 bash "$ROOT/tests/citus/install.sh"
 
 export CITUS_DB=idem_bench

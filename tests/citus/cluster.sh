@@ -60,7 +60,7 @@ CONF
 
 start() {
   if [ ! -f "$($PG_CONFIG --pkglibdir)/citus.so" ]; then
-    echo "citus is not installed: run bash tests/citus/install.sh first" >&2; exit 1
+    echo "citus is not installed into $PG_CONFIG: PG_CONFIG=\$(bash tests/citus/tree.sh) bash tests/citus/install.sh" >&2; exit 1
   fi
   mkdir -p "$base"
   chown postgres:postgres "$(dirname "$base")" "$base"
