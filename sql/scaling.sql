@@ -50,6 +50,9 @@ BEGIN
     IF NOT idem.is_distributed('idem.claims') THEN
         PERFORM pg_catalog.create_distributed_table('idem.claims', 'key', colocate_with => colocate_with::text);
     END IF;
+    -- Citus makes the shards of a partitioned table without its replica
+    -- identity; set on the distributed table, it reaches every shard.
+    ALTER TABLE idem.claims REPLICA IDENTITY FULL;
     -- Delegated to the worker that owns the key, inside the caller's
     -- transaction, next to the business rows of the same value.
     PERFORM pg_catalog.create_distributed_function(f, 'key', colocate_with => 'idem.claims', force_delegation => true)
