@@ -136,6 +136,10 @@ if [ "$IDEM_SUITE" = full ]; then
         bash "$ROOT/scripts/pg/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; continue; }
         run_major pg17 bash "$ROOT/scripts/pg/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
         bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
+        say "PostgreSQL 17 on Debian 13: the postgresql-17-idem package, built, installed, used and purged"
+        if bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
+          record "pg17/package_debian13" 0; tail -1 "$OUT/package_debian13.log"
+        else record "pg17/package_debian13" 1; tail -30 "$OUT/package_debian13.log"; fi
         ;;
       16)
         say "PostgreSQL 16: cargo check (no server is reachable; headers from scripts/pg/pg16-headers.sh)"

@@ -50,15 +50,16 @@ host_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# sid_source DIR PACKAGE...: download Debian sid's source packages into DIR
-# with a throw-away apt list under DIR/.apt; the host's apt sources, lists
-# and caches are left as they are. apt checks every file against the signed
-# index, so the downloads are verified.
-sid_source() {
-  local dir=$1; shift
+# debian_source DIR SUITE PACKAGE...: download Debian SUITE's source
+# packages into DIR with a throw-away apt list under DIR/.apt; the host's apt
+# sources, lists and caches are left as they are. apt checks every file
+# against the signed index, so the downloads are verified.
+sid_source() { debian_source "$1" sid "${@:2}"; }
+debian_source() {
+  local dir=$1 suite=$2; shift 2
   local apt="$dir/.apt"
   mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial"
-  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
     > "$apt/sources.list"
   local o=(-o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts=-
            -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache"
@@ -66,4 +67,14 @@ sid_source() {
            -o APT::Sandbox::User=root)
   apt-get "${o[@]}" update -qq
   (cd "$dir" && apt-get "${o[@]}" source --download-only -qq "$@")
+}
+
+# Unpack the upstream tarball (NAME_VERSION.orig.tar.*) of a downloaded
+# source package into DIR/src-NAME; Debian's own patches (socket directory
+# under /var/run, packaging paths) are not applied.
+unpack_orig() { # DIR NAME
+  local tarball
+  tarball=$(ls "$1/$2"_*.orig.tar.* | head -n1)
+  mkdir -p "$1/src-$2"
+  tar -xf "$tarball" -C "$1/src-$2" --strip-components=1
 }

@@ -24,16 +24,6 @@ CONFIGURE_FLAGS=(--without-icu --with-openssl)
 BUILD_DEPS=(build-essential libreadline-dev zlib1g-dev libssl-dev bison flex pkg-config perl
             ca-certificates debian-archive-keyring)
 
-# Unpack the upstream tarball (NAME_VERSION.orig.tar.*) of a downloaded
-# source package into DIR/src-NAME; Debian's own patches (socket directory
-# under /var/run, packaging paths) are not applied.
-unpack_orig() { # DIR NAME
-  local tarball
-  tarball=$(ls "$1/$2"_*.orig.tar.* | head -n1)
-  mkdir -p "$1/src-$2"
-  tar -xf "$tarball" -C "$1/src-$2" --strip-components=1
-}
-
 build_pg18() { # WORK STAGE -> writes STAGE$PREFIX
   local work=$1 stage=$2 jobs
   jobs=$(nproc)
@@ -73,7 +63,7 @@ build_pg_cron() { # WORK STAGE
   fi
 }
 
-RECIPE=$(recipe_hash unpack_orig build_pg18 build_pg_cron sid_source -- PREFIX CONFIGURE_FLAGS BUILD_DEPS)
+RECIPE=$(recipe_hash unpack_orig build_pg18 build_pg_cron sid_source debian_source -- PREFIX CONFIGURE_FLAGS BUILD_DEPS)
 STAMP="$PREFIX/.idem-stamp"
 
 if ! stamp_ok "$STAMP" "$RECIPE" || ! "$PREFIX/bin/pg_config" --version >/dev/null 2>&1; then

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# pg_upgrade from PostgreSQL 15 (Debian's, with this build of idem) to 18
-# (scripts/pg/pg18.sh, with the same build installed by a core run of
-# scripts/test.sh), with live claims, a running lease, a state machine and
-# its guard, a one-time token and a business type setting in the old
-# cluster. After the upgrade every claim replays its stored outcome, the
-# lease is finished with its token, the guard and the token still hold,
-# maintenance runs and new claims work.
+# pg_upgrade from PostgreSQL 15 to 18 (scripts/pg/pg18.sh, with this build
+# of idem installed by a core run of scripts/test.sh), with live claims, a
+# running lease, a state machine and its guard, a one-time token and a
+# business type setting in the old cluster. After the upgrade every claim
+# replays its stored outcome, the lease is finished with its token, the
+# guard and the token still hold, maintenance runs and new claims work.
 #   PG18_CONFIG=/path/to/18/bin/pg_config bash tests/versions/pg_upgrade.sh
+#
+# The old side is PostgreSQL 15 built from the upstream source
+# (scripts/pg/pg15-upstream.sh: the Debian 15.20 of this machine kind
+# stamps every column with an attribute option 18 rejects, so pg_upgrade
+# from it fails for any database), with idem copied from the build
+# installed into Debian's 15.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-: "${PG18_CONFIG:?PG18_CONFIG must point at PostgreSQL 18's pg_config}"
-OLD_BIN="$PG_BIN"                       # lib.sh: 15 (the default PG_CONFIG)
+: "${PG18_CONFIG:?PG18_CONFIG must point at the pg_config of PostgreSQL 18}"
+OLD_CONFIG="$(bash "$ROOT/scripts/pg/pg15-upstream.sh")"
+OLD_BIN="$("$OLD_CONFIG" --bindir)"
 NEW_BIN="$("$PG18_CONFIG" --bindir)"
+# idem into the old tree: Debian's 15 has this build installed (lib.sh's
+# default PG_CONFIG).
+install -m 644 "$("$PG_CONFIG" --pkglibdir)/idem.so" "$("$OLD_CONFIG" --pkglibdir)/"
+install -m 644 "$("$PG_CONFIG" --sharedir)"/extension/idem* "$("$OLD_CONFIG" --sharedir)/extension/"
 [ -f "$("$PG18_CONFIG" --pkglibdir)/idem.so" ] || { echo "idem is not installed into PostgreSQL 18 (run the core suite on 18 first)"; exit 1; }
 work="$(cluster_dir)/pg_upgrade"
 old="$work/old" new="$work/new"
@@ -22,8 +32,8 @@ stop_all() {
 trap stop_all EXIT
 stop_all
 rm -rf "$work"; mkdir -p "$work"; chown postgres:postgres "$work"; chmod 700 "$work"
-init() { # bin dir port
-  as_postgres "$1/initdb" -D "$2" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+init() { # bin dir port [initdb options]
+  as_postgres "$1/initdb" -D "$2" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 "${@:4}" >/dev/null
   cat >> "$2/postgresql.conf" <<CONF
 listen_addresses = ''
 unix_socket_directories = '$work'
@@ -37,7 +47,7 @@ sql_new() { "$NEW_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$work" -p $nport -U po
 init "$OLD_BIN" "$old" $oport
 as_postgres "$OLD_BIN/pg_ctl" -D "$old" -l "$work/old.log" -w start >/dev/null
 "$OLD_BIN/psql" -X -q -h "$work" -p $oport -U postgres -d postgres -c "CREATE DATABASE app"
-lease_token=$(sql_old -q <<'SQL' | tail -1
+sql_old -q >/dev/null <<'SQL'
 CREATE EXTENSION idem;
 SELECT idem_configure('pay', '3 days');
 SELECT idem_maintain();
@@ -50,17 +60,20 @@ SELECT idem_guard('orders', 'status', 'order');
 INSERT INTO orders VALUES (1, 'CREATED');
 UPDATE orders SET status = 'PAID' WHERE id = 1;
 CREATE TABLE tok AS SELECT idem_issue_token('form') AS t;
-SELECT result->>'lease_token' FROM idem_claim('job-1', 'batch', lease => '1 hour');
+CREATE TABLE lease_tok AS SELECT result->>'lease_token' AS t FROM idem_claim('job-1', 'batch', lease => '1 hour');
 SQL
-)
+lease_token=$(sql_old -c "SELECT t FROM lease_tok")
 [[ "$lease_token" =~ ^[0-9a-f]{32}$ ]] || { echo "FAIL: no lease token from the old cluster: $lease_token"; exit 1; }
 sql_old -c "SELECT idem_checkpoint('job-1', 'batch', 'item', '{\"last_item\": 7}', '$lease_token')" >/dev/null
 before=$(sql_old -c "SELECT count(*) FROM idem.claims")
 as_postgres "$OLD_BIN/pg_ctl" -D "$old" -m fast -w stop >/dev/null
 
-init "$NEW_BIN" "$new" $nport
+# 18's initdb turns data checksums on by default; the old cluster has none.
+init "$NEW_BIN" "$new" $nport --no-data-checksums
 echo "pg_upgrade $("$OLD_BIN/postgres" --version | awk '{print $3}') → $("$NEW_BIN/postgres" --version | awk '{print $3}')"
-(cd "$work" && as_postgres "$NEW_BIN/pg_upgrade" -b "$OLD_BIN" -B "$NEW_BIN" -d "$old" -D "$new" \
+# (pg_upgrade writes its logs into the current directory: the work folder,
+# which the postgres user owns; as_postgres would start it in /.)
+(cd "$work" && sudo -u postgres "$NEW_BIN/pg_upgrade" -b "$OLD_BIN" -B "$NEW_BIN" -d "$old" -D "$new" \
    -o "-c unix_socket_directories=$work" -O "-c unix_socket_directories=$work" -p $oport -P $nport) > "$work/pg_upgrade.out" 2>&1 \
   || { echo "FAIL: pg_upgrade"; tail -30 "$work/pg_upgrade.out"; exit 1; }
 as_postgres "$NEW_BIN/pg_ctl" -D "$new" -l "$work/new.log" -w start >/dev/null
@@ -78,10 +91,10 @@ check "running lease still in progress" 'false|in_progress' "$(sql_new -c "SELEC
 check "recovery point kept" '{"last_item": 7}' "$(sql_new -c "SELECT recovery_data FROM idem_leases WHERE key = 'job-1'")"
 sql_new -c "SELECT idem_complete('job-1', 'batch', '{\"done\": true}', '$lease_token')" >/dev/null
 check "lease finished with its token" 'completed|{"done": true}' "$(sql_new -c "SELECT state || '|' || result FROM idem_lookup('job-1', 'batch')")"
-check "business type TTL kept" 'true' "$(sql_new -c "SELECT extract(epoch FROM expires_at - first_claimed_at) = 3 * 86400 FROM idem_claim('new-after', 'pay')")"
+check "business type TTL kept" 't' "$(sql_new -c "SELECT extract(epoch FROM expires_at - first_claimed_at) = 3 * 86400 FROM idem_claim('new-after', 'pay')")"
 check "guard still refuses" 'ID002' "$(sql_new -c "DO \$\$ BEGIN UPDATE orders SET status = 'CREATED' WHERE id = 1; EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE:  //p')"
 check "token spent once" 'true|false' "$(sql_new -c "SELECT idem_consume_token(t, 'form') || '|' || idem_consume_token(t, 'form') FROM tok")"
-check "maintenance runs" 'true' "$(sql_new -c "SELECT idem_maintain() ? 'partitions_created'")"
+check "maintenance runs" 't' "$(sql_new -c "SELECT idem_maintain() ? 'partitions_created'")"
 check "digest unchanged" -6256134314792845845 "$(sql_new -c "SELECT idem.key_hash('payment', 'req-42')")"
 echo "pg_upgrade checks failed: $fails"
 [ "$fails" = 0 ]
