@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Citus for real (issue 14): a coordinator and two workers (Citus 13.2.2,
-# built once from ../shared/vendor by tests/citus/install.sh), started here
-# and removed on exit. Runs docs/scaling.md's Citus steps verbatim (read
+# built once from ../shared/vendor by tests/citus/install.sh into a private
+# copy of Debian's PostgreSQL 15 made by tests/citus/tree.sh, with this
+# build of idem copied there), started here and removed on exit. Runs docs/scaling.md's Citus steps verbatim (read
 # from the page: tests/citus/doc_steps.py), the Citus isolation specs
 # (tests/citus/specs: call forms that double-claimed under 0.2.0, two-claim
 # transactions across workers), then tests/citus/scenario.py: claim
