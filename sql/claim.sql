@@ -72,6 +72,12 @@ COMMENT ON FUNCTION idem_set_owner(text, regrole) IS
 'Reserve a business type for the members of a role: only they may claim, finish, look up or forget its keys (42501 for others). NULL opens it to every role again. Keeps the type''s TTL.';
 REVOKE EXECUTE ON FUNCTION idem_set_owner(text, regrole) FROM PUBLIC;
 
+CREATE FUNCTION idem_storage_path() RETURNS text
+    VOLATILE PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_storage_path';
+COMMENT ON FUNCTION idem_storage_path() IS
+'How calls in this database on this node reach idem.claims: direct (heap and index access), sql (SQL on idem.claims, idem.storage_access = sql), or citus (idem.claims distributed by Citus: a call on a key runs only on the node holding its shard and reaches the shard directly there; elsewhere it is refused with 0A000).';
+
 -- One-time tokens: issued by the server, spent once (form resubmission).
 CREATE FUNCTION idem.random_token() RETURNS text
     VOLATILE STRICT LANGUAGE c AS 'MODULE_PATHNAME', 'idem_random_token';

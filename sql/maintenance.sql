@@ -31,6 +31,21 @@ CREATE FUNCTION idem.setting_interval(name text, fallback interval) RETURNS inte
     AS $$ SELECT coalesce(nullif(current_setting(name, true), '')::interval, fallback) $$;
 COMMENT ON FUNCTION idem.setting_interval(text, interval) IS 'An interval-valued setting, or fallback when unset.';
 
+-- Whether Citus distributes a table (false without Citus).
+CREATE FUNCTION idem.is_distributed(rel regclass) RETURNS boolean
+    STABLE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    found boolean := false;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)' INTO found USING rel;
+    END IF;
+    RETURN found;
+END
+$fn$;
+COMMENT ON FUNCTION idem.is_distributed(regclass) IS 'Whether Citus distributes the table (false without Citus).';
+
 CREATE FUNCTION idem.partition_name(lo timestamptz) RETURNS text
     IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp
     AS $$ SELECT 'claims_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS"_"MS') $$;
@@ -48,6 +63,185 @@ SELECT c.oid::regclass AS partition,
   JOIN pg_class c ON c.oid = h.inhrelid
  WHERE h.inhparent = 'idem.claims'::regclass;
 COMMENT ON VIEW idem.partition_bounds IS 'Partitions of idem.claims with their range of expires_at, read in binary (NULL bounds: the default partition).';
+
+-- idem_maintain's work when Citus distributes idem.claims (docs/scaling.md,
+-- "Maintenance"). Run on the coordinator; every statement on idem.claims
+-- and its partitions is propagated by Citus to the shards on the workers.
+-- The same rules as on a single node, with Citus's constraints:
+--  * the work is decided first, and nothing is locked when there is none;
+--  * LOCK TABLE idem.claims ... NOWAIT, retried with a growing pause
+--    (idem.maintenance_lock_retries times). Citus propagates the LOCK to
+--    idem.claims on every node, and every claim locks idem.claims on its
+--    node before any shard (storage/citus.rs), so once maintenance holds
+--    the lock no claim holds a shard lock it needs, and claims queue behind
+--    it instead of forming a distributed deadlock with its DDL. NOWAIT,
+--    because lock_timeout is not propagated to the workers; a refusal on a
+--    worker reaches the coordinator as 55P03, or as XX000 "failure on
+--    connection marked as essential", or 40P01: all mean "try again";
+--  * partitions are named to the millisecond (idem.partition_name), aligned
+--    to the width, created with their key index, at most
+--    idem.premake_limit per run, and continue after the last existing
+--    range (never a gap after a change of width);
+--  * claims waiting in the default partition for a range being created are
+--    moved into the new partition before it is attached (a standalone
+--    distributed table co-located with idem.claims, filled with INSERT ...
+--    SELECT, then attached), so that the default partition never makes a
+--    run fail;
+--  * a partition made without its index (idem 0.2.0 used Citus's
+--    create_time_partitions) gets it.
+CREATE FUNCTION idem.maintain_distributed(width interval, max_ttl interval, limit_parts int, retries int)
+    RETURNS jsonb
+    VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    SET DateStyle = 'ISO, YMD'
+    SET TimeZone = 'UTC'
+    SET IntervalStyle = 'postgres'
+    SET timezone_abbreviations = 'Default'
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    w_us        numeric := extract(epoch FROM width) * 1000000;
+    t_now       timestamptz := clock_timestamp();
+    cur         timestamptz;
+    nxt         timestamptz;
+    names       text[] := '{}';
+    los         timestamptz[] := '{}';
+    his         timestamptz[] := '{}';
+    unindexed   text[];
+    made        text[] := '{}';
+    dropped     text[] := '{}';
+    indexed     text[] := '{}';
+    replica_fixed text[] := '{}';
+    skipped     text[] := '{}';
+    moved       bigint := 0;
+    expired_default bigint := 0;
+    n           bigint;
+    attempt     int := 0;
+    locked      boolean := false;
+    refusal     text;
+    has_default boolean := to_regclass('idem.claims_default') IS NOT NULL;
+    expired_in_default boolean := false;
+    lo_rows     timestamptz;
+    hi_rows     timestamptz;
+    p           record;
+BEGIN
+    IF NOT pg_catalog.citus_is_coordinator() THEN
+        RAISE EXCEPTION 'idem: idem_maintain changes the partitions of the distributed idem.claims: run it on the Citus coordinator'
+            USING ERRCODE = '55000';
+    END IF;
+
+    -- DDL after a multi-shard statement in one transaction needs Citus's
+    -- sequential mode, from the transaction's first multi-shard statement.
+    PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+
+    -- Decide the work, before any lock.
+    SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
+      INTO cur FROM idem.partition_bounds WHERE NOT is_default;
+    WHILE cur < t_now + max_ttl + width AND cardinality(names) < limit_parts LOOP
+        nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
+        names := names || idem.partition_name(cur);
+        los := los || cur;
+        his := his || nxt;
+        cur := nxt;
+    END LOOP;
+    SELECT array_agg(b.name ORDER BY b.range_from) INTO unindexed FROM idem.partition_bounds b
+     WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition);
+    IF has_default THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
+    END IF;
+    IF cardinality(names) = 0 AND unindexed IS NULL AND has_default AND NOT expired_in_default
+       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
+       AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
+                        AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass)) THEN
+        RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
+                                  'lock_attempts', 0);
+    END IF;
+
+    LOOP
+        attempt := attempt + 1;
+        BEGIN
+            LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE NOWAIT;
+            locked := true;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected OR internal_error THEN
+            locked := false;
+            refusal := SQLSTATE || ' ' || SQLERRM;
+        END;
+        EXIT WHEN locked OR attempt >= retries;
+        PERFORM pg_sleep(least(0.01 * attempt * attempt, 1.0));
+    END LOOP;
+    IF NOT locked THEN
+        RAISE NOTICE 'idem_maintain: idem.claims stayed locked by claims on some node through % attempts (last: %); nothing changed, the next run catches up', attempt, refusal;
+        RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
+                                  'lock_attempts', attempt, 'skipped', jsonb_build_array('lock on idem.claims not available: ' || refusal));
+    END IF;
+
+    t_now := clock_timestamp();
+    IF NOT has_default THEN
+        CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+        CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+    END IF;
+    -- Every partition carries whole old rows in its updates and deletes,
+    -- as on a single node (Citus's logical shard moves need a replica
+    -- identity too).
+    FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
+               AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
+        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
+        replica_fixed := replica_fixed || p.rel::text;
+    END LOOP;
+    FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
+              WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
+        EXECUTE format('DROP TABLE %s', p.partition);
+        dropped := dropped || p.name;
+    END LOOP;
+    EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
+    GET DIAGNOSTICS expired_default = ROW_COUNT;
+    FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
+              WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition) LOOP
+        EXECUTE format('CREATE INDEX ON %s (idem.key_hash(biz_type, key))', p.partition);
+        indexed := indexed || p.name;
+    END LOOP;
+
+    -- Which new ranges the default partition holds claims for: one
+    -- distributed query for the span, then one per range inside it.
+    IF cardinality(names) > 0 THEN
+        EXECUTE 'SELECT min(expires_at), max(expires_at) FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2'
+           INTO lo_rows, hi_rows USING los[1], his[cardinality(his)];
+    END IF;
+    FOR i IN 1 .. cardinality(names) LOOP
+        n := 0;
+        IF lo_rows IS NOT NULL AND los[i] <= hi_rows AND his[i] > lo_rows THEN
+            EXECUTE 'SELECT count(*) FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2' INTO n USING los[i], his[i];
+        END IF;
+        IF n = 0 THEN
+            EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)', names[i], los[i], his[i]);
+            EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', names[i]);
+        ELSE
+            EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', names[i]);
+            EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', names[i]);
+            PERFORM pg_catalog.create_distributed_table(format('idem.%I', names[i]), 'key', colocate_with => 'idem.claims');
+            EXECUTE format('INSERT INTO idem.%I SELECT * FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2', names[i])
+              USING los[i], his[i];
+            GET DIAGNOSTICS n = ROW_COUNT;
+            moved := moved + n;
+            EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2' USING los[i], his[i];
+            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)', names[i], los[i], his[i]);
+        END IF;
+        EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', names[i]);
+        made := made || names[i];
+    END LOOP;
+
+    RETURN jsonb_build_object(
+        'citus', true,
+        'partitions_created', to_jsonb(made),
+        'partitions_dropped', to_jsonb(dropped),
+        'partitions_indexed', CASE WHEN cardinality(indexed) > 0 THEN to_jsonb(indexed) END,
+        'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
+        'expired_rows_deleted_from_default', expired_default,
+        'rows_moved_from_default', moved,
+        'lock_attempts', attempt);
+END
+$fn$;
+COMMENT ON FUNCTION idem.maintain_distributed(interval, interval, int, int) IS 'idem_maintain''s work on a Citus-distributed idem.claims (run on the coordinator).';
+REVOKE EXECUTE ON FUNCTION idem.maintain_distributed(interval, interval, int, int) FROM PUBLIC;
 
 -- The settings pinned below make every timestamp this function writes into
 -- DDL (partition bounds, CHECK constraints) print as ISO 8601 in UTC, which
@@ -88,7 +282,6 @@ DECLARE
     p           record;
     n           bigint;
     report      jsonb;
-    distributed boolean := false;
     to_move     boolean := false;
     replica_fixed text[] := '{}';
     pub_problems jsonb;
@@ -114,27 +307,11 @@ BEGIN
       INTO max_ttl FROM idem.biz_types;
 
     -- A Citus-distributed idem.claims (idem_distribute, docs/scaling.md):
-    -- its partitions are made and dropped through Citus, on every worker.
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
-           INTO distributed USING 'idem.claims'::regclass;
-    END IF;
-    IF distributed THEN
-        t_now := clock_timestamp();
-        EXECUTE 'SELECT pg_catalog.create_time_partitions($1, $2, $3)'
-          USING 'idem.claims'::regclass, width, t_now + max_ttl + width;
-        FOR p IN EXECUTE 'SELECT partition::regclass AS rel FROM pg_catalog.time_partitions
-                           WHERE parent_table = $1 AND to_value::timestamptz <= $2'
-                   USING 'idem.claims'::regclass, t_now LOOP
-            EXECUTE format('DROP TABLE %s', p.rel);
-            dropped := dropped || p.rel::text;
-        END LOOP;
-        DELETE FROM idem.tokens WHERE expires_at <= t_now;
-        report := jsonb_build_object(
-            'citus', true,
-            'partitions_until', t_now + max_ttl + width,
-            'partitions_dropped', to_jsonb(dropped),
-            'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+    -- its partitions are made and dropped through Citus, on every node.
+    IF idem.is_distributed('idem.claims') THEN
+        report := idem.maintain_distributed(width, max_ttl, limit_parts, retries)
+                  || jsonb_build_object('duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+        DELETE FROM idem.tokens WHERE expires_at <= clock_timestamp();
         INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
         DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
         RETURN report;
@@ -322,18 +499,55 @@ $fn$;
 COMMENT ON FUNCTION idem_schedule_maintenance(text) IS
 'Register (or update) the pg_cron job "idem_maintain" that runs SELECT idem_maintain() on the given schedule, and run maintenance once now. Without pg_cron: SQLSTATE 55000 with a hint on scheduling it elsewhere.';
 
+-- Rows and bytes of every partition of idem.claims: this node's statistics,
+-- or, when Citus distributes idem.claims, the sums over the shards of each
+-- partition on every worker (the coordinator holds only empty shells).
+-- SECURITY DEFINER for the view: its readers need no rights on schema idem
+-- (nor can they call it by name without them).
+CREATE FUNCTION idem.partition_sizes() RETURNS TABLE (partition regclass, estimated_rows bigint, bytes bigint)
+    STABLE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NOT idem.is_distributed('idem.claims') THEN
+        RETURN QUERY SELECT b.partition, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(b.partition)
+                       FROM idem.partition_bounds b JOIN pg_class c ON c.oid = b.partition;
+        RETURN;
+    END IF;
+    -- Each worker reports the shards it holds, by the partition they
+    -- belong to (shards are named by shard_name; pg_class is not queried,
+    -- as Citus may hide shards from it). Live tuples from the statistics
+    -- stand for the estimate.
+    RETURN QUERY EXECUTE $q$
+        SELECT (r->>'p')::regclass, sum((r->>'rows')::bigint)::bigint, sum((r->>'bytes')::bigint)::bigint
+          FROM pg_catalog.run_command_on_workers($c$
+                 SELECT coalesce(json_agg(json_build_object(
+                          'p', s.logicalrelid::regclass::text,
+                          'rows', pg_catalog.pg_stat_get_live_tuples(to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid))),
+                          'bytes', pg_catalog.pg_total_relation_size(to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid))))), '[]')
+                   FROM pg_catalog.pg_dist_shard s JOIN pg_catalog.pg_dist_placement pl USING (shardid)
+                  WHERE pl.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)
+                    AND s.logicalrelid IN (SELECT inhrelid FROM pg_catalog.pg_inherits
+                                            WHERE inhparent = 'idem.claims'::pg_catalog.regclass)$c$) w,
+               json_array_elements(w.result::json) r
+         WHERE w.success
+         GROUP BY 1$q$;
+END
+$fn$;
+COMMENT ON FUNCTION idem.partition_sizes() IS 'Estimated rows and bytes of each partition of idem.claims (under Citus: summed over the shards on every worker).';
+
 CREATE VIEW idem_partitions AS
 SELECT b.name AS partition,
        b.range_from,
        b.range_to,
        b.is_default,
-       greatest(c.reltuples, 0)::bigint AS estimated_rows,
-       pg_total_relation_size(b.partition) AS bytes,
+       coalesce(s.estimated_rows, 0) AS estimated_rows,
+       coalesce(s.bytes, 0) AS bytes,
        coalesce(b.range_to <= now(), false) AS expired
   FROM idem.partition_bounds b
-  JOIN pg_class c ON c.oid = b.partition
+  LEFT JOIN idem.partition_sizes() s ON s.partition = b.partition
  ORDER BY b.is_default, b.range_from;
-COMMENT ON VIEW idem_partitions IS 'Partitions of idem.claims: range, estimated rows, bytes, and whether every claim in it has expired.';
+COMMENT ON VIEW idem_partitions IS 'Partitions of idem.claims: range, estimated rows, bytes (under Citus: summed over the workers), and whether every claim in it has expired.';
 
 CREATE VIEW idem_stats AS
 SELECT coalesce(c.biz_type, t.biz_type) AS biz_type,

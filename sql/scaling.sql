@@ -1,8 +1,7 @@
 -- Citus: idem's storage distributed next to the business tables
--- (docs/scaling.md). Citus is not in Debian's archive, so only the refusal
--- without Citus is tested here; the rest is written to Citus 13's documented
--- API and must be tried on a Citus cluster first (docs/scaling.md lists the
--- checks).
+-- (docs/scaling.md; tested by tests/scenarios/citus.sh on a real Citus 13
+-- cluster). Once idem.claims is distributed, every idem call on a key runs
+-- only on the node that holds the key's shard (src/storage/citus.rs).
 
 CREATE FUNCTION idem_distribute(colocate_with regclass) RETURNS void
     VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
@@ -40,9 +39,20 @@ BEGIN
         RAISE EXCEPTION 'idem: % is distributed by a % column; idem''s key is text', colocate_with, dist_type
             USING ERRCODE = '22023', HINT = 'Co-location needs the same type: distribute the business table by a text column (the key).';
     END IF;
-    PERFORM pg_catalog.create_reference_table('idem.biz_types');
-    PERFORM pg_catalog.create_reference_table('idem.machines');
-    PERFORM pg_catalog.create_distributed_table('idem.claims', 'key', colocate_with => colocate_with::text);
+    -- Run again (after an upgrade), what is distributed stays as it is and
+    -- the functions are registered again, new ones included.
+    IF NOT idem.is_distributed('idem.biz_types') THEN
+        PERFORM pg_catalog.create_reference_table('idem.biz_types');
+    END IF;
+    IF NOT idem.is_distributed('idem.machines') THEN
+        PERFORM pg_catalog.create_reference_table('idem.machines');
+    END IF;
+    IF NOT idem.is_distributed('idem.claims') THEN
+        PERFORM pg_catalog.create_distributed_table('idem.claims', 'key', colocate_with => colocate_with::text);
+    END IF;
+    -- Citus makes the shards of a partitioned table without its replica
+    -- identity; set on the distributed table, it reaches every shard.
+    ALTER TABLE idem.claims REPLICA IDENTITY FULL;
     -- Delegated to the worker that owns the key, inside the caller's
     -- transaction, next to the business rows of the same value.
     PERFORM pg_catalog.create_distributed_function(f, 'key', colocate_with => 'idem.claims', force_delegation => true)
@@ -51,9 +61,10 @@ BEGIN
            '@extschema@.idem_complete(text, text, jsonb, text)',
            '@extschema@.idem_fail(text, text, jsonb, text)',
            '@extschema@.idem_checkpoint(text, text, text, jsonb, text)',
-           '@extschema@.idem_lookup(text, text)']::regprocedure[]) AS f;
+           '@extschema@.idem_lookup(text, text)',
+           '@extschema@.idem_forget(text, text)']::regprocedure[]) AS f;
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions for delegation to the worker owning the key. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;

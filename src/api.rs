@@ -142,6 +142,13 @@ fn set_owner(args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_set_owner, pg_finfo_idem_set_owner, set_owner);
 
+// idem_storage_path() RETURNS text: how this node reaches idem.claims now
+// (storage/mod.rs): direct, sql, or citus.
+fn storage_path(_args: Args) -> pg_sys::Datum {
+    text_datum(crate::storage::Path::now().name().as_bytes())
+}
+sql_function!(idem_storage_path, pg_finfo_idem_storage_path, storage_path);
+
 // idem.random_token() RETURNS text: 256 bits from the CSPRNG, as hex.
 fn random_token(_args: Args) -> pg_sys::Datum {
     text_datum(crate::lease::random_hex(32).as_bytes())

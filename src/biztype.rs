@@ -9,7 +9,6 @@
 use crate::catalog::{self, BizType};
 use crate::datum::text_datum;
 use crate::errors::{internal, IdemError};
-use crate::guc;
 use crate::key::ClaimKey;
 use crate::spi::Statement;
 use pgrx::pg_sys;
@@ -17,10 +16,7 @@ use pgrx::pg_sys;
 /// The settings of `k`'s type, for a call by the current role: 42501 if the
 /// type has an owner the role is not a member of.
 pub fn admit(k: &ClaimKey) -> BizType {
-    // On the SQL path (Citus) the settings are read per call: a change made
-    // on the coordinator invalidates caches there only, never on a worker.
-    let settings =
-        if guc::sql_access() { catalog::read_biz_type(k.biz_type_str()) } else { catalog::biz_type(k.biz_type_str()) };
+    let settings = crate::storage::biz_type(k.biz_type_str());
     if let Some(owner) = settings.owner {
         if !unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), owner) } {
             IdemError::InsufficientPrivilege { biz_type: k.biz_type.to_vec(), owner: role_name(owner) }.fail();

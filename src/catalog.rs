@@ -1,15 +1,16 @@
 //! Backend-local caches of what the claim path needs from the catalog: the
-//! OIDs of idem's tables, the partitions of idem.claims with their ranges and
-//! indexes, and each business type's settings. The claim path runs no SQL
-//! when the caches are warm.
+//! OIDs of idem's tables, the partitions of idem.claims (or, under Citus, of
+//! a local shard of it: storage/citus.rs) with their ranges and indexes, and
+//! each business type's settings. The claim path runs no SQL when the
+//! caches are warm.
 //!
 //! Everything is read in binary: partition bounds come from each
 //! partition's `relpartbound` node tree, never through text, so no session
 //! setting (DateStyle, TimeZone, abbreviations) can change what a claim
 //! reads (docs/design.md §5).
 //!
-//! Invalidation: a relcache callback drops the partition list whenever the
-//! relcache entry of idem.claims, of any of its partitions or of their
+//! Invalidation: a relcache callback drops the partition lists whenever the
+//! relcache entry of a listed parent, of any of its partitions or of their
 //! indexes is invalidated: a partition created, dropped, attached or
 //! detached, REINDEX [CONCURRENTLY], VACUUM FULL, CLUSTER, ALTER TABLE. An
 //! invalidation of idem.claims or idem.biz_types themselves (which DROP
@@ -49,6 +50,8 @@ pub struct Partition {
 /// caller walks the list (it can: taking a lock processes invalidations)
 /// drops only the cache's reference, never the list under the caller.
 pub struct PartitionList {
+    /// The partitioned table listed: idem.claims, or a shard of it.
+    pub parent: pg_sys::Oid,
     pub parts: Vec<Partition>,
     /// idem.claims or a partition whose updates and deletes a publication
     /// would refuse (docs/design.md §12), and why: writers on the direct
@@ -80,7 +83,7 @@ impl PartitionList {
     }
 
     fn mentions(&self, relid: pg_sys::Oid) -> bool {
-        self.parts.iter().any(|p| p.relid == relid || p.index == relid)
+        self.parent == relid || self.parts.iter().any(|p| p.relid == relid || p.index == relid)
     }
 }
 
@@ -98,7 +101,9 @@ struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
     owner: Option<pg_sys::Oid>,
-    partitions: Option<Rc<PartitionList>>,
+    /// Per parent: idem.claims, and under Citus each local shard of it that
+    /// a claim has used (a few dozen at most).
+    partitions: HashMap<pg_sys::Oid, Rc<PartitionList>>,
     /// Bumped whenever `partitions` is dropped, so that a caller can tell
     /// the list it locked is still the current one.
     generation: u64,
@@ -136,7 +141,7 @@ fn reset(c: &mut Cache) {
 }
 
 fn drop_partitions(c: &mut Cache) {
-    c.partitions = None;
+    c.partitions.clear();
     c.generation += 1;
 }
 
@@ -146,7 +151,8 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
         let Some(c) = c.as_mut() else { return };
         if relid == pg_sys::InvalidOid || Some(relid) == c.claims || Some(relid) == c.biz_types {
             reset(c);
-        } else if c.partitions.as_ref().is_some_and(|l| l.mentions(relid)) {
+        } else if c.partitions.values().any(|l| l.mentions(relid)) {
+            // All of them: invalidations are rare (DDL on the partitions).
             drop_partitions(c);
         }
     });
@@ -234,12 +240,13 @@ pub fn biz_types_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.biz_types, c"biz_types")
 }
 
-/// The partitions of idem.claims, and the generation they belong to. Call
-/// with idem.claims locked, so that the list cannot change under the caller
-/// (every change to it needs a lock that conflicts with RowExclusiveLock).
-pub fn partitions() -> (u64, Rc<PartitionList>) {
-    let parent = claims_oid();
-    if let Some(found) = with_cache(|c| c.partitions.clone().map(|l| (c.generation, l))) {
+/// The partitions of `parent` (idem.claims, or a local shard of it), and
+/// the generation they belong to. Call with `parent` locked, so that the
+/// list cannot change under the caller (every change to it needs a lock that
+/// conflicts with RowExclusiveLock).
+pub fn partitions(parent: pg_sys::Oid) -> (u64, Rc<PartitionList>) {
+    claims_oid(); // so that relcache_callback recognises idem.claims' invalidation
+    if let Some(found) = with_cache(|c| c.partitions.get(&parent).cloned().map(|l| (c.generation, l))) {
         return found;
     }
     // The generation before reading: an invalidation processed while we read
@@ -248,7 +255,7 @@ pub fn partitions() -> (u64, Rc<PartitionList>) {
     let list = Rc::new(load_partitions(parent));
     with_cache(|c| {
         if c.generation == generation {
-            c.partitions = Some(list.clone());
+            c.partitions.insert(parent, list.clone());
         }
     });
     (generation, list)
@@ -270,7 +277,7 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
         )
     };
     // Owns mcx from here on, also if loading fails.
-    let mut list = PartitionList { parts: Vec::new(), unreplicable: None, mcx };
+    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, mcx };
     unsafe {
         let rel = pg_sys::table_open(parent, pg_sys::AccessShareLock as _);
         list.unreplicable = replication_gap(rel).map(|why| (parent, why));
@@ -509,8 +516,7 @@ pub fn biz_type(name: &str) -> BizType {
     found
 }
 
-/// A business type's settings, read now (the SQL path on Citus reads them
-/// per call: the coordinator's invalidation never reaches a worker).
+/// A business type's settings, read now through SQL on idem.biz_types.
 pub fn read_biz_type(name: &str) -> BizType {
     static READ: spi::Statement = spi::Statement::new(
         c"SELECT ttl, owner::pg_catalog.oid FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
@@ -530,6 +536,67 @@ pub fn read_biz_type(name: &str) -> BizType {
     BizType {
         ttl_us: row[0].map(|d| crate::guc::interval_us(unsafe { &*d.cast_mut_ptr::<pg_sys::Interval>() }) as i64),
         owner: row[1].map(|d| pg_sys::Oid::from(d.value() as u32)),
+    }
+}
+
+/// A business type's settings read now, without SQL, from `relid`: a table
+/// of idem.biz_types' shape (under Citus, this node's placement of the
+/// reference table: storage/citus.rs), through its primary key, with the
+/// caller's MVCC snapshot, as the SQL read would.
+pub fn read_biz_type_in(relid: pg_sys::Oid, name: &str) -> BizType {
+    unsafe {
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let index_oid = crate::compat::primary_key_index(rel);
+        if index_oid == pg_sys::InvalidOid {
+            internal(format!("{} has no primary key", relation_name(relid)));
+        }
+        let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as _);
+        let column = |name: &std::ffi::CStr| pg_sys::get_attnum(relid, name.as_ptr());
+        let (biz_type, ttl, owner) = (column(c"biz_type"), column(c"ttl"), column(c"owner"));
+        if biz_type == pg_sys::InvalidAttrNumber as i16
+            || ttl == pg_sys::InvalidAttrNumber as i16
+            || (*(*index).rd_index).indnatts != 1
+            || (*(*index).rd_index).indkey.values.as_slice(1)[0] != biz_type
+        {
+            internal(format!("{} does not have the shape of idem.biz_types", relation_name(relid)));
+        }
+        // The index's collation orders the search, whatever the database's.
+        let mut key: pg_sys::ScanKeyData = std::mem::MaybeUninit::zeroed().assume_init();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            1,
+            pg_sys::BTEqualStrategyNumber as _,
+            pg_sys::InvalidOid,
+            *(*index).rd_indcollation,
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            crate::datum::text_datum(name.as_bytes()),
+        );
+        let snapshot =
+            if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { pg_sys::GetTransactionSnapshot() };
+        let scan = crate::compat::index_beginscan(rel, index, snapshot, 1);
+        pg_sys::index_rescan(scan, &mut key, 1, std::ptr::null_mut(), 0);
+        let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        let mut found = BizType::default();
+        if pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+            let last = ttl.max(owner);
+            pg_sys::slot_getsomeattrs_int(slot, last as i32);
+            let values = std::slice::from_raw_parts((*slot).tts_values, last as usize);
+            let nulls = std::slice::from_raw_parts((*slot).tts_isnull, last as usize);
+            let at = |attnum: i16| {
+                (attnum != pg_sys::InvalidAttrNumber as i16 && !nulls[attnum as usize - 1])
+                    .then(|| values[attnum as usize - 1])
+            };
+            found = BizType {
+                ttl_us: at(ttl).map(|d| crate::guc::interval_us(&*d.cast_mut_ptr::<pg_sys::Interval>()) as i64),
+                owner: at(owner).map(|d| pg_sys::Oid::from(d.value() as u32)),
+            };
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::index_endscan(scan);
+        pg_sys::index_close(index, pg_sys::NoLock as _);
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        found
     }
 }
 

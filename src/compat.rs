@@ -65,3 +65,21 @@ pub unsafe fn tuple_desc_attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys:
         }
     }
 }
+
+/// The primary key index of `rel`, or InvalidOid (a deferrable primary key
+/// counts: an argument since 18).
+///
+/// # Safety
+/// `rel` is open.
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        {
+            pg_sys::RelationGetPrimaryKeyIndex(rel)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::RelationGetPrimaryKeyIndex(rel, true)
+        }
+    }
+}

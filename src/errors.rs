@@ -27,6 +27,9 @@ pub enum IdemError {
     ObjectNotInPrerequisiteState(String, Option<String>),
     /// 0A000: something idem does not support.
     FeatureNotSupported(String, Option<String>),
+    /// 0A000: under Citus, a call on a key that runs on another node than
+    /// the one holding the key's shard (storage/citus.rs).
+    NotOnShardNode { biz_type: Vec<u8>, key: Vec<u8>, shard: i64, node: String },
     /// 25006: a write in a read-only transaction or on a hot standby.
     ReadOnly { what: &'static str, standby: bool },
     /// 42501: the caller's role may not use this business type.
@@ -68,7 +71,7 @@ impl IdemError {
             IdemError::NotClaimed { .. } => b"ID003",
             IdemError::SerializationFailure { .. } => b"40001",
             IdemError::ObjectNotInPrerequisiteState(..) => b"55000",
-            IdemError::FeatureNotSupported(..) => b"0A000",
+            IdemError::FeatureNotSupported(..) | IdemError::NotOnShardNode { .. } => b"0A000",
             IdemError::ReadOnly { .. } => b"25006",
             IdemError::InsufficientPrivilege { .. } => b"42501",
             IdemError::Internal(_) => b"XX000",
@@ -96,6 +99,11 @@ impl IdemError {
             }
             IdemError::ObjectNotInPrerequisiteState(m, _) => format!("idem: {m}").into_bytes(),
             IdemError::FeatureNotSupported(m, _) => format!("idem: {m}").into_bytes(),
+            IdemError::NotOnShardNode { biz_type, key, node, .. } => about_key(
+                biz_type,
+                key,
+                &format!("lives on {node}: a call on the key runs only there, and this is another node"),
+            ),
             IdemError::ReadOnly { what, .. } => {
                 format!("cannot execute {what} in a read-only transaction").into_bytes()
             }
@@ -121,6 +129,9 @@ impl IdemError {
                 "Retry the transaction: the retry will see the first claim and get its result.".into(),
             ),
             IdemError::ObjectNotInPrerequisiteState(_, h) | IdemError::FeatureNotSupported(_, h) => h.clone(),
+            IdemError::NotOnShardNode { shard, .. } => Some(format!(
+                "The key is in shard {shard} of idem.claims. Citus runs a call on the node of its key only when it delegates it: SELECT idem_claim(...), SELECT * FROM idem_claim(...) or SELECT claimed, state FROM idem_claim(...) as the whole statement (also inside BEGIN ... COMMIT, in a prepared statement, and in PL/pgSQL as SELECT ... INTO ... FROM idem_claim(...)), and the same for idem_complete, idem_fail, idem_checkpoint, idem_lookup and idem_forget. It does not delegate SELECT (idem_claim(...)).claimed, a WHERE clause, a CTE, or PL/pgSQL's := and PERFORM: call those inside a function distributed with the key (docs/scaling.md). Right after a shard move, a retry succeeds."
+            )),
             IdemError::ReadOnly { standby: true, .. } => Some(
                 "This server is a hot standby: claim on the primary. idem_lookup works here.".into(),
             ),

@@ -139,7 +139,7 @@ pub fn sql_access() -> bool {
 /// shared_preload_libraries cannot change while the server runs: read once.
 static CITUS_PRELOADED: BackendLocal<Option<bool>> = BackendLocal::new(None);
 
-fn citus_preloaded() -> bool {
+pub fn citus_preloaded() -> bool {
     if let Some(c) = CITUS_PRELOADED.get() {
         return c;
     }

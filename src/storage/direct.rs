@@ -5,11 +5,15 @@
 //! transaction), under the short key lock; a row another transaction is
 //! writing is waited for with the key lock released (docs/design.md §2).
 //!
+//! The partitioned table read is a `Target`: idem.claims itself, or under
+//! Citus the local shard of it that holds the key (storage/citus.rs), which
+//! is an ordinary partitioned table on this node.
+//!
 //! Tuples have the shape catalog.rs checks every partition for; the column
 //! numbers below follow sql/storage.sql.
 
 use super::keylock::{self, KeyLock};
-use super::{now, Found, Held, Intent, NewRow, Row, Seen, Writer};
+use super::{now, Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
 use crate::backend::BackendLocal;
 use crate::catalog::{self, PartitionList};
 use crate::compat;
@@ -31,9 +35,11 @@ const COL_FINGERPRINT: usize = 5;
 const COL_RESULT: usize = 6;
 const NCOLS: usize = 7;
 
-/// idem.claims and every partition, locked and open. Partition `i` here is
-/// `list.parts[i]`.
+/// The target's partitioned table and every partition, locked and open.
+/// Partition `i` here is `list.parts[i]`.
 pub struct Opened {
+    /// Under Citus, the logical idem.claims, locked before the shard.
+    shell: Option<pg_sys::Relation>,
     parent: pg_sys::Relation,
     lockmode: pg_sys::LOCKMODE,
     /// Each partition's heap, and its index (opened on first use: empty
@@ -45,28 +51,55 @@ pub struct Opened {
 impl Drop for Opened {
     fn drop(&mut self) {
         self.close_parts();
-        unsafe { pg_sys::table_close(self.parent, pg_sys::NoLock as _) };
+        unsafe {
+            pg_sys::table_close(self.parent, pg_sys::NoLock as _);
+            if let Some(shell) = self.shell {
+                pg_sys::table_close(shell, pg_sys::NoLock as _);
+            }
+        }
+    }
+}
+
+/// Open and lock the target's tables: under Citus the logical idem.claims
+/// (the shell) and then the shard, else idem.claims. idem.claims is opened
+/// by catalog::open_claims, which survives a concurrent DROP EXTENSION
+/// (55000, never XX000 for a vanished OID).
+///
+/// # Safety
+/// Inside a transaction; the caller closes both relations.
+unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_sys::Relation>, pg_sys::Relation) {
+    match target.shell {
+        Some(_) => {
+            let shell = catalog::open_claims(lockmode);
+            (Some(shell), unsafe { pg_sys::table_open(target.parent, lockmode) })
+        }
+        None => (None, catalog::open_claims(lockmode)),
     }
 }
 
 impl Opened {
-    /// Lock idem.claims, then every partition. The parent is locked first:
-    /// idem_maintain changes partitions only under a lock that conflicts with
-    /// ours, so the set stays as read until the transaction ends. Anyone
-    /// else attaching a partition locks the default partition, which we lock
-    /// too: if taking a lock let an invalidation of the list in, read it
-    /// again.
+    /// Lock the target's table, then every partition. The table is locked
+    /// first: idem_maintain changes partitions only under a lock that
+    /// conflicts with ours, so the set stays as read until the transaction
+    /// ends. Anyone else attaching a partition locks the default partition,
+    /// which we lock too: if taking a lock let an invalidation of the list
+    /// in, read it again. Under Citus the logical idem.claims is locked
+    /// before the shard, in the order Citus's own statements take: Citus's
+    /// maintenance locks it on every node before it changes a shard
+    /// (sql/maintenance.sql), so it never waits for a claim that waits for
+    /// it.
     ///
     /// Every partition, also those whose range has ended: a claim whose
     /// transaction is still open blocks its key whatever its expiry, and
     /// maintenance cannot drop its partition meanwhile (our lock).
-    pub fn open(lockmode: pg_sys::LOCKMODE) -> Opened {
+    pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
         unsafe {
-            let parent = catalog::open_claims(lockmode);
-            let (_, list) = catalog::partitions();
-            let mut opened = Opened { parent, lockmode, parts: Vec::new(), list };
+            let (shell, parent) = open_target(target, lockmode);
+            let parent_oid = (*parent).rd_id;
+            let (_, list) = catalog::partitions(parent_oid);
+            let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
             loop {
-                let (generation, list) = catalog::partitions();
+                let (generation, list) = catalog::partitions(parent_oid);
                 opened.close_parts();
                 opened.list = list;
                 for p in &opened.list.parts {
@@ -259,7 +292,7 @@ impl Opened {
             let tuple = form(heap, k, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
             self.index_insert(target, k.hash, &mut (*tuple).t_self);
-            remember(k.hash, self.list.parts[target].relid, (*tuple).t_self);
+            self.remember(k.hash, target, (*tuple).t_self);
         }
     }
 
@@ -281,7 +314,7 @@ impl Opened {
                 self.index_insert(row.part, k.hash, &mut (*tuple).t_self);
             }
             if row.own {
-                remember(k.hash, self.list.parts[row.part].relid, (*tuple).t_self);
+                self.remember(k.hash, row.part, (*tuple).t_self);
             }
         }
     }
@@ -293,6 +326,13 @@ impl Opened {
             pg_sys::CommandCounterIncrement();
             pg_sys::simple_heap_delete(self.parts[row.part].0, &mut tid);
         }
+    }
+
+    /// Where this transaction's own row of a key now is (partition `i`).
+    fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
+        let target =
+            Target { shell: self.shell.map(|r| unsafe { (*r).rd_id }), parent: unsafe { (*self.parent).rd_id } };
+        remember(hash, target, self.list.parts[i].relid, tid);
     }
 
     /// The digest index entry of the heap tuple at `tid` in partition `i`.
@@ -461,6 +501,8 @@ unsafe fn form(
 struct Recent {
     xid: pg_sys::TransactionId,
     hash: i64,
+    /// The table the row was found in, and its partition.
+    target: Target,
     relid: pg_sys::Oid,
     tid: pg_sys::ItemPointerData,
 }
@@ -468,13 +510,13 @@ struct Recent {
 static RECENT: BackendLocal<Option<Recent>> = BackendLocal::new(None);
 static RECENT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 
-fn remember(hash: i64, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
+fn remember(hash: i64, target: Target, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
     if !RECENT_CALLBACK.get() {
         RECENT_CALLBACK.set(true);
         unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
     }
     let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
-    RECENT.set(Some(Recent { xid, hash, relid, tid }));
+    RECENT.set(Some(Recent { xid, hash, target, relid, tid }));
 }
 
 #[pgrx::pg_guard]
@@ -490,7 +532,9 @@ unsafe extern "C-unwind" fn forget_recent_on_abort(
 }
 
 /// This transaction's own live row of `k`, if it is the one remembered,
-/// with idem.claims and its partition locked and open.
+/// with its table and partition locked and open. (Under Citus: the claim
+/// that wrote it took the shard's metadata lock and checked the placement,
+/// and both hold until this transaction ends.)
 pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     let r = RECENT.get()?;
     let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
@@ -499,15 +543,12 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     }
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let parent = catalog::open_claims(lockmode);
-        let (_, list) = catalog::partitions();
-        let Some(i) = list.parts.iter().position(|p| p.relid == r.relid) else {
-            pg_sys::table_close(parent, pg_sys::NoLock as _);
-            return None;
-        };
+        let (shell, parent) = open_target(r.target, lockmode);
+        let (_, list) = catalog::partitions((*parent).rd_id);
+        let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
+        let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened; the others' slots stay empty (never
         // touched: the row is in partition i).
-        let mut opened = Opened { parent, lockmode, parts: Vec::new(), list };
         for (j, p) in opened.list.parts.iter().enumerate() {
             let heap = if j == i { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
             opened.parts.push((heap, Cell::new(std::ptr::null_mut())));

@@ -7,15 +7,23 @@
 //! * direct.rs: the partitions' heaps and indexes by OID, with a dirty
 //!   snapshot and a short key lock (the fast path);
 //! * sql.rs: SQL on the logical table under a key lock held to the end of
-//!   the transaction (`idem.storage_access = sql`; works on Citus).
+//!   the transaction (`idem.storage_access = sql`);
+//! * citus.rs: when Citus distributes idem.claims, whatever
+//!   idem.storage_access says: a call runs only on the node holding its
+//!   key's shard (elsewhere it is refused), and there reaches the shard
+//!   with direct.rs.
 //!
-//! keylock.rs is the lock both use. docs/design.md §2 and §9 say why each
-//! path lets at most one claim of a key commit.
+//! keylock.rs is the lock all use. docs/design.md §2 and §9 say why each
+//! path lets at most one claim of a key commit. Every session of a database
+//! (of a node, under Citus) must take the same path: `path` depends only on
+//! the server's settings and the catalog.
 
+mod citus;
 mod direct;
 pub mod keylock;
 mod sql;
 
+use crate::catalog::{self, BizType};
 use crate::guc;
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
@@ -94,6 +102,65 @@ pub enum Seen {
     Busy(Option<Row>),
 }
 
+/// The partitioned table the direct path reads and writes: idem.claims, or
+/// under Citus the local shard of it that holds the key, with the logical
+/// idem.claims (the shell) locked first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub shell: Option<pg_sys::Oid>,
+    pub parent: pg_sys::Oid,
+}
+
+/// How this node reaches idem.claims.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    Direct,
+    Sql,
+    Citus,
+}
+
+impl Path {
+    pub fn now() -> Path {
+        if guc::citus_preloaded() && citus::distributed() {
+            Path::Citus
+        } else if guc::sql_access() {
+            Path::Sql
+        } else {
+            Path::Direct
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Direct => "direct",
+            Path::Sql => "sql",
+            Path::Citus => "citus",
+        }
+    }
+
+    /// Where the direct path finds `k` (None: the SQL path). Under Citus,
+    /// this takes the shard's metadata lock, or refuses the call here.
+    fn target(self, k: &ClaimKey) -> Option<Target> {
+        match self {
+            Path::Sql => None,
+            Path::Direct => Some(Target { shell: None, parent: catalog::claims_oid() }),
+            Path::Citus => Some(citus::local_shard(k).expect("Path::Citus: idem.claims is distributed")),
+        }
+    }
+}
+
+/// A business type's settings as a call must see them: cached until
+/// idem_configure invalidates them, except under Citus, where they are read
+/// per call from this node's copy of idem.biz_types (citus.rs says why).
+pub fn biz_type(name: &str) -> BizType {
+    if guc::citus_preloaded() {
+        if let Some(found) = citus::read_biz_type(name) {
+            return found;
+        }
+    }
+    catalog::biz_type(name)
+}
+
 /// idem.claims, opened the way this server reaches it.
 pub enum Storage {
     Direct(direct::Opened),
@@ -103,28 +170,31 @@ pub enum Storage {
 impl Storage {
     /// Find `k`'s row for `intent`, opening storage for writing.
     pub fn find(k: &ClaimKey, now: i64, intent: Intent) -> (Storage, Found) {
-        if guc::sql_access() {
+        let path = Path::now();
+        if path == Path::Sql {
             let store = sql::SqlStore::open();
             let found = store.find(k, intent);
             return (Storage::Sql(store), found);
         }
         if matches!(intent, Intent::Update | Intent::Forget) {
-            // The claim this transaction just made: found without a probe.
+            // The claim this transaction just made: found without a probe
+            // (under Citus, where the claim found it: on this node, under
+            // the metadata lock it took).
             if let Some((opened, row)) = direct::open_recent(k, now) {
                 return (Storage::Direct(opened), Found::Row(row, Held(None)));
             }
         }
-        let opened = direct::Opened::open(pg_sys::RowExclusiveLock as _);
+        let target = path.target(k).expect("not the SQL path");
+        let opened = direct::Opened::open(target, pg_sys::RowExclusiveLock as _);
         let found = opened.find(k, intent);
         (Storage::Direct(opened), found)
     }
 
     /// What a lookup sees of `k` now.
     pub fn peek(k: &ClaimKey, now: i64) -> Seen {
-        if guc::sql_access() {
-            sql::SqlStore::open().peek(k, now)
-        } else {
-            direct::Opened::open(pg_sys::AccessShareLock as _).peek(k, now)
+        match Path::now().target(k) {
+            None => sql::SqlStore::open().peek(k, now),
+            Some(target) => direct::Opened::open(target, pg_sys::AccessShareLock as _).peek(k, now),
         }
     }
 

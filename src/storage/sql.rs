@@ -1,7 +1,7 @@
 //! The SQL path (`idem.storage_access = sql`): idem.claims reached through
-//! SQL on the logical table, for storage the direct path cannot see — on a
-//! Citus worker, idem.claims is a shell and the rows live in shard tables;
-//! statements on the logical table are routed to the shard.
+//! SQL on the logical table, for storage that SQL reaches and the direct
+//! path may not (a table another extension routes statements for). A
+//! Citus-distributed idem.claims does not come here (citus.rs).
 //!
 //! SQL cannot see another transaction's uncommitted row (no dirty
 //! snapshot), so here a transaction that writes a key's row keeps the key
@@ -121,7 +121,7 @@ fn require_read_committed() {
 fn mixed(what: String) -> ! {
     IdemError::ObjectNotInPrerequisiteState(
         what,
-        Some("Were claims of this key made with different idem.storage_access settings? Every session must use one path.".into()),
+        Some("Were claims of this key made with different idem.storage_access settings? Every session must use one path. (Or, if idem.claims was distributed by Citus under idem 0.2.0: calls Citus did not delegate, such as SELECT (idem_claim(...)).claimed, ran on another node; since 0.3.0 they are refused.)".into()),
     )
     .fail()
 }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# pg_isolation_regress against the coordinator of tests/citus/cluster.sh
+# (database idem_citus, idem distributed), with Citus's blocking check in
+# place of PostgreSQL's so that a session waiting on a worker counts as
+# blocked. Usage: bash tests/citus/isolation.sh [spec names...]
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+read -r -a CPORTS <<<"${CITUS_PORTS:-5530 5531 5532}"
+db="${CITUS_DB:-idem_citus}"
+sock="$(cluster_dir)/citus/coord"
+
+bash "$here/cluster.sh" psql coord -Atc "
+  SELECT citus_internal.replace_isolation_tester_func()
+   WHERE to_regprocedure('pg_catalog.old_pg_isolation_test_session_is_blocked(integer, integer[])') IS NULL" >/dev/null
+
+specs=("$@")
+[ ${#specs[@]} -gt 0 ] || specs=($(cd "$here/specs" && ls *.spec | sed 's/\.spec$//'))
+out="$(mktemp -d /tmp/idem-citus-iso.XXXXXX)"
+"$PGXS_TEST/isolation/pg_isolation_regress" --use-existing --host="$sock" --port="${CPORTS[0]}" \
+  --user=postgres --dbname="$db" --inputdir="$here" --outputdir="$out" "${specs[@]}"
+rc=$?
+[ $rc = 0 ] || echo "diffs: $out/regression.diffs"
+exit $rc

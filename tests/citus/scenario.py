@@ -1,0 +1,599 @@
+"""The checks of tests/scenarios/citus.sh against a Citus cluster set up by
+docs/scaling.md's steps (coordinator 127.0.0.1:5530, workers :5531 and
+:5532, database idem_citus). Each check prints "ok - ..." or "FAIL - ...";
+the exit status is the number of failures (capped). Synchronization is by
+observable state only (a session found waiting on a lock, a thread found
+finished); the few sleeps are pacing of a load, never an ordering.
+
+  python tests/citus/scenario.py CHECK...   (all when none is named)
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+
+import psycopg
+
+HOST = "127.0.0.1"
+PORTS = {"coord": 5530, "w1": 5531, "w2": 5532}
+DB = os.environ.get("CITUS_DB", "idem_citus")
+# Maintenance runs in a database of its own: the docs' steps leave 30-day
+# partitions in DB, which short widths would only continue after.
+MAINT_DB = os.environ.get("CITUS_MAINT_DB", "idem_m")
+PG_BIN = os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")
+RUN = str(int(time.time() * 1000) % 10**9)
+failures = []
+summary = {}
+
+
+def conn(node, autocommit=True, db=None, **kw):
+    return psycopg.connect(host=HOST, port=PORTS[node], dbname=db or DB, user="postgres", autocommit=autocommit, **kw)
+
+
+def q(c, sql, *args):
+    cur = c.execute(sql, args)
+    return cur.fetchall() if cur.description else None
+
+
+def one(c, sql, *args):
+    return q(c, sql, *args)[0]
+
+
+def ok(cond, what):
+    print(("ok - " if cond else "FAIL - ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+    return cond
+
+
+def sqlstate_of(fn, c=None):
+    """The SQLSTATE fn() raised (None if none); a transaction block it left
+    open on c is rolled back."""
+    try:
+        fn()
+        return None
+    except psycopg.Error as e:
+        return e.sqlstate
+    finally:
+        if c is not None and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            c.execute("ROLLBACK")
+
+
+def wait_until(what, fn, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if fn():
+            return True
+        time.sleep(0.01)  # polling an observable state
+    ok(False, f"timed out waiting for: {what}")
+    raise TimeoutError(what)
+
+
+COORD = None
+
+
+def node_of_key(key):
+    """The worker ('w1'/'w2') holding key's shard of idem.claims."""
+    port = one(COORD, """SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+                         WHERE p.shardid = get_shard_id_for_distribution_column('idem.claims', %s::text)""", key)[0]
+    return {v: k for k, v in PORTS.items()}[port]
+
+
+def shard_of_key(key):
+    return one(COORD, "SELECT get_shard_id_for_distribution_column('idem.claims', %s::text)", key)[0]
+
+
+def keys_on(node, prefix, n=1):
+    out, i = [], 0
+    while len(out) < n:
+        k = f"{prefix}-{RUN}-{i}"
+        i += 1
+        if node_of_key(k) == node:
+            out.append(k)
+    return out
+
+
+def waiting_on(node, needle):
+    """Some backend of `node` whose query contains needle waits for a lock."""
+    with conn(node) as c:
+        return one(c, """SELECT count(*) > 0 FROM pg_stat_activity
+                          WHERE wait_event_type = 'Lock' AND query LIKE %s""", f"%{needle}%")[0]
+
+
+def live_rows(key, biz_type):
+    return one(COORD, "SELECT count(*) FROM idem.claims WHERE key = %s AND biz_type = %s AND expires_at > now()",
+               key, biz_type)[0]
+
+
+# ---------------------------------------------------------------- semantics
+def check_semantics():
+    """claim / duplicate / rollback / fingerprint / waiting duplicate / lease /
+    checkpoint / complete with token, all through the coordinator."""
+    c = COORD
+    k = f"sem-{RUN}"
+    ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'sem')", k + "-1") == (True, "new"), "claim through the coordinator: (t, new)")
+    ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'sem')", k + "-1") == (False, "completed"),
+       "its duplicate: (f, completed)")
+    with conn("coord", autocommit=False) as t:
+        ok(one(t, "SELECT claimed FROM idem_claim(%s, 'sem')", k + "-2")[0], "claim in a transaction")
+        q(t, "SELECT idem_complete(%s, 'sem', '{\"n\": 2}')", k + "-2")
+        t.commit()
+    ok(one(c, "SELECT claimed, state, result FROM idem_claim(%s, 'sem')", k + "-2") == (False, "completed", {"n": 2}),
+       "completed claim replays its result")
+    with conn("coord", autocommit=False) as t:
+        q(t, "SELECT claimed FROM idem_claim(%s, 'sem')", k + "-3")
+        t.rollback()
+    ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'sem')", k + "-3") == (True, "new"),
+       "a rolled-back claim leaves nothing: the retry claims")
+    q(c, "SELECT claimed FROM idem_claim(%s, 'sem', fingerprint => 'a')", k + "-4")
+    ok(sqlstate_of(lambda: q(c, "SELECT claimed FROM idem_claim(%s, 'sem', fingerprint => 'b')", k + "-4")) == "ID001",
+       "another fingerprint: ID001")
+    # a concurrent duplicate waits on the worker, then gets the outcome
+    first = conn("coord", autocommit=False)
+    ok(one(first, "SELECT claimed FROM idem_claim(%s, 'sem')", k + "-5")[0], "first claim, not committed")
+    ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'sem', wait => false)", k + "-5") == (False, "in_progress"),
+       "wait => false: in_progress at once")
+    res = {}
+    t = threading.Thread(daemon=True, target=lambda: res.setdefault("r", one(conn("coord"), "SELECT claimed, state, result FROM idem_claim(%s, 'sem')", k + "-5")))
+    t.start()
+    wait_until("the duplicate waits on the worker", lambda: waiting_on(node_of_key(k + "-5"), k + "-5"))
+    q(first, "SELECT idem_complete(%s, 'sem', '{\"first\": true}')", k + "-5")
+    first.commit()
+    t.join(30)
+    ok(res.get("r") == (False, "completed", {"first": True}), f"the waiting duplicate got the first outcome: {res.get('r')}")
+    # lease: claim, commit, others see in_progress; checkpoint and complete with the token
+    r = one(c, "SELECT claimed, result FROM idem_claim(%s, 'sem', lease => '1 minute')", k + "-6")
+    token = r[1]["lease_token"]
+    ok(r[0] and token, "leased claim returns a lease token")
+    ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'sem')", k + "-6") == (False, "in_progress"),
+       "a leased claim reads in_progress to others")
+    ok(sqlstate_of(lambda: q(c, "SELECT idem_complete(%s, 'sem', '{}')", k + "-6")) == "ID003",
+       "completing a lease without its token: ID003")
+    q(c, "SELECT idem_checkpoint(%s, 'sem', 'charged', '{\"id\": 7}', %s)", k + "-6", token)
+    q(c, "SELECT idem_complete(%s, 'sem', '{\"done\": 1}', %s)", k + "-6", token)
+    ok(one(c, "SELECT state, result FROM idem_lookup(%s, 'sem')", k + "-6") == ("completed", {"done": 1}),
+       "checkpoint and complete with the token, from other sessions: completed")
+    ok(one(c, "SELECT idem_forget(%s, 'sem')", k + "-6")[0] and
+       one(c, "SELECT state FROM idem_lookup(%s, 'sem')", k + "-6")[0] == "absent",
+       "idem_forget (delegated) removes the claim")
+
+
+# ---------------------------------------------------------------- call forms
+FORMS = [
+    # (name, sql with K, delegated?)
+    ("SELECT idem_claim(...)", "SELECT idem_claim('K', 'forms')", True),
+    ("SELECT * FROM idem_claim(...)", "SELECT * FROM idem_claim('K', 'forms')", True),
+    ("SELECT claimed FROM idem_claim(...)", "SELECT claimed FROM idem_claim('K', 'forms')", True),
+    ("BEGIN; SELECT claimed, state FROM idem_claim(...); COMMIT", "BEGIN; SELECT claimed, state FROM idem_claim('K', 'forms'); COMMIT", True),
+    ("PL/pgSQL SELECT * INTO c FROM idem_claim(...)", "SELECT forms_select_into('K')", True),
+    ("PREPARE / EXECUTE", "PREPARE fp(text) AS SELECT claimed FROM idem_claim($1, 'forms'); EXECUTE fp('K'); DEALLOCATE fp", True),
+    ("SELECT (idem_claim(...)).claimed", "SELECT (idem_claim('K', 'forms')).claimed", False),
+    ("SELECT (idem_claim(...)).*", "SELECT (idem_claim('K', 'forms')).*", False),
+    ("... FROM idem_claim(...) WHERE claimed", "SELECT claimed FROM idem_claim('K', 'forms') WHERE claimed", False),
+    ("SELECT idem_claim(...), 1", "SELECT idem_claim('K', 'forms'), 1", False),
+    ("WITH c AS (SELECT * FROM idem_claim(...))", "WITH c AS (SELECT * FROM idem_claim('K', 'forms')) SELECT claimed FROM c", False),
+    ("PL/pgSQL c := idem_claim(...)", "SELECT forms_assign('K')", False),
+    ("BEGIN; SELECT (idem_claim(...)).claimed", "BEGIN; SELECT (idem_claim('K', 'forms')).claimed; COMMIT", False),
+    ("SELECT (idem_lookup(...)).state", "SELECT (idem_lookup('K', 'forms')).state", False),
+]
+
+
+def check_forms():
+    """Every call form through the coordinator: delegated ones work, the
+    others are refused with 0A000 and write nothing; on a worker, any form
+    works for a local key and a non-delegated one is refused for a remote
+    key. A non-delegated form never double-claims a key that a delegated
+    claim holds."""
+    c = COORD
+    q(c, """CREATE OR REPLACE FUNCTION forms_assign(k text) RETURNS boolean LANGUAGE plpgsql AS $$
+            DECLARE r idem_claim_result; BEGIN r := idem_claim(k, 'forms'); RETURN r.claimed; END $$""")
+    q(c, """CREATE OR REPLACE FUNCTION forms_select_into(k text) RETURNS boolean LANGUAGE plpgsql AS $$
+            DECLARE r idem_claim_result; BEGIN SELECT * INTO r FROM idem_claim(k, 'forms'); RETURN r.claimed; END $$""")
+    table = []
+    for i, (name, sql, delegated) in enumerate(FORMS):
+        k = f"form{i}-{RUN}"
+        state = sqlstate_of(lambda: c.execute(sql.replace("K", k)), c)
+        rows = one(c, "SELECT count(*) FROM idem.claims WHERE key = %s AND biz_type = 'forms'", k)[0]
+        if "lookup" in sql:
+            good = state == "0A000"
+        else:
+            good = (state is None and rows == 1) if delegated else (state == "0A000" and rows == 0)
+        table.append((name, "delegated" if delegated else "refused", state or "ok", rows))
+        ok(good, f"coordinator, {name}: {'works' if delegated else 'refused (0A000), nothing written'} (got {state or 'ok'}, {rows} row)")
+    # on a worker: a local key in a non-delegated form runs there; a remote key is refused
+    for node in ("w1", "w2"):
+        other = "w2" if node == "w1" else "w1"
+        with conn(node) as w:
+            kl = keys_on(node, f"formlocal-{node}")[0]
+            kr = keys_on(other, f"formremote-{node}")[0]
+            ok(one(w, "SELECT (idem_claim(%s, 'forms')).claimed", kl)[0], f"{node} directly, local key, (idem_claim(...)).claimed: claimed there")
+            ok(sqlstate_of(lambda: q(w, "SELECT (idem_claim(%s, 'forms')).claimed", kr)) == "0A000",
+               f"{node} directly, key of {other}, (idem_claim(...)).claimed: 0A000")
+            ok(one(w, "SELECT claimed FROM idem_claim(%s, 'forms')", kr)[0], f"{node} directly, key of {other}, delegated form: claimed on {other}")
+    # never a double claim: a delegated claim holds the key, a non-delegated form is refused at once
+    k = f"dbl-{RUN}"
+    first = conn("coord", autocommit=False)
+    q(first, "SELECT claimed FROM idem_claim(%s, 'forms')", k)
+    for name, sql, delegated in FORMS:
+        if not delegated and "lookup" not in sql and "BEGIN" not in sql:
+            ok(sqlstate_of(lambda: c.execute(sql.replace("K", k)), c) == "0A000",
+               f"while a delegated claim of the key is open, {name} is refused at once")
+    first.commit()
+    ok(live_rows(k, "forms") == 1, "one live row after all of them")
+    summary["forms"] = table
+
+
+# ---------------------------------------------------------------- configure / TTL
+def ttl_of(c, k, bt, delegated=True):
+    sql = ("SELECT expires_at - first_claimed_at FROM idem_claim(%s, %s)" if delegated
+           else "SELECT (r).expires_at - (r).first_claimed_at FROM (SELECT idem_claim(%s, %s) r) s")
+    return str(one(c, sql, k, bt)[0])
+
+
+def check_ttl():
+    """idem_configure works on the coordinator and reaches sessions Citus
+    keeps open on the workers, and sessions opened directly on a worker."""
+    bt = f"ttl.{RUN}"
+    pooled = conn("coord")   # its delegated calls use Citus's cached worker connections
+    direct = conn("w1")
+    k1, k2 = keys_on("w1", "ttl1", 4), keys_on("w2", "ttl2", 4)
+    got = [ttl_of(pooled, k1[0], bt), ttl_of(pooled, k2[0], bt), ttl_of(direct, k1[1], bt, delegated=False)]
+    ok(got == ["1 day, 0:00:00"] * 3, f"default TTL everywhere before idem_configure: {got}")
+    with conn("coord") as admin:
+        q(admin, "SELECT idem_configure(%s, '2 hours')", bt)
+    got = [ttl_of(pooled, k1[2], bt), ttl_of(pooled, k2[2], bt), ttl_of(direct, k1[3], bt, delegated=False)]
+    ok(got == ["2:00:00"] * 3, f"after idem_configure(…, '2 hours') on the coordinator: pooled sessions on both workers and a direct one: {got}")
+    with conn("w2") as admin:
+        q(admin, "SELECT idem_configure(%s, '3 hours')", bt)
+    got = [ttl_of(pooled, k1[0] + "x", bt), ttl_of(pooled, k2[0] + "x", bt)]
+    ok(got == ["3:00:00"] * 2, f"after idem_configure(…, '3 hours') on a worker: {got}")
+    with conn("coord") as admin:
+        q(admin, "SELECT idem_configure(%s, NULL)", bt)
+    ok(ttl_of(pooled, k2[1] + "y", bt) == "1 day, 0:00:00", "idem_configure(…, NULL): back to the default")
+
+
+# ---------------------------------------------------------------- stress
+def stress_worker(node, keys, stop, stats, bt, only_local=None):
+    c = conn(node, autocommit=False)
+    rnd = random.Random(hash((node, threading.get_ident())))
+    me = f"{node}-{threading.get_ident()}"
+    while not stop.is_set():
+        k = rnd.choice(keys)
+        delegated = only_local is None or rnd.random() < 0.5
+        form = ("SELECT claimed FROM idem_claim(%s, %s)" if delegated
+                else "SELECT (idem_claim(%s, %s)).claimed")
+        try:
+            claimed = one(c, form, k, bt)[0]
+            if claimed:
+                q(c, "INSERT INTO stress_ledger (order_no, who) VALUES (%s, %s)", k, me)
+                if rnd.random() < 0.2:
+                    c.rollback()
+                    stats["rolled_back"] += 1
+                    continue
+                q(c, "SELECT idem_complete(%s, %s, %s)", k, bt, json.dumps({"who": me}))
+                c.commit()
+                stats["acknowledged"] += 1
+                stats.setdefault("acks", {})[k] = me
+            else:
+                c.commit()
+                stats["duplicates"] += 1
+        except psycopg.Error as e:
+            c.rollback()
+            stats["err_" + (e.sqlstate or "?")] += 1
+
+
+def run_stress(seconds, bt, keys, extra=None):
+    """Coordinator sessions and worker-direct sessions claiming a shared pool
+    of keys at once (each worker session uses both forms on its local keys);
+    returns stats."""
+    stop = threading.Event()
+    stats = Counter()
+    local = {n: [k for k in keys if node_of_key(k) == n] for n in ("w1", "w2")}
+    threads = [threading.Thread(daemon=True, target=stress_worker, args=("coord", keys, stop, stats, bt)) for _ in range(3)]
+    threads += [threading.Thread(daemon=True, target=stress_worker, args=(n, local[n], stop, stats, bt, True)) for n in ("w1", "w2")]
+    for t in threads:
+        t.start()
+    if extra:
+        extra()
+    else:
+        time.sleep(seconds)  # the load's duration, not an ordering
+    stop.set()
+    for t in threads:
+        t.join(60)
+    return stats
+
+
+def check_invariants(bt, keys, stats, what):
+    dup = q(COORD, """SELECT key, count(*) FROM idem.claims WHERE biz_type = %s AND expires_at > now()
+                      GROUP BY key HAVING count(*) > 1""", bt)
+    ok(not dup, f"{what}: no key with two live rows across all shards ({len(dup)} found)")
+    ledger = dict(q(COORD, "SELECT order_no, count(*) FROM stress_ledger WHERE order_no = ANY(%s) GROUP BY 1", keys))
+    ok(all(n == 1 for n in ledger.values()), f"{what}: at most one business row per key ({sum(ledger.values())} rows, {len(ledger)} keys)")
+    acks = stats.get("acks", {})
+    replay = 0
+    for k, who in acks.items():
+        r = one(COORD, "SELECT claimed, state, result FROM idem_claim(%s, %s)", k, bt)
+        replay += r == (False, "completed", {"who": who})
+    ok(len(acks) > 0 and replay == len(acks), f"{what}: every acknowledged claim replays its own result ({replay}/{len(acks)})")
+    ok(set(ledger) == set(acks), f"{what}: a business row exactly for each acknowledged claim")
+
+
+def check_stress():
+    bt = f"stress.{RUN}"
+    q(COORD, "CREATE TABLE IF NOT EXISTS stress_ledger (order_no text NOT NULL, who text NOT NULL)")
+    if not one(COORD, "SELECT idem.is_distributed('stress_ledger')")[0]:
+        q(COORD, "SELECT create_distributed_table('stress_ledger', 'order_no', colocate_with => 'orders')")
+    keys = [f"st-{RUN}-{i}" for i in range(2000)]
+    t0 = time.monotonic()
+    stats = run_stress(int(os.environ.get("CITUS_STRESS_SECONDS", "15")), bt, keys)
+    dt = time.monotonic() - t0
+    errs = {k: v for k, v in stats.items() if k.startswith("err_")}
+    print(f"  stress: {dt:.0f} s, 3 coordinator + 2 worker-direct sessions, 2000 keys: "
+          f"{stats['acknowledged']} acknowledged, {stats['duplicates']} duplicates, {stats['rolled_back']} rolled back, errors {errs}", flush=True)
+    ok(not {k for k in errs if k != "err_40P01"}, f"stress: no error but deadlocks ({errs})")
+    check_invariants(bt, keys, stats, "stress")
+    summary["stress"] = dict(seconds=round(dt), acknowledged=stats["acknowledged"], duplicates=stats["duplicates"],
+                             rolled_back=stats["rolled_back"], errors=errs)
+
+
+# ---------------------------------------------------------------- maintenance under load
+def pgbench(port, seconds, clients, script, extra=(), db=None):
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+    env = dict(os.environ, PGHOST=HOST, PGPORT=str(port), PGUSER="postgres")
+    p = subprocess.Popen([f"{PG_BIN}/pgbench", "-n", "-M", "simple", "-c", str(clients), "-j", str(clients),
+                          "-T", str(seconds), *extra, "-f", f.name, db or DB],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return p, f.name
+
+
+def pgbench_result(p, path):
+    out = p.communicate()[0]
+    os.unlink(path)
+    res = {"out": out}
+    for line in out.splitlines():
+        if line.startswith("number of transactions actually processed"):
+            res["done"] = int(line.split(":")[1].split("/")[0])
+        if line.startswith("number of failed transactions"):
+            res["failed"] = int(line.split(":")[1].split()[0])
+        if line.startswith("tps"):
+            res["tps"] = float(line.split()[2])
+    res["aborted"] = "aborted" in out or "ERROR" in out
+    return res
+
+
+def check_maintenance():
+    """idem_maintain on the coordinator once a second while 2 pgbench clients
+    claim through it; widths of 2 s (and a 100 ms run). In MAINT_DB, where
+    idem_distribute has run and maintenance has not."""
+    m = conn("coord", db=MAINT_DB)
+    width, ttl, secs = "2 seconds", "6 seconds", int(os.environ.get("CITUS_MAINT_SECONDS", "25"))
+    bt = f"maint.{RUN}"
+    q(m, "SELECT set_config('idem.partition_width', %s, false)", width)
+    q(m, "SELECT idem_configure(%s, %s::interval)", bt, ttl)
+    # claims made before the first run, with a TTL the coming ranges cover: in the default partition
+    q(m, "SELECT set_config('idem.default_ttl', %s, false)", ttl)
+    ttl_keys = [f"pre-{RUN}-{i}" for i in range(20)]
+    for k in ttl_keys:
+        q(m, "SELECT claimed FROM idem_claim(%s, %s, ttl => '5 seconds')", k, bt)
+    in_default = one(m, "SELECT count(*) FROM idem.claims_default WHERE biz_type = %s", bt)[0]
+    first = one(m, "SELECT idem_maintain()")[0]
+    ok(in_default == 20 and first.get("rows_moved_from_default", 0) >= 20 and
+       one(m, "SELECT count(*) FROM idem.claims_default WHERE biz_type = %s", bt)[0] == 0,
+       f"claims waiting in the default partition are moved out, not a failure ({first.get('rows_moved_from_default')} moved)")
+    ok(all(one(m, "SELECT state FROM idem_lookup(%s, %s)", k, bt)[0] == "completed" for k in ttl_keys),
+       "the moved claims still answer")
+    p, path = pgbench(PORTS["coord"], secs, 2,
+                      f"\\set n random(1, 2000000000)\nSELECT claimed FROM idem_claim('m' || :n, '{bt}');\n",
+                      ("--max-tries=1", "--failures-detailed"), db=MAINT_DB)
+    runs, errors, attempts, durations = Counter(), Counter(), [], []
+    created = dropped = 0
+    end = time.monotonic() + secs - 2
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            r = one(m, "SELECT idem_maintain()")[0]
+            runs["skipped" if r.get("skipped") else "ok"] += 1
+            attempts.append(r.get("lock_attempts", 0))
+            created += len(r.get("partitions_created", []))
+            dropped += len(r.get("partitions_dropped", []))
+        except psycopg.Error as e:
+            runs["error"] += 1
+            errors[(e.sqlstate, str(e).splitlines()[0][:100])] += 1
+        durations.append(time.monotonic() - t0)
+        time.sleep(1.0)  # pacing: one run a second
+    b = pgbench_result(p, path)
+    total = sum(runs.values())
+    print(f"  maintenance under load ({secs} s, width {width}, TTL {ttl}): runs {dict(runs)}, "
+          f"lock attempts max {max(attempts or [0])}, run time max {max(durations):.2f} s, "
+          f"{created} partitions created, {dropped} dropped; claims: {b.get('done')} at {b.get('tps', 0):.0f} TPS, "
+          f"{b.get('failed')} failed", flush=True)
+    for (state, msg), n in errors.items():
+        print(f"    {n} x {state}: {msg}")
+    ok(runs["error"] == 0 and runs["ok"] > 0, f"maintenance under load: {runs['error']} of {total} runs failed")
+    ok(b.get("failed") == 0 and not b["aborted"] and b.get("done", 0) > 0,
+       f"claims under maintenance: {b.get('failed')} failed, none aborted")
+    ok(created > 0 and dropped > 0, f"partitions rotated under load ({created} created, {dropped} dropped)")
+    names = [r[0] for r in q(m, "SELECT partition FROM idem_partitions WHERE NOT is_default")]
+    ok(all(n.startswith("claims_") and len(n) == len("claims_20260101_000000_000") for n in names),
+       "partitions are named to the millisecond")
+    idx = q(m, """SELECT result FROM run_command_on_workers($$
+                    SELECT count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = h.inhrelid))
+                      FROM pg_inherits h$$)""")
+    ok(all(r[0] == "0" for r in idx), f"every partition shard on the workers has its key index ({[r[0] for r in idx]} without)")
+    ri = q(m, """SELECT result FROM run_command_on_workers($$
+                   SELECT count(*) FROM pg_class c WHERE c.relreplident <> 'f'
+                      AND c.oid IN (SELECT inhrelid FROM pg_inherits UNION SELECT inhparent FROM pg_inherits)$$)""")
+    ok(all(r[0] == "0" for r in ri), f"idem.claims' shards and every partition shard have REPLICA IDENTITY FULL ({[r[0] for r in ri]} without)")
+    rows = one(m, "SELECT sum(estimated_rows), sum(bytes) FROM idem_partitions")
+    ok(rows[1] > 100000, f"idem_partitions on the coordinator sums the workers' shards ({rows[1]} bytes)")
+    # 100 ms: the single-node minimum, names to the millisecond
+    q(m, "SELECT set_config('idem.partition_width', '100 milliseconds', false), set_config('idem.premake_limit', '4', false), "
+         "set_config('idem.default_ttl', '30 seconds', false)")
+    q(m, "SELECT idem_configure(%s, NULL)", bt)
+    r = one(m, "SELECT idem_maintain()")[0]
+    made = r.get("partitions_created", [])
+    ok(len(made) == 4 and len(set(made)) == 4, f"width 100 ms, premake_limit 4: 4 partitions, distinct ms names ({made})")
+    q(m, "SELECT set_config('idem.partition_width', '1 day', false), set_config('idem.premake_limit', '32', false)")
+    summary["maintenance"] = dict(seconds=secs, width=width, ttl=ttl, runs=dict(runs), max_lock_attempts=max(attempts or [0]),
+                                  max_run_s=round(max(durations), 2), created=created, dropped=dropped,
+                                  claims=b.get("done"), claim_tps=round(b.get("tps", 0)), claims_failed=b.get("failed"))
+
+
+# ---------------------------------------------------------------- shard moves
+def move(shard, src, dst):
+    with conn("coord") as c:
+        q(c, """SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,
+                                                  shard_transfer_mode => 'block_writes')""", shard, PORTS[src], PORTS[dst])
+
+
+def blocked(node, pid):
+    """pid, a backend of node, waits for a lock there or (through Citus) on another node."""
+    with conn(node) as c:
+        return one(c, """SELECT cardinality(pg_blocking_pids(%s)) > 0
+                            OR EXISTS (SELECT 1 FROM citus_lock_waits
+                                        WHERE waiting_gpid = citus_calculate_gpid(
+                                              (SELECT nodeid FROM pg_dist_node WHERE nodeport = %s), %s))""",
+                   pid, PORTS[node], pid)[0]
+
+
+def check_move_race():
+    """The race of docs/design.md §13: a claim waiting on a worker while its
+    shard moves away. The claim holds the shard's metadata lock, so the move
+    waits for it; the row moves with the shard; one live row."""
+    bt = f"move.{RUN}"
+    K = keys_on("w1", "mv")[0]
+    S = shard_of_key(K)
+    A = conn("w1", autocommit=False)
+    ok(one(A, "SELECT claimed FROM idem_claim(%s, %s)", K, bt)[0], "A (w1 directly) claims K, not committed")
+    B = conn("w1", autocommit=False)
+    b_pid = one(B, "SELECT pg_backend_pid()")[0]
+    B.commit()
+    res = {}
+
+    def run_b():
+        try:
+            res["b"] = one(B, "SELECT claimed, state FROM idem_claim(%s, %s)", K, bt)
+        except psycopg.Error as e:
+            res["b"] = e.sqlstate
+            B.rollback()
+    tb = threading.Thread(daemon=True, target=run_b)
+    tb.start()
+    wait_until("B waits for A on w1", lambda: blocked("w1", b_pid))
+    M = conn("coord")
+    m_pid = one(M, "SELECT pg_backend_pid()")[0]
+
+    def run_m():
+        try:
+            q(M, """SELECT citus_move_shard_placement(%s, '127.0.0.1', 5531, '127.0.0.1', 5532,
+                                                      shard_transfer_mode => 'block_writes')""", S)
+            res["m"] = "done"
+        except psycopg.Error as e:
+            res["m"] = str(e)
+    tm = threading.Thread(daemon=True, target=run_m)
+    tm.start()
+    wait_until("the move waits (or ends)", lambda: not tm.is_alive() or blocked("coord", m_pid))
+    ok(tm.is_alive(), "the move waits for the claims that hold the shard's metadata lock")
+    A.rollback()
+    tb.join(30)
+    ok(res.get("b") == (True, "new"), f"after A rolls back, B claims K on w1, the move still waiting: {res.get('b')}")
+    ok(tm.is_alive(), "the move still waits, for B")
+    B.commit()
+    tm.join(120)
+    ok(res.get("m") == "done" and node_of_key(K) == "w2", "after B commits, the move finishes: K's shard is on w2")
+    ok(one(COORD, "SELECT claimed, state FROM idem_claim(%s, %s)", K, bt) == (False, "completed"),
+       "C through the coordinator (now delegated to w2): (f, completed), B's claim moved with the shard")
+    ok(live_rows(K, bt) == 1, "one live row of K")
+    with conn("w1") as w:
+        ok(sqlstate_of(lambda: q(w, "SELECT (idem_claim(%s, %s)).claimed", K, bt)) == "0A000",
+           "on w1, which no longer holds the shard, a claim of K is refused")
+    move(S, "w2", "w1")
+
+
+def check_move_under_load():
+    """Claims from the coordinator and from both workers on keys of two
+    shards while the shards move back and forth; the invariants after."""
+    bt = f"moveload.{RUN}"
+    # A shard of w2: not the one move_race moved (back to w1), whose
+    # orphaned copy on w2 Citus drops later; and drop the orphans now.
+    q(COORD, "CALL citus_cleanup_orphaned_resources()")
+    k1 = keys_on("w2", "ml1", 1)[0]
+    S = shard_of_key(k1)
+    keys = [r[0] for r in q(COORD, """SELECT k FROM (SELECT %s || g AS k FROM generate_series(1, 40000) g) s
+                                     WHERE get_shard_id_for_distribution_column('idem.claims', k) = %s LIMIT 300""",
+                              f"ml-{RUN}-", S)] + [f"mlx-{RUN}-{i}" for i in range(300)]
+    moves, move_deadlocks = [], Counter()
+
+    def mover():
+        # A move takes the shard's metadata lock on the coordinator, then on
+        # the workers; a transaction whose delegated claim locked it on a
+        # worker and that then writes through the coordinator takes them in
+        # the other order. Citus's detector cancels one of the two (40P01):
+        # a cancelled move is retried, as the rebalancer's jobs do. A move
+        # back to a node whose orphaned copy of the shard Citus could not
+        # drop yet (its drop waits 1 s for queries still using it) is
+        # refused: clean up the orphans, as Citus's docs say, and retry.
+        where = node_of_key(keys[0])
+        for _ in range(4):
+            dst = "w2" if where == "w1" else "w1"
+            t0 = time.monotonic()
+            for attempt in range(10):
+                try:
+                    move(S, where, dst)
+                    break
+                except psycopg.errors.DeadlockDetected:
+                    move_deadlocks["move"] += 1
+                except psycopg.Error as e:
+                    if "orphaned shard" not in str(e) or attempt == 9:
+                        raise
+                    move_deadlocks["orphan"] += 1
+                    with conn("coord") as c:
+                        q(c, "CALL citus_cleanup_orphaned_resources()")
+            moves.append(round(time.monotonic() - t0, 2))
+            where = dst
+    stats = run_stress(0, bt, keys, extra=mover)
+    errs = {k: v for k, v in stats.items() if k.startswith("err_")}
+    print(f"  moves of shard {S} under load: {len(moves)} moves, each {moves} s (moves cancelled by a distributed deadlock "
+          f"and retried: {move_deadlocks['move']}; refused for an orphaned copy not yet dropped and retried: "
+          f"{move_deadlocks['orphan']}); {stats['acknowledged']} acknowledged, "
+          f"{stats['duplicates']} duplicates, errors {errs}", flush=True)
+    ok(len(moves) == 4 and node_of_key(keys[0]) == node_of_key(k1), "four moves finished under load")
+    ok(not {k for k in errs if k not in ("err_40P01", "err_0A000")},
+       f"under moves, errors are only refusals of a worker-direct call whose shard had just left (0A000) or deadlocks: {errs}")
+    check_invariants(bt, keys, stats, "moves under load")
+    summary["moves"] = dict(moves=moves, move_deadlocks=move_deadlocks["move"], orphan_retries=move_deadlocks["orphan"], acknowledged=stats["acknowledged"], errors=errs)
+
+
+CHECKS = {
+    "semantics": check_semantics,
+    "forms": check_forms,
+    "ttl": check_ttl,
+    "stress": check_stress,
+    "maintenance": check_maintenance,
+    "move_race": check_move_race,
+    "move_load": check_move_under_load,
+}
+
+if __name__ == "__main__":
+    COORD = conn("coord")
+    names = sys.argv[1:] or list(CHECKS)
+    for n in names:
+        print(f"# {n}", flush=True)
+        t0 = time.monotonic()
+        try:
+            CHECKS[n]()
+        except Exception as e:  # a check that cannot go on fails, the next ones still run
+            ok(False, f"{n}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        summary.setdefault("seconds", {})[n] = round(time.monotonic() - t0, 1)
+    out = os.environ.get("CITUS_SUMMARY")
+    if out:
+        with open(out, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    print(f"# {len(failures)} failed", flush=True)
+    # Threads of a failed check may still wait on the server.
+    os._exit(min(len(failures), 100))
