@@ -708,6 +708,21 @@ SELECT last.finished_at AS last_run_at,
 COMMENT ON VIEW idem_maintenance IS
 'Maintenance at a glance, from the reports of the last 100 idem_maintain() runs (idem.maintenance_runs): the last run (when, how long, partitions created and dropped, claims moved out of the default partition, whether it gave up on its lock), the last successful run and how long ago, runs in a row that gave up on the lock, runs recorded and how many of them gave up.';
 
+-- Intervals and times in idem_health's texts, the same whatever the
+-- reading session's IntervalStyle, DateStyle and TimeZone (a text that
+-- changes with them cannot be alerted on or compared): intervals in the
+-- 'postgres' style ("3 days 00:15:00"), times in ISO 8601 UTC.
+CREATE FUNCTION idem.interval_text(i interval) RETURNS text
+    STABLE PARALLEL SAFE
+    SET IntervalStyle = 'postgres'
+    LANGUAGE sql AS $fn$ SELECT i::text $fn$;
+COMMENT ON FUNCTION idem.interval_text(interval) IS 'An interval as text in the postgres IntervalStyle, whatever the session''s (idem_health''s texts).';
+
+CREATE FUNCTION idem.time_text(t timestamptz) RETURNS text
+    STABLE PARALLEL SAFE
+    LANGUAGE sql AS $fn$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') $fn$;
+COMMENT ON FUNCTION idem.time_text(timestamptz) IS 'A time as ISO 8601 text in UTC, whatever the session''s DateStyle and TimeZone (idem_health''s texts).';
+
 -- Claims in the default partition, counted up to cap (NULL if the default
 -- partition is missing). Named in dynamic SQL so that nothing depends on
 -- the partition (maintenance recreates it if it is dropped), and SECURITY
@@ -761,7 +776,7 @@ SELECT 'maintenance_overdue'::text AS check_name,
        extract(epoch FROM now() - m.last_success_at)::double precision AS value,
        CASE WHEN m.last_success_at IS NULL THEN 'no successful idem_maintain() run is recorded'
             ELSE format('the last successful idem_maintain() run finished %s ago (warning after %s, critical after %s)',
-                        date_trunc('second', now() - m.last_success_at), s.maintenance_after, s.width) END AS detail,
+                        idem.interval_text(date_trunc('second', now() - m.last_success_at)), idem.interval_text(s.maintenance_after), idem.interval_text(s.width)) END AS detail,
        'Run SELECT idem_maintain(), and schedule it every few minutes: SELECT idem_schedule_maintenance() with pg_cron, or cron and psql.'::text AS action
   FROM s, m
 UNION ALL
@@ -786,23 +801,23 @@ SELECT 'partition_horizon',
        extract(epoch FROM p.horizon - (now() + s.longest_ttl))::double precision,
        CASE WHEN p.horizon IS NULL THEN 'no range partition exists: every claim goes to the default partition'
             ELSE format('the partitions end %s after the expiry of a claim made now with the longest TTL (%s)',
-                        date_trunc('second', p.horizon - (now() + s.longest_ttl)), s.longest_ttl) END,
+                        idem.interval_text(date_trunc('second', p.horizon - (now() + s.longest_ttl))), idem.interval_text(s.longest_ttl)) END,
        'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit or idem.partition_width (a run makes partitions up to now + the longest TTL + one width).'
   FROM s, p
 UNION ALL
 SELECT 'stuck_leases',
        CASE WHEN l.n > 0 THEN 'warning' ELSE 'ok' END,
        l.n,
-       CASE WHEN l.n = 0 THEN format('no lease ran out more than %s ago without a takeover', s.lease_after)
+       CASE WHEN l.n = 0 THEN format('no lease ran out more than %s ago without a takeover', idem.interval_text(s.lease_after))
             ELSE format('%s lease(s) ran out more than %s ago and nobody took them over; the oldest ran out at %s',
-                        l.n, s.lease_after, l.oldest) END,
+                        l.n, idem.interval_text(s.lease_after), idem.time_text(l.oldest)) END,
        'The work they stand for stopped: rerun it (the next idem_claim of the key takes the lease over and is told the recovery point); idem_leases lists them.'
   FROM s, l
 UNION ALL
 SELECT 'expired_partitions',
        CASE WHEN p.expired_left > 0 THEN 'warning' ELSE 'ok' END,
        p.expired_left,
-       format('%s partition(s) whose range ended more than %s ago are still there', p.expired_left, s.maintenance_after),
+       format('%s partition(s) whose range ended more than %s ago are still there', p.expired_left, idem.interval_text(s.maintenance_after)),
        'Run SELECT idem_maintain() (it drops them); if they stay, a long transaction keeps idem.claims locked (see maintenance_lock).'
   FROM s, p
 UNION ALL
