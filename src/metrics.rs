@@ -22,6 +22,7 @@
 use crate::backend::BackendLocal;
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
+use std::sync::OnceLock;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -115,8 +116,10 @@ struct Shared {
 /// The table in shared memory; null unless idem was preloaded.
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+/// The hooks installed before ours, chained to first; set once, in
+/// _PG_init while the postmaster preloads (before any backend exists).
+static PREV_SHMEM_REQUEST_HOOK: OnceLock<pg_sys::shmem_request_hook_type> = OnceLock::new();
+static PREV_SHMEM_STARTUP_HOOK: OnceLock<pg_sys::shmem_startup_hook_type> = OnceLock::new();
 const SHMEM_NAME: &std::ffi::CStr = c"idem metrics";
 const TRANCHE: &std::ffi::CStr = c"idem_metrics";
 
@@ -126,9 +129,12 @@ pub fn init() {
         if !pg_sys::process_shared_preload_libraries_in_progress {
             return;
         }
-        PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        if PREV_SHMEM_REQUEST_HOOK.set(pg_sys::shmem_request_hook).is_err()
+            || PREV_SHMEM_STARTUP_HOOK.set(pg_sys::shmem_startup_hook).is_err()
+        {
+            return; // already chained (the library is preloaded once)
+        }
         pg_sys::shmem_request_hook = Some(shmem_request);
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
         pg_sys::shmem_startup_hook = Some(shmem_startup);
     }
 }
@@ -136,7 +142,7 @@ pub fn init() {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shmem_request() {
     unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
+        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK.get().copied().flatten() {
             prev();
         }
         pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Shared>());
@@ -147,7 +153,7 @@ unsafe extern "C-unwind" fn shmem_request() {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shmem_startup() {
     unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK.get().copied().flatten() {
             prev();
         }
         // AddinShmemInitLock (lwlocklist.h: 21 on every supported major).
