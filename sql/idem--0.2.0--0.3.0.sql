@@ -115,6 +115,161 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.is_distributed(regclass) IS 'Whether Citus distributes the table (false without Citus).';
 
+-- The steps both kinds of idem.claims share (a single node's, and one that
+-- Citus distributes): each rule in one place, called by idem_maintain and
+-- idem.maintain_distributed under their pinned settings. Internal: not
+-- granted to PUBLIC.
+
+-- The ranges maintenance adds next: from the end of the last range (or the
+-- width-aligned slot holding t_now, when there is none yet) up to horizon,
+-- at most limit_parts of them, each aligned to width. A change of width
+-- continues after the last range: never a gap, never an overlap.
+CREATE FUNCTION idem.coming_partitions(width interval, horizon timestamptz, limit_parts int, t_now timestamptz)
+    RETURNS TABLE (name text, range_from timestamptz, range_to timestamptz)
+    STABLE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    w_us numeric := extract(epoch FROM width) * 1000000;
+    cur  timestamptz;
+    made int := 0;
+BEGIN
+    SELECT greatest(max(b.range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
+      INTO cur FROM idem.partition_bounds b WHERE NOT b.is_default;
+    WHILE cur < horizon AND made < limit_parts LOOP
+        name := idem.partition_name(cur);
+        range_from := cur;
+        range_to := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
+        RETURN NEXT;
+        made := made + 1;
+        cur := range_to;
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz) IS 'The next partition ranges idem_maintain makes: after the last range, up to horizon, at most limit_parts, aligned to width.';
+REVOKE EXECUTE ON FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz) FROM PUBLIC;
+
+-- Whether the partition set needs a change besides new partitions: the
+-- default partition is missing or holds expired claims, a range is over,
+-- or a table lacks REPLICA IDENTITY FULL. Read without any lock, so that a
+-- run with nothing to do locks nothing.
+CREATE FUNCTION idem.partition_set_needs_change(t_now timestamptz) RETURNS boolean
+    STABLE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    expired_in_default boolean;
+BEGIN
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NULL THEN
+        RETURN true;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
+    RETURN expired_in_default
+        OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
+        OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
+                    AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass));
+END
+$fn$;
+COMMENT ON FUNCTION idem.partition_set_needs_change(timestamptz) IS 'Whether idem_maintain must lock idem.claims for more than new partitions: a missing default partition, expired claims in it, a range that is over, a table without REPLICA IDENTITY FULL.';
+REVOKE EXECUTE ON FUNCTION idem.partition_set_needs_change(timestamptz) FROM PUBLIC;
+
+-- ACCESS EXCLUSIVE on idem.claims for a change of the partition set (see
+-- design.md), waited for only briefly so that claims queued behind the
+-- request are not held up: lock_wait at a time (0: NOWAIT, never queue;
+-- under constant load the lock may then never come free), up to retries
+-- attempts with a growing pause between them. A refusal is lock_not_available,
+-- or deadlock_detected, or on Citus internal_error: a worker's refusal
+-- reaches the coordinator as "failure on connection marked as essential".
+-- The lock, once taken, is held to the end of the transaction.
+CREATE FUNCTION idem.lock_claims_for_maintenance(lock_wait interval, retries int,
+                                                 OUT locked boolean, OUT attempts int, OUT refusal text)
+    VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    old_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    locked := false;
+    attempts := 0;
+    LOOP
+        attempts := attempts + 1;
+        BEGIN
+            IF lock_wait = interval '0' THEN
+                LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE NOWAIT;
+            ELSE
+                PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms', true);
+                LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+            END IF;
+            locked := true;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected OR internal_error THEN
+            refusal := SQLSTATE || ' ' || SQLERRM;
+        END;
+        EXIT WHEN locked OR attempts >= retries;
+        PERFORM pg_sleep(least(0.01 * attempts * attempts, 1.0));
+    END LOOP;
+    PERFORM set_config('lock_timeout', old_lock_timeout, true);
+END
+$fn$;
+COMMENT ON FUNCTION idem.lock_claims_for_maintenance(interval, int) IS 'Take ACCESS EXCLUSIVE on idem.claims for idem_maintain, waiting lock_wait at a time (0: NOWAIT) for up to retries attempts; reports whether it did, the attempts, and the last refusal.';
+REVOKE EXECUTE ON FUNCTION idem.lock_claims_for_maintenance(interval, int) FROM PUBLIC;
+
+-- Under the maintenance lock: the default partition back if someone dropped
+-- it (claims beyond the premade ranges need it), then REPLICA IDENTITY FULL
+-- on every table (sql/storage.sql: also on those made by hand, restored from
+-- a dump of an older version, or altered since; Citus's logical shard moves
+-- need a replica identity too). Returns the tables it changed.
+CREATE FUNCTION idem.repair_partition_set() RETURNS text[]
+    VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    fixed text[] := '{}';
+    p     record;
+BEGIN
+    IF to_regclass('idem.claims_default') IS NULL THEN
+        CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+        CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+        ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
+    END IF;
+    FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
+               AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
+        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
+        fixed := fixed || p.rel::text;
+    END LOOP;
+    RETURN fixed;
+END
+$fn$;
+COMMENT ON FUNCTION idem.repair_partition_set() IS 'Under the maintenance lock: recreate a dropped default partition, and set REPLICA IDENTITY FULL where it is missing; returns the tables whose replica identity it set.';
+REVOKE EXECUTE ON FUNCTION idem.repair_partition_set() FROM PUBLIC;
+
+-- Under the maintenance lock: drop every partition whose range is over
+-- (every row in it has expired), oldest first, then delete the claims that
+-- expired in the default partition before any partition covered them
+-- (maintenance was late): the only rows deleted one by one.
+CREATE FUNCTION idem.remove_expired(t_now timestamptz, OUT dropped text[], OUT rows_in_dropped bigint, OUT deleted_from_default bigint)
+    VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    p record;
+BEGIN
+    dropped := '{}';
+    rows_in_dropped := 0;
+    FOR p IN SELECT b.partition, b.name, greatest(c.reltuples::bigint, 0) AS estimate
+               FROM idem.partition_bounds b JOIN pg_class c ON c.oid = b.partition
+              WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
+        EXECUTE format('DROP TABLE %s', p.partition);
+        dropped := dropped || p.name;
+        rows_in_dropped := rows_in_dropped + p.estimate;
+    END LOOP;
+    EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
+    GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
+END
+$fn$;
+COMMENT ON FUNCTION idem.remove_expired(timestamptz) IS 'Under the maintenance lock: drop the partitions whose range is over, and delete the claims that expired in the default partition; reports what it removed.';
+REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
+
 CREATE FUNCTION idem.maintain_distributed(width interval, max_ttl interval, limit_parts int, retries int)
     RETURNS jsonb
     VOLATILE PARALLEL UNSAFE
@@ -125,27 +280,18 @@ CREATE FUNCTION idem.maintain_distributed(width interval, max_ttl interval, limi
     SET timezone_abbreviations = 'Default'
     LANGUAGE plpgsql AS $fn$
 DECLARE
-    w_us        numeric := extract(epoch FROM width) * 1000000;
     t_now       timestamptz := clock_timestamp();
-    cur         timestamptz;
-    nxt         timestamptz;
-    names       text[] := '{}';
-    los         timestamptz[] := '{}';
-    his         timestamptz[] := '{}';
+    names       text[];
+    los         timestamptz[];
+    his         timestamptz[];
     unindexed   text[];
     made        text[] := '{}';
-    dropped     text[] := '{}';
     indexed     text[] := '{}';
-    replica_fixed text[] := '{}';
-    skipped     text[] := '{}';
+    replica_fixed text[];
     moved       bigint := 0;
-    expired_default bigint := 0;
     n           bigint;
-    attempt     int := 0;
-    locked      boolean := false;
-    refusal     text;
-    has_default boolean := to_regclass('idem.claims_default') IS NOT NULL;
-    expired_in_default boolean := false;
+    got_lock    record;
+    removed     record;
     lo_rows     timestamptz;
     hi_rows     timestamptz;
     p           record;
@@ -160,66 +306,27 @@ BEGIN
     PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
 
     -- Decide the work, before any lock.
-    SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
-      INTO cur FROM idem.partition_bounds WHERE NOT is_default;
-    WHILE cur < t_now + max_ttl + width AND cardinality(names) < limit_parts LOOP
-        nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
-        names := names || idem.partition_name(cur);
-        los := los || cur;
-        his := his || nxt;
-        cur := nxt;
-    END LOOP;
+    SELECT coalesce(array_agg(c.name ORDER BY c.range_from), '{}'), coalesce(array_agg(c.range_from ORDER BY c.range_from), '{}'),
+           coalesce(array_agg(c.range_to ORDER BY c.range_from), '{}')
+      INTO names, los, his FROM idem.coming_partitions(width, t_now + max_ttl + width, limit_parts, t_now) c;
     SELECT array_agg(b.name ORDER BY b.range_from) INTO unindexed FROM idem.partition_bounds b
      WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition);
-    IF has_default THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
-    END IF;
-    IF cardinality(names) = 0 AND unindexed IS NULL AND has_default AND NOT expired_in_default
-       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
-       AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
-                        AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass)) THEN
+    IF cardinality(names) = 0 AND unindexed IS NULL AND NOT idem.partition_set_needs_change(t_now) THEN
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
                                   'lock_attempts', 0);
     END IF;
 
-    LOOP
-        attempt := attempt + 1;
-        BEGIN
-            LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE NOWAIT;
-            locked := true;
-        EXCEPTION WHEN lock_not_available OR deadlock_detected OR internal_error THEN
-            locked := false;
-            refusal := SQLSTATE || ' ' || SQLERRM;
-        END;
-        EXIT WHEN locked OR attempt >= retries;
-        PERFORM pg_sleep(least(0.01 * attempt * attempt, 1.0));
-    END LOOP;
-    IF NOT locked THEN
-        RAISE NOTICE 'idem_maintain: idem.claims stayed locked by claims on some node through % attempts (last: %); nothing changed, the next run catches up', attempt, refusal;
+    -- NOWAIT: lock_timeout is not propagated to the workers.
+    SELECT * INTO got_lock FROM idem.lock_claims_for_maintenance(interval '0', retries);
+    IF NOT got_lock.locked THEN
+        RAISE NOTICE 'idem_maintain: idem.claims stayed locked by claims on some node through % attempts (last: %); nothing changed, the next run catches up', got_lock.attempts, got_lock.refusal;
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
-                                  'lock_attempts', attempt, 'skipped', jsonb_build_array('lock on idem.claims not available: ' || refusal));
+                                  'lock_attempts', got_lock.attempts, 'skipped', jsonb_build_array('lock on idem.claims not available: ' || got_lock.refusal));
     END IF;
 
     t_now := clock_timestamp();
-    IF NOT has_default THEN
-        CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
-        CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
-    END IF;
-    -- Every partition carries whole old rows in its updates and deletes,
-    -- as on a single node (Citus's logical shard moves need a replica
-    -- identity too).
-    FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
-               AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
-        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
-        replica_fixed := replica_fixed || p.rel::text;
-    END LOOP;
-    FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
-              WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
-        EXECUTE format('DROP TABLE %s', p.partition);
-        dropped := dropped || p.name;
-    END LOOP;
-    EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
-    GET DIAGNOSTICS expired_default = ROW_COUNT;
+    replica_fixed := idem.repair_partition_set();
+    SELECT * INTO removed FROM idem.remove_expired(t_now);
     FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
               WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition) LOOP
         EXECUTE format('CREATE INDEX ON %s (idem.key_hash(biz_type, key))', p.partition);
@@ -258,12 +365,12 @@ BEGIN
     RETURN jsonb_build_object(
         'citus', true,
         'partitions_created', to_jsonb(made),
-        'partitions_dropped', to_jsonb(dropped),
+        'partitions_dropped', to_jsonb(removed.dropped),
         'partitions_indexed', CASE WHEN cardinality(indexed) > 0 THEN to_jsonb(indexed) END,
         'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
-        'expired_rows_deleted_from_default', expired_default,
+        'expired_rows_deleted_from_default', removed.deleted_from_default,
         'rows_moved_from_default', moved,
-        'lock_attempts', attempt);
+        'lock_attempts', got_lock.attempts);
 END
 $fn$;
 COMMENT ON FUNCTION idem.maintain_distributed(interval, interval, int, int) IS 'idem_maintain''s work on a Citus-distributed idem.claims (run on the coordinator).';
@@ -289,27 +396,17 @@ DECLARE
     retries     int := coalesce(nullif(current_setting('idem.maintenance_lock_retries', true), '')::int, 20);
     limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 32);
     max_ttl     interval;
-    horizon     timestamptz;
-    cur         timestamptz;
-    nxt         timestamptz;
-    w_us        numeric;
     made        text[] := '{}';
-    dropped     text[] := '{}';
     skipped     text[] := '{}';
-    rows_dropped bigint := 0;
+    removed     record;
     moved       bigint := 0;
-    expired_default bigint := 0;
-    locked      boolean := false;
-    expired_in_default boolean := false;
+    got_lock    record;
     los         timestamptz[] := '{}';
     his         timestamptz[] := '{}';
-    old_lock_timeout text := current_setting('lock_timeout');
-    attempt     int := 0;
-    p           record;
-    n           bigint;
+    part        record;
     report      jsonb;
     to_move     boolean := false;
-    replica_fixed text[] := '{}';
+    replica_fixed text[];
     pub_problems jsonb;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -326,7 +423,6 @@ BEGIN
         RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
             USING ERRCODE = '22023';
     END IF;
-    w_us := extract(epoch FROM width) * 1000000;
 
     -- The longest TTL a coming claim can get without a per-call override.
     SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
@@ -347,97 +443,35 @@ BEGIN
     -- (index and range CHECK included, so that attaching them neither builds
     -- nor scans anything), all before taking the lock claims would queue on.
     t_now := clock_timestamp();
-    horizon := t_now + max_ttl + width;
-    SELECT greatest(max(range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
-      INTO cur FROM idem.partition_bounds WHERE NOT is_default;
-    WHILE cur < horizon AND coalesce(array_length(made, 1), 0) < limit_parts LOOP
-        nxt := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
+    FOR part IN SELECT * FROM idem.coming_partitions(width, t_now + max_ttl + width, limit_parts, t_now) LOOP
         EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
                           CONSTRAINT range CHECK (expires_at >= %L AND expires_at < %L))',
-                       idem.partition_name(cur), cur, nxt);
-        EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', idem.partition_name(cur));
-        EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', idem.partition_name(cur));
-        made := made || idem.partition_name(cur);
-        los := los || cur;
-        his := his || nxt;
-        cur := nxt;
+                       part.name, part.range_from, part.range_to);
+        EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', part.name);
+        EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', part.name);
+        made := made || part.name;
+        los := los || part.range_from;
+        his := his || part.range_to;
     END LOOP;
 
-    -- (The default partition is named in dynamic SQL only: it may be gone.)
-    IF to_regclass('idem.claims_default') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
-    END IF;
-    IF cardinality(made) > 0
-       OR to_regclass('idem.claims_default') IS NULL
-       OR expired_in_default
-       OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
-       OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
-                   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass))
-    THEN
-        -- Every change to the partition set locks idem.claims against claims
-        -- (see design.md). Wait for the lock only briefly, so that claims
-        -- queued behind the request are not held up, and try again a little
-        -- later rather than queue behind a long transaction.
-        LOOP
-            attempt := attempt + 1;
-            BEGIN
-                IF lock_wait = interval '0' THEN
-                    -- never queue: claims never wait behind us, but under
-                    -- constant load the lock may never come free
-                    LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE NOWAIT;
-                ELSE
-                    PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms', true);
-                    LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
-                END IF;
-                locked := true;
-            EXCEPTION WHEN lock_not_available THEN
-                locked := false;
-            END;
-            EXIT WHEN locked OR attempt >= retries;
-            PERFORM pg_sleep(least(0.01 * attempt * attempt, 1.0));
-        END LOOP;
-        PERFORM set_config('lock_timeout', old_lock_timeout, true);
-        IF NOT locked THEN
-            RAISE NOTICE 'idem_maintain: idem.claims stayed locked by other transactions through % attempts; nothing changed, the next run catches up', attempt;
+    SELECT false AS locked, 0 AS attempts INTO got_lock;
+    IF cardinality(made) > 0 OR idem.partition_set_needs_change(t_now) THEN
+        SELECT * INTO got_lock FROM idem.lock_claims_for_maintenance(lock_wait, retries);
+        IF NOT got_lock.locked THEN
+            RAISE NOTICE 'idem_maintain: idem.claims stayed locked by other transactions through % attempts; nothing changed, the next run catches up', got_lock.attempts;
             skipped := skipped || 'lock on idem.claims not available'::text;
             -- The prepared tables go with this transaction's rollback of them.
-            FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+            FOR i IN 1 .. cardinality(made) LOOP
                 EXECUTE format('DROP TABLE idem.%I', made[i]);
             END LOOP;
             made := '{}';
         END IF;
     END IF;
 
-    IF locked THEN
+    IF got_lock.locked THEN
         t_now := clock_timestamp();
-        -- Someone dropped the default partition: claims beyond the premade
-        -- ranges need it back.
-        IF to_regclass('idem.claims_default') IS NULL THEN
-            CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
-            CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
-            ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
-        END IF;
-        -- Every partition carries whole old rows in its updates and deletes
-        -- (sql/storage.sql): also those made by hand, restored from a dump
-        -- of an older version, or altered since.
-        FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
-                   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
-            EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
-            replica_fixed := replica_fixed || p.rel::text;
-        END LOOP;
-        -- Drop partitions whose range is over: every row in them has expired.
-        FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
-                  WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
-            SELECT greatest(c.reltuples::bigint, 0) INTO n FROM pg_class c WHERE c.oid = p.partition;
-            EXECUTE format('DROP TABLE %s', p.partition);
-            dropped := dropped || p.name;
-            rows_dropped := rows_dropped + n;
-        END LOOP;
-
-        -- Claims in the default partition that expired before any partition
-        -- covered them (maintenance was late): the only rows deleted one by one.
-        EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
-        GET DIAGNOSTICS expired_default = ROW_COUNT;
+        replica_fixed := idem.repair_partition_set();
+        SELECT * INTO removed FROM idem.remove_expired(t_now);
 
         -- Attach the prepared partitions, and move in the claims the default
         -- partition holds for their ranges. ATTACH refuses while the default
@@ -455,7 +489,7 @@ BEGIN
             EXECUTE 'WITH m AS (DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)
                      INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM m' USING los[1], his[cardinality(made)];
         END IF;
-        FOR i IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+        FOR i IN 1 .. cardinality(made) LOOP
             EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
                            made[i], los[i], his[i]);
         END LOOP;
@@ -464,6 +498,8 @@ BEGIN
             GET DIAGNOSTICS moved = ROW_COUNT;
             DROP TABLE pg_temp.idem_maintain_moving;
         END IF;
+    ELSE
+        SELECT '{}'::text[] AS dropped, 0::bigint AS rows_in_dropped, 0::bigint AS deleted_from_default INTO removed;
     END IF;
 
     -- Spent and expired one-time tokens (a small table: row by row is fine).
@@ -482,12 +518,12 @@ BEGIN
 
     report := jsonb_build_object(
         'partitions_created', to_jsonb(made),
-        'partitions_dropped', to_jsonb(dropped),
-        'rows_removed', rows_dropped + expired_default,
-        'rows_in_dropped_partitions_estimate', rows_dropped,
-        'expired_rows_deleted_from_default', expired_default,
+        'partitions_dropped', to_jsonb(removed.dropped),
+        'rows_removed', removed.rows_in_dropped + removed.deleted_from_default,
+        'rows_in_dropped_partitions_estimate', removed.rows_in_dropped,
+        'expired_rows_deleted_from_default', removed.deleted_from_default,
         'rows_moved_from_default', moved,
-        'lock_attempts', attempt,
+        'lock_attempts', got_lock.attempts,
         'skipped', CASE WHEN cardinality(skipped) > 0 THEN to_jsonb(skipped) END,
         'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
         'publication_problems', pub_problems,
