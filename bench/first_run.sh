@@ -8,8 +8,9 @@
 # fresh cargo target folder. Then `bash scripts/demo.sh` twice (cold,
 # then warm), each timed (wall clock and CPU), its output in the log.
 #   bash bench/first_run.sh            writes bench/out/first_run/
-# Takes as long as a first run does (29 minutes on a 2-core machine kept
-# at a load of 5 to 8 by other jobs, 2026-12-01) and needs network access (deb.debian.org, crates.io). Deletes
+# Takes as long as a first run does (465 s on a 2-core machine,
+# 2026-12-01; 29 minutes earlier that day while other jobs kept it at a
+# load of 5 to 8) and needs network access (deb.debian.org, crates.io). Deletes
 # its root and caches at the end (KEEP=1 keeps them).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -37,6 +37,28 @@ OUT="$IDEM_TARGET/test-out"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
+# What the other majors and the package test need, built once and cached
+# (scripts/pg/): made in the background, at the lowest CPU priority, while
+# the PostgreSQL 15 suite runs, which leaves the CPU and the network idle
+# much of its time (lock waits, fsyncs, sessions that wait on each other).
+# Their host packages are installed first, in the foreground: apt lets one
+# dpkg run at a time. The script's later call for the same thing waits
+# for its lock, then finds it ready (or builds it itself if the background
+# build failed, and says why). Nothing here decides a test.
+prepare_pid=
+if [ "$IDEM_SUITE" = full ]; then
+  prepare=(bookworm.sh)
+  for major in $IDEM_MAJORS; do
+    case "$major" in 17) prepare+=(trixie.sh) ;; 18) prepare+=(pg18.sh pg15-upstream.sh) ;; esac
+  done
+  for script in "${prepare[@]}"; do bash "$ROOT/scripts/pg/$script" --host-packages; done
+  (for script in "${prepare[@]}"; do
+     echo "== $script"
+     nice -n 19 bash "$ROOT/scripts/pg/$script" || echo "== $script failed: its foreground call tries again"
+   done) > "$OUT/prepare-in-background.log" 2>&1 &
+  prepare_pid=$!
+fi
+
 fresh_db() {
   psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
 }
@@ -156,6 +178,7 @@ if [ "$IDEM_SUITE" = full ]; then
   done
 fi
 
+[ -z "$prepare_pid" ] || wait "$prepare_pid" || true
 echo
 if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
 echo "${passed} passed, ${failed} failed"

@@ -37,6 +37,17 @@ take_lock() {
   fi
 }
 
+# host_packages_only ARG PKG...: with ARG --host-packages, install the
+# host packages a script needs and exit (scripts/test.sh does that in the
+# foreground before it runs the script in the background: apt lets one
+# dpkg run at a time); otherwise return.
+host_packages_only() {
+  [ "${1:-}" = --host-packages ] || return 0
+  shift
+  host_packages "$@"
+  exit 0
+}
+
 # host_packages PKG...: install from the host's own apt sources (Debian 12)
 # whatever is missing.
 host_packages() {
@@ -77,4 +88,34 @@ unpack_orig() { # DIR NAME
   tarball=$(ls "$1/$2"_*.orig.tar.* | head -n1)
   mkdir -p "$1/src-$2"
   tar -xf "$tarball" -C "$1/src-$2" --strip-components=1
+}
+
+# cached_tree NAME PREFIX RECIPE MAKE DESCRIBE: a PostgreSQL tree at PREFIX
+# built by the recipe RECIPE, or built now: under the lock NAME, in
+# $IDEM_CACHE/build/NAME, by `MAKE WORK STAGE` (which installs into
+# STAGE/PREFIX), stamped with the recipe, the lines `DESCRIBE WORK STAGE`
+# prints and the time it took, then swapped in whole, so that a failed
+# build leaves the old tree where it was.
+cached_tree() {
+  local name=$1 prefix=$2 recipe=$3 make=$4 describe=$5 started work stage
+  if stamp_ok "$prefix/.idem-stamp" "$recipe" && "$prefix/bin/pg_config" --version >/dev/null 2>&1; then return 0; fi
+  take_lock "$name"
+  if stamp_ok "$prefix/.idem-stamp" "$recipe"; then return 0; fi
+  started=$(date +%s)
+  work="$IDEM_CACHE/build/$name"
+  stage="$work/stage"
+  rm -rf "$work"
+  mkdir -p "$work"
+  "$make" "$work" "$stage"
+  {
+    echo "recipe=$recipe"
+    "$describe" "$work" "$stage"
+    echo "built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by scripts/pg/$name.sh"
+  } > "$stage$prefix/.idem-stamp"
+  rm -rf "$prefix.old"
+  [ ! -e "$prefix" ] || mv "$prefix" "$prefix.old"
+  mv "$stage$prefix" "$prefix"
+  rm -rf "$prefix.old" "$work"
+  chmod 755 "$IDEM_CACHE"
+  log "$name ready: $(grep -E '^(postgresql|pg_cron)=' "$prefix/.idem-stamp" | tr '\n' ' ')"
 }

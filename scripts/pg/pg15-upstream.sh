@@ -39,31 +39,15 @@ build_pg15_upstream() { # WORK STAGE -> writes STAGE$PREFIX
 }
 
 RECIPE=$(recipe_hash unpack_orig build_pg15_upstream debian_source -- PREFIX CONFIGURE_FLAGS BUILD_DEPS)
-STAMP="$PREFIX/.idem-stamp"
-
-if ! stamp_ok "$STAMP" "$RECIPE" || ! "$PREFIX/bin/pg_config" --version >/dev/null 2>&1; then
-  take_lock pg15-upstream
-  if ! stamp_ok "$STAMP" "$RECIPE"; then
-    started=$(date +%s)
-    host_packages "${BUILD_DEPS[@]}"
-    work="$IDEM_CACHE/build/pg15-upstream"
-    stage="$work/stage"
-    rm -rf "$work"
-    mkdir -p "$work"
-    log "building PostgreSQL 15 from Debian 12's source package into $PREFIX (log in $work)"
-    build_pg15_upstream "$work" "$stage"
-    cat > "$stage$PREFIX/.idem-stamp" <<STAMP
-recipe=$RECIPE
-postgresql=$("$stage$PREFIX/bin/pg_config" --version | sed 's/^PostgreSQL //') (upstream tarball of bookworm's source package $(ls "$work"/postgresql-15_*.dsc | sed -E 's/.*postgresql-15_(.*)\.dsc/\1/'))
-configure=${CONFIGURE_FLAGS[*]}
-built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by scripts/pg/pg15-upstream.sh
-STAMP
-    rm -rf "$PREFIX.old"
-    [ ! -e "$PREFIX" ] || mv "$PREFIX" "$PREFIX.old"
-    mv "$stage$PREFIX" "$PREFIX"
-    rm -rf "$PREFIX.old" "$work"
-    chmod 755 "$IDEM_CACHE"
-    log "PostgreSQL 15 (upstream) ready: $(grep -E '^postgresql=' "$STAMP")"
-  fi
-fi
+make_pg15_upstream() { # WORK STAGE
+  host_packages "${BUILD_DEPS[@]}"
+  log "building PostgreSQL 15 from Debian 12's source package into $PREFIX (log in $1)"
+  build_pg15_upstream "$1" "$2"
+}
+describe_pg15_upstream() { # WORK STAGE
+  echo "postgresql=$("$2$PREFIX/bin/pg_config" --version | sed 's/^PostgreSQL //') (upstream tarball of bookworm's source package $(ls "$1"/postgresql-15_*.dsc | sed -E 's/.*postgresql-15_(.*)\.dsc/\1/'))"
+  echo "configure=${CONFIGURE_FLAGS[*]}"
+}
+host_packages_only "${1:-}" "${BUILD_DEPS[@]}"
+cached_tree pg15-upstream "$PREFIX" "$RECIPE" make_pg15_upstream describe_pg15_upstream
 echo "$PREFIX/bin/pg_config"

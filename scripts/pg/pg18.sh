@@ -64,36 +64,18 @@ build_pg_cron() { # WORK STAGE
 }
 
 RECIPE=$(recipe_hash unpack_orig build_pg18 build_pg_cron sid_source debian_source -- PREFIX CONFIGURE_FLAGS BUILD_DEPS)
-STAMP="$PREFIX/.idem-stamp"
-
-if ! stamp_ok "$STAMP" "$RECIPE" || ! "$PREFIX/bin/pg_config" --version >/dev/null 2>&1; then
-  take_lock pg18
-  if ! stamp_ok "$STAMP" "$RECIPE"; then
-    started=$(date +%s)
-    host_packages "${BUILD_DEPS[@]}"
-    work="$IDEM_CACHE/build/pg18"
-    stage="$work/stage"
-    rm -rf "$work"
-    mkdir -p "$work"
-    log "building PostgreSQL 18 from Debian sid's source into $PREFIX (about 9.5 min of CPU: 10-13 min measured on a busy 2-core machine; log in $work)"
-    build_pg18 "$work" "$stage"
-    pg_version=$(ls "$work"/postgresql-18_*.dsc | sed -E 's/.*postgresql-18_(.*)\.dsc/\1/')
-    log "building pg_cron for it"
-    cron_version=$(build_pg_cron "$work" "$stage")
-    cat > "$stage$PREFIX/.idem-stamp" <<STAMP
-recipe=$RECIPE
-postgresql=$("$stage$PREFIX/bin/pg_config" --version | sed 's/^PostgreSQL //') (upstream tarball of sid's source package postgresql-18 $pg_version)
-configure=${CONFIGURE_FLAGS[*]}
-pg_cron=$cron_version
-built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by scripts/pg/pg18.sh
-STAMP
-    # Swap the new tree in whole, so that a failed build leaves the old one.
-    rm -rf "$PREFIX.old"
-    [ ! -e "$PREFIX" ] || mv "$PREFIX" "$PREFIX.old"
-    mv "$stage$PREFIX" "$PREFIX"
-    rm -rf "$PREFIX.old" "$work"
-    chmod 755 "$IDEM_CACHE"
-    log "PostgreSQL 18 ready: $(grep -E '^(postgresql|pg_cron)=' "$STAMP" | tr '\n' ' ')"
-  fi
-fi
+make_pg18() { # WORK STAGE
+  host_packages "${BUILD_DEPS[@]}"
+  log "building PostgreSQL 18 from Debian sid's source into $PREFIX (about 9.5 min of CPU: 10-13 min measured on a busy 2-core machine; log in $1)"
+  build_pg18 "$1" "$2"
+  log "building pg_cron for it"
+  build_pg_cron "$1" "$2" > "$1/pg_cron.version"
+}
+describe_pg18() { # WORK STAGE
+  echo "postgresql=$("$2$PREFIX/bin/pg_config" --version | sed 's/^PostgreSQL //') (upstream tarball of sid's source package postgresql-18 $(ls "$1"/postgresql-18_*.dsc | sed -E 's/.*postgresql-18_(.*)\.dsc/\1/'))"
+  echo "configure=${CONFIGURE_FLAGS[*]}"
+  echo "pg_cron=$(cat "$1/pg_cron.version")"
+}
+host_packages_only "${1:-}" "${BUILD_DEPS[@]}"
+cached_tree pg18 "$PREFIX" "$RECIPE" make_pg18 describe_pg18
 echo "$PREFIX/bin/pg_config"
