@@ -51,7 +51,9 @@ if [ "$IDEM_SUITE" = full ]; then
   for major in $IDEM_MAJORS; do
     case "$major" in 17) prepare+=(trixie.sh) ;; 18) prepare+=(pg18.sh pg15-upstream.sh) ;; esac
   done
-  for script in "${prepare[@]}"; do bash "$ROOT/scripts/pg/$script" --host-packages; done
+  for script in "${prepare[@]}"; do
+    bash "$ROOT/scripts/pg/$script" --host-packages || say "$script: its host packages could not be installed now; its own call tries again"
+  done
   (for script in "${prepare[@]}"; do
      echo "== $script"
      nice -n 19 bash "$ROOT/scripts/pg/$script" || echo "== $script failed: its foreground call tries again"
