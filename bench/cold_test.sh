@@ -16,10 +16,11 @@
 # end (KEEP=1 keeps them; the cache can then replace /var/cache/idem).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/pg/common.sh"
 OUT="$ROOT/bench/out/cold_test"
 work="/var/cache/idem-cold.$$"
 clone="$(dirname "$ROOT")/idem-cold-test.$$"
-mkdir -p "$OUT" "$work/cargo/bin" "$work/pgrx"
+mkdir -p "$OUT" "$work/pgrx"
 cleanup() {
   if [ "${KEEP:-0}" = 1 ]; then echo "kept: $clone and $work"; return; fi
   (cd "$clone" 2>/dev/null && bash scripts/cluster.sh stop >/dev/null 2>&1) || true
@@ -27,9 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 git clone -q "$ROOT" "$clone"
-for b in "${CARGO_HOME:-$HOME/.cargo}"/bin/*; do
-  case "$(basename "$b")" in cargo|rustc|rustup|rustdoc|rustfmt|cargo-fmt|clippy-driver|cargo-clippy) cp -a "$b" "$work/cargo/bin/" ;; esac
-done
+empty_cargo_home "$work/cargo"
 echo "clone $clone at $(git -C "$clone" rev-parse --short HEAD); caches in $work; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # (the host's own CARGO_HOME/bin, with its cargo-pgrx, off the PATH)
 cold_path="$work/cargo/bin:$(echo "$PATH" | tr ':' '\n' | grep -vxF "${CARGO_HOME:-$HOME/.cargo}/bin" | paste -sd:)"

@@ -46,10 +46,7 @@ echo "root made in $(( $(date +%s) - t0 )) s (not part of the measurement)"
 # A CARGO_HOME with the rustup proxies only (cargo, rustc, ...), on the
 # host's toolchains (RUSTUP_HOME).
 mkdir -p "$work/cargo/bin" "$work/root/tmp/idem-target"
-for b in "${CARGO_HOME:-$HOME/.cargo}"/bin/*; do
-  case "$(basename "$b")" in cargo|rustc|rustup|rustdoc|rust-gdb|rust-lldb|rustfmt|cargo-fmt|clippy-driver|cargo-clippy) cp -a "$b" "$work/cargo/bin/" ;; esac
-done
-[ -x "$work/cargo/bin/cargo" ] || die "no rustup proxies in ${CARGO_HOME:-$HOME/.cargo}/bin"
+empty_cargo_home "$work/cargo"
 
 run() { # NAME: the demo in the root, timed
   local name=$1 start end

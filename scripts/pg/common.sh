@@ -90,6 +90,19 @@ unpack_orig() { # DIR NAME
   tar -xf "$tarball" -C "$1/src-$2" --strip-components=1
 }
 
+# empty_cargo_home DIR: a CARGO_HOME at DIR with only the host's rustup
+# proxies (cargo, rustc, ...) on the host's toolchains (RUSTUP_HOME): no
+# installed tools such as cargo-pgrx, no crates fetched. For measuring a
+# first run (bench/first_run.sh, bench/cold_test.sh).
+empty_cargo_home() {
+  local b
+  mkdir -p "$1/bin"
+  for b in "${CARGO_HOME:-$HOME/.cargo}"/bin/*; do
+    case "$(basename "$b")" in cargo|rustc|rustup|rustdoc|rust-gdb|rust-lldb|rustfmt|cargo-fmt|clippy-driver|cargo-clippy) cp -a "$b" "$1/bin/" ;; esac
+  done
+  [ -x "$1/bin/cargo" ] || die "no rustup proxies in ${CARGO_HOME:-$HOME/.cargo}/bin"
+}
+
 # cached_tree NAME PREFIX RECIPE MAKE DESCRIBE: a PostgreSQL tree at PREFIX
 # built by the recipe RECIPE, or built now: under the lock NAME, in
 # $IDEM_CACHE/build/NAME, by `MAKE WORK STAGE` (which installs into
