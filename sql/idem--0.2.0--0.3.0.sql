@@ -120,6 +120,16 @@ COMMENT ON FUNCTION idem.is_distributed(regclass) IS 'Whether Citus distributes 
 -- idem.maintain_distributed under their pinned settings. Internal: not
 -- granted to PUBLIC.
 
+-- The tables of idem.claims (the parent and every partition) whose updates
+-- and deletes do not carry whole old rows: what maintenance repairs and
+-- what idem_publications reports (REPLICA IDENTITY FULL, sql/storage.sql).
+CREATE VIEW idem.replica_identity_missing AS
+SELECT c.oid::regclass AS rel
+  FROM pg_class c
+ WHERE c.relreplident <> 'f'
+   AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass);
+COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the parent and its partitions) without REPLICA IDENTITY FULL.';
+
 -- The ranges maintenance adds next: from the end of the last range (or the
 -- width-aligned slot holding t_now, when there is none yet) up to horizon,
 -- at most limit_parts of them, each aligned to width. A change of width
@@ -167,8 +177,7 @@ BEGIN
     EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at <= $1)' INTO expired_in_default USING t_now;
     RETURN expired_in_default
         OR EXISTS (SELECT 1 FROM idem.partition_bounds WHERE NOT is_default AND range_to <= t_now)
-        OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relreplident <> 'f'
-                    AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass));
+        OR EXISTS (SELECT 1 FROM idem.replica_identity_missing);
 END
 $fn$;
 COMMENT ON FUNCTION idem.partition_set_needs_change(timestamptz) IS 'Whether idem_maintain must lock idem.claims for more than new partitions: a missing default partition, expired claims in it, a range that is over, a table without REPLICA IDENTITY FULL.';
@@ -232,8 +241,7 @@ BEGIN
         CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
         ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
     END IF;
-    FOR p IN SELECT c.oid::regclass AS rel FROM pg_class c WHERE c.relreplident <> 'f'
-               AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass) LOOP
+    FOR p IN SELECT rel FROM idem.replica_identity_missing LOOP
         EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p.rel);
         fixed := fixed || p.rel::text;
     END LOOP;
@@ -610,10 +618,9 @@ SELECT pubname, 'publishes the partitions of idem.claims under their own names (
   FROM published WHERE is_partition GROUP BY pubname
 UNION ALL
 SELECT cl.pubname, format('%s has no REPLICA IDENTITY FULL: the SQL path cannot update or delete its claims, '
-                          || 'and the direct path''s updates reach subscribers unmatched. Fix: SELECT idem_maintain()', r.oid::regclass)
+                          || 'and the direct path''s updates reach subscribers unmatched. Fix: SELECT idem_maintain()', r.rel)
   FROM claims cl
-  JOIN pg_class r ON r.relreplident <> 'f'
-                 AND r.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass)
+  CROSS JOIN idem.replica_identity_missing r
  WHERE cl.pubupdate OR cl.pubdelete
 UNION ALL
 SELECT cl.pubname, 'publishes idem.claims without '

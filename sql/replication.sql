@@ -30,10 +30,9 @@ SELECT pubname, 'publishes the partitions of idem.claims under their own names (
   FROM published WHERE is_partition GROUP BY pubname
 UNION ALL
 SELECT cl.pubname, format('%s has no REPLICA IDENTITY FULL: the SQL path cannot update or delete its claims, '
-                          || 'and the direct path''s updates reach subscribers unmatched. Fix: SELECT idem_maintain()', r.oid::regclass)
+                          || 'and the direct path''s updates reach subscribers unmatched. Fix: SELECT idem_maintain()', r.rel)
   FROM claims cl
-  JOIN pg_class r ON r.relreplident <> 'f'
-                 AND r.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass)
+  CROSS JOIN idem.replica_identity_missing r
  WHERE cl.pubupdate OR cl.pubdelete
 UNION ALL
 SELECT cl.pubname, 'publishes idem.claims without '
