@@ -638,7 +638,13 @@ class Bench:
                 # Records no transaction of the run wrote: the background
                 # writer's running-xacts snapshot (Standby) and checkpoint
                 # records (XLOG), so that "0 WAL" means 0 for the workload.
-                background = sum(s["combined"] for s in stats if s["rmgr"] in ("Standby", "XLOG"))
+                # Their LSN span, not their size: each record is padded to 8
+                # bytes (a 50-byte running-xacts record takes 56), and the
+                # padding is no workload's either.
+                background = 0 if wal == 0 else int(self.val(db, f"""
+                        SELECT coalesce(sum(end_lsn - start_lsn), 0)
+                          FROM pg_get_wal_records_info('{l0}', '{l1}')
+                         WHERE resource_manager IN ('Standby', 'XLOG')"""))
                 fpi = sum(s["fpi"] for s in stats)
                 row = {"variant": v, "txns": n, "wal_bytes": wal, "background_bytes": background,
                        "fpi_bytes": fpi, "xids": x1 - x0 - 1, "tps": res["tps"],

@@ -349,7 +349,8 @@ class Report:
                  f"1 client, synchronous_commit off, {rows[0]['txns']} transactions per variant after "
                  "a CHECKPOINT and a reset (fresh tables, so hardly any full-page images), autovacuum "
                  "off for the section. WAL = pg_current_wal_insert_lsn() delta minus records no "
-                 "transaction of the run wrote (Standby running-xacts snapshots, XLOG); xids = "
+                 "transaction of the run wrote (Standby running-xacts snapshots, XLOG; their LSN spans, "
+                 "padding included); xids = "
                  "txid_current() delta minus the one txid_current() takes itself.",
                  "",
                  "| variant | WAL B/txn | of which FPI | raw LSN delta B/txn | xids/txn | TPS (1 client) | WAL by resource manager (B/txn) |",
