@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The Python middleware package (clients/python, "idem-http") as users get it:
+# its wheel is built and installed into a fresh venv with FastAPI, uvicorn,
+# Django, SQLAlchemy and httpx (from the wheelhouse scripts/setup.d/
+# 80-middleware-python.sh downloaded from PyPI), then three real servers on
+# loopback (uvicorn + FastAPI with the ASGI middleware, Django's runserver with
+# its middleware and ATOMIC_REQUESTS, uvicorn + SQLAlchemy sessions) are sent
+# real HTTP requests (httpx) against this scenario's own PostgreSQL cluster
+# with idem, first directly and then through PgBouncer in transaction mode.
+# tests/middleware/python/driver.py checks, per server:
+#   * 20 concurrent identical requests -> one business row and 20 identical
+#     201s (wait mode), or one 201 and 19 x 409 + Retry-After (409 mode);
+#     held at a gate (an advisory lock) until pg_stat_activity shows the 19
+#     duplicates waiting in idem_claim;
+#   * the server killed (SIGKILL) before COMMIT and after COMMIT, at a
+#     test-only hook that signals on a FIFO and blocks: the retry runs the
+#     operation, or gets the stored answer; one row either way;
+#   * a changed body -> 422, nothing written; a missing / malformed key -> 400;
+#     a handler exception -> 500, nothing stored, the retry runs; SQLSTATE 40001
+#     -> 503 + Retry-After; a stored business failure (422) replayed; another
+#     tenant's same key is its own claim; a streamed response passed through
+#     unstored; lease mode.
+# No verdict by the clock: every wait is for an observed state. Exits 1 on
+# any failure.
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+PG_PORT=5570
+BOUNCER_PORT=5571
+HTTP_PORT=5572
+dir="$(cluster_dir)/middleware-python"
+out="$IDEM_TARGET/test-out/middleware-python"
+WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
+work=
+
+stop_all() {
+  local p
+  p=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || p=
+  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$dir/pgbouncer.ini"; then
+    kill -TERM "$p"
+    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
+  fi
+  rm -f "$dir/pgbouncer.pid"
+  as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+  if [ -n "$work" ]; then rm -rf "$work"; fi
+  return 0
+}
+trap stop_all EXIT
+stop_all
+work=$(mktemp -d /tmp/middleware-python.XXXXXX)
+rm -rf "$dir" "$out"
+mkdir -p "$dir" "$out"
+chown postgres:postgres "$dir"
+chmod 700 "$dir"
+
+[ -d "$WHEELHOUSE" ] || bash "$ROOT/scripts/setup.d/80-middleware-python.sh"
+
+# ---- the package, built and installed as a user would ------------------------
+say "building idem-http's wheel and installing it into a fresh venv"
+cp -r "$ROOT/clients/python" "$work/src"
+venv="$work/venv"
+python3 -m venv "$venv"
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE" PIP_DISABLE_PIP_VERSION_CHECK=1
+"$venv/bin/pip" install -q build
+"$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/src" > "$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
+wheel=$(ls "$work"/dist/idem_http-*.whl)
+echo "built $(basename "$wheel")"
+"$venv/bin/pip" install -q "$wheel[fastapi,django,sqlalchemy]" "psycopg[binary]" uvicorn httpx
+installed=$(cd "$work" && "$venv/bin/python" -c "import idem_http, os; print(os.path.dirname(idem_http.__file__))")
+case "$installed" in
+  "$venv"/lib/python3*/site-packages/idem_http) echo "idem_http imported from $installed" ;;
+  *) echo "FAIL idem_http imported from $installed, not the installed wheel"; exit 1 ;;
+esac
+[ -f "$installed/py.typed" ] || { echo "FAIL the wheel has no py.typed"; exit 1; }
+
+# ---- the cluster and PgBouncer (transaction mode) ---------------------------
+as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+cat >> "$dir/data/postgresql.conf" <<CONF
+listen_addresses = ''
+unix_socket_directories = '$dir'
+port = $PG_PORT
+shared_buffers = 32MB
+fsync = off
+max_connections = 120
+CONF
+as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d postgres \
+  -c "CREATE DATABASE mw" -c "\\c mw" -c "CREATE EXTENSION idem"
+
+printf '"postgres" ""\n' > "$dir/userlist.txt"
+cat > "$dir/pgbouncer.ini" <<INI
+[databases]
+mw = host=$dir port=$PG_PORT dbname=mw
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 40
+max_client_conn = 200
+ignore_startup_parameters = extra_float_digits
+admin_users = postgres
+log_connections = 0
+log_disconnections = 0
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+chown postgres:postgres "$dir/pgbouncer.ini" "$dir/userlist.txt"
+as_postgres /usr/sbin/pgbouncer -d "$dir/pgbouncer.ini"
+ready=
+for _ in $(seq 1 250); do
+  "$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d mw -Atc "SELECT 1" >/dev/null 2>&1 && ready=1 && break
+  sleep 0.02
+done
+[ -n "$ready" ] || { echo "FAIL PgBouncer did not start"; tail -5 "$dir/pgbouncer.log"; exit 1; }
+
+# ---- the servers, directly and through PgBouncer ----------------------------
+direct="host=$dir port=$PG_PORT dbname=mw user=postgres"
+bouncer="host=127.0.0.1 port=$BOUNCER_PORT dbname=mw user=postgres"
+fifo="$work/signal"
+mkfifo "$fifo"
+failed=()
+for target in direct pgbouncer; do
+  conninfo=$([ $target = direct ] && echo "$direct" || echo "$bouncer")
+  for server in fastapi django sqlalchemy; do
+    say "$server, $target"
+    if (cd "$work" && "$venv/bin/python" "$ROOT/tests/middleware/python/driver.py" \
+          $server $HTTP_PORT "$conninfo" "$direct" $target "$fifo") 2>&1 | tee "$out/$server-$target.log"; then
+      :
+    fi
+    grep -q "^summary \[$server, $target\]: [0-9]* checks, 0 failed" "$out/$server-$target.log" \
+      || failed+=("$server through $target")
+  done
+done
+xacts=$("$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' \
+          | awk -F'|' '$1 == "mw" {print $2}')
+echo "transactions through PgBouncer: ${xacts:-0}"
+[ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
+
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "summary: the middleware passed for fastapi, django and sqlalchemy, directly and through PgBouncer"
