@@ -57,6 +57,8 @@ def orders(request: HttpRequest) -> HttpResponse:
             return JsonResponse(failure[1], status=failure[0])
         if request.headers.get("X-Test-Transient") == "1":
             cur.execute(common.TRANSIENT)
+        if request.headers.get("X-Test-Lost") == "1":
+            cur.execute(common.LOST)
         key = request.idem.key if request.idem else "-"  # type: ignore[attr-defined]
         cur.execute(common.INSERT, ("django", key, body["sku"], body["qty"]))
         (order_id,) = cur.fetchone()
@@ -83,5 +85,6 @@ urlpatterns = [
     path("orders", orders),
     path("orders-409", orders),
     path("orders-optional", orders),
+    path("orders-short-wait", orders),
     path("report", report),
 ]

@@ -208,6 +208,28 @@ def concurrent_409() -> None:
     check(status(r) == 201 and replayed(r) and r.text == first.text, "a later retry replays the 201")
 
 
+def bounded_wait() -> None:
+    """A duplicate waits at most lock_timeout (200ms on this route): while
+    the first request is held at the gate, the duplicate's wait ends with
+    55P03 and 503 + Retry-After, whatever the time it takes."""
+    key = new_key("shortwait")
+    body = {"sku": "sku-shortwait", "qty": 1}
+    box: list[Optional[httpx.Response]] = []
+    with db() as lock:
+        lock.execute("SELECT pg_advisory_lock(4242)")
+        t = threading.Thread(target=lambda: box.append(post("/orders-short-wait", key, body, X_Test_Gate="1")))
+        t.start()
+        wait_for("the first request at the gate", lambda: one(WAITING)[0] == 1)
+        r = post("/orders-short-wait", key, body)
+        lock.execute("SELECT pg_advisory_unlock(4242)")
+        t.join()
+    check(status(r) == 503 and r is not None and r.headers.get("retry-after") == "1",
+          f"a duplicate whose wait exceeds lock_timeout: {status(r)} with Retry-After")
+    r2 = post("/orders-short-wait", key, body)
+    check(status(box[0]) == 201 and status(r2) == 201 and replayed(r2) and rows(scoped(key)) == 1,
+          f"the first one answers {status(box[0])}; the duplicate's retry replays it; one row")
+
+
 def killed(phase: str) -> None:
     key = new_key(f"kill-{phase}")
     body = {"sku": "sku-kill", "qty": 3}
@@ -282,6 +304,15 @@ def failures_stored_or_not() -> None:
     r = post("/orders", key, body)
     check(status(r) == 201 and not replayed(r) and rows(scoped(key)) == 1, f"its retry runs: {status(r)}")
 
+    key = new_key("lost")
+    body = {"sku": "sku-lost", "qty": 1}
+    r = post("/orders", key, body, X_Test_Lost="1")
+    state, _ = lookup(scoped(key), "orders.create")
+    check(status(r) == 503 and r is not None and r.headers.get("retry-after") == "1" and state == "absent"
+          and rows(scoped(key)) == 0, f"the connection lost under the handler: {status(r)}, claim {state}")
+    r = post("/orders", key, body)
+    check(status(r) == 201 and not replayed(r) and rows(scoped(key)) == 1, f"its retry runs: {status(r)}")
+
     key = new_key("stock")
     body = {"sku": "out-of-stock", "qty": 1}
     r1 = post("/orders", key, body)
@@ -328,6 +359,7 @@ def main() -> None:
     try:
         concurrent_wait()
         concurrent_409()
+        bounded_wait()
         killed("before_commit")
         killed("after_commit")
         fingerprint_and_keys()

@@ -34,6 +34,8 @@ async def create_order(request: Request, ctx: IdemContext) -> Any:
         return JSONResponse(failure[1], status_code=failure[0])
     if request.headers.get("x-test-transient") == "1":
         await conn.execute(common.TRANSIENT)
+    if request.headers.get("x-test-lost") == "1":
+        await conn.execute(common.LOST)
     key = ctx.claim.key if ctx.claim else "-"
     cur = await conn.execute(common.INSERT, ("fastapi", key, body["sku"], body["qty"]))
     (order_id,) = await cur.fetchone()  # type: ignore[misc]
@@ -55,6 +57,11 @@ async def orders_409(request: Request, ctx: IdemContext = Depends(idem_context))
 
 @app.post("/orders-optional")
 async def orders_optional(request: Request, ctx: IdemContext = Depends(idem_context)) -> Any:
+    return await create_order(request, ctx)
+
+
+@app.post("/orders-short-wait")
+async def orders_short_wait(request: Request, ctx: IdemContext = Depends(idem_context)) -> Any:
     return await create_order(request, ctx)
 
 

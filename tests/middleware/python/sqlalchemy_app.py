@@ -42,6 +42,8 @@ def orders_handler(session: Session, info: RequestInfo, c: Optional[Claim]) -> R
         return Response(failure[0], [("Content-Type", "application/json")], json.dumps(failure[1]).encode())
     if info.header("x-test-transient") == "1":
         session.execute(text(common.TRANSIENT))
+    if info.header("x-test-lost") == "1":
+        session.execute(text(common.LOST))
     order_id = session.execute(
         text("INSERT INTO orders (server, idem_key, sku, qty) VALUES ('sqlalchemy', :k, :s, :q) RETURNING id"),
         {"k": c.key if c else "-", "s": body["sku"], "q": body["qty"]}).scalar_one()
@@ -75,6 +77,11 @@ def orders(info: RequestInfo = Depends(request_info)) -> Any:
 
 @app.post("/orders-409")
 def orders_409(info: RequestInfo = Depends(request_info)) -> Any:
+    return run(info)
+
+
+@app.post("/orders-short-wait")
+def orders_short_wait(info: RequestInfo = Depends(request_info)) -> Any:
     return run(info)
 
 

@@ -34,6 +34,10 @@ GATE = "SELECT pg_advisory_xact_lock(4242)"
 # A real transient failure raised by the server (header X-Test-Transient: 1).
 TRANSIENT = "DO $$ BEGIN RAISE EXCEPTION 'simulated serialization failure' USING ERRCODE = '40001'; END $$"
 
+# The server session is ended under the handler (header X-Test-Lost: 1): a
+# lost connection.
+LOST = "SELECT pg_terminate_backend(pg_backend_pid())"
+
 _blocked = threading.Event()
 
 
@@ -58,6 +62,7 @@ ROUTES = {
     ("POST", "/orders"): Route("orders.create"),
     ("POST", "/orders-409"): Route("orders.create409", wait=False),
     ("POST", "/orders-optional"): Route("orders.optional", key_required=False),
+    ("POST", "/orders-short-wait"): Route("orders.shortwait", lock_timeout="200ms"),
     ("POST", "/report"): Route("report.create"),
     ("POST", "/charges"): Route("charges.create", lease="1 minute"),
 }

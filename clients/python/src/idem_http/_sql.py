@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+# The claim's wait is bounded by lock_timeout; the handler's own lock waits
+# after it keep the session's setting, restored right after the claim.
+LOCK_TIMEOUT = "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)"
+RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 CLAIM = ("SELECT claimed, state, result::text FROM idem_claim(%s, %s, ttl => %s::interval, "
          "fingerprint => %s, wait => %s, lease => %s::interval)")
 COMPLETE = "SELECT idem_complete(%s, %s, %s::jsonb, %s)"

@@ -69,10 +69,13 @@ async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str,
                     fingerprint: Optional[str], wait: bool, ttl: Optional[str], lease: Optional[str],
                     lock_timeout: Optional[str]) -> AsyncClaim:
     """Run idem_claim in the connection's current transaction."""
+    saved = None
     if lock_timeout is not None:
-        await conn.execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
+        saved = await (await conn.execute(_sql.LOCK_TIMEOUT, (lock_timeout,))).fetchone()
     cur = await conn.execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
     row = await cur.fetchone()
+    if saved is not None:
+        await conn.execute(_sql.RESTORE_LOCK_TIMEOUT, (saved[0],))
     if row is None:
         raise RuntimeError("idem_claim returned no row")
     c = AsyncClaim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),

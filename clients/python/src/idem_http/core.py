@@ -85,6 +85,16 @@ def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key
     return c
 
 
+def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str],
+               wait: bool, lease: Optional[str], lock_timeout: Optional[str]) -> Optional[tuple]:
+    if lock_timeout is None:
+        return execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+    saved = execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
+    row = execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+    execute(_sql.RESTORE_LOCK_TIMEOUT, (saved[0] if saved else "0",))
+    return row
+
+
 def _reraise(e: BaseException) -> None:
     err = classify(e)
     if err is not None and err is not e:
@@ -100,9 +110,7 @@ def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_ty
     try:
         if lease is None:
             with transaction():
-                if lock_timeout is not None:
-                    execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
-                row = execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, None))
+                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, None, lock_timeout)
                 c = _make_claim(execute, None, key, biz_type, row, None)
                 yield c
                 if c.claimed and c.finished is None:
@@ -111,9 +119,7 @@ def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_ty
             # Lease mode: the claim commits first; the work runs outside
             # this transaction (external calls), finished with the token.
             with transaction():
-                if lock_timeout is not None:
-                    execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
-                row = execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
             c = _make_claim(execute, transaction, key, biz_type, row, lease)
             yield c
             if c.claimed and c.finished is None:
@@ -174,7 +180,7 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
         scoped = policy.scoped_key(key, info)
         wait = policy.wait if route.wait is None else route.wait
         with claim_in(transaction, execute, scoped, route.biz_type, fingerprint=policy.fingerprint_of(info, route),
-                      wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout) as c:
+                      wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
             if not c.claimed:
                 answer = policy.in_progress() if c.state == "in_progress" else policy.replay(c.replay)
             else:

@@ -119,6 +119,8 @@ class Route:
     lease: Optional[str] = None
     #: Top-level JSON fields (or dotted paths) left out of the fingerprint.
     exclude_fields: tuple[str, ...] = ()
+    #: None: the policy's lock_timeout (the bound of a duplicate's wait).
+    lock_timeout: Optional[str] = None
 
 
 RouteLike = Union[Route, str]
@@ -160,6 +162,9 @@ class Policy:
     #: Called at "before_commit" and "after_commit" of a claimed request
     #: (metrics, tracing; the project's tests use it as a kill point).
     phase_hook: Optional[Callable[[str, RequestInfo], None]] = None
+
+    def lock_timeout_for(self, route: Route) -> Optional[str]:
+        return route.lock_timeout if route.lock_timeout is not None else self.lock_timeout
 
     def phase(self, name: str, info: RequestInfo) -> None:
         if self.phase_hook is not None:

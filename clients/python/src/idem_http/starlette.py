@@ -210,7 +210,7 @@ class IdempotencyMiddleware:
         try:
             await conn.execute("BEGIN")
             c = await claim_row(conn, scoped, route.biz_type, fingerprint=policy.fingerprint_of(info, route),
-                                wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout)
+                                wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout_for(route))
             if not c.claimed or leased:
                 await conn.execute("COMMIT")
         except Exception as e:
