@@ -20,6 +20,8 @@
 #     -> 503 + Retry-After; a stored business failure (422) replayed; another
 #     tenant's same key is its own claim; a streamed response passed through
 #     unstored; lease mode.
+# Before the servers: the package's own tests (clients/python/tests) and
+# mypy --strict on the installed package (its py.typed hints).
 # No verdict by the clock: every wait is for an observed state. Exits 1 on
 # any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
@@ -70,6 +72,11 @@ case "$installed" in
   *) echo "FAIL idem_http imported from $installed, not the installed wheel"; exit 1 ;;
 esac
 [ -f "$installed/py.typed" ] || { echo "FAIL the wheel has no py.typed"; exit 1; }
+(cd "$work" && "$venv/bin/python" "$ROOT/clients/python/tests/test_policy.py")
+# The installed package's type hints, as a user's type checker reads them.
+"$venv/bin/pip" install -q mypy
+printf '[mypy]\nstrict = True\n[mypy-django.*]\nignore_missing_imports = True\n' > "$work/mypy.ini"
+(cd "$work" && "$venv/bin/mypy" --config-file mypy.ini -p idem_http) || { echo "FAIL mypy --strict on the installed idem_http"; exit 1; }
 
 # ---- the cluster and PgBouncer (transaction mode) ---------------------------
 as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null

@@ -25,13 +25,13 @@ class AsyncClaim(ClaimState):
 
     _conn: psycopg.AsyncConnection[Any]
 
-    async def _run(self, sql: str, params: tuple) -> None:
+    async def _run(self, sql: str, params: tuple[Any, ...]) -> None:
         try:
             if self.lease:
                 async with self._conn.transaction():
-                    await self._conn.execute(sql, params)  # type: ignore[arg-type]
+                    await self._conn.execute(sql, params)
             else:
-                await self._conn.execute(sql, params)  # type: ignore[arg-type]
+                await self._conn.execute(sql, params)
         except Exception as e:
             err = classify(e)
             if err is not None and err is not e:

@@ -32,9 +32,8 @@ class ClaimState:
     @property
     def attempt(self) -> int:
         """1 for a first claim; 2, 3, … after a lease that ran out was taken over."""
-        if self.claimed and isinstance(self.result, dict) and isinstance(self.result.get("attempt"), int):
-            return self.result["attempt"]
-        return 1
+        attempt = self.result.get("attempt") if self.claimed and isinstance(self.result, dict) else None
+        return attempt if isinstance(attempt, int) else 1
 
     @property
     def recovery_point(self) -> Optional[str]:

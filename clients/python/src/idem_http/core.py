@@ -13,7 +13,7 @@ SQLAlchemy) share.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator, Optional, TypeVar, Union
+from typing import Any, Callable, ContextManager, Iterator, Optional, TypeVar, Union, cast
 
 import psycopg
 
@@ -23,7 +23,7 @@ from .errors import ClaimNotFinished, FingerprintMismatch, TransientFailure, cla
 from .policy import Policy, RequestInfo, Response, Route
 
 #: Runs one statement with positional parameters, returns its first row.
-Execute = Callable[[str, tuple], Optional[tuple]]
+Execute = Callable[[str, tuple[Any, ...]], Optional[tuple[Any, ...]]]
 #: Opens a transaction (or joins none): a context manager that commits on a
 #: normal exit and rolls back on an exception.
 TransactionFactory = Callable[[], ContextManager[Any]]
@@ -37,7 +37,7 @@ class Claim(ClaimState):
     _execute: Execute
     _transaction: Optional[TransactionFactory]
 
-    def _run(self, sql: str, params: tuple) -> None:
+    def _run(self, sql: str, params: tuple[Any, ...]) -> None:
         if self.lease and self._transaction is not None:
             # Lease mode: the claim committed already; each call is its own
             # transaction, or part of the caller's open one.
@@ -75,7 +75,7 @@ class Claim(ClaimState):
 
 
 def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key: str, biz_type: str,
-                row: Optional[tuple], lease: Optional[str]) -> Claim:
+                row: Optional[tuple[Any, ...]], lease: Optional[str]) -> Claim:
     if row is None:
         raise RuntimeError("idem_claim returned no row")
     c = Claim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),
@@ -86,7 +86,7 @@ def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key
 
 
 def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str],
-               wait: bool, lease: Optional[str], lock_timeout: Optional[str]) -> Optional[tuple]:
+               wait: bool, lease: Optional[str], lock_timeout: Optional[str]) -> Optional[tuple[Any, ...]]:
     if lock_timeout is None:
         return execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
     saved = execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
@@ -142,8 +142,8 @@ def claim(conn: psycopg.Connection[Any], key: str, biz_type: str, *, fingerprint
     (40001, 40P01, 55P03, 57014, a lost connection). With `lease`, the claim
     commits at once and complete()/fail()/checkpoint() pass its token."""
 
-    def execute(sql: str, params: tuple) -> Optional[tuple]:
-        return conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+    def execute(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
+        return conn.execute(sql, params).fetchone()
 
     with claim_in(conn.transaction, execute, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl,
                   lease=lease, lock_timeout=lock_timeout) as c:
@@ -201,7 +201,7 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
             return native
         return answer
     except _Rollback as r:
-        return r.native
+        return cast(T, r.native)
     except FingerprintMismatch:
         return policy.mismatch()
     except TransientFailure as e:

@@ -43,7 +43,7 @@ def _describe(response: HttpResponseBase) -> Response:
         # Passed through as it streams, not stored: a replay has the status
         # and headers only.
         return Response(response.status_code, headers, b"", body_stored=False)
-    return Response(response.status_code, headers, bytes(response.content))  # type: ignore[attr-defined]
+    return Response(response.status_code, headers, bytes(response.content))
 
 
 class IdempotencyMiddleware:
@@ -70,15 +70,17 @@ class IdempotencyMiddleware:
                            headers, request.body, native=request)
         conn = connections[self.database]
 
-        def execute(sql: str, params: tuple) -> Optional[tuple]:
+        def execute(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
             with conn.cursor() as cur:
                 cur.execute(sql, params)
-                return cur.fetchone()
+                row = cur.fetchone()
+                return None if row is None else tuple(row)
 
         def call(c: Optional[Claim]) -> HttpResponseBase:
-            request.idem = c  # type: ignore[attr-defined]
+            request.idem = c
             return self.get_response(request)
 
+        assert self.policy is not None
         out = handle_request(self.policy, route, info, transaction=lambda: transaction.atomic(using=self.database),
                              execute=execute, call=call, describe=_describe)
         return _to_django(out) if isinstance(out, Response) else out

@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 
 def _execute(session: Session) -> core.Execute:
-    def execute(sql: str, params: tuple) -> Optional[tuple]:
+    def execute(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
         session.flush()  # the ORM's pending writes go first, in order
         row = session.connection().exec_driver_sql(sql, params).fetchone()
         return None if row is None else tuple(row)
@@ -63,5 +63,6 @@ def claim(session: Session, key: str, biz_type: str, *, fingerprint: Optional[st
 def handle_request(session: Session, policy: Policy, route: Route, info: RequestInfo,
                    call: Callable[[Optional[Claim]], T], describe: Callable[[T], Response]) -> Union[Response, T]:
     """The HTTP mapping on a session (see idem_http.core.handle_request)."""
-    return core.handle_request(policy, route, info, transaction=_transaction(session), execute=_execute(session),
-                               call=call, describe=describe)
+    out = core.handle_request(policy, route, info, transaction=_transaction(session), execute=_execute(session),
+                              call=call, describe=describe)
+    return out
