@@ -25,9 +25,13 @@
 # No verdict by the clock: every wait is for an observed state. Exits 1 on
 # any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+# The cluster listens on a Unix socket in its own folder only; PgBouncer and
+# the HTTP servers take free loopback ports (other scenarios and programs
+# may hold fixed ones).
 PG_PORT=5570
-BOUNCER_PORT=5571
-HTTP_PORT=5572
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+BOUNCER_PORT=$(free_port)
+HTTP_PORT=$(free_port)
 dir="$(cluster_dir)/middleware-python"
 out="$IDEM_TARGET/test-out/middleware-python"
 WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
