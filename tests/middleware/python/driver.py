@@ -351,6 +351,39 @@ def leased() -> None:
           "lease mode: the retry replays")
 
 
+def lease_takeover() -> None:
+    """Lease mode, the server killed after the external call and its recovery
+    point: once idem_leases shows the lease ran out, the retry takes over
+    (attempt 2), resumes after the recovery point, and the external call is
+    not made again."""
+    key = new_key("lease-takeover")
+    body = {"sku": "sku-lease-takeover", "qty": 1}
+    box: list[Optional[httpx.Response]] = []
+    t = threading.Thread(target=lambda: box.append(post("/charges-short", key, body, X_Test_Pause="after_checkpoint")))
+    t.start()
+    with open(FIFO) as fifo:
+        line = fifo.readline().strip()
+    kill_server()
+    t.join()
+    ext = "SELECT count(*) FROM orders WHERE server = 'fastapi-external' AND idem_key = %s"
+    state, _ = lookup(scoped(key), "charges.short")
+    check(line == "after_checkpoint" and box == [None] and state == "in_progress"
+          and one(ext, (scoped(key),)) == 1 and rows(scoped(key)) == 0,
+          f"lease mode, killed after the external call and its checkpoint: lease {state}, the call recorded once")
+    start_server()
+    wait_for("the lease ran out (idem_leases.ran_out)", lambda: one(
+        "SELECT coalesce(bool_or(ran_out), false) FROM idem_leases WHERE biz_type = 'charges.short' AND key = %s",
+        (scoped(key),)) is True)
+    r = post("/charges-short", key, body)
+    attempt = r.json().get("attempt") if r is not None and r.status_code == 201 else None
+    check(status(r) == 201 and attempt == 2 and one(ext, (scoped(key),)) == 1 and rows(scoped(key)) == 1,
+          f"the retry took the lease over (attempt {attempt}), resumed after the checkpoint: "
+          f"{one(ext, (scoped(key),))} external call, {rows(scoped(key))} row")
+    r2 = post("/charges-short", key, body)
+    check(status(r2) == 201 and replayed(r2) and r is not None and r2 is not None and r2.text == r.text,
+          "and its answer is replayed")
+
+
 def main() -> None:
     with db() as c:
         c.execute("CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, server text NOT NULL,"
@@ -368,6 +401,7 @@ def main() -> None:
             streamed()
         if SERVER == "fastapi":
             leased()
+            lease_takeover()
     finally:
         if server is not None and server.poll() is None:
             server.terminate()

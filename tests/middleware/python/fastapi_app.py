@@ -10,6 +10,7 @@ import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from idem_http import RequestInfo
 from idem_http.starlette import IdemContext, IdempotencyMiddleware, connect_each_time, idem_context
 
 import testapp_common as common
@@ -80,16 +81,21 @@ async def report(request: Request, ctx: IdemContext = Depends(idem_context)) -> 
 
 
 @app.post("/charges")
+@app.post("/charges-short")
 async def charges(request: Request, ctx: IdemContext = Depends(idem_context)) -> Any:
-    """Lease mode: the claim committed first; an external call (here: a row in
-    external_calls, committed on its own) and a recovery point; a retry after
-    a takeover would resume from ctx.recovery_point."""
+    """Lease mode: the claim committed first; an external call (here: a row
+    with server 'fastapi-external', committed on its own, with the recovery
+    point in the same transaction); a retry after a takeover resumes from
+    ctx.recovery_point and does not call again."""
     body = json.loads(await request.body())
     conn = ctx.conn
     if ctx.recovery_point != "charged":
-        await conn.execute("INSERT INTO orders (server, idem_key, sku, qty) VALUES ('fastapi-external', %s, %s, %s)",
-                           (ctx.claim.key, body["sku"], body["qty"]))  # type: ignore[union-attr]
-        await ctx.checkpoint("charged", {"charge": body["sku"]})
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders (server, idem_key, sku, qty) VALUES ('fastapi-external', %s, %s, %s)",
+                               (ctx.claim.key, body["sku"], body["qty"]))  # type: ignore[union-attr]
+            await ctx.checkpoint("charged", {"charge": body["sku"]})
+    common.kill_point("after_checkpoint", RequestInfo(request.method, request.url.path, "",
+                                                      {"x-test-pause": request.headers.get("x-test-pause", "")}, b""))
     async with conn.transaction():
         cur = await conn.execute(common.INSERT, ("fastapi", ctx.claim.key, body["sku"], body["qty"]))  # type: ignore[union-attr]
         (order_id,) = await cur.fetchone()  # type: ignore[misc]

@@ -65,6 +65,8 @@ ROUTES = {
     ("POST", "/orders-short-wait"): Route("orders.shortwait", lock_timeout="200ms"),
     ("POST", "/report"): Route("report.create"),
     ("POST", "/charges"): Route("charges.create", lease="1 minute"),
+    # A lease that runs out soon after a killed server: the retry takes over.
+    ("POST", "/charges-short"): Route("charges.short", lease="1 second"),
 }
 
 
