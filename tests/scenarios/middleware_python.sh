@@ -128,9 +128,15 @@ done
 # ---- the servers, directly and through PgBouncer ----------------------------
 direct="host=$dir port=$PG_PORT dbname=mw user=postgres"
 bouncer="host=127.0.0.1 port=$BOUNCER_PORT dbname=mw user=postgres"
+failed=()
+# The core claim API (sync and async), on both paths.
+for conninfo in "$direct" "$bouncer"; do
+  say "the claim API: $conninfo"
+  (cd "$work" && "$venv/bin/python" "$ROOT/clients/python/tests/test_claim_db.py" "$conninfo") \
+    || failed+=("the claim API ($conninfo)")
+done
 fifo="$work/signal"
 mkfifo "$fifo"
-failed=()
 for target in direct pgbouncer; do
   conninfo=$([ $target = direct ] && echo "$direct" || echo "$bouncer")
   for server in fastapi django sqlalchemy; do
