@@ -282,6 +282,10 @@ def fingerprint_and_keys() -> None:
     r = post("/orders-optional", None, {"sku": marker, "qty": 1})
     check(status(r) == 201 and one("SELECT count(*) FROM orders WHERE sku = %s", (marker,)) == 1,
           f"a route whose key is optional, without one: runs ({status(r)})")
+    marker2 = marker + "-raise"
+    r = post("/orders-optional", None, {"sku": marker2, "qty": 1}, X_Test_Raise="1")
+    check(status(r) == 500 and one("SELECT count(*) FROM orders WHERE sku = %s", (marker2,)) == 0,
+          f"... and when its handler raises after its write: {status(r)}, the write rolled back")
 
 
 def failures_stored_or_not() -> None:

@@ -159,7 +159,7 @@ class Policy:
     exclude_fields: tuple[str, ...] = ()
     #: Problem details' "type" base URI; None: about:blank.
     problem_type_base: Optional[str] = None
-    #: Called at "before_commit" and "after_commit" of a claimed request
+    #: Called at "before_commit" and "after_commit" of a request's transaction
     #: (metrics, tracing; the project's tests use it as a kill point).
     phase_hook: Optional[Callable[[str, RequestInfo], None]] = None
 

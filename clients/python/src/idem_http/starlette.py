@@ -195,39 +195,41 @@ class IdempotencyMiddleware:
         async with self.connection() as conn:
             if not conn.autocommit:
                 await conn.set_autocommit(True)
-            if key is None:
-                scope.setdefault("state", {})["idem"] = IdemContext(conn, None, None, route)
-                await self.app(scope, replay_receive, send)
-                return
             await self._claimed_request(conn, scope, replay_receive, send, info, route, key)
 
     async def _claimed_request(self, conn: psycopg.AsyncConnection[Any], scope: Scope, receive: Receive,
-                               send: Send, info: RequestInfo, route: Route, key: str) -> None:
+                               send: Send, info: RequestInfo, route: Route, key: Optional[str]) -> None:
+        """Claim, run the handler in the claim's transaction, store and
+        COMMIT, then answer. Without a key (a route whose key is optional)
+        the same, minus the claim and the stored response."""
         policy = self.policy
-        scoped = policy.scoped_key(key, info)
-        wait = policy.wait if route.wait is None else route.wait
-        leased = route.lease is not None
+        leased = route.lease is not None and key is not None
+        c: Optional[AsyncClaim] = None
         try:
             await conn.execute("BEGIN")
-            c = await claim_row(conn, scoped, route.biz_type, fingerprint=policy.fingerprint_of(info, route),
-                                wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout_for(route))
-            if not c.claimed or leased:
-                await conn.execute("COMMIT")
+            if key is not None:
+                c = await claim_row(conn, policy.scoped_key(key, info), route.biz_type,
+                                    fingerprint=policy.fingerprint_of(info, route),
+                                    wait=policy.wait if route.wait is None else route.wait, ttl=route.ttl,
+                                    lease=route.lease, lock_timeout=policy.lock_timeout_for(route))
+                if not c.claimed or leased:
+                    await conn.execute("COMMIT")
         except Exception as e:
             await _rollback(conn)
             await _send_response(send, self._error_answer(e))
             return
-        if not c.claimed:
+        if c is not None and not c.claimed:
             replay = policy.in_progress() if c.state == "in_progress" else policy.replay(c.replay)
             await _send_response(send, replay)
             return
 
         async def store(resp: Response) -> None:
-            doc = resp.to_document(policy.stored_headers)
-            if resp.status < 400:
-                await c.complete(doc)
-            else:
-                await c.fail(doc)
+            if c is not None:
+                doc = resp.to_document(policy.stored_headers)
+                if resp.status < 400:
+                    await c.complete(doc)
+                else:
+                    await c.fail(doc)
             if not leased:
                 policy.phase("before_commit", info)
                 await conn.execute("COMMIT")
