@@ -17,7 +17,8 @@ stamp="$MW_WHEELHOUSE/.complete-$(printf '%s\n' "${MW_REQUIREMENTS[@]}" | md5sum
 if [ ! -f "$stamp" ]; then
   say "downloading the middleware scenario's wheels into $MW_WHEELHOUSE"
   mkdir -p "$MW_WHEELHOUSE"
-  python3 -m pip download -q --disable-pip-version-check --only-binary=:all: \
+  # (the project venv's pip: 10-python.sh made it; Debian's python3 may have none)
+  "$IDEM_PY" -m pip download -q --disable-pip-version-check --only-binary=:all: \
     -d "$MW_WHEELHOUSE" "${MW_REQUIREMENTS[@]}"
   touch "$stamp"
 fi

@@ -57,7 +57,7 @@ mkdir -p "$dir" "$out"
 chown postgres:postgres "$dir"
 chmod 700 "$dir"
 
-[ -d "$WHEELHOUSE" ] || bash "$ROOT/scripts/setup.d/80-middleware-python.sh"
+bash "$ROOT/scripts/setup.d/80-middleware-python.sh"   # a no-op once the wheelhouse is complete
 
 # ---- the package, built and installed as a user would ------------------------
 say "building idem-http's wheel and installing it into a fresh venv"
