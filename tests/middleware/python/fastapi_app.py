@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 

@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from .core import Claim, handle_request
 from .errors import is_transient, sqlstate_of
-from .policy import Policy, RequestInfo, Response, Route
+from .policy import Policy, RequestInfo, Response
 from .routes import resolver
 
 
