@@ -563,7 +563,7 @@ pub fn read_biz_type(name: &str) -> BizType {
 
 /// The type of the owner column of a table of idem.biz_types' shape (name
 /// since 0.4.0, regrole in 0.3.0); None without one (0.2.0).
-fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
+pub fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
     let attnum = unsafe { pg_sys::get_attnum(relid, c"owner".as_ptr()) };
     (attnum != pg_sys::InvalidAttrNumber as i16).then(|| unsafe { pg_sys::get_atttype(relid, attnum) })
 }
