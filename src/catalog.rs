@@ -726,3 +726,26 @@ fn storage_owner() -> pg_sys::Oid {
     with_cache(|c| c.owner = Some(owner));
     owner
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// A backend that uses more business types than the cache holds keeps
+    /// reading their settings right, and its cache stays bounded.
+    #[pg_test]
+    fn biz_type_settings_cache_is_bounded() {
+        let n = 5000;
+        Spi::run(&format!(
+            "INSERT INTO idem.biz_types (biz_type, ttl) SELECT 'cache.' || g, g * interval '1 second' FROM generate_series(1, {n}) g"
+        ))
+        .unwrap();
+        for i in 1..=n {
+            let settings = super::biz_type(&format!("cache.{i}"));
+            assert_eq!(settings.ttl_us, Some(i * 1_000_000), "cache.{i}");
+        }
+        let cached = super::with_cache(|c| c.biz_type_settings.len());
+        assert!(cached > 0 && cached <= super::BIZ_TYPE_CACHE_MAX, "{cached} types cached");
+    }
+}
