@@ -401,6 +401,7 @@ BEGIN
         RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';
         RETURN jsonb_build_object('skipped', 'another idem_maintain() is running');
     END IF;
+    PERFORM idem.metrics_reclaim();  -- counters' slots of gone types and databases (sql/metrics.sql)
     IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
         RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
             USING ERRCODE = '22023';
