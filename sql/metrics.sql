@@ -44,10 +44,10 @@ CREATE FUNCTION idem.metrics_database(OUT slots_used int, OUT share int, OUT no_
 COMMENT ON FUNCTION idem.metrics_database() IS 'This database''s share of the counters'' slots: how many it holds ((other types) included), how many it may hold, and how many times a type that exists found no room (NULLs when the counters are off).';
 
 -- Reclaiming slots (idem.metrics_reclaim, run by idem_maintain).
-CREATE FUNCTION idem.metrics_types() RETURNS SETOF text
+CREATE FUNCTION idem.metrics_types(OUT biz_type text, OUT stats_since timestamptz) RETURNS SETOF record
     VOLATILE ROWS 100
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_types';
-COMMENT ON FUNCTION idem.metrics_types() IS 'The business types of this database that hold a slot of the counters.';
+COMMENT ON FUNCTION idem.metrics_types() IS 'The business types of this database that hold a slot of the counters, and since when their row counts.';
 REVOKE EXECUTE ON FUNCTION idem.metrics_types() FROM PUBLIC;
 
 CREATE FUNCTION idem.metrics_release(biz_type text) RETURNS boolean
@@ -81,7 +81,7 @@ BEGIN
     IF db.slots_used IS NULL OR NOT (every_type OR db.slots_used > db.share / 2) THEN
         RETURN freed;
     END IF;
-    held := ARRAY(SELECT idem.metrics_types());
+    held := ARRAY(SELECT m.biz_type FROM idem.metrics_types() m);
     SELECT freed + count(*) FILTER (WHERE idem.metrics_release(t)) INTO freed
       FROM unnest(held) t
      WHERE t <> ALL (ARRAY(SELECT DISTINCT c.biz_type FROM idem.claims c WHERE c.biz_type = ANY (held)))

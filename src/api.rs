@@ -269,9 +269,14 @@ fn metrics_database(args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_metrics_database, pg_finfo_idem_metrics_database, metrics_database);
 
-// idem.metrics_types() RETURNS SETOF text
+// idem.metrics_types(OUT biz_type text, OUT stats_since timestamptz) RETURNS SETOF record
 fn metrics_types(args: Args) -> pg_sys::Datum {
-    args.return_rows(metrics::types().iter().map(|t| (vec![text_datum(t)], vec![false])).collect())
+    args.return_rows(
+        metrics::types()
+            .iter()
+            .map(|(t, since)| (vec![text_datum(t), pg_sys::Datum::from(*since)], vec![false, false]))
+            .collect(),
+    )
 }
 sql_function!(idem_metrics_types, pg_finfo_idem_metrics_types, metrics_types);
 

@@ -381,10 +381,11 @@ fn count_unplaced(sh: &'static Shared, biz_type: &[u8], counter: usize, n: u64) 
     if kept {
         return None;
     }
-    // More new types in one transaction than a database's share holds.
+    // More new types in one transaction than a database's share holds (if
+    // the kept ones exist, some of them find no room at commit, which
+    // flags the database's share as full).
     let other = slot_at(sh, with_lock(sh, |sh| other_types(sh, database(), true)));
     other.add(counter, n);
-    other.add(NO_ROOM, 1);
     Some(other)
 }
 
@@ -430,10 +431,12 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
     let db = database();
     with_lock(sh, |sh| {
         for e in &pending {
-            let s = if committing && e.shown_in != 0 {
-                find_or_add(sh, db, &e.name)
-            } else {
-                other_types(sh, db, committing)
+            // A type that got its slot meanwhile (another transaction's
+            // commit made it) counts there, committed or not.
+            let s = match lookup(sh, db, &e.name) {
+                Ok((s, _)) => s,
+                Err(_) if committing && e.shown_in != 0 => find_or_add(sh, db, &e.name),
+                Err(_) => other_types(sh, db, committing),
             };
             let slot = slot_at(sh, s);
             for (c, n) in e.counters.iter().enumerate() {
@@ -745,13 +748,17 @@ pub fn reset() -> bool {
     true
 }
 
-/// The business types of this database that hold a slot (for
-/// idem.metrics_reclaim); empty when the counters are off.
-pub fn types() -> Vec<Vec<u8>> {
+/// The business types of this database that hold a slot, with their
+/// stats_since (for idem.metrics_reclaim); empty when the counters are off.
+pub fn types() -> Vec<(Vec<u8>, i64)> {
     let Some(sh) = shared() else { return Vec::new() };
     let db = database();
     with_lock(sh, |sh| {
-        sh.slots.iter().filter(|s| s.dboid.load(Ordering::Relaxed) == db && s.name_len > 0).map(Slot::name).collect()
+        sh.slots
+            .iter()
+            .filter(|s| s.dboid.load(Ordering::Relaxed) == db && s.name_len > 0)
+            .map(|s| (s.name(), s.since.load(Ordering::Relaxed)))
+            .collect()
     })
 }
 
