@@ -23,7 +23,7 @@ use crate::backend::BackendLocal;
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
 use std::ptr::addr_of_mut;
-use std::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -367,6 +367,7 @@ fn count_unplaced(sh: &'static Shared, biz_type: &[u8], counter: usize, n: u64) 
             Some(i) => i,
             None if p.len() < PENDING_MAX => {
                 p.push(Pending { name: biz_type.into(), counters: [0; NCOUNTERS], shown_in: 0 });
+                ANY_PENDING.store(true, Ordering::Relaxed);
                 p.len() - 1
             }
             None => return false,
@@ -414,8 +415,30 @@ fn register_callbacks() {
     }
 }
 
+/// Whether PENDING holds anything: the callbacks run at the end of every
+/// transaction of the backend once registered, and return at once when
+/// nothing waits (one load, no borrow, no pg_guard frame).
+static ANY_PENDING: AtomicBool = AtomicBool::new(false);
+
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *mut std::ffi::c_void) {
+    if ANY_PENDING.load(Ordering::Relaxed) {
+        unsafe { flush_pending(event, arg) }
+    }
+}
+
+unsafe extern "C-unwind" fn subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    arg: *mut std::ffi::c_void,
+) {
+    if ANY_PENDING.load(Ordering::Relaxed) {
+        unsafe { forget_rolled_back(event, my_subid, parent, arg) }
+    }
+}
+
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+unsafe extern "C-unwind" fn flush_pending(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     let committing = match event {
         // Before the commit (or PREPARE): the catalog can still be read.
@@ -424,6 +447,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         _ => return,
     };
     let pending = PENDING.with(std::mem::take);
+    ANY_PENDING.store(false, Ordering::Relaxed);
     if pending.is_empty() {
         return;
     }
@@ -449,7 +473,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
 }
 
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn subxact_callback(
+unsafe extern "C-unwind" fn forget_rolled_back(
     event: pg_sys::SubXactEvent::Type,
     my_subid: pg_sys::SubTransactionId,
     _parent: pg_sys::SubTransactionId,
