@@ -329,7 +329,9 @@ impl Drop for Wait {
 /// The slots this backend has used, by biz_type (its database never
 /// changes), with the generation each had: a slot released and reused
 /// since is looked up again.
-static KNOWN: BackendLocal<Vec<(Box<[u8]>, u32, u32)>> = BackendLocal::new(Vec::new());
+/// (biz_type, slot, the slot's generation when looked up).
+type Known = (Box<[u8]>, u32, u32);
+static KNOWN: BackendLocal<Vec<Known>> = BackendLocal::new(Vec::new());
 const KNOWN_MAX: usize = 64;
 
 /// The slot of (this database, biz_type) if it has one. The hot path: a
