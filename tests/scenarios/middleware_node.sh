@@ -128,8 +128,11 @@ echo "ok   tsc --strict accepts clients/node/test/types.ts against the installed
 # ---- each framework, directly and through PgBouncer ------------------------------
 export PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw
 failed=()
+# IDEM_MW_RUNS (e.g. "express-direct") narrows the runs, for a quick check by hand.
+runs="${IDEM_MW_RUNS:-express-direct express-pgbouncer fastify-direct fastify-pgbouncer}"
 for framework in express fastify; do
   for via in direct pgbouncer; do
+    [[ " $runs " == *" $framework-$via "* ]] || continue
     if [ $via = direct ]; then server_host="$dir" server_port=$PG_PORT; else server_host=127.0.0.1 server_port=$PGB_PORT; fi
     echo "== $framework, pool connected $via =="
     t0=$(date +%s%N)
@@ -140,8 +143,8 @@ for framework in express fastify; do
   done
 done
 xacts=$("$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' '$1 == "mw" {print $2}')
-[ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
-echo "summary: 4 runs (express, fastify; direct, PgBouncer: $xacts transactions through it), ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
+[[ "$runs" != *pgbouncer* ]] || [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
+echo "summary: runs $runs (PgBouncer: $xacts transactions through it), ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failed[@]}"
   exit 1

@@ -58,10 +58,13 @@ function startServer() {
     const waiters = [];
     const lines = [];
     child.lines = lines;
-    child.waitFor = (prefix) => new Promise((res) => {
+    child.waitFor = (prefix) => new Promise((res, rej) => {
       const hit = lines.find((l) => l.startsWith(prefix));
       if (hit) res(hit);
-      else waiters.push({ prefix, res });
+      else {
+        waiters.push({ prefix, res });
+        child.exited.then((how) => rej(new Error(`server exited (${how}) before printing "${prefix}"`)));
+      }
     });
     readline.createInterface({ input: child.stdout }).on('line', (line) => {
       lines.push(line);
@@ -86,6 +89,15 @@ async function killServer() {
   return how;
 }
 
+// The server's line for a request that is to stop at a test point; an error
+// if that request is answered first (it never reached the point).
+function reached(prefix, request) {
+  return Promise.race([
+    server.waitFor(prefix),
+    request.then((r) => { throw new Error(`answered (${r.status || r.error}) before "${prefix}"`); }),
+  ]);
+}
+
 const newKey = () => `${label}-${crypto.randomUUID()}`;
 async function post(route, { key, tenant = 'tenant-a', body, headers = {} }) {
   const h = { 'content-type': 'application/json', 'x-tenant': tenant, ...headers };
@@ -101,12 +113,16 @@ const tally = (rs) => {
   for (const r of rs) t[`${r.status}${r.headers['idempotent-replayed'] ? ' replayed' : ''}`] = (t[`${r.status}${r.headers['idempotent-replayed'] ? ' replayed' : ''}`] || 0) + 1;
   return t;
 };
-// Until `n` sessions wait for a lock in idem_claim (the first request's claim).
-async function waitForLockWaiters(n) {
+// Until `n` sessions wait for a lock in idem_claim (the first request's
+// claim), or one of the requests that should be waiting has answered: then
+// they are not all waiting, and the checks that follow say what they got.
+async function waitForLockWaiters(n, requests) {
+  let answered = 0;
+  for (const r of requests) r.then(() => { answered++; }, () => { answered++; });
   for (;;) {
     const r = await q(`SELECT count(*) AS n FROM pg_stat_activity
                         WHERE wait_event_type = 'Lock' AND query LIKE '%idem_claim%' AND datname = current_database()`);
-    if (Number(r[0].n) >= n) return Number(r[0].n);
+    if (Number(r[0].n) >= n || answered > 0) return Number(r[0].n);
     await new Promise((res) => setTimeout(res, 10));
   }
 }
@@ -130,9 +146,9 @@ async function main() {
   {
     const key = newKey();
     const first = post('/orders', { key, body, headers: { 'x-test-hold': '1' } });
-    await server.waitFor(`holding ${scoped(key)}`);
+    await reached(`holding ${scoped(key)}`, first);
     const rest = Array.from({ length: N - 1 }, () => post('/orders', { key, body }));
-    const waiting = await waitForLockWaiters(N - 1);
+    const waiting = await waitForLockWaiters(N - 1, rest);
     await release(scoped(key));
     const rs = [await first, ...(await Promise.all(rest))];
     expect(`held first + ${N - 1} duplicates seen waiting (${waiting} lock waits): answers`, { tally: tally(rs), bodies: new Set(rs.map((r) => r.text)).size }, { tally: { 201: 1, '201 replayed': N - 1 }, bodies: 1 });
@@ -143,7 +159,7 @@ async function main() {
   {
     const key = newKey();
     const first = post('/orders-nowait', { key, body, headers: { 'x-test-hold': '1' } });
-    await server.waitFor(`holding ${scoped(key)}`);
+    await reached(`holding ${scoped(key)}`, first);
     const rest = await Promise.all(Array.from({ length: N - 1 }, () => post('/orders-nowait', { key, body })));
     expect(`wait: false, ${N - 1} duplicates while the first runs`, { tally: tally(rest), retryAfter: [...new Set(rest.map((r) => r.headers['retry-after']))] }, { tally: { 409: N - 1 }, retryAfter: ['1'] });
     await release(scoped(key));
@@ -157,7 +173,7 @@ async function main() {
   {
     const key = newKey();
     const first = post('/orders-short-wait', { key, body, headers: { 'x-test-hold': '1' } });
-    await server.waitFor(`holding ${scoped(key)}`);
+    await reached(`holding ${scoped(key)}`, first);
     const second = await post('/orders-short-wait', { key, body });
     await release(scoped(key));
     const r1 = await first;
@@ -170,7 +186,7 @@ async function main() {
   {
     const key = newKey();
     const first = post('/orders', { key, body, headers: { 'x-test-pause': 'before-commit' } }).catch((e) => ({ error: e.cause ? e.cause.code || e.message : e.message }));
-    await server.waitFor(`paused before-commit ${scoped(key)}`);
+    await reached(`paused before-commit ${scoped(key)}`, first);
     const how = await killServer();
     const lost = await first;
     await startServer();
@@ -186,7 +202,7 @@ async function main() {
   {
     const key = newKey();
     const first = post('/orders', { key, body, headers: { 'x-test-pause': 'after-commit' } }).catch((e) => ({ error: e.message }));
-    await server.waitFor(`paused after-commit ${scoped(key)}`);
+    await reached(`paused after-commit ${scoped(key)}`, first);
     await killServer();
     const lost = await first;
     await startServer();
@@ -277,7 +293,7 @@ async function main() {
     const key = newKey();
     const charge = { amount: 4200 };
     const first = post('/charges', { key, body: charge, headers: { 'x-test-pause': 'after-checkpoint' } }).catch((e) => ({ error: e.message }));
-    await server.waitFor(`paused after-checkpoint ${scoped(key)}`);
+    await reached(`paused after-checkpoint ${scoped(key)}`, first);
     // The lease (2 s, renewed by the checkpoint) is running: a duplicate gets 409.
     const during = await post('/charges', { key, body: charge });
     const lease = (await q('SELECT state FROM idem_lookup($1, $2)', [scoped(key), 'charges.create']))[0];
