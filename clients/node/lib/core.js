@@ -25,7 +25,7 @@ const DEFAULTS = {
   excludeFields: [],
   fingerprint: null, // (req) => string | null, replaces the computed one
   tenant: null, // (req) => string | null: the authenticated principal's tenant
-  problemBase: 'https://idem.dev/problems/',
+  problemBase: 'urn:idem:problem:',
   hooks: {},
 };
 
@@ -280,13 +280,20 @@ class Idem {
       if (route.hooks.beforeCommit) await route.hooks.beforeCommit(ctx);
       await client.query('COMMIT');
       this.#release(ctx);
-      if (route.hooks.afterCommit) await route.hooks.afterCommit(ctx);
-      return {};
     } catch (err) {
       await this.#discard(ctx, err);
       if (isTransient(err)) return { response: this.#unavailable(route, err) };
       return { response: problem(route, 500, 'internal-error', 'The response could not be stored; nothing was committed') };
     }
+    // Committed: whatever the hook does, the handler's answer is the one to send.
+    if (route.hooks.afterCommit) {
+      try {
+        await route.hooks.afterCommit(ctx);
+      } catch {
+        // (a failing observer must not turn a committed answer into an error)
+      }
+    }
+    return {};
   }
 
   // Roll back and give the connection back (destroyed if it is broken).
