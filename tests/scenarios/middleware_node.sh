@@ -116,7 +116,8 @@ cp "$ROOT/clients/node/test/package.json" "$work/app/package.json"
 resolved=$(cd "$work/app" && node -p "require.resolve('idem-pg')")
 [ "$resolved" = "$work/app/node_modules/idem-pg/index.js" ] || fail "idem-pg resolves to $resolved, not the installed copy"
 [ ! -L "$work/app/node_modules/idem-pg" ] || fail "node_modules/idem-pg is a link to the source"
-cp "$ROOT/clients/node/test/server.js" "$ROOT/clients/node/test/driver.js" "$ROOT/clients/node/test/types.ts" "$work/app/"
+cp "$ROOT/clients/node/test/server.js" "$ROOT/clients/node/test/driver.js" "$ROOT/clients/node/test/types.ts" \
+   "$ROOT/clients/node/test/unit.test.js" "$work/app/"
 versions=$(cd "$work/app" && node -p "['idem-pg','express','fastify','pg','typescript'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
 echo "installed in a fresh project ($(ms_since "$t0") ms): $versions"
 
@@ -124,6 +125,9 @@ echo "installed in a fresh project ($(ms_since "$t0") ms): $versions"
 (cd "$work/app" && npx --no-install tsc --noEmit --strict --esModuleInterop --module commonjs --target es2022 \
    --moduleResolution node --types node types.ts) || fail "tsc rejects types.ts against the installed index.d.ts"
 echo "ok   tsc --strict accepts clients/node/test/types.ts against the installed index.d.ts"
+
+# ---- the pure parts (fingerprint, stored document, key header), no database -----
+(cd "$work/app" && node --test --test-reporter=spec unit.test.js) || fail "unit tests of the installed package"
 
 # ---- each framework, directly and through PgBouncer ------------------------------
 export PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw

@@ -1,5 +1,5 @@
 'use strict';
-// Express (4 and 5): a per-route middleware. The claim runs before the
+// Express (tested with 5): a per-route middleware. The claim runs before the
 // handler; the handler's connection is req.idem.client (or idem.current()
 // anywhere below it); the response is held back at res.end until it is
 // stored and committed, then sent. A body written with res.write (a stream)

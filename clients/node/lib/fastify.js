@@ -1,5 +1,5 @@
 'use strict';
-// Fastify (4.10+ and 5): a plugin. Routes opt in with
+// Fastify (tested with 5): a plugin. Routes opt in with
 //   config: { idem: { bizType: 'orders.create', ... } }
 // The claim runs in a preHandler; the connection is request.idem.client (or
 // idem.current()); the response is stored and committed in onSend, before
