@@ -161,8 +161,17 @@ class Idem {
     } catch (err) {
       return { response: this.#unavailable(route, err) };
     }
+    // A checked-out client whose connection breaks emits 'error'; with no
+    // listener that would end the process. The failing query rejects too,
+    // which is where the request learns of it.
+    const onConnectionError = (err) => {
+      ctx.connectionError = err;
+    };
+    client.on('error', onConnectionError);
     const ctx = {
       client,
+      connectionError: null,
+      onConnectionError,
       query: (text, values) => client.query(text, values),
       key: scoped,
       clientKey,
@@ -239,6 +248,10 @@ class Idem {
   async #checkpoint(ctx, point, data) {
     const other = await this.pool.connect();
     let failure;
+    const onError = (err) => {
+      failure = failure || err;
+    };
+    other.on('error', onError);
     try {
       await other.query(`SELECT ${this.fn('idem_checkpoint')}($1, $2, $3, $4::jsonb, $5)`,
         [ctx.key, ctx.bizType, point, data === undefined ? null : JSON.stringify(data), ctx.lease.token]);
@@ -248,6 +261,7 @@ class Idem {
       failure = err;
       throw err;
     } finally {
+      other.removeListener('error', onError);
       other.release(isConnectionError(failure) ? failure : undefined);
     }
   }
@@ -315,7 +329,8 @@ class Idem {
   #release(ctx, err) {
     if (ctx.released) return;
     ctx.released = true;
-    ctx.client.release(err);
+    ctx.client.removeListener('error', ctx.onConnectionError);
+    ctx.client.release(err || ctx.connectionError || undefined);
   }
 
   #unavailable(route, err) {

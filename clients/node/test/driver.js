@@ -265,6 +265,17 @@ async function main() {
       [r1.status, r1.headers['retry-after'], state, rows, retry.status, retry.headers['idempotent-replayed'] || null, await count(scoped(key))], [503, '1', 'absent', 0, 201, null, 1]);
   }
 
+  // 11b. The connection lost in the handler: 503, rolled back; the retry runs.
+  {
+    const key = newKey();
+    const r1 = await post('/orders', { key, body, headers: { 'x-test-terminate': '1' } });
+    const state = (await q('SELECT state FROM idem_lookup($1, $2)', [scoped(key), 'orders.create']))[0].state;
+    const rows = await count(scoped(key));
+    const retry = await post('/orders', { key, body });
+    expect('connection lost in the handler: 503 + Retry-After, claim absent, no row; the retry runs',
+      [r1.status, r1.headers['retry-after'], state, rows, retry.status, retry.headers['idempotent-replayed'] || null, await count(scoped(key))], [503, '1', 'absent', 0, 201, null, 1]);
+  }
+
   // 12. A stored business failure (422) is replayed, and nothing was written.
   {
     const key = newKey();

@@ -57,6 +57,10 @@ async function createOrder(ctx, req, body, route) {
     [route, ctx.key, body.sku, body.qty]);
   const id = r.rows[0].id;
   if (header(req, 'x-test-throw')) throw new Error('handler failed after its write');
+  if (header(req, 'x-test-terminate')) {
+    // The connection is lost mid-transaction (the server ends this backend).
+    await ctx.query('SELECT pg_terminate_backend(pg_backend_pid())');
+  }
   if (header(req, 'x-test-sqlstate')) {
     await ctx.query(`DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '${header(req, 'x-test-sqlstate').replace(/[^0-9A-Z]/g, '')}'; END $$`);
   }
