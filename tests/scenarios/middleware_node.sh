@@ -30,6 +30,15 @@ stop_all() {
     for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
   fi
   rm -f "$dir/pgbouncer.pid"
+  # A test server left behind by a driver that died: this run's own, by the
+  # path of its script in this run's scratch folder.
+  if [ -n "$work" ]; then
+    for p in /proc/[0-9]*; do
+      if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^[^ ]*node $work/app/server.js "; then
+        kill -KILL "${p#/proc/}" 2>/dev/null || true
+      fi
+    done
+  fi
   as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0

@@ -82,6 +82,10 @@ function startServer() {
     });
   });
 }
+// However the driver ends, its server goes with it.
+process.on('exit', () => {
+  if (server) server.kill('SIGKILL');
+});
 async function killServer() {
   server.kill('SIGKILL');
   const how = await server.exited;
