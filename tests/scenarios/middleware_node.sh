@@ -15,6 +15,7 @@
 # with tsc. Its own cluster (port 5574) and PgBouncer (127.0.0.1:5575).
 # Needs scripts/setup.d/80-middleware-node.sh (npm cache, pgbouncer).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 PG_PORT=5574
 PGB_PORT=5575
 dir="$(cluster_dir)/middleware-node"
@@ -39,11 +40,12 @@ stop_all() {
       fi
     done
   fi
-  as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+  pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
 }
 trap stop_all EXIT
+PC_DIR=$dir
 stop_all
 fail() { echo "FAIL $*"; exit 1; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
@@ -52,20 +54,8 @@ command -v node >/dev/null || fail "node missing: run scripts/setup.d/30-example
 work=$(mktemp -d /tmp/middleware-node.XXXXXX)
 
 # ---- the cluster and PgBouncer -------------------------------------------------
-rm -rf "$dir"
-mkdir -p "$dir"
-chown postgres:postgres "$dir"
-chmod 700 "$dir"
-as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $PG_PORT
-shared_buffers = 32MB
-fsync = off
-max_connections = 150
-CONF
-as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+pc_init "$dir" "$PG_PORT" "max_connections = 150"
+pc_start
 "$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d postgres -c "CREATE DATABASE mw"
 "$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d mw <<'SQL'
 CREATE EXTENSION idem;
