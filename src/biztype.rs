@@ -66,7 +66,17 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
           ON CONFLICT (biz_type) DO UPDATE SET owner = EXCLUDED.owner, updated_at = EXCLUDED.updated_at",
         &[pg_sys::TEXTOID, pg_sys::NAMEOID, pg_sys::TIMESTAMPTZOID],
     );
+    // 0.3.0's schema (this library installed, ALTER EXTENSION UPDATE not run
+    // yet) keeps the owner as a regrole.
+    static UPSERT_0_3: Statement = Statement::new(
+        c"INSERT INTO idem.biz_types AS b (biz_type, owner, updated_at) VALUES ($1, $2, $3)
+          ON CONFLICT (biz_type) DO UPDATE SET owner = EXCLUDED.owner, updated_at = EXCLUDED.updated_at",
+        &[pg_sys::TEXTOID, pg_sys::REGROLEOID, pg_sys::TIMESTAMPTZOID],
+    );
     require_owner_member(biz_type.as_bytes(), &crate::storage::biz_type(biz_type));
+    if catalog::owner_column_type(catalog::biz_types_oid()) != Some(pg_sys::NAMEOID) {
+        return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from));
+    }
     let mut name = pg_sys::NameData::default();
     let datum = owner.map(|role| unsafe {
         // (regrole input checked that the role exists.)

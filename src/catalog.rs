@@ -563,7 +563,7 @@ pub fn read_biz_type(name: &str) -> BizType {
 
 /// The type of the owner column of a table of idem.biz_types' shape (name
 /// since 0.4.0, regrole in 0.3.0); None without one (0.2.0).
-fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
+pub fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
     let attnum = unsafe { pg_sys::get_attnum(relid, c"owner".as_ptr()) };
     (attnum != pg_sys::InvalidAttrNumber as i16).then(|| unsafe { pg_sys::get_atttype(relid, attnum) })
 }
@@ -571,19 +571,14 @@ fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
 /// A role's name as NameData (a role named by an OID that no longer exists
 /// reads as that number, which no role can be named).
 fn role_name_data(role: pg_sys::Oid) -> pg_sys::NameData {
+    let found = unsafe { pg_sys::GetUserNameFromId(role, true) };
+    let text = if found.is_null() {
+        std::ffi::CString::new(role.to_u32().to_string()).expect("digits have no NUL")
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(found) }.to_owned()
+    };
     let mut name = pg_sys::NameData::default();
-    unsafe {
-        let found = pg_sys::GetUserNameFromId(role, true);
-        let text = if found.is_null() {
-            std::ffi::CString::new(role.to_u32().to_string()).expect("digits").into_raw()
-        } else {
-            found
-        };
-        pg_sys::namestrcpy(&mut name, text);
-        if found.is_null() {
-            drop(std::ffi::CString::from_raw(text));
-        }
-    }
+    unsafe { pg_sys::namestrcpy(&mut name, text.as_ptr()) };
     name
 }
 
@@ -725,4 +720,33 @@ fn storage_owner() -> pg_sys::Oid {
     };
     with_cache(|c| c.owner = Some(owner));
     owner
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// A backend that uses more business types than the cache holds keeps
+    /// reading their settings right, and its cache stays bounded.
+    #[pg_test]
+    fn biz_type_settings_cache_is_bounded() {
+        let n = 5000;
+        Spi::run(&format!(
+            "INSERT INTO idem.biz_types (biz_type, ttl) SELECT 'cache.' || g, g * interval '1 second' FROM generate_series(1, {n}) g"
+        ))
+        .unwrap();
+        // The reads below use the active snapshot: one that sees the rows.
+        unsafe {
+            pgrx::pg_sys::CommandCounterIncrement();
+            pgrx::pg_sys::PushActiveSnapshot(pgrx::pg_sys::GetTransactionSnapshot());
+        }
+        for i in 1..=n {
+            let settings = super::biz_type(&format!("cache.{i}"));
+            assert_eq!(settings.ttl_us, Some(i * 1_000_000), "cache.{i}");
+        }
+        unsafe { pgrx::pg_sys::PopActiveSnapshot() };
+        let cached = super::with_cache(|c| c.biz_type_settings.len());
+        assert!(cached > 0 && cached <= super::BIZ_TYPE_CACHE_MAX, "{cached} types cached");
+    }
 }

@@ -21,7 +21,9 @@ use std::mem::MaybeUninit;
 /// # Safety
 /// `header` points to a valid heap tuple header on a pinned page.
 pub unsafe fn of_header(header: pg_sys::HeapTupleHeader) -> pg_sys::TransactionId {
-    unsafe { pg_sys::HeapTupleHeaderGetXmin(header) }
+    // (Named by its module: PostgreSQL 18's bindings also export a C shim of
+    // the same name, which makes the short name ambiguous.)
+    unsafe { pg_sys::submodules::htup::HeapTupleHeaderGetXmin(header) }
 }
 
 /// The writer of the tuple at `tid` in the heap `relid` (already locked by
@@ -59,9 +61,10 @@ pub fn is_own(xmin: pg_sys::TransactionId) -> bool {
 }
 
 /// The caller's MVCC snapshot: the statement's, else the transaction's.
-/// Taken when the call started, so it is the caller's arrival: a writer it
-/// shows as running was running when the caller arrived (or started since).
-pub fn arrival_snapshot() -> pg_sys::Snapshot {
+/// Taken before the call started, so it also marks the caller's arrival: a
+/// writer it shows as running was running when the caller arrived (or
+/// started since).
+pub fn caller_snapshot() -> pg_sys::Snapshot {
     unsafe {
         if pg_sys::ActiveSnapshotSet() {
             pg_sys::GetActiveSnapshot()

@@ -25,6 +25,7 @@
 # No verdict by the clock: every wait is for an observed state. Exits 1 on
 # any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 # The cluster listens on a Unix socket in its own folder only; PgBouncer and
 # the HTTP servers take free loopback ports (other scenarios and programs
 # may hold fixed ones).
@@ -45,17 +46,25 @@ stop_all() {
     for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
   fi
   rm -f "$dir/pgbouncer.pid"
-  as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+  # A test server left behind by a driver that died: this run's own, by the
+  # path of this run's venv.
+  if [ -n "$work" ]; then
+    for p in /proc/[0-9]*; do
+      if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^$work/venv/bin/python -m \(uvicorn\|django\) "; then
+        kill -KILL "${p#/proc/}" 2>/dev/null || true
+      fi
+    done
+  fi
+  pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
 }
 trap stop_all EXIT
+PC_DIR=$dir
 stop_all
 work=$(mktemp -d /tmp/middleware-python.XXXXXX)
-rm -rf "$dir" "$out"
-mkdir -p "$dir" "$out"
-chown postgres:postgres "$dir"
-chmod 700 "$dir"
+rm -rf "$out"
+mkdir -p "$out"
 
 bash "$ROOT/scripts/setup.d/80-middleware-python.sh"   # a no-op once the wheelhouse is complete
 
@@ -83,18 +92,10 @@ printf '[mypy]\nstrict = True\n[mypy-django.*]\nignore_missing_imports = True\n'
 (cd "$work" && "$venv/bin/mypy" --config-file mypy.ini -p idem_http) || { echo "FAIL mypy --strict on the installed idem_http"; exit 1; }
 
 # ---- the cluster and PgBouncer (transaction mode) ---------------------------
-as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $PG_PORT
-shared_buffers = 32MB
-fsync = off
-max_connections = 120
-CONF
-as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
-"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d postgres \
-  -c "CREATE DATABASE mw" -c "\\c mw" -c "CREATE EXTENSION idem"
+pc_init "$dir" "$PG_PORT" "max_connections = 120"
+pc_start
+pc_psql -q -d postgres -c "CREATE DATABASE mw"
+pc_psql -q -d mw -c "CREATE EXTENSION idem"
 
 printf '"postgres" ""\n' > "$dir/userlist.txt"
 cat > "$dir/pgbouncer.ini" <<INI
