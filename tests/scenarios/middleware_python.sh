@@ -19,7 +19,9 @@
 #     a handler exception -> 500, nothing stored, the retry runs; SQLSTATE 40001
 #     -> 503 + Retry-After; a stored business failure (422) replayed; another
 #     tenant's same key is its own claim; a streamed response passed through
-#     unstored; lease mode.
+#     unstored; lease mode (FastAPI, Django), with a server killed after an
+#     external call's recovery point: the retry takes the lease over once
+#     idem_leases shows it ran out, and does not call again.
 # Before the servers: the package's own tests (clients/python/tests) and
 # mypy --strict on the installed package (its py.typed hints).
 # No verdict by the clock: every wait is for an observed state. Exits 1 on

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path
 
@@ -80,7 +80,30 @@ def report(request: HttpRequest) -> HttpResponse:
     return resp
 
 
+@transaction.non_atomic_requests
+def charges(request: HttpRequest) -> HttpResponse:
+    """Lease mode: the claim committed first; the external call and its
+    recovery point commit together in the view's own transaction (the view
+    is non-atomic so that they commit before the rest runs); a retry after a
+    takeover resumes from request.idem.recovery_point."""
+    body = json.loads(request.body)
+    c = request.idem  # type: ignore[attr-defined]
+    if c.recovery_point != "charged":
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("INSERT INTO orders (server, idem_key, sku, qty) VALUES ('django-external', %s, %s, %s)",
+                        (c.key, body["sku"], body["qty"]))
+            c.checkpoint("charged", {"charge": body["sku"]})
+    common.kill_point("after_checkpoint", common.RequestInfo(
+        "POST", request.path, "", {"x-test-pause": request.headers.get("X-Test-Pause", "")}, b""))
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(common.INSERT, ("django", c.key, body["sku"], body["qty"]))
+        (order_id,) = cur.fetchone()
+    return JsonResponse({"id": order_id, "attempt": c.attempt}, status=201)
+
+
 urlpatterns = [
+    path("charges", charges),
+    path("charges-short", charges),
     path("health", health),
     path("orders", orders),
     path("orders-409", orders),

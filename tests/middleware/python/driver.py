@@ -347,7 +347,7 @@ def leased() -> None:
     body = {"sku": "sku-lease", "qty": 1}
     r1 = post("/charges", key, body)
     state, result = lookup(scoped(key), "charges.create")
-    ext = one("SELECT count(*) FROM orders WHERE server = 'fastapi-external' AND idem_key = %s", (scoped(key),))
+    ext = one("SELECT count(*) FROM orders WHERE server = %s AND idem_key = %s", (f"{SERVER}-external", scoped(key)))
     check(status(r1) == 201 and state == "completed" and ext == 1 and rows(scoped(key)) == 1,
           f"lease mode: {status(r1)}, stored {state} with the lease token kept by the middleware")
     r2 = post("/charges", key, body)
@@ -369,7 +369,7 @@ def lease_takeover() -> None:
         line = fifo.readline().strip()
     kill_server()
     t.join()
-    ext = "SELECT count(*) FROM orders WHERE server = 'fastapi-external' AND idem_key = %s"
+    ext = f"SELECT count(*) FROM orders WHERE server = '{SERVER}-external' AND idem_key = %s"
     state, _ = lookup(scoped(key), "charges.short")
     check(line == "after_checkpoint" and box == [None] and state == "in_progress"
           and one(ext, (scoped(key),)) == 1 and rows(scoped(key)) == 0,
@@ -403,7 +403,7 @@ def main() -> None:
         failures_stored_or_not()
         if SERVER in ("fastapi", "django"):
             streamed()
-        if SERVER == "fastapi":
+        if SERVER in ("fastapi", "django"):
             leased()
             lease_takeover()
     finally:

@@ -14,6 +14,8 @@ import threading
 
 from idem_http import Policy, RequestInfo, Route
 
+__all__ = ["Policy", "RequestInfo", "Route"]
+
 CONNINFO = os.environ.get("IDEM_TEST_CONNINFO", "")
 
 SCHEMA = """

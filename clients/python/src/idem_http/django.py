@@ -13,6 +13,9 @@ settings.py:
     }
 
 In a view, `request.idem` is the claim (lease mode: request.idem.checkpoint()).
+A lease-mode route's view should be `@transaction.non_atomic_requests`, so
+that an external call's recovery point, written in its own
+`transaction.atomic()` block, commits before the view goes on.
 Django needs psycopg 3 as its PostgreSQL driver (Django 4.2 or newer).
 """
 
