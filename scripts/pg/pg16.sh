@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# PostgreSQL 16 for idem's scripts, on Debian 12 (as root), which has no
+# PostgreSQL 16 package (nor has any suite of deb.debian.org any more):
+# PyPI's pgserver 0.1.4 wheel ships a complete, relocatable PostgreSQL 16.2
+# (server, initdb, pg_ctl, psql, pg_config, server headers, and under pgxs
+# pg_regress, pg_isolation_regress and isolationtester). It is an old 16.x
+# (16.2, February 2024) and it has no contrib modules and no pg_cron: the
+# cluster runs without pg_cron (scripts/cluster.sh), and the core suite
+# does not need it.
+#
+#   PG_CONFIG=$(bash scripts/pg/pg16.sh)      ensure it, print its pg_config
+#   PG_CONFIG=$(bash scripts/pg/pg16.sh) IDEM_SUITE=core bash scripts/test.sh
+#
+# The wheel is unpacked whole into $IDEM_CACHE/pg16 (default
+# /var/cache/idem/pg16), keeping its layout: the programs find libpq through
+# their RPATH $ORIGIN/../../../pgserver.libs, so pgserver/pginstall (the
+# PostgreSQL tree) must stay beside pgserver.libs. A zip does not keep
+# modes: the programs are made executable and everything readable by the
+# postgres user that runs the clusters. Before the tree is swapped in, the
+# programs the suite runs are run (--version) and ldd must resolve every
+# library they need. The stamp $PREFIX/.idem-stamp records the recipe's
+# hash; a re-run with the same recipe is a no-op. Progress goes to stderr,
+# the pg_config path to stdout.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+PREFIX="$IDEM_CACHE/pg16"
+WHEEL=pgserver==0.1.4
+# Inside the unpacked wheel: the PostgreSQL tree.
+TREE=pgserver/pginstall
+# What the suite runs, relative to the tree: each must start and find its libraries.
+PROGRAMS=(bin/postgres bin/initdb bin/pg_ctl bin/psql bin/pg_config
+          lib/postgresql/pgxs/src/test/regress/pg_regress
+          lib/postgresql/pgxs/src/test/isolation/pg_isolation_regress
+          lib/postgresql/pgxs/src/test/isolation/isolationtester)
+HOST_DEPS=(python3-pip)
+
+fetch_pg16() { # WORK STAGE -> the unpacked wheel in STAGE
+  local work=$1 stage=$2 p v
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+    --platform manylinux2014_x86_64 -d "$work" "$WHEEL" >&2
+  mkdir -p "$stage"
+  (cd "$work" && python3 -m zipfile -e pgserver-*.whl "$stage")
+  chmod -R a+rX "$stage"
+  chmod 755 "$stage/$TREE"/bin/* "$stage/$TREE"/lib/postgresql/pgxs/src/test/*/* \
+    "$stage/$TREE"/lib/postgresql/pgxs/config/*
+  [ -f "$stage/$TREE/include/postgresql/server/access/heapam.h" ] || die "no server headers in $WHEEL"
+  for p in "${PROGRAMS[@]}"; do
+    [ -x "$stage/$TREE/$p" ] || die "$WHEEL has no $TREE/$p"
+    if ldd "$stage/$TREE/$p" | grep -q "not found"; then
+      ldd "$stage/$TREE/$p" >&2
+      die "$TREE/$p: a library it needs is not found"
+    fi
+    # As the user that runs the clusters, from a folder it can read
+    # (isolationtester knows only -V, pg_config only --version).
+    v=--version; [ "${p##*/}" != isolationtester ] || v=-V
+    (cd / && sudo -u postgres "$stage/$TREE/$p" "$v") >/dev/null \
+      || die "$TREE/$p does not run as the postgres user"
+  done
+  "$stage/$TREE/bin/pg_config" --version | grep -q '^PostgreSQL 16\.' || die "$WHEEL is not PostgreSQL 16"
+}
+
+RECIPE=$(recipe_hash fetch_pg16 -- PREFIX WHEEL TREE PROGRAMS HOST_DEPS)
+STAMP="$PREFIX/.idem-stamp"
+host_packages_only "${1:-}" "${HOST_DEPS[@]}"
+if ! stamp_ok "$STAMP" "$RECIPE"; then
+  take_lock pg16
+  if ! stamp_ok "$STAMP" "$RECIPE"; then
+    host_packages "${HOST_DEPS[@]}" sudo
+    id postgres >/dev/null 2>&1 || die "no postgres user (scripts/setup.sh installs PostgreSQL 15, which makes it)"
+    work="$IDEM_CACHE/build/pg16"
+    rm -rf "$work" "$PREFIX.new"
+    mkdir -p "$work"
+    log "unpacking PostgreSQL 16 from PyPI's $WHEEL into $PREFIX"
+    fetch_pg16 "$work" "$PREFIX.new"
+    printf 'recipe=%s\npostgresql=%s (from PyPI %s)\npg_cron=none (not in the wheel)\n' "$RECIPE" \
+      "$("$PREFIX.new/$TREE/bin/pg_config" --version | sed 's/^PostgreSQL //')" "$WHEEL" > "$PREFIX.new/.idem-stamp"
+    rm -rf "$PREFIX"
+    mv "$PREFIX.new" "$PREFIX"
+    rm -rf "$work"
+    chmod 755 "$IDEM_CACHE"
+    log "pg16 ready: $(grep '^postgresql=' "$STAMP")"
+  fi
+fi
+echo "$PREFIX/$TREE/bin/pg_config"
