@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # PostgreSQL 16 for idem's scripts, on Debian 12 (as root), which has no
-# PostgreSQL 16 package (nor has any suite of deb.debian.org any more):
+# PostgreSQL 16 package (nor has any other Debian suite any more):
 # PyPI's pgserver 0.1.4 wheel ships a complete, relocatable PostgreSQL 16.2
 # (server, initdb, pg_ctl, psql, pg_config, server headers, and under pgxs
 # pg_regress, pg_isolation_regress and isolationtester). It is an old 16.x
