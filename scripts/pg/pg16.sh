@@ -25,8 +25,10 @@
 # postgres user that runs the clusters. Before the tree is swapped in, the
 # programs the suite runs are run (--version) and ldd must resolve every
 # library they need. The stamp $PREFIX/.idem-stamp records the recipe's
-# hash; a re-run with the same recipe is a no-op. Progress goes to stderr,
-# the pg_config path to stdout.
+# hash; a re-run with the same recipe is a no-op, a changed one unpacks
+# again beside the old tree and swaps it in whole, unless a server of the
+# old tree still runs (stop it first). Progress goes to stderr, the
+# pg_config path to stdout.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 PREFIX="$IDEM_CACHE/pg16"
@@ -88,6 +90,16 @@ add_contrib() { # WORK STAGE -> CONTRIB_MODULES into the stage's tree
   done
 }
 
+# Programs running from the tree (a test cluster's server): a new tree is
+# not swapped in under them.
+processes_from() { # DIR
+  local p
+  for p in /proc/[0-9]*; do
+    case "$(readlink "$p/exe" 2>/dev/null)" in "$1"/*) echo "${p#/proc/}" ;; esac
+  done
+  return 0
+}
+
 RECIPE=$(recipe_hash fetch_pg16 add_contrib -- PREFIX WHEEL TREE PROGRAMS HOST_DEPS CONTRIB_PACKAGE CONTRIB_MODULES)
 STAMP="$PREFIX/.idem-stamp"
 host_packages_only "${1:-}" "${HOST_DEPS[@]}"
@@ -107,6 +119,8 @@ if ! stamp_ok "$STAMP" "$RECIPE"; then
     printf 'recipe=%s\npostgresql=%s (from PyPI %s)\ncontrib=%s (from npm %s)\npg_cron=none (not in the wheel)\n' "$RECIPE" \
       "$("$PREFIX.new/$TREE/bin/pg_config" --version | sed 's/^PostgreSQL //')" "$WHEEL" \
       "${CONTRIB_MODULES[*]}" "$CONTRIB_PACKAGE" > "$PREFIX.new/.idem-stamp"
+    busy=$(processes_from "$PREFIX" | tr '\n' ' ')
+    [ -z "$busy" ] || die "programs of $PREFIX still run (pids $busy; a test cluster: bash scripts/cluster.sh stop with this PG_CONFIG); the new tree is left in $PREFIX.new"
     rm -rf "$PREFIX"
     mv "$PREFIX.new" "$PREFIX"
     rm -rf "$work"
