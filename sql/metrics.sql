@@ -166,8 +166,8 @@ UNION ALL
 SELECT 'maintenance_lock',
        CASE WHEN m.skipped_in_a_row >= 3 THEN 'warning' ELSE 'ok' END,
        m.skipped_in_a_row,
-       format('%s run(s) in a row gave up on the lock on idem.claims', m.skipped_in_a_row),
-       'A long transaction keeps idem.claims locked: find it in pg_stat_activity (oldest xact_start) and end it, or raise idem.maintenance_lock_retries.'
+       format('%s run(s) in a row did nothing (gave up on the lock on idem.claims, or found another idem_maintain() running)', m.skipped_in_a_row),
+       'A long transaction keeps idem.claims locked, or one idem_maintain() runs for very long: find it in pg_stat_activity (oldest xact_start) and end it, or raise idem.maintenance_lock_retries.'
   FROM m
 UNION ALL
 SELECT 'default_partition',
