@@ -571,19 +571,14 @@ pub fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
 /// A role's name as NameData (a role named by an OID that no longer exists
 /// reads as that number, which no role can be named).
 fn role_name_data(role: pg_sys::Oid) -> pg_sys::NameData {
+    let found = unsafe { pg_sys::GetUserNameFromId(role, true) };
+    let text = if found.is_null() {
+        std::ffi::CString::new(role.to_u32().to_string()).expect("digits have no NUL")
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(found) }.to_owned()
+    };
     let mut name = pg_sys::NameData::default();
-    unsafe {
-        let found = pg_sys::GetUserNameFromId(role, true);
-        let text = if found.is_null() {
-            std::ffi::CString::new(role.to_u32().to_string()).expect("digits").into_raw()
-        } else {
-            found
-        };
-        pg_sys::namestrcpy(&mut name, text);
-        if found.is_null() {
-            drop(std::ffi::CString::from_raw(text));
-        }
-    }
+    unsafe { pg_sys::namestrcpy(&mut name, text.as_ptr()) };
     name
 }
 
@@ -741,10 +736,16 @@ mod tests {
             "INSERT INTO idem.biz_types (biz_type, ttl) SELECT 'cache.' || g, g * interval '1 second' FROM generate_series(1, {n}) g"
         ))
         .unwrap();
+        // The reads below use the active snapshot: one that sees the rows.
+        unsafe {
+            pgrx::pg_sys::CommandCounterIncrement();
+            pgrx::pg_sys::PushActiveSnapshot(pgrx::pg_sys::GetTransactionSnapshot());
+        }
         for i in 1..=n {
             let settings = super::biz_type(&format!("cache.{i}"));
             assert_eq!(settings.ttl_us, Some(i * 1_000_000), "cache.{i}");
         }
+        unsafe { pgrx::pg_sys::PopActiveSnapshot() };
         let cached = super::with_cache(|c| c.biz_type_settings.len());
         assert!(cached > 0 && cached <= super::BIZ_TYPE_CACHE_MAX, "{cached} types cached");
     }

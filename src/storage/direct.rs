@@ -206,7 +206,7 @@ impl Opened {
 
     /// Probe partition `i` through its index with a dirty snapshot.
     fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
-        let arrival = writer::arrival_snapshot();
+        let arrival = writer::caller_snapshot();
         // SAFETY: partition i's heap and index are open and locked for as
         // long as self lives; the dirty snapshot and the slot outlive the
         // scan; the slot's values are a claims tuple of NCOLS columns (the
@@ -265,7 +265,7 @@ impl Opened {
         }
         for (i, (heap, _)) in self.parts.iter().enumerate() {
             unsafe {
-                let scan = begin_key_scan(*heap, self.index(i), writer::arrival_snapshot(), k.hash);
+                let scan = begin_key_scan(*heap, self.index(i), writer::caller_snapshot(), k.hash);
                 let slot = pg_sys::table_slot_create(*heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);

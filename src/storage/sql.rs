@@ -183,7 +183,7 @@ impl SqlStore {
         // new one instead (READ COMMITTED: it sees the claim the lock holder
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
-        let arrival = writer::arrival_snapshot();
+        let arrival = writer::caller_snapshot();
         let rows = catalog::as_owner(|| {
             let _fresh = FreshSnapshot::push();
             PROBE.query(&[Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))])

@@ -59,9 +59,10 @@ pub fn is_own(xmin: pg_sys::TransactionId) -> bool {
 }
 
 /// The caller's MVCC snapshot: the statement's, else the transaction's.
-/// Taken when the call started, so it is the caller's arrival: a writer it
-/// shows as running was running when the caller arrived (or started since).
-pub fn arrival_snapshot() -> pg_sys::Snapshot {
+/// Taken before the call started, so it also marks the caller's arrival: a
+/// writer it shows as running was running when the caller arrived (or
+/// started since).
+pub fn caller_snapshot() -> pg_sys::Snapshot {
     unsafe {
         if pg_sys::ActiveSnapshotSet() {
             pg_sys::GetActiveSnapshot()
