@@ -134,7 +134,7 @@ SELECT pg_temp.try($$SELECT idem_configure('own.res', '1 second')$$);
 SELECT pg_temp.try($$SELECT idem_set_owner('own.res', 'regress_idem_mallory')$$);
 SELECT pg_temp.try($$SELECT idem_configure('own.open', '2 hours')$$);
 RESET ROLE;
-SELECT biz_type, ttl, owner FROM idem.biz_types WHERE biz_type IN ('own.res', 'own.open') ORDER BY 1;
+SELECT biz_type, to_char(ttl, 'HH24:MI:SS') AS ttl, owner FROM idem.biz_types WHERE biz_type IN ('own.res', 'own.open') ORDER BY 1;
 SET ROLE regress_idem_alice;
 SELECT pg_temp.try($$SELECT idem_configure('own.res', '3 hours')$$);
 RESET ROLE;
