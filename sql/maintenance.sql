@@ -416,6 +416,7 @@ BEGIN
         INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
         RETURN report;
     END;
+    PERFORM idem.metrics_reclaim();  -- counters' slots of gone types and databases (sql/metrics.sql)
     IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
         RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
             USING ERRCODE = '22023';

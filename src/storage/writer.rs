@@ -21,7 +21,9 @@ use std::mem::MaybeUninit;
 /// # Safety
 /// `header` points to a valid heap tuple header on a pinned page.
 pub unsafe fn of_header(header: pg_sys::HeapTupleHeader) -> pg_sys::TransactionId {
-    unsafe { pg_sys::HeapTupleHeaderGetXmin(header) }
+    // (Named by its module: PostgreSQL 18's bindings also export a C shim of
+    // the same name, which makes the short name ambiguous.)
+    unsafe { pg_sys::submodules::htup::HeapTupleHeaderGetXmin(header) }
 }
 
 /// The writer of the tuple at `tid` in the heap `relid` (already locked by
