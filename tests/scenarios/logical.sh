@@ -207,7 +207,7 @@ wait_for 30 "(a) initial copy of every table done" B -d app -c \
   "SELECT count(*) = count(*) FILTER (WHERE srsubstate = 'r') AND count(*) > 0 FROM pg_subscription_rel"
 check "(a) idem_publications on A: what all_tables publishes, no problem" \
   "$(A -d app -c "SELECT via_root, tables, problems FROM idem_publications")" \
-  "t|{idem.biz_types,idem.claims,idem.machines,idem.maintenance_runs,idem.tokens}|{}"
+  "t|{idem.biz_types,idem.claims,idem.machines,idem.maintenance_lock,idem.maintenance_runs,idem.tokens}|{}"
 
 maintain_loop A app a &
 maintain_loop B app b &
