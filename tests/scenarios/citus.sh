@@ -9,8 +9,11 @@
 # semantics through the coordinator, every call form, business type
 # settings reaching pooled worker sessions, concurrent stress through the
 # coordinator and directly on the workers with invariant checks,
-# maintenance rotating partitions under load, a shard move racing a claim
-# and moves under load. Without ../shared/vendor/ it fails (Citus is not in
+# maintenance rotating partitions under load (also under claims in
+# multi-statement transactions, and its skips in idem_health), a shard move
+# racing a claim, moves under load, replica identity repaired after moves
+# (one of them logical), a worker crashed under paying clients who retry
+# with the same key, and DROP EXTENSION / reinstall in a fresh database. Without ../shared/vendor/ it fails (Citus is not in
 # Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/citus.sh    leave the cluster running
 #   IDEM_STAGE=target/release/idem-pg15 bash tests/scenarios/citus.sh
