@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 
 if [ "$build" = 1 ]; then
-  (cd "$ROOT" && cargo pgrx install --pg-config "$PG_CONFIG" 2>&1 |
+  (cd "$ROOT" && cargo pgrx install --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" 2>&1 |
     grep -E "^(error|warning)|Finished|-->" || true)
 fi
 bash "$ROOT/scripts/cluster.sh" start
@@ -39,7 +39,7 @@ run() { # runner inputdir tests...
   [ $# -gt 0 ] || return 0
   psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
   psql_idem -q -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION idem"
-  "$runner" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
+  "$runner" --use-existing --bindir="$PG_BIN" --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
     --inputdir="$dir" --outputdir="$OUT/$(basename "$dir")" "$@" || true
   [ -f "$OUT/$(basename "$dir")/regression.diffs" ] && cat "$OUT/$(basename "$dir")/regression.diffs"
   return 0

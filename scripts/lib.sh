@@ -4,6 +4,7 @@
 # Which PostgreSQL: the one whose pg_config is $PG_CONFIG, by default Debian
 # 12's PostgreSQL 15 (/usr/lib/postgresql/15/bin/pg_config). Others:
 #   PG_CONFIG=$(bash scripts/pg/pg18.sh) bash scripts/test.sh     18, built from source
+#   PG_CONFIG=$(bash scripts/pg/pg16.sh) bash scripts/test.sh     16.2, from PyPI's pgserver wheel
 #   bash scripts/pg/in-trixie.sh bash scripts/test.sh               17, in a Debian 13 root
 # Each major version has its own cluster (.cluster/ and port 5499 for 15,
 # .cluster-NN/ and port 54NN for the others), its own cargo target folder

@@ -5,6 +5,344 @@
 -- schema equals a fresh 0.4.0 install's.
 \echo Use "ALTER EXTENSION idem UPDATE TO '0.4.0'" to load this file. \quit
 
+-- Business types' settings and idem.claims' partitions are read by claims
+-- after they lock idem.claims: lock it first, as 0.3.0's update did.
+LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+
+-- storage.sql ----------------------------------------------------------------
+
+-- A type's owner is kept by name, so that restoring a dump onto a server
+-- without the role keeps every other setting (0.3.0: regrole, whose COPY
+-- fails there and loses every type's TTL).
+ALTER TABLE idem.biz_types ALTER COLUMN owner TYPE name USING pg_catalog.pg_get_userbyid(owner);
+
+-- maintenance.sql ------------------------------------------------------------
+
+-- What makes idem_maintain run once at a time: its EXCLUSIVE lock on this
+-- empty table, which only roles that may change the table (its owner,
+-- superusers, pg_maintain members from 17 on) can take or hold. (0.3.0 used
+-- an advisory lock, which any role could take and keep to stop
+-- maintenance.) Never written, so autovacuum has nothing to do here and
+-- never holds it up.
+CREATE TABLE idem.maintenance_lock () WITH (autovacuum_enabled = false);
+ALTER TABLE idem.maintenance_lock REPLICA IDENTITY FULL;
+COMMENT ON TABLE idem.maintenance_lock IS 'Empty; idem_maintain() holds an EXCLUSIVE lock on it while it runs, so that it runs once at a time.';
+
+CREATE OR REPLACE FUNCTION idem_maintain() RETURNS jsonb
+    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    SET DateStyle = 'ISO, YMD'
+    SET TimeZone = 'UTC'
+    SET IntervalStyle = 'postgres'
+    SET timezone_abbreviations = 'Default'
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    started     timestamptz := clock_timestamp();
+    t_now       timestamptz;
+    width       interval := idem.setting_interval('idem.partition_width', '1 day');
+    lock_wait   interval := idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds');
+    retries     int := coalesce(nullif(current_setting('idem.maintenance_lock_retries', true), '')::int, 20);
+    limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 32);
+    max_ttl     interval;
+    made        text[] := '{}';
+    skipped     text[] := '{}';
+    removed     record;
+    moved       bigint := 0;
+    got_lock    record;
+    los         timestamptz[] := '{}';
+    his         timestamptz[] := '{}';
+    part        record;
+    report      jsonb;
+    to_move     boolean := false;
+    replica_fixed text[];
+    pub_problems jsonb;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- Moving claims out of the default partition must see every
+        -- committed claim, which an older snapshot would not.
+        RAISE EXCEPTION 'idem: idem_maintain must run in a READ COMMITTED transaction'
+            USING ERRCODE = '55000';
+    END IF;
+    BEGIN
+        LOCK TABLE idem.maintenance_lock IN EXCLUSIVE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        -- Recorded, so that idem_health counts it among the skipped runs.
+        RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';
+        report := jsonb_build_object('skipped', jsonb_build_array('another idem_maintain() is running'));
+        INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+        RETURN report;
+    END;
+    PERFORM idem.metrics_reclaim();  -- counters' slots of gone types and databases (sql/metrics.sql)
+    IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
+        RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- The longest TTL a coming claim can get without a per-call override.
+    SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
+      INTO max_ttl FROM idem.biz_types;
+
+    -- A Citus-distributed idem.claims (idem_distribute, docs/scaling.md):
+    -- its partitions are made and dropped through Citus, on every node.
+    IF idem.is_distributed('idem.claims') THEN
+        report := idem.maintain_distributed(width, max_ttl, limit_parts, retries)
+                  || jsonb_build_object('duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+        DELETE FROM idem.tokens WHERE expires_at <= clock_timestamp();
+        INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+        DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
+        RETURN report;
+    END IF;
+
+    -- Decide the work, and prepare the new partitions as standalone tables
+    -- (index and range CHECK included, so that attaching them neither builds
+    -- nor scans anything), all before taking the lock claims would queue on.
+    t_now := clock_timestamp();
+    FOR part IN SELECT * FROM idem.coming_partitions(width, t_now + max_ttl + width, limit_parts, t_now) LOOP
+        EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+                          CONSTRAINT range CHECK (expires_at >= %L AND expires_at < %L))',
+                       part.name, part.range_from, part.range_to);
+        EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', part.name);
+        EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', part.name);
+        made := made || part.name;
+        los := los || part.range_from;
+        his := his || part.range_to;
+    END LOOP;
+
+    SELECT false AS locked, 0 AS attempts INTO got_lock;
+    IF cardinality(made) > 0 OR idem.partition_set_needs_change(t_now) THEN
+        SELECT * INTO got_lock FROM idem.lock_claims_for_maintenance(lock_wait, retries);
+        IF NOT got_lock.locked THEN
+            RAISE NOTICE 'idem_maintain: idem.claims stayed locked by other transactions through % attempts; nothing changed, the next run catches up', got_lock.attempts;
+            skipped := skipped || 'lock on idem.claims not available'::text;
+            -- The prepared tables go with this transaction's rollback of them.
+            FOR i IN 1 .. cardinality(made) LOOP
+                EXECUTE format('DROP TABLE idem.%I', made[i]);
+            END LOOP;
+            made := '{}';
+        END IF;
+    END IF;
+
+    IF got_lock.locked THEN
+        t_now := clock_timestamp();
+        replica_fixed := idem.repair_partition_set();
+        SELECT * INTO removed FROM idem.remove_expired(t_now);
+
+        -- Attach the prepared partitions, and move in the claims the default
+        -- partition holds for their ranges. ATTACH refuses while the default
+        -- partition holds rows of the new range, so they wait in a temporary
+        -- table, and go in through idem.claims once the partitions are
+        -- attached: a row written into a table that is not a partition yet
+        -- would reach a logical subscriber under that table's own name (or
+        -- not at all), not as a row of idem.claims.
+        IF cardinality(made) > 0 THEN
+            EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2)'
+               INTO to_move USING los[1], his[cardinality(made)];
+        END IF;
+        IF to_move THEN
+            CREATE TEMPORARY TABLE idem_maintain_moving (LIKE idem.claims);
+            EXECUTE 'WITH m AS (DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)
+                     INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM m' USING los[1], his[cardinality(made)];
+        END IF;
+        FOR i IN 1 .. cardinality(made) LOOP
+            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
+                           made[i], los[i], his[i]);
+        END LOOP;
+        IF to_move THEN
+            EXECUTE 'INSERT INTO idem.claims SELECT * FROM pg_temp.idem_maintain_moving';
+            GET DIAGNOSTICS moved = ROW_COUNT;
+            DROP TABLE pg_temp.idem_maintain_moving;
+        END IF;
+    ELSE
+        SELECT '{}'::text[] AS dropped, 0::bigint AS rows_in_dropped, 0::bigint AS deleted_from_default INTO removed;
+    END IF;
+
+    -- Spent and expired one-time tokens (a small table: row by row is fine).
+    DELETE FROM idem.tokens WHERE expires_at <= t_now;
+
+    -- Publications that would stop a logical subscriber or lose updates of
+    -- claims on it (docs/operations.md, Logical replication and CDC).
+    IF EXISTS (SELECT 1 FROM pg_publication) THEN
+        SELECT jsonb_agg(jsonb_build_object('publication', r.publication, 'problem', r.problem) ORDER BY r.publication, r.problem)
+          INTO pub_problems FROM idem.publication_problems() r;
+    END IF;
+    IF pub_problems IS NOT NULL THEN
+        RAISE WARNING 'idem_maintain: publications that include idem''s tables need a change: %', pub_problems
+            USING HINT = 'See the view idem_publications, and docs/operations.md, "Logical replication and CDC".';
+    END IF;
+
+    report := jsonb_build_object(
+        'partitions_created', to_jsonb(made),
+        'partitions_dropped', to_jsonb(removed.dropped),
+        'rows_removed', removed.rows_in_dropped + removed.deleted_from_default,
+        'rows_in_dropped_partitions_estimate', removed.rows_in_dropped,
+        'expired_rows_deleted_from_default', removed.deleted_from_default,
+        'rows_moved_from_default', moved,
+        'lock_attempts', got_lock.attempts,
+        'skipped', CASE WHEN cardinality(skipped) > 0 THEN to_jsonb(skipped) END,
+        'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
+        'publication_problems', pub_problems,
+        'duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
+    INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+    DELETE FROM idem.maintenance_runs WHERE run_id <= (SELECT max(run_id) - 100 FROM idem.maintenance_runs);
+    RETURN report;
+END
+$fn$;
+
+-- metrics.sql ----------------------------------------------------------------
+
+-- Counters (src/metrics.rs): a slot only for types that exist, a share of
+-- the slots per database with its (other types) row, slots of gone types
+-- and dropped databases given back (idem.metrics_reclaim, which
+-- idem_maintain runs); idem_health's metrics check reads the database's
+-- share.
+-- This database's share of the slots (sql/metrics.sql's idem_health reads
+-- it): slots it holds, its (other types) row included, of how many it may
+-- hold, and how many times an existing type found them all taken.
+CREATE FUNCTION idem.metrics_database(OUT slots_used int, OUT share int, OUT no_room bigint)
+    RETURNS SETOF record
+    VOLATILE ROWS 1
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_database';
+COMMENT ON FUNCTION idem.metrics_database() IS 'This database''s share of the counters'' slots: how many it holds ((other types) included), how many it may hold, and how many times a type that exists found no room (NULLs when the counters are off).';
+
+-- Reclaiming slots (idem.metrics_reclaim, run by idem_maintain).
+CREATE FUNCTION idem.metrics_types(OUT biz_type text, OUT stats_since timestamptz) RETURNS SETOF record
+    VOLATILE ROWS 100
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_types';
+COMMENT ON FUNCTION idem.metrics_types() IS 'The business types of this database that hold a slot of the counters, and since when their row counts.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_types() FROM PUBLIC;
+
+CREATE FUNCTION idem.metrics_release(biz_type text) RETURNS boolean
+    VOLATILE STRICT PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_release';
+COMMENT ON FUNCTION idem.metrics_release(text) IS 'Free this database''s slot of biz_type; its counts are added to the (other types) row. Whether it had one.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_release(text) FROM PUBLIC;
+
+CREATE FUNCTION idem.metrics_release_dropped() RETURNS int
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_release_dropped';
+COMMENT ON FUNCTION idem.metrics_release_dropped() IS 'Free the slots of databases that were dropped; how many.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_release_dropped() FROM PUBLIC;
+
+-- Give back the slots of types that are gone: those of dropped databases
+-- (always: no scan), and this database's types that have no claim left and
+-- no row in idem.biz_types. Finding the latter reads idem.claims once, so
+-- it is done only when this database holds more than half its share (or
+-- with every_type => true). Their counts move to the (other types) row.
+-- A type that claims again gets a new row (a new stats_since).
+CREATE FUNCTION idem.metrics_reclaim(every_type boolean DEFAULT false) RETURNS int
+    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    freed int := idem.metrics_release_dropped();
+    db    record;
+    held  text[];
+BEGIN
+    SELECT * INTO db FROM idem.metrics_database();
+    IF db.slots_used IS NULL OR NOT (every_type OR db.slots_used > db.share / 2) THEN
+        RETURN freed;
+    END IF;
+    held := ARRAY(SELECT m.biz_type FROM idem.metrics_types() m);
+    SELECT freed + count(*) FILTER (WHERE idem.metrics_release(t)) INTO freed
+      FROM unnest(held) t
+     WHERE t <> ALL (ARRAY(SELECT DISTINCT c.biz_type FROM idem.claims c WHERE c.biz_type = ANY (held)))
+       AND t <> ALL (ARRAY(SELECT b.biz_type FROM idem.biz_types b WHERE b.biz_type = ANY (held)));
+    RETURN freed;
+END
+$fn$;
+COMMENT ON FUNCTION idem.metrics_reclaim(boolean) IS 'Free the counters'' slots of dropped databases, and (when this database holds more than half its share, or every_type) of its types with no claim and no settings left, their counts moved to (other types). idem_maintain runs it. How many slots were freed.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_reclaim(boolean) FROM PUBLIC;
+
+COMMENT ON VIEW idem_metrics IS
+'Counters per business type of this database since stats_since (server start, first use, or idem_metrics_reset()): claims (new), takeovers (of leases that ran out), duplicates answered completed / failed, in_progress answers, waits for another transaction and their total time, ID001 fingerprint mismatches, ID003 refusals (not_held), 40001 raised, and idem_complete / idem_fail / idem_checkpoint calls. Counted when decided, committed or not; in shared memory, reset on restart like pg_stat_*. A type gets its row when a transaction that wrote or found a claim of it commits; the row biz_type = ''(other types)'' counts the calls on types that do not exist here, the types that found this database''s share of slots full, and the counts of rows reclaimed. Needs shared_preload_libraries = ''idem''; without it, one row whose note says so. A row with biz_type NULL counts what found the whole table full, all databases together.';
+
+CREATE OR REPLACE VIEW idem_health AS
+WITH s AS (
+    SELECT idem.setting_interval('idem.partition_width', '1 day') AS width,
+           greatest(idem.setting_interval('idem.default_ttl', '24 hours'),
+                    (SELECT max(t.ttl) FROM idem.biz_types t)) AS longest_ttl,
+           idem.setting_interval('idem.health_maintenance_after', '15 minutes') AS maintenance_after,
+           idem.setting_interval('idem.health_lease_after', '15 minutes') AS lease_after
+), m AS (
+    SELECT * FROM idem_maintenance
+), p AS (
+    SELECT max(b.range_to) FILTER (WHERE NOT b.is_default) AS horizon,
+           count(*) FILTER (WHERE NOT b.is_default AND b.range_to < now() - s.maintenance_after) AS expired_left
+      FROM s LEFT JOIN idem.partition_bounds b ON true
+     GROUP BY s.maintenance_after
+), d AS (
+    SELECT idem.default_partition_rows(10000) AS n
+), l AS (
+    SELECT count(*) AS n, min(x.lease_until) AS oldest
+      FROM s JOIN idem_leases x ON x.lease_until < now() - s.lease_after
+), mi AS (
+    SELECT i.*, d.slots_used AS db_slots_used, d.share AS db_share, d.no_room AS db_no_room
+      FROM idem.metrics_info() i LEFT JOIN idem.metrics_database() d ON true
+)
+SELECT 'maintenance_overdue'::text AS check_name,
+       CASE WHEN m.last_success_at IS NULL OR m.last_success_at < now() - s.width THEN 'critical'
+            WHEN m.last_success_at < now() - s.maintenance_after THEN 'warning'
+            ELSE 'ok' END AS severity,
+       extract(epoch FROM now() - m.last_success_at)::double precision AS value,
+       CASE WHEN m.last_success_at IS NULL THEN 'no successful idem_maintain() run is recorded'
+            ELSE format('the last successful idem_maintain() run finished %s ago (warning after %s, critical after %s)',
+                        idem.interval_text(date_trunc('second', now() - m.last_success_at)), idem.interval_text(s.maintenance_after), idem.interval_text(s.width)) END AS detail,
+       'Run SELECT idem_maintain(), and schedule it every few minutes: SELECT idem_schedule_maintenance() with pg_cron, or cron and psql.'::text AS action
+  FROM s, m
+UNION ALL
+SELECT 'maintenance_lock',
+       CASE WHEN m.skipped_in_a_row >= 3 THEN 'warning' ELSE 'ok' END,
+       m.skipped_in_a_row,
+       format('%s run(s) in a row did nothing (gave up on the lock on idem.claims, or found another idem_maintain() running)', m.skipped_in_a_row),
+       'A long transaction keeps idem.claims locked, or one idem_maintain() runs for very long: find it in pg_stat_activity (oldest xact_start) and end it, or raise idem.maintenance_lock_retries.'
+  FROM m
+UNION ALL
+SELECT 'default_partition',
+       CASE WHEN d.n IS NULL THEN 'critical' WHEN d.n > 0 THEN 'warning' ELSE 'ok' END,
+       d.n,
+       CASE WHEN d.n IS NULL THEN 'idem.claims_default is missing: claims beyond the premade partitions fail'
+            WHEN d.n >= 10000 THEN 'at least 10000 claims in the default partition'
+            ELSE format('%s claims in the default partition', d.n) END,
+       'Run SELECT idem_maintain() (it moves them into range partitions); claims that stay there have a per-call ttl beyond the premade partitions: give their type that TTL with idem_configure instead.'
+  FROM d
+UNION ALL
+SELECT 'partition_horizon',
+       CASE WHEN p.horizon IS NULL OR p.horizon < now() + s.longest_ttl THEN 'warning' ELSE 'ok' END,
+       extract(epoch FROM p.horizon - (now() + s.longest_ttl))::double precision,
+       CASE WHEN p.horizon IS NULL THEN 'no range partition exists: every claim goes to the default partition'
+            ELSE format('the partitions end %s after the expiry of a claim made now with the longest TTL (%s)',
+                        idem.interval_text(date_trunc('second', p.horizon - (now() + s.longest_ttl))), idem.interval_text(s.longest_ttl)) END,
+       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit or idem.partition_width (a run makes partitions up to now + the longest TTL + one width).'
+  FROM s, p
+UNION ALL
+SELECT 'stuck_leases',
+       CASE WHEN l.n > 0 THEN 'warning' ELSE 'ok' END,
+       l.n,
+       CASE WHEN l.n = 0 THEN format('no lease ran out more than %s ago without a takeover', idem.interval_text(s.lease_after))
+            ELSE format('%s lease(s) ran out more than %s ago and nobody took them over; the oldest ran out at %s',
+                        l.n, idem.interval_text(s.lease_after), idem.time_text(l.oldest)) END,
+       'The work they stand for stopped: rerun it (the next idem_claim of the key takes the lease over and is told the recovery point); idem_leases lists them.'
+  FROM s, l
+UNION ALL
+SELECT 'expired_partitions',
+       CASE WHEN p.expired_left > 0 THEN 'warning' ELSE 'ok' END,
+       p.expired_left,
+       format('%s partition(s) whose range ended more than %s ago are still there', p.expired_left, idem.interval_text(s.maintenance_after)),
+       'Run SELECT idem_maintain() (it drops them); if they stay, a long transaction keeps idem.claims locked (see maintenance_lock).'
+  FROM s, p
+UNION ALL
+SELECT 'metrics',
+       CASE WHEN NOT mi.counting THEN 'info' WHEN mi.overflowed OR mi.db_no_room > 0 THEN 'warning' ELSE 'ok' END,
+       mi.slots_used,
+       CASE WHEN NOT mi.counting THEN 'counters are off (idem is not in shared_preload_libraries): idem_metrics has no counts'
+            WHEN mi.overflowed THEN format('all %s (database, biz_type) slots of the counters are in use: idem_metrics counts what found no room in its overflow row (biz_type NULL), all databases together', mi.slots)
+            WHEN mi.db_no_room > 0 THEN format('this database''s share of %s slots of the counters is full: idem_metrics counts the types that found no room in its (other types) row', mi.db_share)
+            ELSE format('%s of %s (database, biz_type) slots of the counters in use, %s of this database''s share of %s', mi.slots_used, mi.slots, mi.db_slots_used, mi.db_share) END,
+       CASE WHEN NOT mi.counting THEN 'To count claims, duplicates, waits and errors: add idem to shared_preload_libraries and restart the server.'
+            WHEN mi.overflowed OR mi.db_no_room > 0 THEN 'Use fewer business types per database, or run SELECT idem_maintain() (it frees the slots of types with no claims left and of dropped databases); idem_metrics_reset() clears the warning.'
+            ELSE 'None.' END
+  FROM mi;
+
 -- ---------------------------------------------------------------------------
 -- Citus: uninstall, replica identity of the shards after moves, and a
 -- maintenance lock that gets through claims in multi-statement transactions

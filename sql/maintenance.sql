@@ -25,6 +25,16 @@ CREATE TRIGGER local_only BEFORE INSERT OR UPDATE OR DELETE ON idem.maintenance_
     FOR EACH ROW EXECUTE FUNCTION idem.discard_replicated();
 ALTER TABLE idem.maintenance_runs ENABLE REPLICA TRIGGER local_only;
 
+-- What makes idem_maintain run once at a time: its EXCLUSIVE lock on this
+-- empty table, which only roles that may change the table (its owner,
+-- superusers, pg_maintain members from 17 on) can take or hold. (0.3.0 used
+-- an advisory lock, which any role could take and keep to stop
+-- maintenance.) Never written, so autovacuum has nothing to do here and
+-- never holds it up.
+CREATE TABLE idem.maintenance_lock () WITH (autovacuum_enabled = false);
+ALTER TABLE idem.maintenance_lock REPLICA IDENTITY FULL;
+COMMENT ON TABLE idem.maintenance_lock IS 'Empty; idem_maintain() holds an EXCLUSIVE lock on it while it runs, so that it runs once at a time.';
+
 -- The settings maintenance reads, with their defaults when unset.
 CREATE FUNCTION idem.setting_interval(name text, fallback interval) RETURNS interval
     STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp SET IntervalStyle = 'postgres'
@@ -425,10 +435,16 @@ BEGIN
         RAISE EXCEPTION 'idem: idem_maintain must run in a READ COMMITTED transaction'
             USING ERRCODE = '55000';
     END IF;
-    IF NOT pg_try_advisory_xact_lock(18756, 1) THEN
+    BEGIN
+        LOCK TABLE idem.maintenance_lock IN EXCLUSIVE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        -- Recorded, so that idem_health counts it among the skipped runs.
         RAISE NOTICE 'idem_maintain is already running in another session; this call did nothing';
-        RETURN jsonb_build_object('skipped', 'another idem_maintain() is running');
-    END IF;
+        report := jsonb_build_object('skipped', jsonb_build_array('another idem_maintain() is running'));
+        INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
+        RETURN report;
+    END;
+    PERFORM idem.metrics_reclaim();  -- counters' slots of gone types and databases (sql/metrics.sql)
     IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
         RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
             USING ERRCODE = '22023';

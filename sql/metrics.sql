@@ -34,6 +34,64 @@ CREATE FUNCTION idem.metrics_info(OUT counting boolean, OUT slots_used int, OUT 
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_info';
 COMMENT ON FUNCTION idem.metrics_info() IS 'Whether the counters run (idem preloaded), how many of their (database, biz_type) slots are used, of how many, and whether some pair found no room.';
 
+-- This database's share of the slots (sql/metrics.sql's idem_health reads
+-- it): slots it holds, its (other types) row included, of how many it may
+-- hold, and how many times an existing type found them all taken.
+CREATE FUNCTION idem.metrics_database(OUT slots_used int, OUT share int, OUT no_room bigint)
+    RETURNS SETOF record
+    VOLATILE ROWS 1
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_database';
+COMMENT ON FUNCTION idem.metrics_database() IS 'This database''s share of the counters'' slots: how many it holds ((other types) included), how many it may hold, and how many times a type that exists found no room (NULLs when the counters are off).';
+
+-- Reclaiming slots (idem.metrics_reclaim, run by idem_maintain).
+CREATE FUNCTION idem.metrics_types(OUT biz_type text, OUT stats_since timestamptz) RETURNS SETOF record
+    VOLATILE ROWS 100
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_types';
+COMMENT ON FUNCTION idem.metrics_types() IS 'The business types of this database that hold a slot of the counters, and since when their row counts.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_types() FROM PUBLIC;
+
+CREATE FUNCTION idem.metrics_release(biz_type text) RETURNS boolean
+    VOLATILE STRICT PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_release';
+COMMENT ON FUNCTION idem.metrics_release(text) IS 'Free this database''s slot of biz_type; its counts are added to the (other types) row. Whether it had one.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_release(text) FROM PUBLIC;
+
+CREATE FUNCTION idem.metrics_release_dropped() RETURNS int
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_metrics_release_dropped';
+COMMENT ON FUNCTION idem.metrics_release_dropped() IS 'Free the slots of databases that were dropped; how many.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_release_dropped() FROM PUBLIC;
+
+-- Give back the slots of types that are gone: those of dropped databases
+-- (always: no scan), and this database's types that have no claim left and
+-- no row in idem.biz_types. Finding the latter reads idem.claims once, so
+-- it is done only when this database holds more than half its share (or
+-- with every_type => true). Their counts move to the (other types) row.
+-- A type that claims again gets a new row (a new stats_since).
+CREATE FUNCTION idem.metrics_reclaim(every_type boolean DEFAULT false) RETURNS int
+    VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    freed int := idem.metrics_release_dropped();
+    db    record;
+    held  text[];
+BEGIN
+    SELECT * INTO db FROM idem.metrics_database();
+    IF db.slots_used IS NULL OR NOT (every_type OR db.slots_used > db.share / 2) THEN
+        RETURN freed;
+    END IF;
+    held := ARRAY(SELECT m.biz_type FROM idem.metrics_types() m);
+    SELECT freed + count(*) FILTER (WHERE idem.metrics_release(t)) INTO freed
+      FROM unnest(held) t
+     WHERE t <> ALL (ARRAY(SELECT DISTINCT c.biz_type FROM idem.claims c WHERE c.biz_type = ANY (held)))
+       AND t <> ALL (ARRAY(SELECT b.biz_type FROM idem.biz_types b WHERE b.biz_type = ANY (held)));
+    RETURN freed;
+END
+$fn$;
+COMMENT ON FUNCTION idem.metrics_reclaim(boolean) IS 'Free the counters'' slots of dropped databases, and (when this database holds more than half its share, or every_type) of its types with no claim and no settings left, their counts moved to (other types). idem_maintain runs it. How many slots were freed.';
+REVOKE EXECUTE ON FUNCTION idem.metrics_reclaim(boolean) FROM PUBLIC;
+
 CREATE VIEW idem_metrics AS
 SELECT m.biz_type,
        m.claims,
@@ -53,7 +111,7 @@ SELECT m.biz_type,
        m.note
   FROM idem.metrics() m;
 COMMENT ON VIEW idem_metrics IS
-'Counters per business type of this database since stats_since (server start, first use, or idem_metrics_reset()): claims (new), takeovers (of leases that ran out), duplicates answered completed / failed, in_progress answers, waits for another transaction and their total time, ID001 fingerprint mismatches, ID003 refusals (not_held), 40001 raised, and idem_complete / idem_fail / idem_checkpoint calls. Counted when decided, committed or not; in shared memory, reset on restart like pg_stat_*. Needs shared_preload_libraries = ''idem''; without it, one row whose note says so. A row with biz_type NULL and a note counts the pairs that found the table full.';
+'Counters per business type of this database since stats_since (server start, first use, or idem_metrics_reset()): claims (new), takeovers (of leases that ran out), duplicates answered completed / failed, in_progress answers, waits for another transaction and their total time, ID001 fingerprint mismatches, ID003 refusals (not_held), 40001 raised, and idem_complete / idem_fail / idem_checkpoint calls. Counted when decided, committed or not; in shared memory, reset on restart like pg_stat_*. A type gets its row when a transaction that wrote or found a claim of it commits; the row biz_type = ''(other types)'' counts the calls on types that do not exist here, the types that found this database''s share of slots full, and the counts of rows reclaimed. Needs shared_preload_libraries = ''idem''; without it, one row whose note says so. A row with biz_type NULL counts what found the whole table full, all databases together.';
 
 CREATE FUNCTION idem_metrics_reset() RETURNS void
     VOLATILE PARALLEL UNSAFE
@@ -150,7 +208,8 @@ WITH s AS (
     SELECT count(*) AS n, min(x.lease_until) AS oldest
       FROM s JOIN idem_leases x ON x.lease_until < now() - s.lease_after
 ), mi AS (
-    SELECT * FROM idem.metrics_info()
+    SELECT i.*, d.slots_used AS db_slots_used, d.share AS db_share, d.no_room AS db_no_room
+      FROM idem.metrics_info() i LEFT JOIN idem.metrics_database() d ON true
 )
 SELECT 'maintenance_overdue'::text AS check_name,
        CASE WHEN m.last_success_at IS NULL OR m.last_success_at < now() - s.width THEN 'critical'
@@ -166,8 +225,8 @@ UNION ALL
 SELECT 'maintenance_lock',
        CASE WHEN m.skipped_in_a_row >= 3 THEN 'warning' ELSE 'ok' END,
        m.skipped_in_a_row,
-       format('%s run(s) in a row gave up on the lock on idem.claims', m.skipped_in_a_row),
-       'A long transaction keeps idem.claims locked: find it in pg_stat_activity (oldest xact_start) and end it, or raise idem.maintenance_lock_retries.'
+       format('%s run(s) in a row did nothing (gave up on the lock on idem.claims, or found another idem_maintain() running)', m.skipped_in_a_row),
+       'A long transaction keeps idem.claims locked, or one idem_maintain() runs for very long: find it in pg_stat_activity (oldest xact_start) and end it, or raise idem.maintenance_lock_retries.'
   FROM m
 UNION ALL
 SELECT 'default_partition',
@@ -205,13 +264,14 @@ SELECT 'expired_partitions',
   FROM s, p
 UNION ALL
 SELECT 'metrics',
-       CASE WHEN NOT mi.counting THEN 'info' WHEN mi.overflowed THEN 'warning' ELSE 'ok' END,
+       CASE WHEN NOT mi.counting THEN 'info' WHEN mi.overflowed OR mi.db_no_room > 0 THEN 'warning' ELSE 'ok' END,
        mi.slots_used,
        CASE WHEN NOT mi.counting THEN 'counters are off (idem is not in shared_preload_libraries): idem_metrics has no counts'
-            WHEN mi.overflowed THEN format('all %s (database, biz_type) slots of the counters are in use: idem_metrics counts the other types together in its overflow row', mi.slots)
-            ELSE format('%s of %s (database, biz_type) slots of the counters in use', mi.slots_used, mi.slots) END,
+            WHEN mi.overflowed THEN format('all %s (database, biz_type) slots of the counters are in use: idem_metrics counts what found no room in its overflow row (biz_type NULL), all databases together', mi.slots)
+            WHEN mi.db_no_room > 0 THEN format('this database''s share of %s slots of the counters is full: idem_metrics counts the types that found no room in its (other types) row', mi.db_share)
+            ELSE format('%s of %s (database, biz_type) slots of the counters in use, %s of this database''s share of %s', mi.slots_used, mi.slots, mi.db_slots_used, mi.db_share) END,
        CASE WHEN NOT mi.counting THEN 'To count claims, duplicates, waits and errors: add idem to shared_preload_libraries and restart the server.'
-            WHEN mi.overflowed THEN 'Use fewer business types; a restart empties the table (and loses the counts).'
+            WHEN mi.overflowed OR mi.db_no_room > 0 THEN 'Use fewer business types per database, or run SELECT idem_maintain() (it frees the slots of types with no claims left and of dropped databases); idem_metrics_reset() clears the warning.'
             ELSE 'None.' END
   FROM mi;
 COMMENT ON VIEW idem_health IS

@@ -15,7 +15,7 @@ CREATE TABLE idem.biz_types (
     ttl        interval,                 -- NULL: idem.default_ttl applies
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    owner      regrole                   -- NULL: every role may use the type
+    owner      name                      -- NULL: every role may use the type
 );
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims (idem_configure) and the role whose members alone may use it (idem_set_owner).';
 

@@ -209,18 +209,11 @@ fn metrics(args: Args) -> pg_sys::Datum {
                     values[i] = d;
                     nulls[i] = false;
                 };
-                match &r.biz_type {
-                    Some(b) => put(0, text_datum(b)),
-                    None => put(
-                        METRICS_COLUMNS - 1,
-                        text_datum(
-                            format!(
-                                "overflow: more (database, biz_type) pairs than the {} the counters hold since the server started; the counts of the pairs that found no room, all databases together",
-                                metrics::SLOTS
-                            )
-                            .as_bytes(),
-                        ),
-                    ),
+                if let Some(b) = &r.biz_type {
+                    put(0, text_datum(b));
+                }
+                if let Some(note) = &r.note {
+                    put(METRICS_COLUMNS - 1, text_datum(note.as_bytes()));
                 }
                 // claims .. in_progress, waits
                 for (i, v) in r.counters[..6].iter().enumerate() {
@@ -258,6 +251,47 @@ fn metrics_info(args: Args) -> pg_sys::Datum {
     args.return_rows(vec![row])
 }
 sql_function!(idem_metrics_info, pg_finfo_idem_metrics_info, metrics_info);
+
+// idem.metrics_database(OUT slots_used int, OUT share int, OUT no_room bigint)
+fn metrics_database(args: Args) -> pg_sys::Datum {
+    let row = match metrics::database_usage() {
+        None => (vec![pg_sys::Datum::from(0); 3], vec![true; 3]),
+        Some((used, no_room)) => (
+            vec![
+                pg_sys::Datum::from(used as i32),
+                pg_sys::Datum::from(metrics::SHARE as i32),
+                pg_sys::Datum::from(no_room as i64),
+            ],
+            vec![false; 3],
+        ),
+    };
+    args.return_rows(vec![row])
+}
+sql_function!(idem_metrics_database, pg_finfo_idem_metrics_database, metrics_database);
+
+// idem.metrics_types(OUT biz_type text, OUT stats_since timestamptz) RETURNS SETOF record
+fn metrics_types(args: Args) -> pg_sys::Datum {
+    args.return_rows(
+        metrics::types()
+            .iter()
+            .map(|(t, since)| (vec![text_datum(t), pg_sys::Datum::from(*since)], vec![false, false]))
+            .collect(),
+    )
+}
+sql_function!(idem_metrics_types, pg_finfo_idem_metrics_types, metrics_types);
+
+// idem.metrics_release(biz_type text) RETURNS boolean
+fn metrics_release(args: Args) -> pg_sys::Datum {
+    let biz_type = args.text_req(0, "biz_type");
+    pg_sys::Datum::from(metrics::release_type(biz_type))
+}
+sql_function!(idem_metrics_release, pg_finfo_idem_metrics_release, metrics_release);
+
+// idem.metrics_release_dropped() RETURNS int
+fn metrics_release_dropped(_args: Args) -> pg_sys::Datum {
+    pg_sys::Datum::from(metrics::release_dropped() as i32)
+}
+sql_function!(idem_metrics_release_dropped, pg_finfo_idem_metrics_release_dropped, metrics_release_dropped);
 
 // idem_metrics_reset() RETURNS void
 fn metrics_reset(_args: Args) -> pg_sys::Datum {

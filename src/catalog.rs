@@ -92,9 +92,18 @@ impl PartitionList {
 pub struct BizType {
     /// Configured TTL in microseconds; None: idem.default_ttl applies.
     pub ttl_us: Option<i64>,
-    /// The role whose members alone may use the type; None: every role.
-    pub owner: Option<pg_sys::Oid>,
+    /// The name of the role whose members alone may use the type; None:
+    /// every role. Kept by name, not OID: a dump restored onto a server
+    /// where the role is missing (or has another OID) keeps every other
+    /// setting, and the type stays closed until a superuser names an owner
+    /// again (biztype.rs).
+    pub owner: Option<pg_sys::NameData>,
 }
+
+/// The most business types a backend keeps settings of: a server with
+/// 100,000 types must not cost every backend megabytes. Past it the cache
+/// starts over (one SQL read per type brings it back).
+const BIZ_TYPE_CACHE_MAX: usize = 4096;
 
 #[derive(Default)]
 struct Cache {
@@ -512,31 +521,65 @@ pub fn biz_type(name: &str) -> BizType {
         return found;
     }
     let found = read_biz_type(name);
-    with_cache(|c| c.biz_type_settings.insert(name.as_bytes().to_vec(), found));
+    with_cache(|c| {
+        if c.biz_type_settings.len() >= BIZ_TYPE_CACHE_MAX {
+            c.biz_type_settings.clear();
+        }
+        c.biz_type_settings.insert(name.as_bytes().to_vec(), found)
+    });
     found
 }
 
 /// A business type's settings, read now through SQL on idem.biz_types.
 pub fn read_biz_type(name: &str) -> BizType {
     static READ: spi::Statement = spi::Statement::new(
-        c"SELECT ttl, owner::pg_catalog.oid FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, owner FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
-    // A 0.2.0 schema (the new library installed, ALTER EXTENSION UPDATE not
-    // run yet) has no owner column: claims keep working meanwhile.
+    // An older schema (the new library installed, ALTER EXTENSION UPDATE not
+    // run yet): 0.3.0's owner is a regrole, 0.2.0 has none. Claims keep
+    // working meanwhile.
+    static READ_0_3: spi::Statement = spi::Statement::new(
+        c"SELECT ttl, (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) owner::pg_catalog.oid)
+            FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        &[pg_sys::TEXTOID],
+    );
     static READ_0_2: spi::Statement = spi::Statement::new(
-        c"SELECT ttl, NULL::pg_catalog.oid FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, NULL::pg_catalog.name FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
-    let has_owner =
-        unsafe { pg_sys::get_attnum(biz_types_oid(), c"owner".as_ptr()) } != pg_sys::InvalidAttrNumber as i16;
-    let read = if has_owner { &READ } else { &READ_0_2 };
+    let read = match owner_column_type(biz_types_oid()) {
+        Some(t) if t == pg_sys::NAMEOID => &READ,
+        Some(_) => &READ_0_3,
+        None => &READ_0_2,
+    };
     let rows = as_owner(|| read.query(&[Some(crate::datum::text_datum(name.as_bytes()))]));
     let Some(row) = rows.first() else { return BizType::default() };
     BizType {
         ttl_us: row[0].map(|d| crate::guc::interval_us(unsafe { &*d.cast_mut_ptr::<pg_sys::Interval>() }) as i64),
-        owner: row[1].map(|d| pg_sys::Oid::from(d.value() as u32)),
+        owner: row[1].map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::NameData>() }),
     }
+}
+
+/// The type of the owner column of a table of idem.biz_types' shape (name
+/// since 0.4.0, regrole in 0.3.0); None without one (0.2.0).
+pub fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    let attnum = unsafe { pg_sys::get_attnum(relid, c"owner".as_ptr()) };
+    (attnum != pg_sys::InvalidAttrNumber as i16).then(|| unsafe { pg_sys::get_atttype(relid, attnum) })
+}
+
+/// A role's name as NameData (a role named by an OID that no longer exists
+/// reads as that number, which no role can be named).
+fn role_name_data(role: pg_sys::Oid) -> pg_sys::NameData {
+    let found = unsafe { pg_sys::GetUserNameFromId(role, true) };
+    let text = if found.is_null() {
+        std::ffi::CString::new(role.to_u32().to_string()).expect("digits have no NUL")
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(found) }.to_owned()
+    };
+    let mut name = pg_sys::NameData::default();
+    unsafe { pg_sys::namestrcpy(&mut name, text.as_ptr()) };
+    name
 }
 
 /// A business type's settings read now, without SQL, from `relid`: a table
@@ -587,9 +630,16 @@ pub fn read_biz_type_in(relid: pg_sys::Oid, name: &str) -> BizType {
                 (attnum != pg_sys::InvalidAttrNumber as i16 && !nulls[attnum as usize - 1])
                     .then(|| values[attnum as usize - 1])
             };
+            let owner_is_name = owner_column_type(relid) == Some(pg_sys::NAMEOID);
             found = BizType {
                 ttl_us: at(ttl).map(|d| crate::guc::interval_us(&*d.cast_mut_ptr::<pg_sys::Interval>()) as i64),
-                owner: at(owner).map(|d| pg_sys::Oid::from(d.value() as u32)),
+                owner: at(owner).map(|d| {
+                    if owner_is_name {
+                        *d.cast_mut_ptr::<pg_sys::NameData>()
+                    } else {
+                        role_name_data(pg_sys::Oid::from(d.value() as u32))
+                    }
+                }),
             };
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
@@ -670,4 +720,33 @@ fn storage_owner() -> pg_sys::Oid {
     };
     with_cache(|c| c.owner = Some(owner));
     owner
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// A backend that uses more business types than the cache holds keeps
+    /// reading their settings right, and its cache stays bounded.
+    #[pg_test]
+    fn biz_type_settings_cache_is_bounded() {
+        let n = 5000;
+        Spi::run(&format!(
+            "INSERT INTO idem.biz_types (biz_type, ttl) SELECT 'cache.' || g, g * interval '1 second' FROM generate_series(1, {n}) g"
+        ))
+        .unwrap();
+        // The reads below use the active snapshot: one that sees the rows.
+        unsafe {
+            pgrx::pg_sys::CommandCounterIncrement();
+            pgrx::pg_sys::PushActiveSnapshot(pgrx::pg_sys::GetTransactionSnapshot());
+        }
+        for i in 1..=n {
+            let settings = super::biz_type(&format!("cache.{i}"));
+            assert_eq!(settings.ttl_us, Some(i * 1_000_000), "cache.{i}");
+        }
+        unsafe { pgrx::pg_sys::PopActiveSnapshot() };
+        let cached = super::with_cache(|c| c.biz_type_settings.len());
+        assert!(cached > 0 && cached <= super::BIZ_TYPE_CACHE_MAX, "{cached} types cached");
+    }
 }

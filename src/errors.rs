@@ -32,8 +32,12 @@ pub enum IdemError {
     NotOnShardNode { biz_type: Vec<u8>, key: Vec<u8>, shard: i64, node: String },
     /// 25006: a write in a read-only transaction or on a hot standby.
     ReadOnly { what: &'static str, standby: bool },
-    /// 42501: the caller's role may not use this business type.
-    InsufficientPrivilege { biz_type: Vec<u8>, owner: String },
+    /// 25000: a write during a parallel operation (a parallel worker, or
+    /// its leader while workers run), as INSERT refuses there.
+    ParallelMode { what: &'static str },
+    /// 42501: the caller's role may not use this business type (its owner
+    /// role, which may no longer exist).
+    InsufficientPrivilege { biz_type: Vec<u8>, owner: String, owner_exists: bool },
     /// XX000: something inside idem or PostgreSQL failed that no argument
     /// explains (an SPI failure, a damaged stored document). Never for a
     /// caller's mistake.
@@ -73,6 +77,7 @@ impl IdemError {
             IdemError::ObjectNotInPrerequisiteState(..) => b"55000",
             IdemError::FeatureNotSupported(..) | IdemError::NotOnShardNode { .. } => b"0A000",
             IdemError::ReadOnly { .. } => b"25006",
+            IdemError::ParallelMode { .. } => b"25000",
             IdemError::InsufficientPrivilege { .. } => b"42501",
             IdemError::Internal(_) => b"XX000",
         }
@@ -107,10 +112,20 @@ impl IdemError {
             IdemError::ReadOnly { what, .. } => {
                 format!("cannot execute {what} in a read-only transaction").into_bytes()
             }
-            IdemError::InsufficientPrivilege { biz_type, owner } => {
+            IdemError::ParallelMode { what } => {
+                format!("cannot execute {what} during a parallel operation").into_bytes()
+            }
+            IdemError::InsufficientPrivilege { biz_type, owner, owner_exists } => {
                 let mut m = b"idem: permission denied for biz_type \"".to_vec();
                 m.extend_from_slice(biz_type);
-                m.extend_from_slice(format!("\": only members of role \"{owner}\" may use it").as_bytes());
+                if *owner_exists {
+                    m.extend_from_slice(format!("\": only members of role \"{owner}\" may use it").as_bytes());
+                } else {
+                    m.extend_from_slice(
+                        format!("\": it is reserved for role \"{owner}\", which does not exist on this server")
+                            .as_bytes(),
+                    );
+                }
                 m
             }
             IdemError::Internal(m) => format!("idem: internal error: {m}").into_bytes(),
@@ -135,9 +150,15 @@ impl IdemError {
             IdemError::ReadOnly { standby: true, .. } => Some(
                 "This server is a hot standby: claim on the primary. idem_lookup works here.".into(),
             ),
-            IdemError::InsufficientPrivilege { owner, .. } => Some(format!(
-                "The business type is reserved for role \"{owner}\" (idem_configure ... owner =>); GRANT that role, or use another biz_type."
+            IdemError::ParallelMode { .. } => Some(
+                "A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.".into(),
+            ),
+            IdemError::InsufficientPrivilege { owner, owner_exists: true, .. } => Some(format!(
+                "The business type is reserved for role \"{owner}\" (idem_set_owner); GRANT that role, or use another biz_type."
             )),
+            IdemError::InsufficientPrivilege { owner_exists: false, .. } => Some(
+                "The role was dropped or renamed, or a dump was restored onto a server without it: until then only superusers may use the type. A superuser names its owner again with SELECT idem_set_owner(biz_type, role), or opens it to every role with idem_set_owner(biz_type, NULL).".into(),
+            ),
             IdemError::Internal(_) => {
                 Some("This is a bug or a damaged installation; please report it with the server log.".into())
             }

@@ -84,9 +84,14 @@ impl Outcome {
 }
 
 /// Writers refuse in a read-only transaction or on a hot standby (25006),
+/// and during a parallel operation (25000: reached from a parallel worker
+/// through a PARALLEL SAFE wrapper, where no transaction id can be taken),
 /// before they touch anything, as INSERT does.
 pub fn require_writable(what: &'static str) {
     unsafe {
+        if pg_sys::IsInParallelMode() {
+            IdemError::ParallelMode { what }.fail();
+        }
         if pg_sys::RecoveryInProgress() {
             IdemError::ReadOnly { what, standby: true }.fail();
         }

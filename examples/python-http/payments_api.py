@@ -1,16 +1,18 @@
-"""A payments endpoint that honours the Idempotency-Key header.
+"""A payments endpoint that honours the Idempotency-Key header, with the
+idem-http package (clients/python) doing the HTTP half.
 
 POST /payments with a JSON body {"order": ..., "amount": "42.00", "currency": ..., "card": ...}
 and the headers X-Client-Id (who is calling; in a real service it comes from
 authentication) and Idempotency-Key. Everything the request does happens in
-one database transaction:
+one database transaction, owned by idem_http.claim():
 
-    idem_claim(key, 'payment-api', fingerprint => hash of the request, wait => false)
-    INSERT INTO payments ...                       (only when claimed)
-    idem_complete(key, 'payment-api', {status, body})  or  idem_fail(...) for a declined card
-    COMMIT
+    with idem_http.claim(db, key, 'payment-api', fingerprint=..., wait=False) as c:   # idem_claim
+        INSERT INTO payments ...                          (only when claimed)
+        c.complete(response) or c.fail(response) for a declined card
+    COMMIT (end of the block), then the response is sent
 
-Responses, as the IETF draft "The Idempotency-Key HTTP Header Field" maps them:
+Responses, as the IETF draft "The Idempotency-Key HTTP Header Field" maps them
+(idem_http.Policy builds the non-stored ones):
     first request            201 Created (or 402 for a declined card), stored
     retry, same request      the stored status and body, byte for byte (Idempotent-Replayed: true)
     same key, still running  409 Conflict (Retry-After: 1)
@@ -19,10 +21,13 @@ Responses, as the IETF draft "The Idempotency-Key HTTP Header Field" maps them:
 Keys are scoped by client: two clients may use the same key for different
 payments.
 
+This plain http.server handler uses the core API; FastAPI, Django and
+SQLAlchemy applications get the same from idem_http's middleware (see
+clients/python/README.md).
+
 Connection: the libpq environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE).
 """
 
-import hashlib
 import http.server
 import json
 import re
@@ -30,15 +35,17 @@ import threading
 from decimal import Decimal, InvalidOperation
 
 import psycopg
-from psycopg.types.json import Jsonb
+
+import idem_http
+from idem_http import FingerprintMismatch, Policy, RequestInfo, Response, TransientFailure
 
 BIZ_TYPE = "payment-api"
 CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# The draft defines the header as a Structured Field String ("...", RFC 8941);
-# a bare token is accepted too, since many clients send one.
-SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
-BARE_KEY = re.compile(r"[A-Za-z0-9._:+/=-]+")
-MAX_KEY_LEN = 255
+# Header parsing (a Structured Field String or a bare token, 1 to 255
+# characters), problem details, replays: the draft's mapping.
+POLICY = Policy(wait=False, retry_after=1)
+# Stored with the status and body, and replayed as they were.
+STORED_HEADERS = ("Content-Type", "Location")
 
 SCHEMA = """
 CREATE EXTENSION IF NOT EXISTS idem;
@@ -65,31 +72,6 @@ def setup_schema(conninfo=""):
         db.execute(SCHEMA)
 
 
-def parse_idempotency_key(raw):
-    """The key's value, or None if missing or malformed."""
-    if raw is None:
-        return None
-    raw = raw.strip()
-    m = SF_STRING.fullmatch(raw)
-    if m:
-        key = re.sub(r'\\(["\\])', r"\1", m.group(1))
-    elif BARE_KEY.fullmatch(raw):
-        key = raw
-    else:
-        return None
-    if not key or len(key) > MAX_KEY_LEN:
-        return None
-    return key
-
-
-def fingerprint(method, path, payload):
-    """Same request <=> same fingerprint: canonical JSON, not the raw bytes,
-    so that a retry that re-serializes the body in another key order is still
-    the same request."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(f"{method} {path}\n{canonical}".encode()).hexdigest()
-
-
 class PaymentsHandler(http.server.BaseHTTPRequestHandler):
     server_version = "payments-example/1"
     conninfo = ""
@@ -112,6 +94,15 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
         self.send(status, json.dumps({"title": title, "status": status, "detail": detail}), extra_headers,
                   "application/problem+json")
 
+    def answer(self, resp: Response):
+        """Send one of idem_http's responses (stored, replayed, or a problem)."""
+        self.send_response(resp.status)
+        for name, value in resp.headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(resp.body)))
+        self.end_headers()
+        self.wfile.write(resp.body)
+
     def do_POST(self):
         if self.path != "/payments":
             return self.problem(404, "Not Found", self.path)
@@ -119,12 +110,12 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
         if client is None or not CLIENT_ID.fullmatch(client):
             return self.problem(401, "Unauthorized", "X-Client-Id missing or malformed")
         raw_key = self.headers.get("Idempotency-Key")
-        key = parse_idempotency_key(raw_key)
+        key = POLICY.parse_key(raw_key)
         if key is None:
-            return self.problem(400, "Bad Request",
-                                "Idempotency-Key header is " + ("missing" if raw_key is None else "malformed"))
+            return self.answer(POLICY.missing_key(raw_key))
+        raw_body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         try:
-            payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            payload = json.loads(raw_body)
             order, currency, card = str(payload["order"]), str(payload["currency"]), str(payload["card"])
             amount = Decimal(payload["amount"]).quantize(Decimal("0.01"))
             if amount <= 0:
@@ -134,46 +125,38 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
 
         # The client id cannot contain "/", so the scoped key is unambiguous.
         scoped_key = f"{client}/{key}"
-        fp = fingerprint("POST", self.path, payload)
+        # Method, path and the canonical JSON body: a retry that re-serialises
+        # the body in another key order is still the same request.
+        fp = idem_http.request_fingerprint(RequestInfo("POST", self.path, "", {}, raw_body))
         try:
-            with psycopg.connect(self.conninfo) as db, db.transaction():
-                claimed, state, result = db.execute(
-                    "SELECT claimed, state, result FROM idem_claim(%s, %s, fingerprint => %s, wait => false)",
-                    (scoped_key, BIZ_TYPE, fp)).fetchone()
-                if not claimed:
-                    if state == "in_progress":
-                        return self.problem(409, "Conflict",
-                                            "a request with this Idempotency-Key is still being processed",
-                                            [("Retry-After", "1")])
-                    # completed or failed: the first response, as it was sent.
-                    return self.send(result["status"], result["body"],
-                                     [*map(tuple, result["headers"]), ("Idempotent-Replayed", "true")])
-
-                card_network_ready.wait()
-                if card.endswith("0002"):  # the test card number that is always declined
-                    status, headers = 402, []
-                    body = json.dumps({"title": "Payment Required", "detail": "card declined", "order": order})
-                    db.execute("SELECT idem_fail(%s, %s, %s)",
-                               (scoped_key, BIZ_TYPE, Jsonb({"status": status, "body": body, "headers": headers})))
-                else:
-                    (payment_id,) = db.execute(
-                        "INSERT INTO payments (client, idem_key, order_no, amount, currency)"
-                        " VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                        (client, key, order, amount, currency)).fetchone()
-                    status, headers = 201, [["Location", f"/payments/{payment_id}"]]
-                    body = json.dumps({"id": payment_id, "order": order, "amount": str(amount),
-                                       "currency": currency, "status": "charged"})
-                    # The body is stored as a string so that a replay is byte-identical.
-                    db.execute("SELECT idem_complete(%s, %s, %s)",
-                               (scoped_key, BIZ_TYPE, Jsonb({"status": status, "body": body, "headers": headers})))
+            with psycopg.connect(self.conninfo) as db:
+                with idem_http.claim(db, scoped_key, BIZ_TYPE, fingerprint=fp, wait=False) as c:
+                    if not c.claimed:
+                        # in_progress: 409; completed or failed: the first response, as it was sent.
+                        answer = POLICY.in_progress() if c.state == "in_progress" else POLICY.replay(c.replay)
+                    else:
+                        card_network_ready.wait()
+                        if card.endswith("0002"):  # the test card number that is always declined
+                            body = json.dumps({"title": "Payment Required", "detail": "card declined", "order": order})
+                            answer = Response(402, [("Content-Type", "application/json")], body.encode())
+                            c.fail(answer.to_document(STORED_HEADERS))
+                        else:
+                            (payment_id,) = db.execute(
+                                "INSERT INTO payments (client, idem_key, order_no, amount, currency)"
+                                " VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                                (client, key, order, amount, currency)).fetchone()
+                            body = json.dumps({"id": payment_id, "order": order, "amount": str(amount),
+                                               "currency": currency, "status": "charged"})
+                            answer = Response(201, [("Content-Type", "application/json"),
+                                                    ("Location", f"/payments/{payment_id}")], body.encode())
+                            # The body is stored as a string so that a replay is byte-identical.
+                            c.complete(answer.to_document(STORED_HEADERS))
             # Sent only after COMMIT: a 201 is never sent for a charge that rolled back.
-            return self.send(status, body, map(tuple, headers))
-        except psycopg.Error as e:
-            if e.sqlstate == "ID001":
-                return self.problem(422, "Unprocessable Content",
-                                    "this Idempotency-Key was used for a different request")
-            return self.problem(503, "Service Unavailable", f"database error {e.sqlstate}",
-                                [("Retry-After", "1")])
+            return self.answer(answer)
+        except FingerprintMismatch:
+            return self.answer(POLICY.mismatch())
+        except TransientFailure as e:
+            return self.answer(POLICY.unavailable(e.sqlstate))
 
 
 def start_server(conninfo=""):

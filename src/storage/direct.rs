@@ -13,6 +13,7 @@
 //! numbers below follow sql/storage.sql.
 
 use super::keylock::{self, KeyLock};
+use super::writer;
 use super::{now, Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
 use crate::backend::BackendLocal;
 use crate::catalog::{self, PartitionList};
@@ -205,6 +206,7 @@ impl Opened {
 
     /// Probe partition `i` through its index with a dirty snapshot.
     fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
+        let arrival = writer::caller_snapshot();
         // SAFETY: partition i's heap and index are open and locked for as
         // long as self lives; the dirty snapshot and the slot outlive the
         // scan; the slot's values are a claims tuple of NCOLS columns (the
@@ -228,20 +230,22 @@ impl Opened {
                 };
                 let mut should_free = false;
                 let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut should_free);
-                let own = pg_sys::TransactionIdIsCurrentTransactionId((*(*tuple).t_data).t_choice.t_heap.t_xmin);
+                let xmin = writer::of_header((*tuple).t_data);
+                let own = writer::is_own(xmin);
                 pg_sys::slot_getsomeattrs_int(slot, NCOLS as i32);
                 let values = std::slice::from_raw_parts((*slot).tts_values, NCOLS);
                 let nulls = std::slice::from_raw_parts((*slot).tts_isnull, NCOLS);
                 let Some(mut row) = row_of(values, nulls, k, i, (*slot).tts_tid) else {
                     continue; // a digest collision
                 };
-                if busy.is_none() && !own && row.expires_at <= now {
-                    continue; // committed and expired: as good as absent
+                if busy.is_none() && !own && row.expires_at <= now && !writer::was_running_at(xmin, arrival) {
+                    // Committed and expired, and committed before the caller
+                    // arrived: as good as absent.
+                    continue;
                 }
                 row.own = own;
                 row.busy = busy;
-                row.visible =
-                    own || busy.is_none() && pg_sys::table_tuple_satisfies_snapshot(heap, slot, mvcc_snapshot());
+                row.visible = own || busy.is_none() && pg_sys::table_tuple_satisfies_snapshot(heap, slot, arrival);
                 found = Some(row);
                 break;
             }
@@ -261,7 +265,7 @@ impl Opened {
         }
         for (i, (heap, _)) in self.parts.iter().enumerate() {
             unsafe {
-                let scan = begin_key_scan(*heap, self.index(i), mvcc_snapshot(), k.hash);
+                let scan = begin_key_scan(*heap, self.index(i), writer::caller_snapshot(), k.hash);
                 let slot = pg_sys::table_slot_create(*heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
@@ -380,7 +384,7 @@ impl Opened {
             let mut values = [pg_sys::Datum::from(0); NCOLS];
             let mut nulls = [false; NCOLS];
             pg_sys::heap_deform_tuple(&mut tuple, (*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-            let own = pg_sys::TransactionIdIsCurrentTransactionId((*tuple.t_data).t_choice.t_heap.t_xmin);
+            let own = writer::is_own(writer::of_header(tuple.t_data));
             let row = row_of(&values, &nulls, k, i, tid).filter(|_| own).map(|mut row| {
                 row.own = true;
                 row.visible = true;
@@ -415,17 +419,6 @@ unsafe fn begin_key_scan(
         let scan = compat::index_beginscan(heap, index, snapshot, 1);
         pg_sys::index_rescan(scan, &mut skey, 1, std::ptr::null_mut(), 0);
         scan
-    }
-}
-
-/// The caller's MVCC snapshot: the statement's, else the transaction's.
-fn mvcc_snapshot() -> pg_sys::Snapshot {
-    unsafe {
-        if pg_sys::ActiveSnapshotSet() {
-            pg_sys::GetActiveSnapshot()
-        } else {
-            pg_sys::GetTransactionSnapshot()
-        }
     }
 }
 
@@ -499,7 +492,9 @@ unsafe fn form(
 /// page vacuumed away), and worthless in any other transaction.
 #[derive(Clone, Copy)]
 struct Recent {
-    xid: pg_sys::TransactionId,
+    /// The 64-bit id, which never repeats (a 32-bit one does once the
+    /// counter wraps, and a pooled backend can live that long).
+    xid: pg_sys::FullTransactionId,
     hash: i64,
     /// The table the row was found in, and its partition.
     target: Target,
@@ -515,7 +510,7 @@ fn remember(hash: i64, target: Target, relid: pg_sys::Oid, tid: pg_sys::ItemPoin
         RECENT_CALLBACK.set(true);
         unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
     }
-    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
     RECENT.set(Some(Recent { xid, hash, target, relid, tid }));
 }
 
@@ -537,8 +532,8 @@ unsafe extern "C-unwind" fn forget_recent_on_abort(
 /// and both hold until this transaction ends.)
 pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     let r = RECENT.get()?;
-    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
-    if r.hash != k.hash || xid == pg_sys::InvalidTransactionId || r.xid != xid {
+    let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
+    if r.hash != k.hash || xid.value == 0 || r.xid.value != xid.value {
         return None;
     }
     unsafe {

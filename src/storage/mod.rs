@@ -22,6 +22,7 @@ mod citus;
 mod direct;
 pub mod keylock;
 mod sql;
+mod writer;
 
 use crate::catalog::{self, BizType};
 use crate::guc;

@@ -15,6 +15,7 @@
 //! bytes in every database encoding.
 
 use super::keylock::{self, KeyLock};
+use super::writer;
 use super::{Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
 use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
@@ -27,7 +28,7 @@ use pgrx::pg_sys;
 /// Every row of the key, expired or not (this transaction's own expired
 /// row still counts), found through the digest index as on the direct path.
 static PROBE: Statement = Statement::new(
-    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin
+    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid
         FROM idem.claims
        WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
          AND biz_type OPERATOR(pg_catalog.=) $2
@@ -173,22 +174,39 @@ impl SqlStore {
         }
     }
 
-    /// The key's live row: committed and unexpired, or this transaction's.
+    /// The key's live row: committed and unexpired, or this transaction's;
+    /// else a committed row whose writer was running when the caller
+    /// arrived, expired or not.
     fn probe(&self, k: &ClaimKey, now: i64) -> Option<Row> {
         // A read-only statement reads with the active snapshot, the calling
         // statement's, taken before any wait for the key lock. Read with a
         // new one instead (READ COMMITTED: it sees the claim the lock holder
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
+        let arrival = writer::caller_snapshot();
         let rows = catalog::as_owner(|| {
             let _fresh = FreshSnapshot::push();
             PROBE.query(&[Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))])
         });
+        // Rows that are live by their expiry (or ours), and expired rows
+        // whose writer was running when the caller arrived: the answer when
+        // no row is live (writer.rs).
+        let mut late = None;
         let mut live = rows.into_iter().filter_map(|r| {
-            let xmin = r[5].map_or(pg_sys::InvalidTransactionId, |d| pg_sys::TransactionId::from(d.value() as u32));
-            let own = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) };
             let expires_at = r[2].map_or(0, |d| d.value() as i64);
-            (own || expires_at > now).then(|| Row {
+            // The raw xmin decides only when it cannot be this transaction's
+            // or a running writer's; otherwise the row's header does
+            // (writer.rs: a frozen row keeps its raw xmin).
+            let raw = r[5].map_or(pg_sys::InvalidTransactionId, |d| pg_sys::TransactionId::from(d.value() as u32));
+            let xmin = if writer::is_own(raw) || expires_at <= now && writer::was_running_at(raw, arrival) {
+                let relid = r[6].map_or(pg_sys::InvalidOid, |d| pg_sys::Oid::from(d.value() as u32));
+                let tid = r[7].map(|d| unsafe { *(d.cast_mut_ptr::<pg_sys::ItemPointerData>()) }).unwrap_or_default();
+                writer::of_tuple(relid, tid)
+            } else {
+                raw
+            };
+            let own = writer::is_own(xmin);
+            let row = Row {
                 part: 0,
                 tid: pg_sys::ItemPointerData::default(),
                 state: r[0].map_or(b'p', |d| d.value() as u8),
@@ -201,14 +219,22 @@ impl SqlStore {
                 // statement, and under READ COMMITTED every committed row is.
                 busy: None,
                 visible: true,
-            })
+            };
+            if own || expires_at > now {
+                Some(row)
+            } else {
+                if writer::was_running_at(xmin, arrival) {
+                    late = Some(row);
+                }
+                None
+            }
         });
         let first = live.next();
         let more = live.count();
         if more > 0 {
             mixed(format!("{} live claims of one key in idem.claims", more + 1));
         }
-        first
+        first.or(late)
     }
 
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {

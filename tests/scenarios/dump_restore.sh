@@ -12,30 +12,37 @@
 #     functions;
 #   - guards: the trigger is restored, an illegal UPDATE is refused (ID002),
 #     a repeated transition reads "already";
-#   - the restored database works: new claims, idem_maintain.
+#   - the restored database works: new claims, idem_maintain;
+#   - restored where a type's owner role does not exist (dropped after the
+#     dump, as on another server): every other type's settings are
+#     restored (0.3.0 stored the owner as a regrole, so the whole
+#     idem.biz_types COPY failed and every TTL was lost), and the type
+#     itself stays closed to all but superusers, naming its role.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 pfx=${IDEM_DUMP_DB_PREFIX:-idem_dump}
-src=${pfx}_src; dst_c=${pfx}_custom; dst_p=${pfx}_plain
-role=${pfx}_ops
+src=${pfx}_src; dst_c=${pfx}_custom; dst_p=${pfx}_plain; dst_n=${pfx}_norole
+role=${pfx}_ops; owner=${pfx}_owner; user=${pfx}_user
 tmp=""
 pgdsn=(-h "$(cluster_dir)" -p "$IDEM_PORT" -U postgres)
 
 cleanup() {
-  for db in $src $dst_c $dst_p; do psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true; done
-  psql_idem -q -d postgres -c "DROP ROLE IF EXISTS $role" >/dev/null 2>&1 || true
+  for db in $src $dst_c $dst_p $dst_n; do psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true; done
+  psql_idem -q -d postgres -c "DROP ROLE IF EXISTS $role, $owner, $user" >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 cleanup
 tmp=$(mktemp -d)
-for db in $src $dst_c $dst_p; do psql_idem -q -d postgres -c "CREATE DATABASE $db"; done
-psql_idem -q -d postgres -c "CREATE ROLE $role NOLOGIN"
+for db in $src $dst_c $dst_p $dst_n; do psql_idem -q -d postgres -c "CREATE DATABASE $db"; done
+psql_idem -q -d postgres -c "CREATE ROLE $role NOLOGIN" -c "CREATE ROLE $owner NOLOGIN" -c "CREATE ROLE $user NOLOGIN IN ROLE $owner"
 
 # The source database: one of everything.
 lease_token=$(psql_idem -q -d $src -At <<SQL | tail -1
 CREATE EXTENSION idem;
 SELECT idem_configure('pay', '2 days');
 SELECT idem_configure('short', '1 hour');
+SELECT idem_configure('owned', '3 hours');
+SELECT idem_set_owner('owned', '$owner');
 SELECT idem_define_machine('order', '{"CREATED":["PAID","CANCELLED"],"PAID":["SHIPPED"]}');
 SELECT idem_maintain();
 GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO $role;
@@ -113,5 +120,22 @@ verify() {
 }
 verify $dst_c
 verify $dst_p
+check $dst_c "owner role kept"         "$owner" "SELECT owner FROM idem.biz_types WHERE biz_type = 'owned'"
+check $dst_c "owner's member claims"   "t" "SET ROLE $user; SELECT claimed FROM idem_claim('o-1', 'owned')"
+
+# Restored where the owner role does not exist.
+psql_idem -q -d postgres -c "DROP ROLE $user, $owner"
+echo "verifying $dst_n (restored without role $owner)"
+"$PG_BIN/pg_restore" "${pgdsn[@]}" --exit-on-error -d $dst_n "$tmp/idem.dump" && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "  FAIL [$dst_n] pg_restore failed without the owner role"; }
+check $dst_n "other types' TTLs kept"   "2 days|01:00:00" "SELECT string_agg(ttl::text, '|' ORDER BY biz_type) FROM idem.biz_types WHERE biz_type IN ('pay', 'short')"
+check $dst_n "the type's TTL kept"      "03:00:00" "SELECT ttl FROM idem.biz_types WHERE biz_type = 'owned'"
+check $dst_n "claims restored"          "$before" "SELECT count(*) FROM idem.claims"
+check $dst_n "type closed"             "42501" "SET ROLE $role; SELECT claimed FROM idem_claim('o-2', 'owned')"
+msg=$("$PG_BIN/psql" -X -At "${pgdsn[@]}" -d $dst_n -c "SET ROLE $role" -c "SELECT claimed FROM idem_claim('o-2', 'owned')" 2>&1 | grep '^ERROR' || true)
+if [ "$msg" = "ERROR:  idem: permission denied for biz_type \"owned\": it is reserved for role \"$owner\", which does not exist on this server" ]; then
+  pass=$((pass + 1))
+else fail=$((fail + 1)); echo "  FAIL [$dst_n] the refusal names the missing role: $msg"; fi
+check $dst_n "a superuser opens it"     "t" "SELECT idem_set_owner('owned', NULL); SET ROLE $role; SELECT claimed FROM idem_claim('o-2', 'owned')"
 echo "dump/restore: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -88,7 +88,7 @@ CREATE FUNCTION idem_lookalike.key_hash(text, text) RETURNS bigint LANGUAGE sql 
 CREATE FUNCTION idem_lookalike.check_name(text, text) RETURNS void LANGUAGE sql AS 'SELECT';
 GRANT USAGE ON SCHEMA idem_lookalike TO PUBLIC;
 SQL
-    "$runner" --use-existing --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
+    "$runner" --use-existing --bindir="$PG_BIN" --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
       --inputdir="$input" --outputdir="$out/$name-$kind" --schedule="$schedule" --launcher="$out/launcher-$name-$kind.sh" \
       > "$out/$name-$kind.log" 2>&1 || true
     # pg_regress's "test x ... ok" (15), or TAP "ok 1 - x" / "not ok 1 - x" (16+).

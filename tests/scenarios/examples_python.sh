@@ -17,7 +17,8 @@ psql_idem -q -d $db -c "CREATE EXTENSION idem"
 
 export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
 t0=$(date +%s%N)
-(cd "$ROOT/examples/python-http" && "$IDEM_PY" demo.py --report "$report")
+# The program imports idem_http (clients/python) from the source tree.
+(cd "$ROOT/examples/python-http" && PYTHONPATH="$ROOT/clients/python/src" "$IDEM_PY" demo.py --report "$report")
 echo "program run: $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 
 # The database's side, compared with what the client saw.

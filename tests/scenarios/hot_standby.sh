@@ -6,7 +6,9 @@
 # replicated claims (committed outcomes, and in_progress for a claim whose
 # transaction is still open on the primary); every writer fails with 25006
 # and a hint to claim on the primary (0.2.0: an xid-assignment error). Both
-# storage paths.
+# storage paths. Then the primary is stopped hard and the standby promoted:
+# there, duplicates replay, a lease taken on the old primary is honoured
+# (its token finishes it, a caller without it gets ID003), new claims work.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
 pdir="$(cluster_dir)/standby/primary"
@@ -42,6 +44,7 @@ CREATE EXTENSION idem;
 BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"charge": 7}'); COMMIT;
 BEGIN; SELECT idem_claim('declined', 'pay'); SELECT idem_fail('declined', 'pay', '{"reason": "card"}'); COMMIT;
 SQL
+lease_token=$(primary -d standby -c "SELECT result->>'lease_token' FROM idem_claim('job', 'batch', lease => '1 hour')")
 # A claim whose transaction stays open on the primary. The holder signals
 # that it has claimed by taking an advisory lock the script can see.
 coproc HOLDER { primary -d standby; }
@@ -84,5 +87,22 @@ echo "COMMIT; SELECT 'committed';" >&"${HOLDER[1]}"
 while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = committed ] && break; done
 primary -q -d standby -c "SELECT idem_configure('sync.marker', '2 hours')"
 check "lookup after the primary committed" completed "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")"
+
+# Failover: the standby becomes the primary.
+kill "$holder" 2>/dev/null; holder=
+bash "$pgsh" failover "$pdir" "$rdir" >/dev/null
+check "promoted: out of recovery" f "$(replica -d standby -c "SELECT pg_is_in_recovery()")"
+for path in direct sql; do
+  replica -d postgres -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
+  check "promoted, $path: a duplicate replays" 'false|completed|{"charge": 7}' \
+    "$(replica -d standby -c "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('done', 'pay')")"
+  check "promoted, $path: the lease still runs" 'false|in_progress' \
+    "$(replica -d standby -c "SELECT claimed || '|' || state FROM idem_claim('job', 'batch')")"
+  check "promoted, $path: finishing the lease without its token" ID003 \
+    "$(replica -d standby -c '\set VERBOSITY sqlstate' -c "SELECT idem_checkpoint('job', 'batch', 'p')" 2>&1 | sed -n 's/^ERROR:  //p')"
+done
+check "promoted: the lease token finishes the lease" "completed" \
+  "$(replica -d standby -c "SELECT idem_complete('job', 'batch', '{\"done\": true}', lease_token => '$lease_token')" -c "SELECT state FROM idem_lookup('job', 'batch')" | tail -1)"
+check "promoted: a new claim" t "$(replica -d standby -c "SELECT claimed FROM idem_claim('after-failover', 'pay')")"
 echo "hot standby checks failed: $fails"
 [ "$fails" = 0 ]

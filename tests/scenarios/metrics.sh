@@ -145,16 +145,106 @@ expect "m2 stats_since moved" "$(q m2 "SELECT stats_since > '$before' FROM idem_
 expect "m1 pay untouched by m2's reset" "$(counters m1 pay)" "12|1|5|2|3|1|1|2|1|8|1|1"
 expect "health: metrics" "$(q m1 "SELECT severity || ' ' || value FROM idem_health WHERE check_name = 'metrics'")" "ok 4"
 
-say "more (database, biz_type) pairs than slots: the overflow row"
+say "an unprivileged role's rolled-back calls on invented types take no slot"
+# (On 0.3.0 each of these took a slot of the server's table until restart,
+# and the types used after them, in any database, got no row.)
+used=$(q m1 "SELECT slots_used FROM idem.metrics_info()")
+for db in m4 m5; do
+  pc_psql -q -d postgres -c "CREATE DATABASE $db"
+  pc_psql -q -d $db -c "CREATE EXTENSION idem" -c "SELECT idem_maintain()" >/dev/null
+done
+pc_psql -q -d postgres -c "CREATE ROLE nobody LOGIN"  # PUBLIC's rights, nothing more
+expect "nobody has no grants" "$(q m4 "SELECT count(*) FROM information_schema.role_routine_grants WHERE grantee = 'nobody'")" 0
+{
+  # 3000 ID003 refusals (each statement rolls back), 500 claims rolled
+  # back, and in one transaction that commits, 1000 claims each undone by
+  # a rollback to its savepoint (a PL/pgSQL exception block).
+  echo '\set ON_ERROR_STOP off'
+  for i in $(seq 1 3000); do echo "SELECT idem_complete('k', 'random-$i');"; done
+  for i in $(seq 1 500); do echo "BEGIN; SELECT idem_claim('k', 'undone-$i'); ROLLBACK;"; done
+  echo "DO \$\$ BEGIN FOR i IN 1..1000 LOOP BEGIN PERFORM idem_claim('k', 'sp-' || i); RAISE EXCEPTION 'undo'; EXCEPTION WHEN raise_exception THEN NULL; END; END LOOP; END \$\$;"
+} | pc_psql -q -d m4 -U nobody >/dev/null 2>"$PC_DIR/nobody.err"
+expect "nobody's refusals were ID003" "$(grep -c 'is not claimed by this transaction' "$PC_DIR/nobody.err")" 3000
+expect "m4: no row of an invented type" "$(q m4 "SELECT count(*) FROM idem_metrics WHERE biz_type <> '(other types)'")" 0
+expect "m4 (other types) counts them" "$(counters m4 '(other types)')" "1500|0|0|0|0|0|0|3000|0|0|0|0"
+expect "slots: one, m4's (other types) row" "$(q m1 "SELECT slots_used FROM idem.metrics_info()")" $((used + 1))
+expect "health in m4: ok" "$(q m4 "SELECT severity FROM idem_health WHERE check_name = 'metrics'")" ok
+pc_psql -q -d m5 -U nobody >/dev/null <<'SQL'
+SELECT idem_claim('r1', 'real'); SELECT idem_claim('r2', 'real'); SELECT idem_claim('r1', 'real');
+SQL
+expect "a real type in another database gets its row" "$(counters m5 real)" "2|0|1|0|0|0|0|0|0|0|0|0"
+q m4 "BEGIN; SELECT idem_claim('a', 'used'); SELECT idem_complete('a', 'used'); COMMIT" >/dev/null
+expect "and one in m4 itself" "$(counters m4 used)" "1|0|0|0|0|0|0|0|0|1|0|0"
+# A type's first calls: kept until the transaction ends, then its row (a
+# commit), also for the rolled-back claim before it in the same session.
+q m4 "BEGIN; SELECT idem_claim('a', 'late'); COMMIT" >/dev/null
+pc_psql -q -d m4 >/dev/null 2>&1 <<'SQL' || true
+BEGIN; SELECT idem_claim('b', 'late'); ROLLBACK;
+SELECT idem_complete('never', 'late');
+SQL
+expect "m4 late (a commit, then a rollback and an ID003 on an existing type)" "$(counters m4 late)" "2|0|0|0|0|0|0|1|0|0|0|0"
+
+say "a type with no claim left gives its slot back (idem.metrics_reclaim)"
+q m4 "SELECT idem_forget('a', 'used')" >/dev/null
+expect "idem.metrics_reclaim(true) frees 1" "$(q m4 "SELECT idem.metrics_reclaim(true)")" 1
+expect "m4: no row for used" "$(q m4 "SELECT count(*) FROM idem_metrics WHERE biz_type = 'used'")" 0
+expect "its counts moved to (other types)" "$(counters m4 '(other types)')" "1501|0|0|0|0|0|0|3000|0|1|0|0"
+expect "late keeps its row (it has a claim)" "$(counters m4 late)" "2|0|0|0|0|0|0|1|0|0|0|0"
+err=$(pc_psql -d m4 -U nobody -c "SELECT idem.metrics_reclaim(true)" 2>&1 || true)
+[[ "$err" == *"permission denied"* ]] && echo "ok: idem.metrics_reclaim is not for PUBLIC" || fail "reclaim as nobody: $err"
+
+say "a dropped database gives its slots back"
+used=$(q m1 "SELECT slots_used FROM idem.metrics_info()")
+pc_psql -q -d postgres -c "CREATE DATABASE m6"
+pc_psql -q -d m6 -c "CREATE EXTENSION idem" -c "SELECT idem_maintain()" >/dev/null
+q m6 "SELECT count(idem_claim('k', 'd' || i)) FROM generate_series(1, 3) i" >/dev/null
+expect "m6 took 3 slots" "$(q m1 "SELECT slots_used FROM idem.metrics_info()")" $((used + 3))
+pc_psql -q -d postgres -c "DROP DATABASE m6"
+q m1 "SELECT idem_maintain()" >/dev/null
+expect "idem_maintain gave them back" "$(q m1 "SELECT slots_used FROM idem.metrics_info()")" $used
+
+say "one database holds at most its share of the slots: its (other types) row"
 used=$(q m3 "SELECT slots_used FROM idem.metrics_info()")
-slots=$(q m3 "SELECT slots FROM idem.metrics_info()")
+share=$(q m3 "SELECT share FROM idem.metrics_database()")
+expect "share" "$share" 256
 q m3 "SELECT count(idem_claim('k', 't' || i)) FROM generate_series(1, 1100) i" >/dev/null
-room=$((slots - used))
-expect "m3 types with a row of their own" "$(q m3 "SELECT count(*) FROM idem_metrics WHERE biz_type IS NOT NULL")" $room
-expect "the overflow row's claims" "$(q m3 "SELECT claims FROM idem_metrics WHERE biz_type IS NULL")" $((1100 - room))
-expect "the overflow row says so" "$(q m3 "SELECT note LIKE 'overflow: more (database, biz_type) pairs than the 1024%' FROM idem_metrics WHERE biz_type IS NULL")" t
-expect "health: metrics" "$(q m3 "SELECT severity FROM idem_health WHERE check_name = 'metrics'")" warning
-expect "m1 counts the overflow row too (all databases)" "$(q m1 "SELECT claims FROM idem_metrics WHERE biz_type IS NULL")" $((1100 - room))
+room=$((share - 1))  # the share keeps one slot for (other types)
+expect "m3 types with a row of their own" "$(q m3 "SELECT count(*) FROM idem_metrics WHERE biz_type <> '(other types)'")" $room
+expect "m3 (other types) claims" "$(q m3 "SELECT claims FROM idem_metrics WHERE biz_type = '(other types)'")" $((1100 - room))
+expect "its note says the share was full" "$(q m3 "SELECT note LIKE '%share of 256 slots full%' FROM idem_metrics WHERE biz_type = '(other types)'")" t
+expect "m3 holds its share" "$(q m3 "SELECT slots_used FROM idem.metrics_database()")" $share
+expect "the table has room for the others" "$(q m3 "SELECT slots_used FROM idem.metrics_info()")" $((used + share))
+expect "health in m3: warning" "$(q m3 "SELECT severity FROM idem_health WHERE check_name = 'metrics'")" warning
+expect "health in m1: ok" "$(q m1 "SELECT severity FROM idem_health WHERE check_name = 'metrics'")" ok
+expect "no global overflow row" "$(q m1 "SELECT count(*) FROM idem_metrics WHERE biz_type IS NULL")" 0
+q m3 "SELECT idem_maintain()" >/dev/null
+expect "types with claims keep their slots" "$(q m3 "SELECT slots_used FROM idem.metrics_database()")" $share
+q m3 "SELECT count(idem_forget('k', 't' || i)) FROM generate_series(1, 1100) i" >/dev/null
+q m3 "SELECT idem_maintain()" >/dev/null
+expect "idem_maintain frees the slots of types with no claim left" "$(q m3 "SELECT slots_used FROM idem.metrics_database()")" 1
+expect "m3's totals never went back: (other types) has them all" "$(q m3 "SELECT claims FROM idem_metrics WHERE biz_type = '(other types)'")" 1100
+q m3 "SELECT idem_claim('k', 't1')" >/dev/null
+expect "t1 claims again: a new row, counting from 0" "$(counters m3 t1)" "1|0|0|0|0|0|0|0|0|0|0|0"
+
+say "the whole table full: the overflow row, all databases together"
+i=0
+while [ "$(q m1 "SELECT slots_used FROM idem.metrics_info()")" -lt 1024 ]; do
+  i=$((i + 1))
+  pc_psql -q -d postgres -c "CREATE DATABASE f$i"
+  pc_psql -q -d f$i -c "CREATE EXTENSION idem" -c "SELECT idem_maintain()" >/dev/null
+  q f$i "SELECT count(idem_claim('k', 't' || i)) FROM generate_series(1, 300) i" >/dev/null
+done
+pc_psql -q -d postgres -c "CREATE DATABASE flast"
+pc_psql -q -d flast -c "CREATE EXTENSION idem" -c "SELECT idem_maintain()" >/dev/null
+q flast "SELECT count(idem_claim('k', 't' || i)) FROM generate_series(1, 5) i" >/dev/null
+expect "flast: no row of its own" "$(q flast "SELECT count(*) FROM idem_metrics WHERE biz_type IS NOT NULL")" 0
+expect "the overflow row's claims" "$(q flast "SELECT claims FROM idem_metrics WHERE biz_type IS NULL")" 5
+expect "the overflow row says so" "$(q flast "SELECT note LIKE 'overflow: all 1024 (database, biz_type) slots%' FROM idem_metrics WHERE biz_type IS NULL")" t
+expect "health: metrics" "$(q flast "SELECT severity FROM idem_health WHERE check_name = 'metrics'")" warning
+expect "m1 sees the overflow row too (all databases)" "$(q m1 "SELECT claims FROM idem_metrics WHERE biz_type IS NULL")" 5
+pc_psql -q -d postgres -c "DROP DATABASE f$i"
+q flast "SELECT count(idem_claim('k', 'u' || i)) FROM generate_series(1, 2) i" >/dev/null
+expect "a dropped database's slots, released when the table is full" "$(counters flast u1)" "1|0|0|0|0|0|0|0|0|0|0|0"
 
 say "a restart empties the counters (statistics, like pg_stat_*)"
 pc_restart

@@ -36,7 +36,7 @@ run() { # name runner db schedule inputdir [psql setup]
   shift 5
   psql_sql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
   [ $# -gt 0 ] && psql_sql -d "$db" "$@"
-  if ! "$runner" --use-existing --host="$dir" --port=$PORT --user=postgres --dbname="$db" \
+  if ! "$runner" --use-existing --bindir="$PG_BIN" --host="$dir" --port=$PORT --user=postgres --dbname="$db" \
       --inputdir="$input" --outputdir="$out/$name" --schedule="$schedule" > "$out/$name.log" 2>&1; then
     fails=$((fails + 1))
     cat "$out/$name/regression.diffs" 2>/dev/null | head -150

@@ -23,6 +23,9 @@ fails=0
 fresh() { psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"; }
 
 fresh idem_upgrade_fresh
+psql_idem -q -d postgres -c "DROP ROLE IF EXISTS upgrade_member, upgrade_owner, upgrade_stranger" \
+  -c "CREATE ROLE upgrade_owner NOLOGIN" -c "CREATE ROLE upgrade_member NOLOGIN IN ROLE upgrade_owner" -c "CREATE ROLE upgrade_stranger NOLOGIN"
+trap 'rm -rf "$work"; psql_idem -q -d postgres -c "DROP ROLE IF EXISTS upgrade_member, upgrade_owner, upgrade_stranger" >/dev/null 2>&1' EXIT
 psql_idem -q -d idem_upgrade_fresh -c "CREATE EXTENSION idem"
 psql_idem -At -d idem_upgrade_fresh -f "$ROOT/tests/upgrade/schema.sql" > "$work/fresh.txt"
 echo "fresh $current install: $(grep -c '^[a-z]' "$work/fresh.txt") description lines"
@@ -55,6 +58,11 @@ INSERT INTO orders VALUES (1, 'CREATED');
 UPDATE orders SET status = 'PAID' WHERE id = 1;
 CREATE TABLE tok AS SELECT idem_issue_token('form') AS t;
 SQL
+  # Versions with owner roles (0.3.0: stored as a regrole) reserve a type.
+  has_owner=$(psql_idem -At -d "$db" -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_set_owner'")
+  if [ "$has_owner" = 1 ]; then
+    psql_idem -q -d "$db" -c "SELECT idem_configure('owned', '5 hours')" -c "SELECT idem_set_owner('owned', 'upgrade_owner')" >/dev/null
+  fi
   psql_idem -q -d "$db" -c "ALTER EXTENSION idem UPDATE"
   out=$(psql_idem -At -d "$db" <<'SQL'
 SELECT 'version=' || extversion FROM pg_extension WHERE extname = 'idem';
@@ -85,6 +93,15 @@ SQL
     grep -qxF "$want" <<<"$out" || { echo "FAIL: after the upgrade from $old, expected '$want'"; fails=$((fails + 1)); }
   done
   grep -q "ERROR" <<<"$guard" || { echo "FAIL: guard did not refuse a repeated transition after the upgrade"; fails=$((fails + 1)); }
+  if [ "$has_owner" = 1 ]; then
+    owned=$(psql_idem -At -d "$db" -c "SELECT owner || '/' || ttl FROM idem.biz_types WHERE biz_type = 'owned'")
+    stranger=$(psql_idem -At -d "$db" -c "SET ROLE upgrade_stranger" -c "SELECT idem_claim('o', 'owned')" 2>&1 | grep -o 'permission denied for biz_type "owned"' || true)
+    member=$(psql_idem -At -d "$db" -c "SET ROLE upgrade_member" -c "SELECT claimed FROM idem_claim('o', 'owned')" 2>&1 | tail -1)
+    echo "  owner kept: $owned; stranger: $stranger; member claims: $member"
+    [ "$owned" = "upgrade_owner/05:00:00" ] || { echo "FAIL: the type's owner and TTL after the upgrade: $owned"; fails=$((fails + 1)); }
+    [ -n "$stranger" ] || { echo "FAIL: a non-member used the reserved type after the upgrade"; fails=$((fails + 1)); }
+    [ "$member" = t ] || { echo "FAIL: the owner's member could not claim after the upgrade: $member"; fails=$((fails + 1)); }
+  fi
 
   psql_idem -At -d "$db" -f "$ROOT/tests/upgrade/schema.sql" > "$work/upgraded-$old.txt"
   if diff -u "$work/fresh.txt" "$work/upgraded-$old.txt" > "$work/diff-$old.txt"; then

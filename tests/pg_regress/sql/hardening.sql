@@ -122,4 +122,61 @@ SELECT claimed FROM idem_claim('dmg-1', 'dmg', lease => '1 hour');
 UPDATE idem.claims SET result = result - 'lease_until_us' WHERE biz_type = 'dmg';
 SELECT regexp_replace(pg_temp.try($$SELECT idem_claim('dmg-1', 'dmg')$$), 'damaged: .*', 'damaged: ...') AS damaged;
 
+-- 13. A reserved type is configured and handed on only by its owner's
+--     members, even by a role granted idem_configure and idem_set_owner;
+--     an owner role that is gone (dropped, or missing where a dump was
+--     restored) admits superusers only and is named in the message.
+SELECT idem_configure('own.res', '1 hour');
+SELECT idem_set_owner('own.res', 'regress_idem_payments');
+GRANT EXECUTE ON FUNCTION idem_configure(text, interval), idem_set_owner(text, regrole) TO regress_idem_mallory, regress_idem_alice;
+SET ROLE regress_idem_mallory;
+SELECT pg_temp.try($$SELECT idem_configure('own.res', '1 second')$$);
+SELECT pg_temp.try($$SELECT idem_set_owner('own.res', 'regress_idem_mallory')$$);
+SELECT pg_temp.try($$SELECT idem_configure('own.open', '2 hours')$$);
+RESET ROLE;
+SELECT biz_type, to_char(ttl, 'HH24:MI:SS') AS ttl, owner FROM idem.biz_types WHERE biz_type IN ('own.res', 'own.open') ORDER BY 1;
+SET ROLE regress_idem_alice;
+SELECT pg_temp.try($$SELECT idem_configure('own.res', '3 hours')$$);
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval), idem_set_owner(text, regrole) FROM regress_idem_mallory, regress_idem_alice;
+CREATE ROLE regress_idem_gone NOLOGIN;
+GRANT regress_idem_gone TO regress_idem_alice;
+SELECT idem_set_owner('own.gone', 'regress_idem_gone');
+DROP ROLE regress_idem_gone;
+SET ROLE regress_idem_alice;
+SELECT pg_temp.try($$SELECT idem_claim('g-1', 'own.gone')$$);
+RESET ROLE;
+SELECT claimed, state FROM idem_claim('g-1', 'own.gone');
+SELECT idem_set_owner('own.gone', NULL);
+SET ROLE regress_idem_alice;
+SELECT claimed, state FROM idem_claim('g-1', 'own.gone');
+RESET ROLE;
+
+-- 14. Parallel query: a writer reached from a parallel worker (through a
+--     wrapper its author marked PARALLEL SAFE) refuses with 25000, as an
+--     INSERT there does (0.3.0: XX000, "cannot assign XIDs during a
+--     parallel operation"). idem's own functions carry the labels that
+--     keep the planner from doing that: only pure readers are SAFE.
+CREATE FUNCTION pg_temp.claim_in_worker(k text) RETURNS text PARALLEL SAFE LANGUAGE sql
+    AS $$ SELECT state FROM idem_claim(k, 'par') $$;
+CREATE FUNCTION pg_temp.complete_in_worker(k text) RETURNS text PARALLEL SAFE LANGUAGE sql
+    AS $$ SELECT idem_complete(k, 'par')::text $$;
+SET max_parallel_workers_per_gather = 2;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
+                       THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'on', false) AS forced;
+SELECT pg_temp.try($$SELECT pg_temp.claim_in_worker('p-1')$$);
+SELECT pg_temp.try($$SELECT pg_temp.complete_in_worker('p-1')$$);
+SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
+                       THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'off', false) AS unforced;
+RESET max_parallel_workers_per_gather;
+RESET parallel_setup_cost;
+RESET parallel_tuple_cost;
+SELECT count(*) AS rows_written FROM idem.claims WHERE biz_type = 'par';
+SELECT p.oid::regprocedure AS function, p.proparallel
+  FROM pg_proc p JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idem') AND p.proparallel <> 'u'
+ ORDER BY p.oid::regprocedure::text;
+
 DROP ROLE regress_idem_payments, regress_idem_alice, regress_idem_mallory;

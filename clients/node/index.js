@@ -1,0 +1,45 @@
+'use strict';
+const { Idem, replay, storedResponse } = require('./lib/core');
+const { expressMiddleware, expressErrorHandler } = require('./lib/express');
+const { idemFastify } = require('./lib/fastify');
+const { canonicalJson, canonicalRequest, fingerprint } = require('./lib/fingerprint');
+const { isTransient, isConnectionError, TRANSIENT_SQLSTATES } = require('./lib/errors');
+
+// The integrations as methods, so that one object carries the pool and the
+// defaults: idem.express({...}), idem.expressErrorHandler(), idem.fastify.
+Idem.prototype.express = function express(options) {
+  return expressMiddleware(this, options);
+};
+Idem.prototype.expressErrorHandler = function errorHandler() {
+  return expressErrorHandler(this);
+};
+Object.defineProperty(Idem.prototype, 'fastify', {
+  get() {
+    const idem = this;
+    const plugin = (fastify, opts, done) => idemFastify(fastify, { ...opts, idem }, done);
+    plugin[Symbol.for('skip-override')] = true;
+    plugin[Symbol.for('fastify.display-name')] = 'idem-pg';
+    return plugin;
+  },
+});
+
+/** createIdem({ pool, ...defaults }): the entry point. */
+function createIdem(options) {
+  return new Idem(options);
+}
+
+module.exports = {
+  createIdem,
+  Idem,
+  idemFastify,
+  expressMiddleware,
+  expressErrorHandler,
+  canonicalJson,
+  canonicalRequest,
+  fingerprint,
+  isTransient,
+  isConnectionError,
+  TRANSIENT_SQLSTATES,
+  replay,
+  storedResponse,
+};

@@ -1,0 +1,113 @@
+"""The asynchronous API (psycopg's AsyncConnection): the same claim as
+`idem_http.claim`, as an async context manager.
+
+    async with idem_http.aio.claim(conn, key, "orders.create", fingerprint=fp) as c:
+        if not c.claimed:
+            ...                                   # c.replay, or 409 for in_progress
+        await conn.execute("INSERT INTO orders ...")
+        await c.complete({"status": 201, "body": ...})
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional
+
+import psycopg
+
+from . import _sql
+from .claim import ClaimState
+from .errors import ClaimNotFinished, classify
+
+
+class AsyncClaim(ClaimState):
+    """A claim made by `aio.claim()`; finish it with complete() or fail()."""
+
+    _conn: psycopg.AsyncConnection[Any]
+
+    async def _run(self, sql: str, params: tuple[Any, ...]) -> None:
+        try:
+            if self.lease:
+                async with self._conn.transaction():
+                    await self._conn.execute(sql, params)
+            else:
+                await self._conn.execute(sql, params)
+        except Exception as e:
+            err = classify(e)
+            if err is not None and err is not e:
+                raise err from e
+            raise
+
+    async def complete(self, result: Any = None) -> None:
+        """Store the outcome; duplicates get it back."""
+        self._require_claimed("complete")
+        await self._run(_sql.COMPLETE, (self.key, self.biz_type, _sql.to_json(result), self.lease_token))
+        self.finished = "completed"
+
+    async def fail(self, error: Any) -> None:
+        """Store a deterministic business failure; duplicates get it back."""
+        self._require_claimed("fail")
+        await self._run(_sql.FAIL, (self.key, self.biz_type, _sql.to_json(error), self.lease_token))
+        self.finished = "failed"
+
+    async def checkpoint(self, point: str, data: Any = None) -> None:
+        """Lease mode: record a recovery point and renew the lease (part of
+        the caller's open transaction, if any; else committed at once)."""
+        if not self.lease:
+            raise ValueError("checkpoint() needs a claim made with a lease")
+        self._require_claimed("checkpoint")
+        await self._run(_sql.CHECKPOINT, (self.key, self.biz_type, point, _sql.to_json(data), self.lease_token))
+
+    def _require_claimed(self, what: str) -> None:
+        if not self.claimed:
+            raise ValueError(f"{what}() on a claim this request did not make (state {self.state})")
+        if self.finished:
+            raise ValueError(f"{what}() on a claim already {self.finished}")
+
+
+async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str, *,
+                    fingerprint: Optional[str], wait: bool, ttl: Optional[str], lease: Optional[str],
+                    lock_timeout: Optional[str]) -> AsyncClaim:
+    """Run idem_claim in the connection's current transaction."""
+    saved = None
+    if lock_timeout is not None:
+        saved = await (await conn.execute(_sql.LOCK_TIMEOUT, (lock_timeout,))).fetchone()
+    cur = await conn.execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+    row = await cur.fetchone()
+    if saved is not None:
+        await conn.execute(_sql.RESTORE_LOCK_TIMEOUT, (saved[0],))
+    if row is None:
+        raise RuntimeError("idem_claim returned no row")
+    c = AsyncClaim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),
+                   result=_sql.from_json(row[2]), lease=lease)
+    c._conn = conn
+    return c
+
+
+@asynccontextmanager
+async def claim(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str, *,
+                fingerprint: Optional[str] = None, wait: bool = True, ttl: Optional[str] = None,
+                lease: Optional[str] = None, lock_timeout: Optional[str] = None) -> AsyncIterator[AsyncClaim]:
+    """Claim (biz_type, key) in a transaction on `conn` that this block owns;
+    see `idem_http.claim`."""
+    try:
+        if lease is None:
+            async with conn.transaction():
+                c = await claim_row(conn, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl, lease=None,
+                                    lock_timeout=lock_timeout)
+                yield c
+                if c.claimed and c.finished is None:
+                    raise ClaimNotFinished(f"claim ({biz_type}, {key}) neither completed nor failed: rolled back")
+        else:
+            async with conn.transaction():
+                c = await claim_row(conn, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl, lease=lease,
+                                    lock_timeout=lock_timeout)
+            yield c
+            if c.claimed and c.finished is None:
+                raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
+                                       "its lease runs out and a retry takes over")
+    except Exception as e:
+        err = classify(e)
+        if err is not None and err is not e:
+            raise err from e
+        raise

@@ -1,0 +1,213 @@
+"""The synchronous API: a claim as a context manager that owns a transaction
+on a connection, and the request engine the sync integrations (Django,
+SQLAlchemy) share.
+
+    with idem_http.claim(conn, "tenant-a:" + key, "orders.create", fingerprint=fp) as c:
+        if not c.claimed:
+            return c.replay            # or 409 for c.state == "in_progress"
+        conn.execute("INSERT INTO orders ...")
+        c.complete({"status": 201, "body": ...})
+    # committed here: the order and its stored response, or neither
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterator, Optional, TypeVar, Union, cast
+
+import psycopg
+
+from . import _sql
+from .claim import ClaimState
+from .errors import ClaimNotFinished, FingerprintMismatch, TransientFailure, classify
+from .policy import Policy, RequestInfo, Response, Route
+
+#: Runs one statement with positional parameters, returns its first row.
+Execute = Callable[[str, tuple[Any, ...]], Optional[tuple[Any, ...]]]
+#: Opens a transaction (or joins none): a context manager that commits on a
+#: normal exit and rolls back on an exception.
+TransactionFactory = Callable[[], ContextManager[Any]]
+T = TypeVar("T")
+
+
+class Claim(ClaimState):
+    """A claim made by `claim()`; finish it with complete() or fail() before
+    the block ends."""
+
+    _execute: Execute
+    _transaction: Optional[TransactionFactory]
+
+    def _run(self, sql: str, params: tuple[Any, ...]) -> None:
+        if self.lease and self._transaction is not None:
+            # Lease mode: the claim committed already; each call is its own
+            # transaction, or part of the caller's open one.
+            with self._transaction():
+                self._execute(sql, params)
+        else:
+            self._execute(sql, params)
+
+    def complete(self, result: Any = None) -> None:
+        """Store the outcome (a JSON-serialisable value); duplicates get it back."""
+        self._require_claimed("complete")
+        self._run(_sql.COMPLETE, (self.key, self.biz_type, _sql.to_json(result), self.lease_token))
+        self.finished = "completed"
+
+    def fail(self, error: Any) -> None:
+        """Store a deterministic business failure; duplicates get it back."""
+        self._require_claimed("fail")
+        self._run(_sql.FAIL, (self.key, self.biz_type, _sql.to_json(error), self.lease_token))
+        self.finished = "failed"
+
+    def checkpoint(self, point: str, data: Any = None) -> None:
+        """Lease mode: record a recovery point (and renew the lease). Inside
+        a transaction the handler opened, it commits with that transaction's
+        business writes; else at once."""
+        if not self.lease:
+            raise ValueError("checkpoint() needs a claim made with a lease")
+        self._require_claimed("checkpoint")
+        self._run(_sql.CHECKPOINT, (self.key, self.biz_type, point, _sql.to_json(data), self.lease_token))
+
+    def _require_claimed(self, what: str) -> None:
+        if not self.claimed:
+            raise ValueError(f"{what}() on a claim this request did not make (state {self.state})")
+        if self.finished:
+            raise ValueError(f"{what}() on a claim already {self.finished}")
+
+
+def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key: str, biz_type: str,
+                row: Optional[tuple[Any, ...]], lease: Optional[str]) -> Claim:
+    if row is None:
+        raise RuntimeError("idem_claim returned no row")
+    c = Claim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),
+              result=_sql.from_json(row[2]), lease=lease)
+    c._execute = execute
+    c._transaction = transaction
+    return c
+
+
+def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str],
+               wait: bool, lease: Optional[str], lock_timeout: Optional[str]) -> Optional[tuple[Any, ...]]:
+    if lock_timeout is None:
+        return execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+    saved = execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
+    row = execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+    execute(_sql.RESTORE_LOCK_TIMEOUT, (saved[0] if saved else "0",))
+    return row
+
+
+def _reraise(e: BaseException) -> None:
+    err = classify(e)
+    if err is not None and err is not e:
+        raise err from e
+
+
+@contextmanager
+def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_type: str, *,
+             fingerprint: Optional[str] = None, wait: bool = True, ttl: Optional[str] = None,
+             lease: Optional[str] = None, lock_timeout: Optional[str] = None) -> Iterator[Claim]:
+    """claim() for any transaction and statement runner (Django's atomic and
+    cursor, SQLAlchemy's session): the building block of the integrations."""
+    try:
+        if lease is None:
+            with transaction():
+                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, None, lock_timeout)
+                c = _make_claim(execute, None, key, biz_type, row, None)
+                yield c
+                if c.claimed and c.finished is None:
+                    raise ClaimNotFinished(f"claim ({biz_type}, {key}) neither completed nor failed: rolled back")
+        else:
+            # Lease mode: the claim commits first; the work runs outside
+            # this transaction (external calls), finished with the token.
+            with transaction():
+                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
+            c = _make_claim(execute, transaction, key, biz_type, row, lease)
+            yield c
+            if c.claimed and c.finished is None:
+                raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
+                                       "its lease runs out and a retry takes over")
+    except Exception as e:
+        _reraise(e)
+        raise
+
+
+@contextmanager
+def claim(conn: psycopg.Connection[Any], key: str, biz_type: str, *, fingerprint: Optional[str] = None,
+          wait: bool = True, ttl: Optional[str] = None, lease: Optional[str] = None,
+          lock_timeout: Optional[str] = None) -> Iterator[Claim]:
+    """Claim (biz_type, key) in a transaction on `conn` that this block owns.
+
+    The block's writes on `conn`, the claim and the stored outcome commit
+    together at its end, or roll back together on an exception (then a retry
+    runs again). Raises FingerprintMismatch (ID001) and TransientFailure
+    (40001, 40P01, 55P03, 57014, a lost connection). With `lease`, the claim
+    commits at once and complete()/fail()/checkpoint() pass its token."""
+
+    def execute(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
+        return conn.execute(sql, params).fetchone()
+
+    with claim_in(conn.transaction, execute, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl,
+                  lease=lease, lock_timeout=lock_timeout) as c:
+        yield c
+
+
+class _Rollback(Exception):
+    def __init__(self, native: Any) -> None:
+        super().__init__("not stored: rolled back")
+        self.native = native
+
+
+def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transaction: TransactionFactory,
+                   execute: Execute, call: Callable[[Optional[Claim]], T],
+                   describe: Callable[[T], Response]) -> Union[Response, T]:
+    """One request, the whole mapping: 400 for a missing key, claim, replay or
+    409, run `call` in the claim's transaction, store what `describe` says
+    it answered (2xx with idem_complete, 4xx with idem_fail, by default) or
+    roll back (5xx), 422 for ID001, 503 for transient failures. Returns our
+    own Response, or what `call` returned."""
+    raw = info.header(policy.header)
+    key = policy.parse_key(raw)
+    if key is None and not (raw is None and not route.key_required):
+        return policy.missing_key(raw)
+    try:
+        if key is None:
+            # An optional key, absent: the handler runs without a claim, in
+            # a transaction all the same (committed unless it answers 5xx).
+            with transaction():
+                native = call(None)
+                if not policy.store_status(describe(native).status):
+                    raise _Rollback(native)
+            return native
+        scoped = policy.scoped_key(key, info)
+        wait = policy.wait if route.wait is None else route.wait
+        with claim_in(transaction, execute, scoped, route.biz_type, fingerprint=policy.fingerprint_of(info, route),
+                      wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
+            if not c.claimed:
+                answer = policy.in_progress() if c.state == "in_progress" else policy.replay(c.replay)
+            else:
+                native = call(c)
+                resp = describe(native)
+                if not policy.store_status(resp.status):
+                    raise _Rollback(native)
+                if len(resp.body) > policy.max_stored_body:
+                    resp.body_stored = False
+                doc = resp.to_document(policy.stored_headers)
+                if resp.status < 400:
+                    c.complete(doc)
+                else:
+                    c.fail(doc)
+                policy.phase("before_commit", info)
+        if c.claimed:
+            policy.phase("after_commit", info)
+            return native
+        return answer
+    except _Rollback as r:
+        return cast(T, r.native)
+    except FingerprintMismatch:
+        return policy.mismatch()
+    except TransientFailure as e:
+        return policy.unavailable(e.sqlstate)
+    except Exception as e:
+        err = classify(e)  # the no-key path's errors come unclassified
+        if isinstance(err, TransientFailure):
+            return policy.unavailable(err.sqlstate)
+        raise

@@ -1,0 +1,68 @@
+"""SQLAlchemy (2.0) sessions on psycopg 3 ("postgresql+psycopg://"): the claim
+in the session's transaction, so the session's ORM writes, the claim and the
+stored outcome commit together.
+
+    with Session(engine) as session:
+        with idem_http.sqlalchemy.claim(session, key, "orders.create", fingerprint=fp) as c:
+            if not c.claimed:
+                return c.replay
+            session.add(Order(...))
+            session.flush()
+            c.complete({"status": 201, "body": ...})
+        # committed: the order, the claim and its stored response
+
+`handle_request(session, policy, route, info, call, describe)` runs the whole
+HTTP mapping (400/409/422/503, replay, store or roll back) for a web
+framework of your own on a session.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
+
+from sqlalchemy.orm import Session
+
+from . import core
+from .core import Claim
+from .policy import Policy, RequestInfo, Response, Route
+
+T = TypeVar("T")
+
+
+def _execute(session: Session) -> core.Execute:
+    def execute(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
+        session.flush()  # the ORM's pending writes go first, in order
+        row = session.connection().exec_driver_sql(sql, params).fetchone()
+        return None if row is None else tuple(row)
+
+    return execute
+
+
+def _transaction(session: Session) -> core.TransactionFactory:
+    def begin() -> Any:
+        # A transaction the block owns; a session already in one is a
+        # mistake (its earlier writes would commit with the claim).
+        if session.in_transaction():
+            raise RuntimeError("the session is already in a transaction: claim first, in a fresh one")
+        return session.begin()
+
+    return begin
+
+
+@contextmanager
+def claim(session: Session, key: str, biz_type: str, *, fingerprint: Optional[str] = None, wait: bool = True,
+          ttl: Optional[str] = None, lease: Optional[str] = None,
+          lock_timeout: Optional[str] = None) -> Iterator[Claim]:
+    """idem_http.claim() on a session: the block owns the session's transaction."""
+    with core.claim_in(_transaction(session), _execute(session), key, biz_type, fingerprint=fingerprint,
+                       wait=wait, ttl=ttl, lease=lease, lock_timeout=lock_timeout) as c:
+        yield c
+
+
+def handle_request(session: Session, policy: Policy, route: Route, info: RequestInfo,
+                   call: Callable[[Optional[Claim]], T], describe: Callable[[T], Response]) -> Union[Response, T]:
+    """The HTTP mapping on a session (see idem_http.core.handle_request)."""
+    out = core.handle_request(policy, route, info, transaction=_transaction(session), execute=_execute(session),
+                              call=call, describe=describe)
+    return out

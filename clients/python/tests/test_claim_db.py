@@ -1,0 +1,121 @@
+"""The core claim API (sync and async) against a real PostgreSQL with idem
+(directly, or through PgBouncer in transaction mode: no prepared statements):
+
+    python tests/test_claim_db.py "host=... port=... dbname=... user=..."
+
+Each check prints ok/FAIL; exits 1 on a failure. Uses whichever idem_http
+is installed."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from typing import Any
+
+import psycopg
+
+import idem_http
+import idem_http.aio
+from idem_http import ClaimNotFinished, FingerprintMismatch
+
+CONNINFO = sys.argv[1] if len(sys.argv) > 1 else ""
+RUN = uuid.uuid4().hex[:8]
+failures: list[str] = []
+
+
+def check(cond: bool, msg: str) -> None:
+    print(("ok   " if cond else "FAIL ") + msg, flush=True)
+    if not cond:
+        failures.append(msg)
+
+
+def count(conn: psycopg.Connection[Any], key: str) -> int:
+    row = conn.execute("SELECT count(*) FROM claim_api_rows WHERE k = %s", (key,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def sync_checks() -> None:
+    with psycopg.connect(CONNINFO, autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS claim_api_rows (k text)")
+        key = f"{RUN}-sync"
+        with idem_http.claim(conn, key, "api.sync", fingerprint="fp1") as c:
+            first = c.claimed
+            conn.execute("INSERT INTO claim_api_rows VALUES (%s)", (key,))
+            c.complete({"status": 201, "body": "made"})
+        with idem_http.claim(conn, key, "api.sync", fingerprint="fp1") as d:
+            pass
+        check(first and not d.claimed and d.state == "completed" and d.replay is not None
+              and d.replay.body == b"made" and count(conn, key) == 1,
+              "sync: claim, write, complete; the duplicate reads the stored response")
+        try:
+            with idem_http.claim(conn, key, "api.sync", fingerprint="fp2"):
+                pass
+            check(False, "sync: another fingerprint raised nothing")
+        except FingerprintMismatch:
+            check(conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE,
+                  "sync: another fingerprint raises FingerprintMismatch, the transaction rolled back")
+        key2 = f"{RUN}-unfinished"
+        try:
+            with idem_http.claim(conn, key2, "api.sync"):
+                conn.execute("INSERT INTO claim_api_rows VALUES (%s)", (key2,))
+            check(False, "sync: a block without complete() raised nothing")
+        except ClaimNotFinished:
+            state = conn.execute("SELECT state FROM idem_lookup(%s, 'api.sync')", (key2,)).fetchone()
+            check(state == ("absent",) and count(conn, key2) == 0,
+                  "sync: a block without complete() raises ClaimNotFinished and rolls back its writes and claim")
+        key3 = f"{RUN}-raise"
+        try:
+            with idem_http.claim(conn, key3, "api.sync") as c:
+                conn.execute("INSERT INTO claim_api_rows VALUES (%s)", (key3,))
+                raise KeyError("boom")
+        except KeyError:
+            pass
+        state = conn.execute("SELECT state FROM idem_lookup(%s, 'api.sync')", (key3,)).fetchone()
+        check(state == ("absent",) and count(conn, key3) == 0, "sync: an exception rolls back the writes and the claim")
+        key4 = f"{RUN}-lease"
+        with idem_http.claim(conn, key4, "api.lease", lease="1 minute") as c:
+            token_ok = c.lease_token is not None and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            c.checkpoint("step", {"n": 1})
+            c.complete({"status": 200, "body": "leased"})
+        with psycopg.connect(CONNINFO, autocommit=True, prepare_threshold=None) as other:
+            st = other.execute("SELECT state, result->>'body' FROM idem_lookup(%s, 'api.lease')", (key4,)).fetchone()
+        check(token_ok and st == ("completed", "leased"),
+              "sync lease: committed at once, checkpoint and complete with the kept token")
+
+
+async def async_checks() -> None:
+    async with await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True, prepare_threshold=None) as conn:
+        key = f"{RUN}-async"
+        async with idem_http.aio.claim(conn, key, "api.async", fingerprint="fp1", lock_timeout="2s") as c:
+            first = c.claimed
+            # The bound is for the claim's wait; the handler's own waits keep the session's setting.
+            cur = await conn.execute("SELECT current_setting('lock_timeout')")
+            lt = await cur.fetchone()
+            await conn.execute("INSERT INTO claim_api_rows VALUES (%s)", (key,))
+            await c.fail({"status": 422, "body": "refused"})
+        async with idem_http.aio.claim(conn, key, "api.async", fingerprint="fp1") as d:
+            pass
+        cur = await conn.execute("SELECT count(*) FROM claim_api_rows WHERE k = %s", (key,))
+        n = await cur.fetchone()
+        check(first and d.state == "failed" and d.replay is not None and d.replay.status == 422
+              and n == (1,) and lt == ("0",),
+              "async: claim, write, fail; the duplicate reads the stored failure; after the claim, lock_timeout is the session's again")
+        try:
+            async with idem_http.aio.claim(conn, key, "api.async", fingerprint="other"):
+                pass
+            check(False, "async: another fingerprint raised nothing")
+        except FingerprintMismatch:
+            check(True, "async: another fingerprint raises FingerprintMismatch")
+
+
+def main() -> None:
+    sync_checks()
+    asyncio.run(async_checks())
+    print(f"summary: test_claim_db: {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# clients/node (the npm package idem-pg), installed the way users install
+# it: `npm pack`, then `npm install` of the tarball into a fresh project
+# together with express, fastify and pg from npm; the tests run against that
+# installed copy, never the source folder. Then, for Express and for Fastify,
+# each connected to PostgreSQL directly and through PgBouncer in transaction
+# mode, clients/node/test/driver.js drives a real server on loopback
+# (clients/node/test/server.js) with real HTTP requests and checks the
+# business rows: N concurrent identical requests (one row, N identical
+# answers; with wait: false one 201 and 409s), kills before COMMIT and after
+# COMMIT (at test hooks the server announces, never after a sleep), changed
+# body (422), missing key (400), handler exceptions and transient SQLSTATEs
+# (nothing stored, the retry runs), stored 4xx replayed, streaming, a lease
+# taken over after the process died. Also type-checks the package's .d.ts
+# with tsc. Its own cluster (port 5574) and PgBouncer (127.0.0.1:5575).
+# Needs scripts/setup.d/80-middleware-node.sh (npm cache, pgbouncer).
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
+PG_PORT=5574
+PGB_PORT=5575
+dir="$(cluster_dir)/middleware-node"
+PSQL="$PG_BIN/psql"
+work=
+t_start=$(date +%s%N)
+
+stop_all() {
+  local p
+  p=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || p=
+  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$dir/pgbouncer.ini"; then
+    kill -TERM "$p"
+    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
+  fi
+  rm -f "$dir/pgbouncer.pid"
+  # A test server left behind by a driver that died: this run's own, by the
+  # path of its script in this run's scratch folder.
+  if [ -n "$work" ]; then
+    for p in /proc/[0-9]*; do
+      if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^[^ ]*node $work/app/server.js "; then
+        kill -KILL "${p#/proc/}" 2>/dev/null || true
+      fi
+    done
+  fi
+  pc_stop
+  if [ -n "$work" ]; then rm -rf "$work"; fi
+  return 0
+}
+trap stop_all EXIT
+PC_DIR=$dir
+stop_all
+fail() { echo "FAIL $*"; exit 1; }
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+command -v node >/dev/null || fail "node missing: run scripts/setup.d/30-examples.sh"
+[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
+work=$(mktemp -d /tmp/middleware-node.XXXXXX)
+
+# ---- the cluster and PgBouncer -------------------------------------------------
+pc_init "$dir" "$PG_PORT" "max_connections = 150"
+pc_start
+"$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d postgres -c "CREATE DATABASE mw"
+"$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d mw <<'SQL'
+CREATE EXTENSION idem;
+CREATE TABLE orders (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    route    text NOT NULL,
+    idem_key text,
+    sku      text NOT NULL,
+    qty      int  NOT NULL
+);
+CREATE TABLE charges (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    idem_key  text NOT NULL,
+    charge_id text NOT NULL
+);
+SQL
+echo "PostgreSQL $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SHOW server_version"), idem $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")"
+
+printf '"postgres" ""\n' > "$dir/userlist.txt"
+cat > "$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=$dir port=$PG_PORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGB_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 60
+max_client_conn = 300
+admin_users = postgres
+ignore_startup_parameters = extra_float_digits
+log_connections = 0
+log_disconnections = 0
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+chown postgres:postgres "$dir/pgbouncer.ini" "$dir/userlist.txt"
+as_postgres /usr/sbin/pgbouncer -d "$dir/pgbouncer.ini"
+ready=
+for _ in $(seq 1 250); do
+  "$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW VERSION" >/dev/null 2>&1 && ready=1 && break
+  sleep 0.02
+done
+[ -n "$ready" ] || { tail -5 "$dir/pgbouncer.log"; fail "PgBouncer did not start on 127.0.0.1:$PGB_PORT"; }
+echo "$(/usr/sbin/pgbouncer --version | sed -n 1p), pool_mode = transaction, on 127.0.0.1:$PGB_PORT"
+
+# ---- the package, packed and installed as users do -----------------------------
+t0=$(date +%s%N)
+mkdir -p "$work/pack" "$work/app"
+tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
+echo "npm pack: $tarball ($(tar tzf "$work/pack/$tarball" | paste -sd' '))"
+# What users' projects add, from npm (the machine's npm cache: setup.d/80).
+cp "$ROOT/clients/node/test/package.json" "$work/app/package.json"
+(cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
+resolved=$(cd "$work/app" && node -p "require.resolve('idem-pg')")
+[ "$resolved" = "$work/app/node_modules/idem-pg/index.js" ] || fail "idem-pg resolves to $resolved, not the installed copy"
+[ ! -L "$work/app/node_modules/idem-pg" ] || fail "node_modules/idem-pg is a link to the source"
+cp "$ROOT/clients/node/test/server.js" "$ROOT/clients/node/test/driver.js" "$ROOT/clients/node/test/types.ts" \
+   "$ROOT/clients/node/test/unit.test.js" "$work/app/"
+versions=$(cd "$work/app" && node -p "['idem-pg','express','fastify','pg','typescript'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
+echo "installed in a fresh project ($(ms_since "$t0") ms): $versions"
+
+# ---- the types: a user's TypeScript file against the installed .d.ts ----------
+(cd "$work/app" && npx --no-install tsc --noEmit --strict --esModuleInterop --module commonjs --target es2022 \
+   --moduleResolution node --types node types.ts) || fail "tsc rejects types.ts against the installed index.d.ts"
+echo "ok   tsc --strict accepts clients/node/test/types.ts against the installed index.d.ts"
+
+# ---- the pure parts (fingerprint, stored document, key header), no database -----
+(cd "$work/app" && node --test --test-reporter=spec unit.test.js) || fail "unit tests of the installed package"
+
+# ---- each framework, directly and through PgBouncer ------------------------------
+export PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw
+failed=()
+# IDEM_MW_RUNS (e.g. "express-direct") narrows the runs, for a quick check by hand.
+runs="${IDEM_MW_RUNS:-express-direct express-pgbouncer fastify-direct fastify-pgbouncer}"
+for framework in express fastify; do
+  for via in direct pgbouncer; do
+    [[ " $runs " == *" $framework-$via "* ]] || continue
+    if [ $via = direct ]; then server_host="$dir" server_port=$PG_PORT; else server_host=127.0.0.1 server_port=$PGB_PORT; fi
+    echo "== $framework, pool connected $via =="
+    t0=$(date +%s%N)
+    if ! (cd "$work/app" && SERVER_PGHOST=$server_host SERVER_PGPORT=$server_port node driver.js $framework "$framework-$via"); then
+      failed+=("$framework-$via")
+    fi
+    echo "($(ms_since "$t0") ms)"
+  done
+done
+xacts=$("$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' '$1 == "mw" {print $2}')
+[[ "$runs" != *pgbouncer* ]] || [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
+echo "summary: runs $runs (PgBouncer: $xacts transactions through it), ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${failed[@]}"
+  exit 1
+fi

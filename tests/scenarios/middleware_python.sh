@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The Python middleware package (clients/python, "idem-http") as users get it:
+# its wheel is built and installed into a fresh venv with FastAPI, uvicorn,
+# Django, SQLAlchemy and httpx (from the wheelhouse scripts/setup.d/
+# 80-middleware-python.sh downloaded from PyPI), then three real servers on
+# loopback (uvicorn + FastAPI with the ASGI middleware, Django's runserver with
+# its middleware and ATOMIC_REQUESTS, uvicorn + SQLAlchemy sessions) are sent
+# real HTTP requests (httpx) against this scenario's own PostgreSQL cluster
+# with idem, first directly and then through PgBouncer in transaction mode.
+# tests/middleware/python/driver.py checks, per server:
+#   * 20 concurrent identical requests -> one business row and 20 identical
+#     201s (wait mode), or one 201 and 19 x 409 + Retry-After (409 mode);
+#     held at a gate (an advisory lock) until pg_stat_activity shows the 19
+#     duplicates waiting in idem_claim;
+#   * the server killed (SIGKILL) before COMMIT and after COMMIT, at a
+#     test-only hook that signals on a FIFO and blocks: the retry runs the
+#     operation, or gets the stored answer; one row either way;
+#   * a changed body -> 422, nothing written; a missing / malformed key -> 400;
+#     a handler exception -> 500, nothing stored, the retry runs; SQLSTATE 40001
+#     -> 503 + Retry-After; a stored business failure (422) replayed; another
+#     tenant's same key is its own claim; a streamed response passed through
+#     unstored; lease mode (FastAPI, Django), with a server killed after an
+#     external call's recovery point: the retry takes the lease over once
+#     idem_leases shows it ran out, and does not call again.
+# Before the servers: the package's own tests (clients/python/tests) and
+# mypy --strict on the installed package (its py.typed hints).
+# No verdict by the clock: every wait is for an observed state. Exits 1 on
+# any failure.
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
+# The cluster listens on a Unix socket in its own folder only; PgBouncer and
+# the HTTP servers take free loopback ports (other scenarios and programs
+# may hold fixed ones).
+PG_PORT=5570
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+BOUNCER_PORT=$(free_port)
+HTTP_PORT=$(free_port)
+dir="$(cluster_dir)/middleware-python"
+out="$IDEM_TARGET/test-out/middleware-python"
+WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
+work=
+
+stop_all() {
+  local p
+  p=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || p=
+  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$dir/pgbouncer.ini"; then
+    kill -TERM "$p"
+    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
+  fi
+  rm -f "$dir/pgbouncer.pid"
+  # A test server left behind by a driver that died: this run's own, by the
+  # path of this run's venv.
+  if [ -n "$work" ]; then
+    for p in /proc/[0-9]*; do
+      if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^$work/venv/bin/python -m \(uvicorn\|django\) "; then
+        kill -KILL "${p#/proc/}" 2>/dev/null || true
+      fi
+    done
+  fi
+  pc_stop
+  if [ -n "$work" ]; then rm -rf "$work"; fi
+  return 0
+}
+trap stop_all EXIT
+PC_DIR=$dir
+stop_all
+work=$(mktemp -d /tmp/middleware-python.XXXXXX)
+rm -rf "$out"
+mkdir -p "$out"
+
+bash "$ROOT/scripts/setup.d/80-middleware-python.sh"   # a no-op once the wheelhouse is complete
+
+# ---- the package, built and installed as a user would ------------------------
+say "building idem-http's wheel and installing it into a fresh venv"
+cp -r "$ROOT/clients/python" "$work/src"
+venv="$work/venv"
+python3 -m venv "$venv"
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE" PIP_DISABLE_PIP_VERSION_CHECK=1
+"$venv/bin/pip" install -q build
+"$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/src" > "$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
+wheel=$(ls "$work"/dist/idem_http-*.whl)
+echo "built $(basename "$wheel")"
+"$venv/bin/pip" install -q "$wheel[fastapi,django,sqlalchemy]" "psycopg[binary]" uvicorn httpx
+installed=$(cd "$work" && "$venv/bin/python" -c "import idem_http, os; print(os.path.dirname(idem_http.__file__))")
+case "$installed" in
+  "$venv"/lib/python3*/site-packages/idem_http) echo "idem_http imported from $installed" ;;
+  *) echo "FAIL idem_http imported from $installed, not the installed wheel"; exit 1 ;;
+esac
+[ -f "$installed/py.typed" ] || { echo "FAIL the wheel has no py.typed"; exit 1; }
+(cd "$work" && "$venv/bin/python" "$ROOT/clients/python/tests/test_policy.py")
+# The installed package's type hints, as a user's type checker reads them.
+"$venv/bin/pip" install -q mypy
+printf '[mypy]\nstrict = True\n[mypy-django.*]\nignore_missing_imports = True\n' > "$work/mypy.ini"
+(cd "$work" && "$venv/bin/mypy" --config-file mypy.ini -p idem_http) || { echo "FAIL mypy --strict on the installed idem_http"; exit 1; }
+
+# ---- the cluster and PgBouncer (transaction mode) ---------------------------
+pc_init "$dir" "$PG_PORT" "max_connections = 120"
+pc_start
+pc_psql -q -d postgres -c "CREATE DATABASE mw"
+pc_psql -q -d mw -c "CREATE EXTENSION idem"
+
+printf '"postgres" ""\n' > "$dir/userlist.txt"
+cat > "$dir/pgbouncer.ini" <<INI
+[databases]
+mw = host=$dir port=$PG_PORT dbname=mw
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 40
+max_client_conn = 200
+ignore_startup_parameters = extra_float_digits
+admin_users = postgres
+log_connections = 0
+log_disconnections = 0
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+chown postgres:postgres "$dir/pgbouncer.ini" "$dir/userlist.txt"
+as_postgres /usr/sbin/pgbouncer -d "$dir/pgbouncer.ini"
+ready=
+for _ in $(seq 1 250); do
+  "$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d mw -Atc "SELECT 1" >/dev/null 2>&1 && ready=1 && break
+  sleep 0.02
+done
+[ -n "$ready" ] || { echo "FAIL PgBouncer did not start"; tail -5 "$dir/pgbouncer.log"; exit 1; }
+
+# ---- the servers, directly and through PgBouncer ----------------------------
+direct="host=$dir port=$PG_PORT dbname=mw user=postgres"
+bouncer="host=127.0.0.1 port=$BOUNCER_PORT dbname=mw user=postgres"
+failed=()
+# The core claim API (sync and async), on both paths.
+for conninfo in "$direct" "$bouncer"; do
+  say "the claim API: $conninfo"
+  (cd "$work" && "$venv/bin/python" "$ROOT/clients/python/tests/test_claim_db.py" "$conninfo") \
+    || failed+=("the claim API ($conninfo)")
+done
+fifo="$work/signal"
+mkfifo "$fifo"
+for target in direct pgbouncer; do
+  conninfo=$([ $target = direct ] && echo "$direct" || echo "$bouncer")
+  for server in fastapi django sqlalchemy; do
+    say "$server, $target"
+    if (cd "$work" && "$venv/bin/python" "$ROOT/tests/middleware/python/driver.py" \
+          $server $HTTP_PORT "$conninfo" "$direct" $target "$fifo") 2>&1 | tee "$out/$server-$target.log"; then
+      :
+    fi
+    grep -q "^summary \[$server, $target\]: [0-9]* checks, 0 failed" "$out/$server-$target.log" \
+      || failed+=("$server through $target")
+  done
+done
+xacts=$("$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' \
+          | awk -F'|' '$1 == "mw" {print $2}')
+echo "transactions through PgBouncer: ${xacts:-0}"
+[ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
+
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "summary: the middleware passed for fastapi, django and sqlalchemy, directly and through PgBouncer"
