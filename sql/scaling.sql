@@ -128,9 +128,15 @@ CREATE FUNCTION idem.uninstall_citus() RETURNS event_trigger
 DECLARE
     shard text;
     failed text;
+    coordinator boolean;
 BEGIN
-    IF to_regclass('pg_catalog.pg_dist_placement') IS NULL OR NOT idem.drops_idem(current_query())
-       OR NOT pg_catalog.citus_is_coordinator() THEN
+    IF to_regclass('pg_catalog.pg_dist_placement') IS NULL OR NOT idem.drops_idem(current_query()) THEN
+        RETURN;
+    END IF;
+    -- Named only where Citus is installed (a static call would not parse
+    -- without it).
+    EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+    IF NOT coordinator THEN
         RETURN;
     END IF;
     -- Connections of their own, before this transaction locks anything on
