@@ -16,10 +16,13 @@
 #   c  hand-written: INSERT INTO dedup ... ON CONFLICT DO NOTHING RETURNING,
 #      the business insert, UPDATE dedup SET response, one transaction
 #   d  no idempotency: the business insert in one transaction (the floor)
+#   e  (Python only, a diagnostic) a with Policy(lock_timeout=None): the same
+#      middleware without the two set_config('lock_timeout') statements that
+#      bound a duplicate's wait (idem-pg always sends them)
 # One load client (bench/middleware/load.js, Node's http module, keep-alive)
 # drives every variant: CONCURRENCY connections, REQUESTS requests per run.
-# Rounds interleave the variants (a, c, d, b for Python, then for Node, then
-# the next round); a CHECKPOINT precedes every run. b replays the keys a sent
+# Rounds interleave the variants (a, c, d, b, e for Python, then a, c, d, b
+# for Node, then the next round); a CHECKPOINT precedes every run. b replays the keys a sent
 # in the same round. Results: median requests/s per variant, the ratios a/c
 # and b/c (with the range of the same-round ratios), and the cost per request
 # in microseconds (1/rps differences; with CONCURRENCY in flight that is the
@@ -127,11 +130,14 @@ echo "$node_versions (Node $(node --version))"
 # ---- the cluster ------------------------------------------------------------------
 say "PostgreSQL cluster on port $PG_PORT (synchronous_commit = off)"
 pc_init "$dir" "$PG_PORT" "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
-  "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min"
+  "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min" \
+  "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track = none"
 pc_start
 pc_psql -q -d postgres -c "CREATE DATABASE mw"
 pc_psql -q -d mw <<'SQL'
 CREATE EXTENSION idem;
+-- Statement times for --profile only (tracking is off for the measured runs).
+CREATE EXTENSION pg_stat_statements;
 CREATE TABLE orders (
     id         bigserial PRIMARY KEY,
     key        text,
@@ -173,9 +179,9 @@ start_node() { # [node options...]
   node_pid=$!
   wait_port "$NODE_PORT" "$node_pid" node
 }
-stop_server() { # PID
-  kill -TERM "$1" 2>/dev/null || true
-  for _ in $(seq 1 200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+stop_server() { # PID: SIGINT (pyinstrument writes its profile on an interrupt, not on SIGTERM)
+  kill -INT "$1" 2>/dev/null || true
+  for _ in $(seq 1 1200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
   kill -KILL "$1" 2>/dev/null || true
 }
 start_python "$venv/bin/python"
@@ -183,14 +189,15 @@ start_node
 echo "servers: Python (uvicorn) on 127.0.0.1:$PY_PORT, Node (Express) on 127.0.0.1:$NODE_PORT, pools of $CONCURRENCY connections"
 
 # ---- the runs ------------------------------------------------------------------------
-path_of() { case $1 in a|b) echo /mw ;; c) echo /hand ;; d) echo /plain ;; esac; }
+path_of() { case $1 in a|b) echo /mw ;; c) echo /hand ;; d) echo /plain ;; e) echo /mw-nolt ;; esac; }
+variants() { if [ "$1" = python ]; then echo a c d b e; else echo a c d b; fi; }
 run() { # LANG VARIANT ROUND REQUESTS [JSONL]
   local port keys save=
   port=$([ "$1" = python ] && echo "$PY_PORT" || echo "$NODE_PORT")
   case $2 in
     a) keys=fresh save="$work/keys-$1" ;;
     b) keys="file:$work/keys-$1" ;;
-    c) keys=fresh ;;
+    c|e) keys=fresh ;;
     d) keys=none ;;
   esac
   pc_psql -q -d mw -c CHECKPOINT
@@ -203,12 +210,12 @@ run() { # LANG VARIANT ROUND REQUESTS [JSONL]
   printf '  %-6s %s round %s: %s\n' "$1" "$2" "$3" "$(echo "$line" | python3 -c "import json, sys; r = json.load(sys.stdin); print('%7.1f req/s  p50 %s us  p99 %s us  %s' % (r['rps'], r['p50_us'], r['p99_us'], r['statuses']))")"
 }
 say "warm-up: $WARMUP requests per variant and server (not counted)"
-for lang in python node; do for v in a c d b; do run $lang $v 0 "$WARMUP"; done; done
+for lang in python node; do for v in $(variants $lang); do run $lang $v 0 "$WARMUP"; done; done
 say "$ROUNDS rounds of $REQUESTS requests per variant"
 t0=$(date +%s)
 for r in $(seq 1 "$ROUNDS"); do
   for lang in python node; do
-    for v in a c d b; do run $lang $v "$r" "$REQUESTS" "$OUT/results.jsonl"; done
+    for v in $(variants $lang); do run $lang $v "$r" "$REQUESTS" "$OUT/results.jsonl"; done
   done
 done
 seconds=$(( $(date +%s) - t0 ))
@@ -226,17 +233,38 @@ python3 "$HERE/report.py" "$OUT/results.jsonl" \
 cat "$OUT/report.md"
 
 # ---- where the time goes (--profile) ----------------------------------------------------------
+# Not measured runs: each profiler slows its server down. pyinstrument samples
+# the Python server (flat self time, and the tree under the middleware);
+# node --cpu-prof the Node one (bench/middleware/cpuprof.js summarises it);
+# pg_stat_statements (switched on for these runs only) gives the database's
+# side: execution time per statement.
 if [ "$PROFILE" = 1 ]; then
   say "profiles: one run of a and one of c per server, each in a server of its own"
   stop_server "$py_pid"; py_pid=
   stop_server "$node_pid"; node_pid=
+  pc_psql -q -d mw -c "ALTER SYSTEM SET pg_stat_statements.track = top" -c "SELECT pg_reload_conf()" >/dev/null
+  statements() { # FILE: what the database spent per statement since the reset
+    pc_psql -d mw -P pager=off -c "SELECT calls, round((total_exec_time * 1000 / calls)::numeric, 1) AS mean_exec_us,
+        round(total_exec_time::numeric, 1) AS total_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS statement
+      FROM pg_stat_statements WHERE calls >= $REQUESTS / 2 ORDER BY total_exec_time DESC" > "$1"
+  }
   for v in a c; do
-    start_python "$venv/bin/pyinstrument" --async-mode=enabled -r text -o "$OUT/pyinstrument-$v.txt"
+    start_python "$venv/bin/pyinstrument" -r pyisession -o "$work/python-$v.pyisession"
+    pc_psql -q -d mw -c "SELECT pg_stat_statements_reset()" >/dev/null
     run python $v p "$REQUESTS"
+    statements "$OUT/statements-python-$v.txt"
     stop_server "$py_pid"; py_pid=
-    start_node --cpu-prof --cpu-prof-dir="$OUT/node-cpuprof-$v"
+    "$venv/bin/pyinstrument" --load "$work/python-$v.pyisession" -r text -p flat=true -p flat_time=self --show-all \
+      -o "$OUT/pyinstrument-$v-flat.txt"
+    "$venv/bin/pyinstrument" --load "$work/python-$v.pyisession" -r text --show '*/idem_http/*' \
+      -o "$OUT/pyinstrument-$v-tree.txt"
+    start_node --cpu-prof --cpu-prof-dir="$work/node-cpuprof-$v"
+    pc_psql -q -d mw -c "SELECT pg_stat_statements_reset()" >/dev/null
     run node $v p "$REQUESTS"
+    statements "$OUT/statements-node-$v.txt"
     stop_server "$node_pid"; node_pid=
+    node "$HERE/cpuprof.js" "$(ls "$work/node-cpuprof-$v"/*.cpuprofile)" 30 > "$OUT/node-cpuprof-$v.txt"
   done
-  echo "profiles in $OUT: pyinstrument-{a,c}.txt, node-cpuprof-{a,c}/*.cpuprofile"
+  pc_psql -q -d mw -c "ALTER SYSTEM RESET pg_stat_statements.track" -c "SELECT pg_reload_conf()" >/dev/null
+  echo "profiles in $OUT: pyinstrument-{a,c}-{flat,tree}.txt, node-cpuprof-{a,c}.txt, statements-{python,node}-{a,c}.txt"
 fi

@@ -9,6 +9,10 @@ with a small JSON body) behind four routes:
                the business insert, then the response stored in the dedup
                row (variant c: what a user writes instead of the middleware)
   POST /plain  no idempotency at all, one transaction (variant d: the floor)
+  POST /mw-nolt  the middleware with Policy(lock_timeout=None) (variant e, a
+               diagnostic: no bound on a duplicate's wait, so no
+               set_config('lock_timeout') before and after the claim: two
+               statements fewer per request)
 
 Every route takes its connection from the same psycopg_pool
 AsyncConnectionPool (autocommit, as the middleware's README asks), so the
@@ -39,6 +43,8 @@ pool = AsyncConnectionPool(CONNINFO, min_size=POOL_SIZE, max_size=POOL_SIZE, ope
 app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
                    routes={("POST", "/mw"): "bench.mw"}, policy=Policy())
+app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
+                   routes={("POST", "/mw-nolt"): "bench.mw"}, policy=Policy(lock_timeout=None))
 
 
 @app.on_event("startup")
@@ -64,6 +70,11 @@ async def create_order(conn: AsyncConnection[Any], key: str | None, body: dict[s
 
 @app.post("/mw", status_code=201)
 async def mw(request: Request, conn: AsyncConnection[Any] = Depends(idem_connection)) -> dict[str, Any]:
+    return await create_order(conn, request.headers.get("idempotency-key"), await request.json())
+
+
+@app.post("/mw-nolt", status_code=201)
+async def mw_nolt(request: Request, conn: AsyncConnection[Any] = Depends(idem_connection)) -> dict[str, Any]:
     return await create_order(conn, request.headers.get("idempotency-key"), await request.json())
 
 
