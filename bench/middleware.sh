@@ -84,14 +84,15 @@ stop_all() {
 }
 trap stop_all EXIT
 PC_DIR=$dir
+work=$(mktemp -d /tmp/idem-mwbench.XXXXXX)
+rm -rf "$OUT"
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench/middleware.sh: $started; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "load average at start: $load_start"
 echo "rounds $ROUNDS, $REQUESTS requests per run, $CONCURRENCY connections, warm-up $WARMUP per variant"
-work=$(mktemp -d /tmp/idem-mwbench.XXXXXX)
-rm -rf "$OUT"
-mkdir -p "$OUT"
 
 # ---- Python: idem-http's wheel in a fresh venv ----------------------------------
 bash "$ROOT/scripts/setup.d/80-middleware-python.sh"
@@ -201,11 +202,14 @@ run() { # LANG VARIANT ROUND REQUESTS [JSONL]
     d) keys=none ;;
   esac
   pc_psql -q -d mw -c CHECKPOINT
-  local line
+  local line server_pid cpu0 cpu1
+  server_pid=$([ "$1" = python ] && echo "$py_pid" || echo "$node_pid")
+  cpu0=$(python3 "$HERE/cpu.py" "$server_pid" "$(head -1 "$dir/data/postmaster.pid")")
   line=$(node "$work/app/load.js" "http://127.0.0.1:$port$(path_of "$2")" "$4" "$CONCURRENCY" "$keys" $save) || {
     echo "FAIL $1 $2 round $3: $line"; exit 1; }
+  cpu1=$(python3 "$HERE/cpu.py" "$server_pid" "$(head -1 "$dir/data/postmaster.pid")")
   if [ -n "${5:-}" ]; then
-    echo "{\"server\": \"$1\", \"variant\": \"$2\", \"round\": $3, \"loadavg\": \"$(cut -d' ' -f1 /proc/loadavg)\", \"result\": $line}" >> "$5"
+    echo "{\"server\": \"$1\", \"variant\": \"$2\", \"round\": $3, \"loadavg\": \"$(cut -d' ' -f1 /proc/loadavg)\", \"cpu_before\": $cpu0, \"cpu_after\": $cpu1, \"result\": $line}" >> "$5"
   fi
   printf '  %-6s %s round %s: %s\n' "$1" "$2" "$3" "$(echo "$line" | python3 -c "import json, sys; r = json.load(sys.stdin); print('%7.1f req/s  p50 %s us  p99 %s us  %s' % (r['rps'], r['p50_us'], r['p99_us'], r['statuses']))")"
 }

@@ -9,8 +9,8 @@
 // idempotency keys: spread over the key index, not appended at its right
 // edge) and, with SAVE, writes the keys it sent to that file; "file:PATH" replays the keys of PATH
 // (one request per key, in order); "none" sends no Idempotency-Key.
-// Prints one JSON line: requests, seconds, rps, p50/p99 latency (µs),
-// status counts, replayed (answers with Idempotent-Replayed: true).
+// Prints one JSON line: requests, seconds, rps, p50/p99 latency (µs), the
+// client's own CPU seconds during the run, status counts, replayed (answers with Idempotent-Replayed: true).
 // Exits 1 when an answer is not a 201 (or, for a replay, not replayed).
 'use strict';
 const http = require('node:http');
@@ -80,8 +80,10 @@ async function worker() {
 
 (async () => {
   const t0 = process.hrtime.bigint();
+  const cpu0 = process.cpuUsage();
   await Promise.all(Array.from({ length: concurrency }, worker));
   const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+  const cpu = process.cpuUsage(cpu0);
   agent.destroy();
   const sorted = Array.from(latencies).sort((a, b) => a - b);
   const rank = (q) => sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)];
@@ -89,6 +91,7 @@ async function worker() {
   console.log(JSON.stringify({
     requests: total, seconds, rps: total / seconds,
     p50_us: Math.round(rank(0.5)), p99_us: Math.round(rank(0.99)),
+    client_cpu_s: (cpu.user + cpu.system) / 1e6,
     statuses, replayed, bad, first_bad: firstBad,
   }));
   process.exit(bad ? 1 : 0);

@@ -35,12 +35,24 @@ def main() -> None:
     rps: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     p50: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     p99: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    cpu: dict[str, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
     with open(args.results) as f:
         for line in f:
             r = json.loads(line)
             rps[r["server"]][r["variant"]][r["round"]] = r["result"]["rps"]
             p50[r["server"]][r["variant"]].append(r["result"]["p50_us"])
             p99[r["server"]][r["variant"]].append(r["result"]["p99_us"])
+            if "cpu_before" in r:
+                b, a, n = r["cpu_before"], r["cpu_after"], r["result"]["requests"]
+                us = 1e6 / b["hz"] / n  # µs per tick per request
+                server, postgres = (a["server"] - b["server"]) * us, (a["postgres"] - b["postgres"]) * us
+                client = r["result"]["client_cpu_s"] * 1e6 / n
+                busy = (a["machine_busy"] - b["machine_busy"]) * us
+                cpu[r["server"]][r["variant"]].append({
+                    "server": server, "postgres": postgres, "client": client,
+                    "others": max(0.0, busy - server - postgres - client), "busy": busy,
+                    "busy_share": (a["machine_busy"] - b["machine_busy"]) / max(1, a["machine_total"] - b["machine_total"]),
+                })
 
     print("# Middleware: requests per second\n")
     for k in ("date", "command", "machine", "load_start", "load_end", "postgres", "python", "node", "setup"):
@@ -66,6 +78,18 @@ def main() -> None:
             vs_d = f"{us[x] - us['d']:+.0f} µs" if "d" in us and x != "d" else ""
             print(f"| {NAMES[x]} | {med[x]:.0f} | {min(vals):.0f}-{max(vals):.0f} | {lat} | {us[x]:.0f} | {vs_c} | {vs_d} |")
         print()
+        if server in cpu:
+            print("CPU time per request (µs, median over rounds; from /proc: the server process, every process of the "
+                  "cluster, the load client, and the rest of the machine meanwhile):\n")
+            print("| variant | server | PostgreSQL | load client | other programs | machine busy (share of 2 cores) |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for x in ("a", "b", "c", "d", "e"):
+                if x not in cpu[server]:
+                    continue
+                m = {k: statistics.median(c[k] for c in cpu[server][x]) for k in cpu[server][x][0]}
+                print(f"| {x} | {m['server']:.0f} | {m['postgres']:.0f} | {m['client']:.0f} | {m['others']:.0f} "
+                      f"| {m['busy']:.0f} ({100 * m['busy_share']:.0f} %) |")
+            print()
         for x, target in (("a", 0.9), ("b", None), ("e", None)):
             if x not in v or "c" not in v:
                 continue
@@ -77,6 +101,12 @@ def main() -> None:
                 verdict = f", target ≥ {target}: " + ("PASS" if ratio >= target else f"MISS by {target - ratio:.2f}")
             line = f"{server}: ({x})/(c) = {ratio:.2f} (same-round ratios {min(per_round):.2f}-{max(per_round):.2f}){verdict}"
             summary.append(line)
+        own = {x: statistics.median(c["server"] + c["postgres"] for c in cpu[server][x]) for x in cpu.get(server, {})}
+        for x in ("a", "b", "e"):
+            if x in own and "c" in own:
+                summary.append(f"{server}: CPU of server + PostgreSQL per request, (c)/({x}) = {own['c'] / own[x]:.2f} "
+                               f"({own[x]:.0f} µs vs {own['c']:.0f} µs): the ({x})/(c) ratio on a machine where nothing "
+                               "else competes for the cores")
         if "d" in med:
             summary.append(f"{server}: (c)/(d) = {med['c'] / med['d']:.2f}, (a)/(d) = {med['a'] / med['d']:.2f}")
     print("## Ratios\n")
