@@ -105,8 +105,8 @@ def main() -> None:
         for x in ("a", "b", "e"):
             if x in own and "c" in own:
                 summary.append(f"{server}: CPU of server + PostgreSQL per request, (c)/({x}) = {own['c'] / own[x]:.2f} "
-                               f"({own[x]:.0f} µs vs {own['c']:.0f} µs): the ({x})/(c) ratio on a machine where nothing "
-                               "else competes for the cores")
+                               f"({own[x]:.0f} µs vs {own['c']:.0f} µs): what ({x})/(c) would be where these two are the "
+                               "bottleneck and share the cores with nothing else (an estimate)")
         if "d" in med:
             summary.append(f"{server}: (c)/(d) = {med['c'] / med['d']:.2f}, (a)/(d) = {med['a'] / med['d']:.2f}")
     print("## Ratios\n")
