@@ -28,6 +28,7 @@
 # not with the single-node matrix.
 # The PostgreSQL Citus is built into: the private copy of Debian's 15.
 [ -n "${PG_CONFIG:-}" ] || PG_CONFIG=$(bash "$(dirname "${BASH_SOURCE[0]}")/../tests/citus/tree.sh")
+export PG_CONFIG   # tests/citus/install.sh and cluster.sh read it too
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 ROUNDS=3 DURATION=20 CLIENTS="2 4" VARIANTS="b0 b1 i1 i2" OUT="$ROOT/bench/out/citus" KEEP=0
 while [ $# -gt 0 ]; do

@@ -242,15 +242,18 @@ REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
 -- and its partitions is propagated by Citus to the shards on the workers.
 -- The same rules as on a single node, with Citus's constraints:
 --  * the work is decided first, and nothing is locked when there is none;
---  * LOCK TABLE idem.claims ... NOWAIT, retried with a growing pause
---    (idem.maintenance_lock_retries times). Citus propagates the LOCK to
---    idem.claims on every node, and every claim locks idem.claims on its
---    node before any shard (storage/citus.rs), so once maintenance holds
---    the lock no claim holds a shard lock it needs, and claims queue behind
---    it instead of forming a distributed deadlock with its DDL. NOWAIT,
---    because lock_timeout is not propagated to the workers; a refusal on a
---    worker reaches the coordinator as 55P03, or as XX000 "failure on
---    connection marked as essential", or 40P01: all mean "try again";
+--  * LOCK TABLE idem.claims, waiting idem.maintenance_lock_timeout at a
+--    time on every node (lock_timeout propagated to the workers as a SET
+--    LOCAL), retried with a growing pause (idem.maintenance_lock_retries
+--    times). Citus propagates the LOCK to idem.claims on every node, and
+--    every claim locks idem.claims on its node before any shard
+--    (storage/citus.rs), so once maintenance holds the lock no claim holds a
+--    shard lock it needs, and claims queue behind it instead of forming a
+--    distributed deadlock with its DDL. A refusal on a worker reaches the
+--    coordinator as 55P03, or as XX000 "failure on connection marked as
+--    essential", or 40P01: all mean "try again". (NOWAIT, as in 0.3.0,
+--    starved under claims in multi-statement transactions: some worker
+--    always had one open);
 --  * partitions are named to the millisecond (idem.partition_name), aligned
 --    to the width, created with their key index, at most
 --    idem.premake_limit per run, and continue after the last existing
@@ -261,7 +264,10 @@ REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
 --    SELECT, then attached), so that the default partition never makes a
 --    run fail;
 --  * a partition made without its index (idem 0.2.0 used Citus's
---    create_time_partitions) gets it.
+--    create_time_partitions) gets it;
+--  * a shard without REPLICA IDENTITY FULL on a worker (a shard move makes
+--    the moved shard of idem.claims anew without it) gets it again, through
+--    its distributed table (idem.shard_replica_identity_missing).
 CREATE FUNCTION idem.maintain_distributed(width interval, max_ttl interval, limit_parts int, retries int)
     RETURNS jsonb
     VOLATILE PARALLEL UNSAFE
@@ -280,6 +286,10 @@ DECLARE
     made        text[] := '{}';
     indexed     text[] := '{}';
     replica_fixed text[];
+    shards_without_ri regclass[];
+    rel         regclass;
+    lock_wait   interval := greatest(idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds'), interval '1 millisecond');
+    old_lock_timeout text;
     moved       bigint := 0;
     n           bigint;
     got_lock    record;
@@ -303,13 +313,23 @@ BEGIN
       INTO names, los, his FROM idem.coming_partitions(width, t_now + max_ttl + width, limit_parts, t_now) c;
     SELECT array_agg(b.name ORDER BY b.range_from) INTO unindexed FROM idem.partition_bounds b
      WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition);
-    IF cardinality(names) = 0 AND unindexed IS NULL AND NOT idem.partition_set_needs_change(t_now) THEN
+    shards_without_ri := idem.shard_replica_identity_missing();
+    IF cardinality(names) = 0 AND unindexed IS NULL AND cardinality(shards_without_ri) = 0
+       AND NOT idem.partition_set_needs_change(t_now) THEN
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
                                   'lock_attempts', 0);
     END IF;
 
-    -- NOWAIT: lock_timeout is not propagated to the workers.
-    SELECT * INTO got_lock FROM idem.lock_claims_for_maintenance(interval '0', retries);
+    -- A lock that waits, idem.maintenance_lock_timeout at a time, on every
+    -- node: NOWAIT never gets it while claims in multi-statement
+    -- transactions keep idem.claims locked on some worker at every moment.
+    -- lock_timeout reaches the workers only as a SET LOCAL statement that
+    -- Citus propagates (idem.set_local_on_all_nodes); it is put back once
+    -- the lock is held, so that the DDL after it is not cut short.
+    old_lock_timeout := current_setting('lock_timeout');
+    PERFORM idem.set_local_on_all_nodes('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint || 'ms');
+    SELECT * INTO got_lock FROM idem.lock_claims_for_maintenance(lock_wait, retries);
+    PERFORM idem.set_local_on_all_nodes('lock_timeout', old_lock_timeout);
     IF NOT got_lock.locked THEN
         RAISE NOTICE 'idem_maintain: idem.claims stayed locked by claims on some node through % attempts (last: %); nothing changed, the next run catches up', got_lock.attempts, got_lock.refusal;
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
@@ -318,6 +338,14 @@ BEGIN
 
     t_now := clock_timestamp();
     replica_fixed := idem.repair_partition_set();
+    -- On the coordinator the tables have FULL already; Citus runs the ALTER
+    -- TABLE on every shard of the distributed table all the same.
+    FOREACH rel IN ARRAY shards_without_ri LOOP
+        IF to_regclass(rel::text) IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', rel);
+            replica_fixed := replica_fixed || (rel::text || ' (shards)');
+        END IF;
+    END LOOP;
     SELECT * INTO removed FROM idem.remove_expired(t_now);
     FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
               WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition) LOOP

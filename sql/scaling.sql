@@ -68,3 +68,157 @@ $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
 'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
+
+-- Uninstall under Citus (docs/scaling.md, "Uninstalling under Citus").
+-- DROP EXTENSION idem on the coordinator drops idem's tables; Citus's drop
+-- trigger then drops their shards and shells on every node, and Citus
+-- sends the DROP EXTENSION to the workers. Two things stand in its way,
+-- which an event trigger at the start of DROP EXTENSION idem removes, on
+-- the coordinator:
+--  * idem.claims_default, an extension member on the workers: Citus drops
+--    a worker's shells of idem.claims' partitions with their parent, except
+--    those that belong to an extension, whose metadata it removes all the
+--    same; its drop of the default partition then fails there ("relation
+--    claims_default is not distributed"). Taken out of the extension on
+--    every worker first (as maintenance's partitions are not in it), it
+--    goes with idem.claims. (Not at idem_distribute: Citus would then make
+--    a shell of it on the workers, where it already exists.)
+--  * the shards of idem's tables on the coordinator (the reference tables'
+--    copies there): they depend on the schema idem and are no members of
+--    the extension, so a DROP EXTENSION without CASCADE refuses (2BP01)
+--    before Citus's drop trigger could remove them. Dropped first (Citus
+--    drops the workers' shards itself).
+
+CREATE FUNCTION idem.release_default_partition() RETURNS boolean
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF to_regclass('idem.claims_default') IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+                    WHERE d.classid = 'pg_class'::regclass AND d.objid = 'idem.claims_default'::regclass
+                      AND d.deptype = 'e' AND e.extname = 'idem') THEN
+        ALTER EXTENSION idem DROP TABLE idem.claims_default;
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$fn$;
+COMMENT ON FUNCTION idem.release_default_partition() IS 'Citus: take idem.claims_default out of the extension on this node (run on every worker when DROP EXTENSION idem starts on the coordinator), so that the drop removes it with idem.claims; true if it did.';
+REVOKE EXECUTE ON FUNCTION idem.release_default_partition() FROM PUBLIC;
+
+-- Whether the statement being run drops the extension idem: read from its
+-- text (an event trigger at ddl_command_start gets no parse tree). A
+-- statement it does not recognize is left to PostgreSQL and Citus, which
+-- then refuse as without the trigger.
+CREATE FUNCTION idem.drops_idem(statement text) RETURNS boolean
+    IMMUTABLE SET search_path = pg_catalog, pg_temp
+    LANGUAGE sql AS $$
+    SELECT EXISTS (
+        SELECT 1
+          FROM regexp_matches(statement, '\mdrop\s+extension\s+(?:if\s+exists\s+)?([^;]*)', 'gi') m,
+               unnest(string_to_array(regexp_replace(m[1], '\s+(cascade|restrict)\s*$', '', 'i'), ',')) n
+         WHERE lower(btrim(btrim(n, E' \t\r\n'), '"')) = 'idem')
+$$;
+COMMENT ON FUNCTION idem.drops_idem(text) IS 'Whether a statement''s text drops the extension idem (DROP EXTENSION [IF EXISTS] ..., idem, ... [CASCADE | RESTRICT]).';
+REVOKE EXECUTE ON FUNCTION idem.drops_idem(text) FROM PUBLIC;
+
+CREATE FUNCTION idem.uninstall_citus() RETURNS event_trigger
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    shard text;
+    failed text;
+    coordinator boolean;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_placement') IS NULL OR NOT idem.drops_idem(current_query()) THEN
+        RETURN;
+    END IF;
+    -- Named only where Citus is installed (a static call would not parse
+    -- without it).
+    EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+    IF NOT coordinator THEN
+        RETURN;
+    END IF;
+    -- Connections of their own, before this transaction locks anything on
+    -- the workers; a worker that does not answer would refuse the drop too.
+    EXECUTE $q$SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ')
+                 FROM pg_catalog.run_command_on_workers('SELECT idem.release_default_partition()') WHERE NOT success$q$
+       INTO failed;
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'idem: DROP EXTENSION idem needs every worker: %', failed
+            USING ERRCODE = '55000', HINT = 'Bring the workers up, then drop the extension again.';
+    END IF;
+    -- Citus refuses changes to a shard unless asked for them.
+    PERFORM set_config('citus.enable_manual_changes_to_shards', 'on', true);
+    FOR shard IN EXECUTE $q$
+        SELECT pg_catalog.shard_name(s.logicalrelid, s.shardid)
+          FROM pg_catalog.pg_dist_shard s
+          JOIN pg_catalog.pg_dist_placement p USING (shardid)
+          JOIN pg_catalog.pg_class c ON c.oid = s.logicalrelid
+         WHERE c.relnamespace = 'idem'::regnamespace
+           AND p.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)$q$ LOOP
+        EXECUTE format('DROP TABLE IF EXISTS %s', shard);
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION idem.uninstall_citus() IS 'Event trigger at the start of DROP EXTENSION: when it drops idem on a Citus coordinator, take idem.claims_default out of the extension on every worker and drop the coordinator''s shards of idem''s tables, so that DROP EXTENSION idem works without CASCADE. 55000 when a worker does not answer.';
+REVOKE EXECUTE ON FUNCTION idem.uninstall_citus() FROM PUBLIC;
+
+CREATE EVENT TRIGGER idem_uninstall_citus ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION')
+    EXECUTE FUNCTION idem.uninstall_citus();
+
+-- Replica identity of the shards (maintenance under Citus). A shard move
+-- makes the moved shard of the partitioned idem.claims anew on its target
+-- node with REPLICA IDENTITY DEFAULT (the partitions' shards keep FULL),
+-- which the coordinator's own tables do not show: this asks every worker
+-- for the tables of idem.claims' family (shards and shells: the partitioned
+-- tables and partitions in schema idem) without FULL, and returns the
+-- distributed tables they belong to. idem.maintain_distributed sets FULL on
+-- those again (Citus runs the ALTER TABLE on each of their shards). A worker
+-- that does not answer is left for a later run.
+CREATE FUNCTION idem.shard_replica_identity_missing() RETURNS regclass[]
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    rels regclass[];
+BEGIN
+    EXECUTE $q$
+        WITH missing AS (
+            SELECT DISTINCT n AS relname
+              FROM pg_catalog.run_command_on_workers($w$
+                     SELECT coalesce(string_agg(c.relname, ' '), '') FROM pg_catalog.pg_class c
+                      WHERE c.relnamespace = 'idem'::regnamespace AND c.relreplident <> 'f'
+                        AND c.oid IN (SELECT inhrelid FROM pg_catalog.pg_inherits UNION SELECT inhparent FROM pg_catalog.pg_inherits)$w$) r,
+                   unnest(string_to_array(nullif(r.result, ''), ' ')) n
+             WHERE r.success),
+        family AS (
+            SELECT 'idem.claims'::regclass AS rel UNION SELECT b.partition FROM idem.partition_bounds b)
+        SELECT array_agg(DISTINCT f.rel ORDER BY f.rel)
+          FROM family f JOIN pg_catalog.pg_class c ON c.oid = f.rel
+         WHERE c.relname IN (SELECT relname FROM missing)
+            OR EXISTS (SELECT 1 FROM pg_catalog.pg_dist_shard s
+                        WHERE s.logicalrelid = f.rel AND c.relname || '_' || s.shardid IN (SELECT relname FROM missing))$q$
+       INTO rels;
+    RETURN coalesce(rels, '{}');
+END
+$fn$;
+COMMENT ON FUNCTION idem.shard_replica_identity_missing() IS 'Citus: the tables of idem.claims (the parent and its partitions) with a shard or shell on some worker without REPLICA IDENTITY FULL (a shard move leaves the moved parent shard without it).';
+REVOKE EXECUTE ON FUNCTION idem.shard_replica_identity_missing() FROM PUBLIC;
+
+-- SET LOCAL on this node and, through Citus, on every worker the
+-- transaction uses (citus.propagate_set_commands = local). Citus propagates
+-- a SET LOCAL run by a function only when the function runs inside a
+-- statement of another one (its "executing a UDF" test), or in a
+-- transaction block: called with PERFORM from idem.maintain_distributed,
+-- this one is.
+CREATE FUNCTION idem.set_local_on_all_nodes(setting text, value text) RETURNS void
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('citus.propagate_set_commands', 'local', true);
+    EXECUTE format('SET LOCAL %I = %L', setting, value);
+END
+$fn$;
+COMMENT ON FUNCTION idem.set_local_on_all_nodes(text, text) IS 'Citus: SET LOCAL setting = value here and on the workers of the transaction (citus.propagate_set_commands = local); call it with PERFORM from another function.';
+REVOKE EXECUTE ON FUNCTION idem.set_local_on_all_nodes(text, text) FROM PUBLIC;

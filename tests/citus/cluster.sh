@@ -11,6 +11,9 @@
 #   bash tests/citus/cluster.sh status
 #   bash tests/citus/cluster.sh reset     drop and recreate $CITUS_DB on every node (Citus only)
 #   bash tests/citus/cluster.sh destroy   stop (immediate) and remove the data
+#   bash tests/citus/cluster.sh crash NODE   stop one node as a crash would (immediate: every
+#                                         backend ends at once, no shutdown checkpoint, crash
+#                                         recovery at the next start); start brings it back
 #   bash tests/citus/cluster.sh psql coord|w1|w2 [psql args...]
 #
 # Ports: CITUS_PORTS (default "5530 5531 5532": coordinator, worker 1, worker 2).
@@ -112,6 +115,10 @@ destroy)
     running "$n" && as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -m immediate -w stop >/dev/null
   done
   rm -rf "$base" ;;
+crash)
+  n=${2:?node}; port_of "$n" >/dev/null
+  running "$n" && as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -m immediate -w stop >/dev/null
+  true ;;
 psql) shift; n=${1:?node}; shift; psql_node "$n" -d "$CITUS_DB" "$@" ;;
-*) echo "usage: $0 start|stop|status|reset|destroy|psql NODE [args]" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|status|reset|destroy|crash NODE|psql NODE [args]" >&2; exit 2 ;;
 esac

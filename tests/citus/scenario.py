@@ -445,11 +445,97 @@ def check_maintenance():
                                   claims=b.get("done"), claim_tps=round(b.get("tps", 0)), claims_failed=b.get("failed"))
 
 
+def check_maintenance_busy():
+    """Maintenance through the coordinator while 4 clients claim in
+    multi-statement transactions (claim, then a business row on the same
+    worker), with about 32 partitions to create at first (1 s partitions,
+    60 s TTL), one run a second: the runs get the lock on every node (a
+    lock that waits idem.maintenance_lock_timeout at a time: NOWAIT found
+    some worker's idem.claims locked at every attempt). Then the skips are
+    made certain (a transaction left open on a worker holds idem.claims
+    there): idem_health's maintenance_lock check counts them and warns at
+    3 in a row, and is ok again after the next run that got the lock."""
+    m = conn("coord", db=MAINT_DB)
+    bt = f"busy.{RUN}"
+    secs = int(os.environ.get("CITUS_MAINT_SECONDS", "25"))
+    q(m, "SELECT set_config('idem.partition_width', '1 second', false), set_config('idem.default_ttl', '60 seconds', false)")
+    q(m, "SELECT idem_configure(%s, NULL)", bt)
+    to_create = one(m, "SELECT count(*) FROM idem.coming_partitions('1 second', clock_timestamp() + interval '61 seconds', 32, clock_timestamp())")[0]
+    p, path = pgbench(PORTS["coord"], secs, 4,
+                      f"\\set n random(1, 2000000000)\nBEGIN;\nSELECT claimed FROM idem_claim('busy' || :n, '{bt}');\n"
+                      f"INSERT INTO m_orders (order_no) VALUES ('busy' || :n) ON CONFLICT DO NOTHING;\nEND;\n",
+                      ("--max-tries=1", "--failures-detailed"), db=MAINT_DB)
+    wait_until("pgbench claims", lambda: one(m, "SELECT count(*) > 0 FROM idem.claims WHERE biz_type = %s", bt)[0], timeout=60)
+    runs, errors, attempts, durations, created = Counter(), Counter(), [], [], []
+    end = time.monotonic() + secs - 3
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            r = one(m, "SELECT idem_maintain()")[0]
+            runs["skipped" if r.get("skipped") else "ok"] += 1
+            attempts.append(r.get("lock_attempts", 0))
+            created.append(len(r.get("partitions_created", [])))
+        except psycopg.Error as e:
+            runs["error"] += 1
+            errors[(e.sqlstate, str(e).splitlines()[0][:100])] += 1
+        durations.append(time.monotonic() - t0)
+        time.sleep(1.0)  # pacing: one run a second
+    b = pgbench_result(p, path)
+    print(f"  maintenance under 4 clients in multi-statement transactions ({secs} s, 1 s partitions, 60 s TTL, "
+          f"{to_create} partitions to create at first): runs {dict(runs)}, partitions created per run {created}, "
+          f"lock attempts {attempts} (max {max(attempts or [0])}), run time max {max(durations or [0]):.2f} s; "
+          f"claims: {b.get('done')} at {b.get('tps', 0):.0f} TPS, {b.get('failed')} failed", flush=True)
+    for (state, msg), n in errors.items():
+        print(f"    {n} x {state}: {msg}")
+    ok(runs["error"] == 0 and created and created[0] >= 30, f"the first run under load made the {to_create} partitions ({created[:1]}), no run failed")
+    ok(runs["skipped"] == 0, f"no run skipped under 4 claiming clients ({runs['skipped']} of {sum(runs.values())})")
+    ok(b.get("failed") == 0 and not b["aborted"] and b.get("done", 0) > 0, f"claims under maintenance: {b.get('failed')} failed, none aborted")
+    summary["maintenance_busy"] = dict(seconds=secs, to_create=to_create, runs=dict(runs), created=created, lock_attempts=attempts,
+                                       max_run_s=round(max(durations or [0]), 2), claims=b.get("done"), claim_tps=round(b.get("tps", 0)),
+                                       claims_failed=b.get("failed"))
+    # Certain skips: a claim left open in a transaction holds idem.claims on its worker.
+    holder = conn("coord", autocommit=False, db=MAINT_DB)
+    one(holder, "SELECT claimed FROM idem_claim(%s, %s)", f"hold-{RUN}", bt)
+    q(m, "SELECT set_config('idem.maintenance_lock_retries', '2', false)")
+    skipped = []
+    for _ in range(3):
+        wait_until("maintenance has partitions to make (1 s partitions)", lambda: one(
+            m, "SELECT count(*) > 0 FROM idem.coming_partitions('1 second', clock_timestamp() + interval '61 seconds', 32, clock_timestamp())")[0])
+        skipped.append(bool(one(m, "SELECT idem_maintain()")[0].get("skipped")))
+    health = one(m, "SELECT severity, value FROM idem_health WHERE check_name = 'maintenance_lock'")
+    ok(skipped == [True] * 3 and health == ("warning", 3),
+       f"runs skipped while a worker's transaction holds idem.claims: {skipped}; idem_health maintenance_lock: {health}")
+    holder.rollback()
+    holder.close()
+    r = one(m, "SELECT idem_maintain()")[0]
+    health = one(m, "SELECT severity, value FROM idem_health WHERE check_name = 'maintenance_lock'")
+    ok(not r.get("skipped") and health == ("ok", 0), f"once the transaction ends, the next run gets the lock; idem_health: {health}")
+    q(m, "SELECT set_config('idem.partition_width', '1 day', false)")
+    m.close()
+
+
 # ---------------------------------------------------------------- shard moves
-def move(shard, src, dst):
+def drain_cleanup():
+    """Wait until Citus has dropped the orphaned copies earlier moves left
+    (pg_dist_cleanup empty), asking it to clean up on each look: its drop of
+    an old copy waits at most 1 s for queries still using it, then leaves the
+    record for a later attempt."""
+    def done():
+        with conn("coord") as c:
+            q(c, "CALL citus_cleanup_orphaned_resources()")
+            return one(c, "SELECT count(*) = 0 FROM pg_dist_cleanup")[0]
+    wait_until("Citus dropped the orphaned shards of earlier moves (pg_dist_cleanup empty)", done, timeout=180)
+
+
+def move(shard, src, dst, mode="block_writes"):
+    """Move shard's colocation group from src to dst, once the orphans of
+    earlier moves are gone (a move onto a node that still holds an orphaned
+    copy of the shard is refused)."""
+    drain_cleanup()
     with conn("coord") as c:
         q(c, """SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,
-                                                  shard_transfer_mode => 'block_writes')""", shard, PORTS[src], PORTS[dst])
+                                                  shard_transfer_mode => %s::citus.shard_transfer_mode)""",
+          shard, PORTS[src], PORTS[dst], mode)
 
 
 def blocked(node, pid):
@@ -495,6 +581,7 @@ def check_move_race():
             res["m"] = "done"
         except psycopg.Error as e:
             res["m"] = str(e)
+    drain_cleanup()  # no orphan of an earlier move on w2 to refuse this one
     tm = threading.Thread(daemon=True, target=run_m)
     tm.start()
     wait_until("the move waits (or ends)", lambda: not tm.is_alive() or blocked("coord", m_pid))
@@ -521,7 +608,7 @@ def check_move_under_load():
     bt = f"moveload.{RUN}"
     # A shard of w2: not the one move_race moved (back to w1), whose
     # orphaned copy on w2 Citus drops later; and drop the orphans now.
-    q(COORD, "CALL citus_cleanup_orphaned_resources()")
+    drain_cleanup()
     k1 = keys_on("w2", "ml1", 1)[0]
     S = shard_of_key(k1)
     keys = [r[0] for r in q(COORD, """SELECT k FROM (SELECT %s || g AS k FROM generate_series(1, 40000) g) s
@@ -552,8 +639,6 @@ def check_move_under_load():
                     if "orphaned shard" not in str(e) or attempt == 9:
                         raise
                     move_deadlocks["orphan"] += 1
-                    with conn("coord") as c:
-                        q(c, "CALL citus_cleanup_orphaned_resources()")
             moves.append(round(time.monotonic() - t0, 2))
             where = dst
     stats = run_stress(0, bt, keys, extra=mover)
@@ -569,14 +654,198 @@ def check_move_under_load():
     summary["moves"] = dict(moves=moves, move_deadlocks=move_deadlocks["move"], orphan_retries=move_deadlocks["orphan"], acknowledged=stats["acknowledged"], errors=errs)
 
 
+# ---------------------------------------------------------------- replica identity after moves
+RI_MISSING_ON_WORKERS = """SELECT nodeport, result FROM run_command_on_workers($$
+    SELECT coalesce(string_agg(c.relname, ' ' ORDER BY c.relname), '') FROM pg_class c
+     WHERE c.relnamespace = 'idem'::regnamespace AND c.relreplident <> 'f'
+       AND c.oid IN (SELECT inhrelid FROM pg_inherits UNION SELECT inhparent FROM pg_inherits)$$) ORDER BY 1"""
+
+
+def ri_missing(c):
+    """Tables of idem.claims' family (shards and shells) on each worker without REPLICA IDENTITY FULL."""
+    return {port: r.split() for port, r in q(c, RI_MISSING_ON_WORKERS)}
+
+
+def check_replica_identity():
+    """A shard move (block_writes, or logical: 'auto') recreates the moved
+    shard of the partitioned idem.claims with REPLICA IDENTITY DEFAULT on its
+    new node (the partitions' shards keep FULL). idem_maintain finds it on
+    the workers and sets it again, on every node; one logical move back
+    (shard_transfer_mode 'auto') needs it, and claims still answer after."""
+    bt = f"ri.{RUN}"
+    # A logical move needs a replica identity on every table of the colocation group.
+    q(COORD, "ALTER TABLE stress_ledger REPLICA IDENTITY FULL")
+    k = keys_on("w1", "ri")[0]
+    S = shard_of_key(k)
+    q(COORD, "SELECT claimed FROM idem_claim(%s, %s)", k, bt)
+    move(S, "w1", "w2")
+    after_move = ri_missing(COORD)
+    print(f"  after a block_writes move of shard {S} to w2, tables without REPLICA IDENTITY FULL: {after_move}", flush=True)
+    r = one(COORD, "SELECT idem_maintain()")[0]
+    ok(not r.get("skipped"), f"idem_maintain ran ({r})")
+    ok(all(not v for v in ri_missing(COORD).values()),
+       f"after idem_maintain every shard of idem.claims and its partitions on the workers has REPLICA IDENTITY FULL "
+       f"(after the move: {after_move}; now: {ri_missing(COORD)}; report: {r.get('replica_identity_set')})")
+    move(S, "w2", "w1", mode="auto")
+    after_logical = ri_missing(COORD)
+    q(COORD, "SELECT idem_maintain()")
+    ok(all(not v for v in ri_missing(COORD).values()),
+       f"after a logical move ('auto') back to w1 and idem_maintain: REPLICA IDENTITY FULL everywhere again (after the move: {after_logical})")
+    ok(node_of_key(k) == "w1" and one(COORD, "SELECT claimed, state FROM idem_claim(%s, %s)", k, bt) == (False, "completed"),
+       "the claim moved twice with its shard (the second time logically) still answers completed")
+
+
+# ---------------------------------------------------------------- a worker killed under load
+CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+UNKNOWN_OUTCOME = ("08006", "08003", "08000", "57P01", "XX000", None)
+
+
+def cluster(*args):
+    subprocess.run(["bash", CLUSTER_SH, *args], check=True, env=dict(os.environ, CITUS_DB=DB),
+                   stdout=subprocess.DEVNULL)
+
+
+def kill_client(keys, bt, stats, lock):
+    """Pay each key once: BEGIN; claim; business row; complete; COMMIT. An
+    error whose outcome the client cannot know (the connection broke, or
+    Citus could not confirm the commit) and every other error are retried
+    with the same key, in a new connection when the old one is gone, until
+    the key answers claimed or replayed."""
+    c = None
+    for k in keys:
+        tries = 0
+        while True:
+            tries += 1
+            at_commit = False
+            try:
+                if c is None or c.closed:
+                    c = conn("coord", autocommit=False)
+                claimed = one(c, "SELECT claimed FROM idem_claim(%s, %s)", k, bt)[0]
+                if claimed:
+                    q(c, "INSERT INTO stress_ledger (order_no, who) VALUES (%s, 'kill')", k)
+                    q(c, "SELECT idem_complete(%s, %s, '{\"paid\": true}')", k, bt)
+                at_commit = True
+                c.commit()
+                with lock:
+                    stats["claimed" if claimed else "replayed"] += 1
+                    if not claimed:
+                        stats.setdefault("replayed_keys", set()).add(k)
+                break
+            except psycopg.Error as e:
+                state = e.sqlstate
+                msg = str(e).splitlines()[0] if str(e) else ""
+                with lock:
+                    kind = state or "no SQLSTATE (connection lost)"
+                    if state == "XX000" and "could not commit transaction" in msg:
+                        kind = "XX000 could not commit transaction"
+                    stats["err " + kind] += 1
+                    if state in UNKNOWN_OUTCOME:
+                        stats.setdefault("unknown_keys", set()).add(k)
+                    if at_commit:
+                        stats.setdefault("commit_failed_keys", set()).add(k)
+                try:
+                    c.rollback()
+                except psycopg.Error:
+                    c.close()
+                time.sleep(0.05)  # pacing of the retries while the worker is down, not an ordering
+        with lock:
+            stats["done"] += 1
+
+
+def check_worker_kill():
+    """A worker crashes (immediate stop) while 4 clients pay through the
+    coordinator; it is started again; every transaction whose outcome the
+    client could not know is retried with the same key. Each key ends with
+    exactly one business row and a completed claim: a retry of a transaction
+    that had committed replays it instead of paying twice."""
+    bt = f"kill.{RUN}"
+    q(COORD, "CREATE TABLE IF NOT EXISTS stress_ledger (order_no text NOT NULL, who text NOT NULL)")
+    if not one(COORD, "SELECT idem.is_distributed('stress_ledger')")[0]:
+        q(COORD, "SELECT create_distributed_table('stress_ledger', 'order_no', colocate_with => 'orders')")
+    keys = [f"kill-{RUN}-{i}" for i in range(1600)]
+    stats, lock = Counter(), threading.Lock()
+    threads = [threading.Thread(daemon=True, target=kill_client, args=(keys[i::4], bt, stats, lock)) for i in range(4)]
+    for t in threads:
+        t.start()
+    wait_until("clients paid 200 keys", lambda: stats["done"] >= 200, timeout=300)
+    cluster("crash", "w2")
+    errors_at_crash = sum(v for k, v in stats.items() if k.startswith("err "))
+    wait_until("clients met the crash", lambda: sum(v for k, v in stats.items() if k.startswith("err ")) > errors_at_crash + 8,
+               timeout=120)
+    cluster("start")
+    for t in threads:
+        t.join(600)
+    ok(not any(t.is_alive() for t in threads), "every client paid all its keys after the worker came back")
+    errs = {k[4:]: v for k, v in stats.items() if k.startswith("err ")}
+    unknown = stats.get("unknown_keys", set())
+    replayed_after_unknown = len(unknown & stats.get("replayed_keys", set()))
+    commit_failed = stats.get("commit_failed_keys", set())
+    committed_anyway = len(commit_failed & stats.get("replayed_keys", set()))
+    ledger = dict(q(COORD, "SELECT order_no, count(*) FROM stress_ledger WHERE order_no = ANY(%s) GROUP BY 1", keys))
+    double = sum(1 for n in ledger.values() if n > 1)
+    # (state 'c': completed, sql/storage.sql)
+    states = dict(q(COORD, "SELECT CASE state WHEN 'c' THEN 'completed' ELSE state::text END, count(*) FROM idem.claims "
+                           "WHERE biz_type = %s AND key = ANY(%s) GROUP BY 1", bt, keys))
+    print(f"  worker w2 crashed under 4 paying clients, 1600 keys: {stats['claimed']} claimed, {stats['replayed']} replayed; "
+          f"errors {errs}; {len(unknown)} keys retried after an unknown outcome, {replayed_after_unknown} of them "
+          f"replayed (an attempt had committed); {len(commit_failed)} keys whose COMMIT failed, {committed_anyway} of them "
+          f"had committed; business rows {sum(ledger.values())} for {len(ledger)} keys, "
+          f"{double} keys paid twice; claims {states}", flush=True)
+    ok(len(unknown) > 0, f"the crash gave clients unknown outcomes ({errs})")
+    ok(double == 0 and len(ledger) == len(keys), f"0 double applies: one business row for each of the {len(keys)} keys ({double} twice, {len(keys) - len(ledger)} none)")
+    ok(states == {"completed": len(keys)}, f"every claim completed ({states})")
+    summary["worker_kill"] = dict(keys=len(keys), claimed=stats["claimed"], replayed=stats["replayed"], errors=errs,
+                                  unknown_outcome_keys=len(unknown), replayed_after_unknown=replayed_after_unknown,
+                                  commit_failed=len(commit_failed), committed_anyway=committed_anyway,
+                                  double_applies=double)
+
+
+# ---------------------------------------------------------------- uninstall and reinstall
+UNINSTALL_DB = os.environ.get("CITUS_UNINSTALL_DB", "idem_u")
+
+
+def check_uninstall():
+    """In a fresh database: idem distributed, claimed, maintained; then a
+    plain DROP EXTENSION idem on the coordinator removes it from every node;
+    CREATE EXTENSION, idem_distribute and claims work again."""
+    subprocess.run(["bash", CLUSTER_SH, "reset"], check=True, env=dict(os.environ, CITUS_DB=UNINSTALL_DB), stdout=subprocess.DEVNULL)
+    u = conn("coord", db=UNINSTALL_DB)
+    q(u, "CREATE EXTENSION idem")
+    q(u, "CREATE TABLE u_orders (order_no text PRIMARY KEY)")
+    q(u, "SELECT create_distributed_table('u_orders', 'order_no')")
+    q(u, "SELECT idem_distribute('u_orders')")
+    ok(one(u, "SELECT claimed FROM idem_claim('u-1', 'u')")[0], "claim in the fresh database")
+    q(u, "SELECT idem_maintain()")
+    state = sqlstate_of(lambda: q(u, "DROP EXTENSION idem"))
+    left = q(u, "SELECT nodeport, result FROM run_command_on_all_nodes($$SELECT count(*) FROM pg_extension WHERE extname = 'idem'$$) JOIN pg_dist_node USING (nodeid) ORDER BY 1")
+    ok(state is None and all(r[1] == "0" for r in left), f"plain DROP EXTENSION idem after idem_distribute: {state or 'ok'}, idem left on nodes {left}")
+    rest = q(u, """SELECT nodeport, result FROM run_command_on_all_nodes($$SELECT count(*) FROM pg_namespace WHERE nspname = 'idem'$$)
+                   JOIN pg_dist_node USING (nodeid) ORDER BY 1""")
+    ok(all(r[1] == "0" for r in rest) and one(u, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'idem.%%'")[0] == 0,
+       f"no schema idem on any node, no Citus metadata left ({rest})")
+    q(u, "CREATE EXTENSION idem")
+    q(u, "SELECT idem_distribute('u_orders')")
+    ok(one(u, "SELECT claimed FROM idem_claim('u-1', 'u')")[0] and
+       one(u, "SELECT claimed, state FROM idem_claim('u-1', 'u')") == (False, "completed"),
+       "reinstalled and distributed again: a claim, then its duplicate replays")
+    r = one(u, "SELECT idem_maintain()")[0]
+    ok(not r.get("skipped") and len(r.get("partitions_created", [])) > 0, f"maintenance after the reinstall ({len(r.get('partitions_created', []))} partitions)")
+    ok(sqlstate_of(lambda: q(u, "DROP EXTENSION idem")) is None, "and a second DROP EXTENSION idem, with maintenance's partitions, works too")
+    u.close()
+
+
 CHECKS = {
     "semantics": check_semantics,
     "forms": check_forms,
     "ttl": check_ttl,
     "stress": check_stress,
     "maintenance": check_maintenance,
+    "maintenance_busy": check_maintenance_busy,
     "move_race": check_move_race,
     "move_load": check_move_under_load,
+    "replica_identity": check_replica_identity,
+    "worker_kill": check_worker_kill,
+    "uninstall": check_uninstall,
 }
 
 if __name__ == "__main__":

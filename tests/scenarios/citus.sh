@@ -9,10 +9,17 @@
 # semantics through the coordinator, every call form, business type
 # settings reaching pooled worker sessions, concurrent stress through the
 # coordinator and directly on the workers with invariant checks,
-# maintenance rotating partitions under load, a shard move racing a claim
-# and moves under load. Without ../shared/vendor/ it fails (Citus is not in
+# maintenance rotating partitions under load (also under claims in
+# multi-statement transactions, and its skips in idem_health), a shard move
+# racing a claim, moves under load, replica identity repaired after moves
+# (one of them logical), a worker crashed under paying clients who retry
+# with the same key, and DROP EXTENSION / reinstall in a fresh database. Without ../shared/vendor/ it fails (Citus is not in
 # Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/citus.sh    leave the cluster running
+#   IDEM_STAGE=target/release/idem-pg15 bash tests/scenarios/citus.sh
+#       take idem from a staging folder made by `cargo pgrx package
+#       --pg-config /usr/lib/postgresql/15/bin/pg_config` instead of the
+#       build installed into $PG_CONFIG's server (which then needs no install)
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 started=$(date +%s)
 VENDOR="$(cd "$ROOT/.." && pwd)/shared/vendor"
@@ -22,14 +29,26 @@ if [ ! -f "$TARBALL" ]; then
   echo "      (relative to the project folder $ROOT); Citus is not in Debian's archive. Not skipped: failed."
   exit 1
 fi
-if [ ! -f "$("$PG_CONFIG" --sharedir)/extension/idem.control" ]; then
-  echo "FAIL: idem is not installed into the PostgreSQL of $PG_CONFIG (bash scripts/setup.sh)"; exit 1
+# Where this build of idem comes from: the server of $PG_CONFIG (the suite
+# installs it there), or IDEM_STAGE, a `cargo pgrx package` staging folder
+# (its usr/lib/postgresql/15/lib/idem.so and usr/share/postgresql/15/extension/).
+if [ -n "${IDEM_STAGE:-}" ]; then
+  IDEM_STAGE="$(cd "$IDEM_STAGE" && pwd)"
+  IDEM_LIB="$IDEM_STAGE$("$PG_CONFIG" --pkglibdir)"
+  IDEM_SHARE="$IDEM_STAGE$("$PG_CONFIG" --sharedir)"
+else
+  IDEM_LIB="$("$PG_CONFIG" --pkglibdir)"
+  IDEM_SHARE="$("$PG_CONFIG" --sharedir)"
+fi
+if [ ! -f "$IDEM_SHARE/extension/idem.control" ] || [ ! -f "$IDEM_LIB/idem.so" ]; then
+  echo "FAIL: no build of idem in $IDEM_LIB and $IDEM_SHARE/extension"
+  echo "      (bash scripts/setup.sh installs it into $PG_CONFIG's server; or IDEM_STAGE=<cargo pgrx package output>)"; exit 1
 fi
 
 # Citus and idem go into a private copy of Debian's PostgreSQL 15
 # (tests/citus/tree.sh), never into the system's: the build of idem the
-# suite installed into $PG_CONFIG's server is copied there (same server
-# version, so the same library loads).
+# suite installed into $PG_CONFIG's server (or the one in IDEM_STAGE) is
+# copied there (same server version, so the same library loads).
 SUITE_PG_CONFIG=$PG_CONFIG
 say "a private PostgreSQL 15 for Citus (made once, then cached)"
 t=$(date +%s)
@@ -43,11 +62,11 @@ export PG_CONFIG=$CITUS_PG_CONFIG
 PG_BIN="$("$PG_CONFIG" --bindir)"
 bash "$ROOT/tests/citus/install.sh"
 build_s=$(( $(date +%s) - t ))
-if [ "$SUITE_PG_CONFIG" != "$CITUS_PG_CONFIG" ]; then
-  say "this build of idem into $("$PG_CONFIG" --pkglibdir)"
-  install -m 755 "$("$SUITE_PG_CONFIG" --pkglibdir)/idem.so" "$("$PG_CONFIG" --pkglibdir)/idem.so"
-  install -m 644 "$("$SUITE_PG_CONFIG" --sharedir)"/extension/idem.control \
-                 "$("$SUITE_PG_CONFIG" --sharedir)"/extension/idem--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+if [ "$IDEM_LIB" != "$("$PG_CONFIG" --pkglibdir)" ]; then
+  say "this build of idem ($IDEM_LIB) into $("$PG_CONFIG" --pkglibdir)"
+  install -m 755 "$IDEM_LIB/idem.so" "$("$PG_CONFIG" --pkglibdir)/idem.so"
+  install -m 644 "$IDEM_SHARE"/extension/idem.control \
+                 "$IDEM_SHARE"/extension/idem--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 fi
 bash "$ROOT/scripts/setup.d/10-python.sh"
 
