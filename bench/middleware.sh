@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Requests per second through the idempotency middleware, next to the same
+# handler with hand-written idempotency and with none: for Python (idem-http,
+# FastAPI on uvicorn, one worker) and Node (idem-pg, Express). Not a test
+# (scripts/test.sh never runs it): it measures, it asserts only that every
+# answer was the expected one. See bench/README.md, "Middleware".
+#
+#   bash bench/middleware.sh [--rounds 5] [--requests 3000] [--concurrency 8]
+#                            [--warmup 300] [--profile] [--out DIR]
+#
+# Per server, the same handler (insert one row into orders, answer 201 with
+# {"id", "amount"}) behind four variants, all on one connection pool:
+#   a  the middleware, a new Idempotency-Key per request (claim, handler,
+#      idem_complete, COMMIT)
+#   b  the middleware replaying keys a completed (the duplicate path)
+#   c  hand-written: INSERT INTO dedup ... ON CONFLICT DO NOTHING RETURNING,
+#      the business insert, UPDATE dedup SET response, one transaction
+#   d  no idempotency: the business insert in one transaction (the floor)
+#   e  (Python only, a diagnostic) a with Policy(lock_timeout=None): the same
+#      middleware without the two set_config('lock_timeout') statements that
+#      bound a duplicate's wait (idem-pg always sends them)
+# One load client (bench/middleware/load.js, Node's http module, keep-alive)
+# drives every variant: CONCURRENCY connections, REQUESTS requests per run.
+# Rounds interleave the variants (a, c, d, b, e for Python, then a, c, d, b
+# for Node, then the next round); a CHECKPOINT precedes every run. b replays the keys a sent
+# in the same round. Results: median requests/s per variant, the ratios a/c
+# and b/c (with the range of the same-round ratios), and the cost per request
+# in microseconds (1/rps differences; with CONCURRENCY in flight that is the
+# machine's time per request, not a latency).
+#
+# Its own PostgreSQL 15 cluster (the system's binaries, where idem is
+# installed), port 5590 (BENCH_MW_PORT, 5590-5599), unix socket only, fsync on
+# and synchronous_commit = off like the project's other benchmarks' default
+# runs (a commit does not wait for the WAL flush: the numbers are CPU and
+# round trips, not the disk). Packages as users get them: idem-http's wheel
+# in a fresh venv (wheelhouse of scripts/setup.d/80-middleware-python.sh,
+# plus psycopg-pool and pyinstrument from PyPI, kept in .venv-wheels/
+# middleware-bench), idem-pg by npm pack + npm install with express and pg.
+# --profile: after the rounds, one more run of a and c each under pyinstrument
+# (Python) and node --cpu-prof (Node), summaries in the output folder.
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
+
+ROUNDS=5 REQUESTS=3000 CONCURRENCY=8 WARMUP=300 PROFILE=0
+ARGS="$*"
+OUT="$ROOT/bench/out/middleware"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --requests) REQUESTS=$2; shift 2 ;;
+    --concurrency) CONCURRENCY=$2; shift 2 ;;
+    --warmup) WARMUP=$2; shift 2 ;;
+    --profile) PROFILE=1; shift ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^source/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+PG_PORT=${BENCH_MW_PORT:-5590}
+[ "$PG_MAJOR" = 15 ] || { echo "bench/middleware.sh runs on Debian's PostgreSQL 15 (PG_CONFIG=$PG_CONFIG)" >&2; exit 2; }
+HERE="$ROOT/bench/middleware"
+dir="$(cluster_dir)/middleware-bench"
+WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
+BENCH_WHEELS="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-bench"
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PY_PORT=$(free_port)
+NODE_PORT=$(free_port)
+work=
+py_pid=
+node_pid=
+
+stop_all() {
+  local p
+  for p in $py_pid $node_pid; do
+    kill -TERM "$p" 2>/dev/null || true
+  done
+  for p in $py_pid $node_pid; do
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  pc_stop
+  if [ -n "$work" ]; then rm -rf "$work"; fi
+  return 0
+}
+trap stop_all EXIT
+PC_DIR=$dir
+work=$(mktemp -d /tmp/idem-mwbench.XXXXXX)
+rm -rf "$OUT"
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "bench/middleware.sh: $started; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "load average at start: $load_start"
+echo "rounds $ROUNDS, $REQUESTS requests per run, $CONCURRENCY connections, warm-up $WARMUP per variant"
+
+# ---- Python: idem-http's wheel in a fresh venv ----------------------------------
+bash "$ROOT/scripts/setup.d/80-middleware-python.sh"
+say "idem-http: wheel, fresh venv (FastAPI, uvicorn, psycopg, psycopg-pool)"
+venv="$work/venv"
+python3 -m venv "$venv"
+if [ ! -f "$BENCH_WHEELS/.complete-1" ]; then
+  # Two packages the middleware scenario does not need: the connection pool
+  # an application would use, and the profiler of --profile.
+  mkdir -p "$BENCH_WHEELS"
+  "$venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$BENCH_WHEELS" \
+    "psycopg-pool==3.2.*" "pyinstrument==5.*"
+  touch "$BENCH_WHEELS/.complete-1"
+fi
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE $BENCH_WHEELS" PIP_DISABLE_PIP_VERSION_CHECK=1
+"$venv/bin/pip" install -q build
+cp -r "$ROOT/clients/python" "$work/pysrc"
+"$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/pysrc" > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+"$venv/bin/pip" install -q "$(ls "$work"/dist/idem_http-*.whl)[fastapi]" "psycopg[binary]" psycopg-pool uvicorn pyinstrument
+unset PIP_NO_INDEX PIP_FIND_LINKS
+py_versions=$("$venv/bin/python" -c "
+from importlib.metadata import version as v
+print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'uvicorn', 'psycopg', 'psycopg-binary', 'psycopg-pool']))")
+echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
+
+# ---- Node: idem-pg packed and installed with express and pg --------------------------
+bash "$ROOT/scripts/setup.d/80-middleware-node.sh"
+say "idem-pg: npm pack, npm install with express and pg"
+mkdir -p "$work/pack" "$work/app"
+tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
+cp "$HERE/package.json" "$HERE/server.js" "$HERE/load.js" "$work/app/"
+(cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
+node_versions=$(cd "$work/app" && node -p "['idem-pg','express','pg'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
+echo "$node_versions (Node $(node --version))"
+
+# ---- the cluster ------------------------------------------------------------------
+say "PostgreSQL cluster on port $PG_PORT (synchronous_commit = off)"
+pc_init "$dir" "$PG_PORT" "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
+  "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min" \
+  "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track = none"
+pc_start
+pc_psql -q -d postgres -c "CREATE DATABASE mw"
+pc_psql -q -d mw <<'SQL'
+CREATE EXTENSION idem;
+-- Statement times for --profile only (tracking is off for the measured runs).
+CREATE EXTENSION pg_stat_statements;
+CREATE TABLE orders (
+    id         bigserial PRIMARY KEY,
+    key        text,
+    amount     int NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+-- The hand-written variant's store: key, when, and the response to replay.
+CREATE TABLE dedup (
+    key        text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    response   jsonb
+);
+SQL
+pg_version=$(pc_psql -d mw -Atc "SHOW server_version")
+idem_version=$(pc_psql -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")
+idem_build=release
+if readelf -S /usr/lib/postgresql/15/lib/idem.so 2>/dev/null | grep -q debug_info; then idem_build="debug (DWARF sections)"; fi
+echo "PostgreSQL $pg_version, idem $idem_version ($idem_build build of $(stat -c %y /usr/lib/postgresql/15/lib/idem.so | cut -d. -f1))"
+
+# ---- the servers --------------------------------------------------------------------
+conninfo="host=$dir port=$PG_PORT dbname=mw user=postgres"
+wait_port() { # PORT PID WHAT
+  for _ in $(seq 1 600); do
+    kill -0 "$2" 2>/dev/null || { echo "$3 exited"; tail -20 "$OUT/$3.log"; exit 1; }
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "$3 does not listen on 127.0.0.1:$1"; exit 1
+}
+start_python() { # [launcher...]: uvicorn, one worker
+  (cd "$work" && BENCH_CONNINFO="$conninfo" BENCH_POOL=$CONCURRENCY exec "$@" -m uvicorn --app-dir "$HERE" app:app \
+     --host 127.0.0.1 --port "$PY_PORT" --workers 1 --no-access-log --log-level warning) > "$OUT/python.log" 2>&1 &
+  py_pid=$!
+  wait_port "$PY_PORT" "$py_pid" python
+}
+start_node() { # [node options...]
+  (cd "$work/app" && PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw BENCH_POOL=$CONCURRENCY \
+     exec node "$@" server.js "$NODE_PORT") > "$OUT/node.log" 2>&1 &
+  node_pid=$!
+  wait_port "$NODE_PORT" "$node_pid" node
+}
+stop_server() { # PID: SIGINT (pyinstrument writes its profile on an interrupt, not on SIGTERM)
+  kill -INT "$1" 2>/dev/null || true
+  for _ in $(seq 1 1200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+start_python "$venv/bin/python"
+start_node
+echo "servers: Python (uvicorn) on 127.0.0.1:$PY_PORT, Node (Express) on 127.0.0.1:$NODE_PORT, pools of $CONCURRENCY connections"
+
+# ---- the runs ------------------------------------------------------------------------
+path_of() { case $1 in a|b) echo /mw ;; c) echo /hand ;; d) echo /plain ;; e) echo /mw-nolt ;; esac; }
+variants() { if [ "$1" = python ]; then echo a c d b e; else echo a c d b; fi; }
+run() { # LANG VARIANT ROUND REQUESTS [JSONL]
+  local port keys save=
+  port=$([ "$1" = python ] && echo "$PY_PORT" || echo "$NODE_PORT")
+  case $2 in
+    a) keys=fresh save="$work/keys-$1" ;;
+    b) keys="file:$work/keys-$1" ;;
+    c|e) keys=fresh ;;
+    d) keys=none ;;
+  esac
+  pc_psql -q -d mw -c CHECKPOINT
+  local line server_pid cpu0 cpu1
+  server_pid=$([ "$1" = python ] && echo "$py_pid" || echo "$node_pid")
+  cpu0=$(python3 "$HERE/cpu.py" "$server_pid" "$(head -1 "$dir/data/postmaster.pid")")
+  line=$(node "$work/app/load.js" "http://127.0.0.1:$port$(path_of "$2")" "$4" "$CONCURRENCY" "$keys" $save) || {
+    echo "FAIL $1 $2 round $3: $line"; exit 1; }
+  cpu1=$(python3 "$HERE/cpu.py" "$server_pid" "$(head -1 "$dir/data/postmaster.pid")")
+  if [ -n "${5:-}" ]; then
+    echo "{\"server\": \"$1\", \"variant\": \"$2\", \"round\": $3, \"loadavg\": \"$(cut -d' ' -f1 /proc/loadavg)\", \"cpu_before\": $cpu0, \"cpu_after\": $cpu1, \"result\": $line}" >> "$5"
+  fi
+  printf '  %-6s %s round %s: %s\n' "$1" "$2" "$3" "$(echo "$line" | python3 -c "import json, sys; r = json.load(sys.stdin); print('%7.1f req/s  p50 %s us  p99 %s us  %s' % (r['rps'], r['p50_us'], r['p99_us'], r['statuses']))")"
+}
+say "warm-up: $WARMUP requests per variant and server (not counted)"
+for lang in python node; do for v in $(variants $lang); do run $lang $v 0 "$WARMUP"; done; done
+say "$ROUNDS rounds of $REQUESTS requests per variant"
+t0=$(date +%s)
+for r in $(seq 1 "$ROUNDS"); do
+  for lang in python node; do
+    for v in $(variants $lang); do run $lang $v "$r" "$REQUESTS" "$OUT/results.jsonl"; done
+  done
+done
+seconds=$(( $(date +%s) - t0 ))
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+rows=$(pc_psql -d mw -Atc "SELECT (SELECT count(*) FROM orders) || ' orders, ' || (SELECT count(*) FROM dedup) || ' dedup rows, ' || (SELECT count(*) FROM idem.claims) || ' claims'")
+echo "measured runs took $seconds s; tables now: $rows"
+echo "load average at end: $load_end"
+
+python3 "$HERE/report.py" "$OUT/results.jsonl" \
+  --meta "date=$started" "command=bash bench/middleware.sh${ARGS:+ $ARGS}" "machine=$(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB" \
+         "load_start=$load_start" "load_end=$load_end" "postgres=PostgreSQL $pg_version, idem $idem_version ($idem_build build)" \
+         "python=$py_versions" "node=$node_versions, Node $(node --version)" \
+         "setup=rounds $ROUNDS x $REQUESTS requests, $CONCURRENCY connections, synchronous_commit = off, fsync on" \
+  > "$OUT/report.md"
+cat "$OUT/report.md"
+
+# ---- where the time goes (--profile) ----------------------------------------------------------
+# Not measured runs: each profiler slows its server down. pyinstrument samples
+# the Python server (flat self time, and the tree under the middleware);
+# node --cpu-prof the Node one (bench/middleware/cpuprof.js summarises it);
+# pg_stat_statements (switched on for these runs only) gives the database's
+# side: execution time per statement.
+if [ "$PROFILE" = 1 ]; then
+  say "profiles: one run of a and one of c per server, each in a server of its own"
+  stop_server "$py_pid"; py_pid=
+  stop_server "$node_pid"; node_pid=
+  pc_psql -q -d mw -c "ALTER SYSTEM SET pg_stat_statements.track = top" -c "SELECT pg_reload_conf()" >/dev/null
+  statements() { # FILE: what the database spent per statement since the reset
+    pc_psql -d mw -P pager=off -c "SELECT calls, round((total_exec_time * 1000 / calls)::numeric, 1) AS mean_exec_us,
+        round(total_exec_time::numeric, 1) AS total_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS statement
+      FROM pg_stat_statements WHERE calls >= $REQUESTS / 2 ORDER BY total_exec_time DESC" > "$1"
+  }
+  for v in a c; do
+    start_python "$venv/bin/pyinstrument" -r pyisession -o "$work/python-$v.pyisession"
+    pc_psql -q -d mw -c "SELECT pg_stat_statements_reset()" >/dev/null
+    run python $v p "$REQUESTS"
+    statements "$OUT/statements-python-$v.txt"
+    stop_server "$py_pid"; py_pid=
+    "$venv/bin/pyinstrument" --load "$work/python-$v.pyisession" -r text -p flat=true -p flat_time=self --show-all \
+      -o "$OUT/pyinstrument-$v-flat.txt"
+    "$venv/bin/pyinstrument" --load "$work/python-$v.pyisession" -r text --show '*/idem_http/*' \
+      -o "$OUT/pyinstrument-$v-tree.txt"
+    start_node --cpu-prof --cpu-prof-dir="$work/node-cpuprof-$v"
+    pc_psql -q -d mw -c "SELECT pg_stat_statements_reset()" >/dev/null
+    run node $v p "$REQUESTS"
+    statements "$OUT/statements-node-$v.txt"
+    stop_server "$node_pid"; node_pid=
+    node "$HERE/cpuprof.js" "$(ls "$work/node-cpuprof-$v"/*.cpuprofile)" 30 > "$OUT/node-cpuprof-$v.txt"
+  done
+  pc_psql -q -d mw -c "ALTER SYSTEM RESET pg_stat_statements.track" -c "SELECT pg_reload_conf()" >/dev/null
+  echo "profiles in $OUT: pyinstrument-{a,c}-{flat,tree}.txt, node-cpuprof-{a,c}.txt, statements-{python,node}-{a,c}.txt"
+fi

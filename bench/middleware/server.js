@@ -1,0 +1,85 @@
+// The Node side of bench/middleware.sh: one Express 5 app with the same
+// handler (insert one business row, answer 201 with a small JSON body)
+// behind four routes, all on one pg.Pool of BENCH_POOL connections:
+//
+//   POST /mw     idem-pg's Express middleware (new key: variant a; a key
+//                already completed: variant b, the replay)
+//   POST /hand   hand-written idempotency in one transaction: INSERT INTO
+//                dedup ... ON CONFLICT DO NOTHING RETURNING, the business
+//                insert, the response stored in the dedup row (variant c)
+//   POST /plain  no idempotency, one transaction (variant d: the floor)
+//
+//   node server.js PORT      (PGHOST, PGPORT, PGUSER, PGDATABASE, BENCH_POOL)
+'use strict';
+const express = require('express');
+const { Pool } = require('pg');
+const { createIdem } = require('idem-pg');
+
+const port = Number(process.argv[2]);
+const size = Number(process.env.BENCH_POOL || 8);
+const pool = new Pool({ max: size, min: size });
+const idem = createIdem({ pool });
+const app = express();
+app.use(express.json());
+
+// The business work, the same in every variant.
+async function createOrder(client, key, body) {
+  const { rows } = await client.query('INSERT INTO orders (key, amount) VALUES ($1, $2) RETURNING id', [key, body.amount]);
+  return { id: Number(rows[0].id), amount: body.amount };
+}
+
+app.post('/mw', idem.express({ bizType: 'bench.mw' }), async (req, res) => {
+  res.status(201).json(await createOrder(req.idem.client, req.get('idempotency-key'), req.body));
+});
+
+app.post('/hand', async (req, res) => {
+  const key = req.get('idempotency-key');
+  if (!key) return res.status(400).json({ error: 'Idempotency-Key required' });
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const claimed = await client.query('INSERT INTO dedup (key) VALUES ($1) ON CONFLICT DO NOTHING RETURNING key', [key]);
+    if (claimed.rowCount === 0) {
+      // A duplicate: the stored answer (a concurrent first request's
+      // transaction is waited for through the primary key's lock).
+      const stored = await client.query('SELECT response FROM dedup WHERE key = $1', [key]);
+      await client.query('COMMIT');
+      return res.status(201).json(stored.rows[0].response);
+    }
+    const result = await createOrder(client, key, req.body);
+    await client.query('UPDATE dedup SET response = $1::jsonb WHERE key = $2', [JSON.stringify(result), key]);
+    await client.query('COMMIT');
+    res.status(201).json(result);
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => {});
+    throw err;
+  } finally {
+    client.release();
+  }
+});
+
+app.post('/plain', async (req, res) => {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const result = await createOrder(client, req.get('idempotency-key') || null, req.body);
+    await client.query('COMMIT');
+    res.status(201).json(result);
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => {});
+    throw err;
+  } finally {
+    client.release();
+  }
+});
+
+app.use(idem.expressErrorHandler());
+
+// A normal exit on a signal, so that node --cpu-prof writes its profile.
+for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => process.exit(0));
+
+// Open every pool connection before announcing readiness, so no variant
+// pays the connections' start.
+Promise.all(Array.from({ length: size }, () => pool.connect()))
+  .then((clients) => { clients.forEach((c) => c.release()); })
+  .then(() => app.listen(port, '127.0.0.1', () => console.log(`listening on 127.0.0.1:${port}`)));
