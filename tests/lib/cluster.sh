@@ -88,3 +88,58 @@ session_close() {
   exec {fd}>&-
   wait "${SESSION_PID[$1]}" 2>/dev/null || true
 }
+
+# PgBouncer in transaction mode in front of the cluster (pc_init's DIR and
+# PORT), for every database, on 127.0.0.1:LISTEN_PORT; its files in $PC_DIR.
+#   pgb_start LISTEN_PORT [POOL_SIZE]   start it; returns once it answers
+#   pgb_stop                            stop it (only this cluster's, by its pid file)
+pgb_start() {
+  local listen=$1 pool=${2:-40} ready= i
+  printf '"postgres" ""\n' > "$PC_DIR/userlist.txt"
+  cat > "$PC_DIR/pgbouncer.ini" <<INI
+[databases]
+* = host=$PC_DIR port=$PC_PORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $listen
+unix_socket_dir =
+auth_type = trust
+auth_file = $PC_DIR/userlist.txt
+pool_mode = transaction
+default_pool_size = $pool
+max_client_conn = $((pool * 5))
+admin_users = postgres
+ignore_startup_parameters = extra_float_digits
+log_connections = 0
+log_disconnections = 0
+logfile = $PC_DIR/pgbouncer.log
+pidfile = $PC_DIR/pgbouncer.pid
+INI
+  chown postgres:postgres "$PC_DIR/pgbouncer.ini" "$PC_DIR/userlist.txt"
+  as_postgres /usr/sbin/pgbouncer -d "$PC_DIR/pgbouncer.ini"
+  for i in $(seq 1 250); do
+    "$PG_BIN/psql" -X -h 127.0.0.1 -p "$listen" -U postgres -d pgbouncer -Atc "SHOW VERSION" >/dev/null 2>&1 && ready=1 && break
+    sleep 0.02
+  done
+  [ -n "$ready" ] || { tail -5 "$PC_DIR/pgbouncer.log" >&2; echo "FAIL: PgBouncer did not start on 127.0.0.1:$listen" >&2; exit 1; }
+}
+pgb_stop() {
+  local p
+  [ -n "$PC_DIR" ] || return 0
+  p=$(cat "$PC_DIR/pgbouncer.pid" 2>/dev/null) || p=
+  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$PC_DIR/pgbouncer.ini"; then
+    kill -TERM "$p"
+    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
+  fi
+  rm -f "$PC_DIR/pgbouncer.pid"
+}
+
+# kill_matching REGEX: KILL every process whose command line matches (a
+# test server a driver that died left behind; name it by a path of its own
+# run, so nothing else matches).
+kill_matching() {
+  local p
+  for p in /proc/[0-9]*; do
+    if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "$1"; then kill -KILL "${p#/proc/}" 2>/dev/null || true; fi
+  done
+}

@@ -24,22 +24,10 @@ work=
 t_start=$(date +%s%N)
 
 stop_all() {
-  local p
-  p=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || p=
-  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$dir/pgbouncer.ini"; then
-    kill -TERM "$p"
-    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
-  fi
-  rm -f "$dir/pgbouncer.pid"
+  pgb_stop
   # A test server left behind by a driver that died: this run's own, by the
   # path of its script in this run's scratch folder.
-  if [ -n "$work" ]; then
-    for p in /proc/[0-9]*; do
-      if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^[^ ]*node $work/app/server.js "; then
-        kill -KILL "${p#/proc/}" 2>/dev/null || true
-      fi
-    done
-  fi
+  [ -z "$work" ] || kill_matching "^[^ ]*node $work/app/server.js "
   pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
@@ -74,34 +62,7 @@ CREATE TABLE charges (
 SQL
 echo "PostgreSQL $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SHOW server_version"), idem $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")"
 
-printf '"postgres" ""\n' > "$dir/userlist.txt"
-cat > "$dir/pgbouncer.ini" <<INI
-[databases]
-* = host=$dir port=$PG_PORT
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $PGB_PORT
-unix_socket_dir =
-auth_type = trust
-auth_file = $dir/userlist.txt
-pool_mode = transaction
-default_pool_size = 60
-max_client_conn = 300
-admin_users = postgres
-ignore_startup_parameters = extra_float_digits
-log_connections = 0
-log_disconnections = 0
-logfile = $dir/pgbouncer.log
-pidfile = $dir/pgbouncer.pid
-INI
-chown postgres:postgres "$dir/pgbouncer.ini" "$dir/userlist.txt"
-as_postgres /usr/sbin/pgbouncer -d "$dir/pgbouncer.ini"
-ready=
-for _ in $(seq 1 250); do
-  "$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW VERSION" >/dev/null 2>&1 && ready=1 && break
-  sleep 0.02
-done
-[ -n "$ready" ] || { tail -5 "$dir/pgbouncer.log"; fail "PgBouncer did not start on 127.0.0.1:$PGB_PORT"; }
+pgb_start "$PGB_PORT" 60
 echo "$(/usr/sbin/pgbouncer --version | sed -n 1p), pool_mode = transaction, on 127.0.0.1:$PGB_PORT"
 
 # ---- the package, packed and installed as users do -----------------------------

@@ -41,22 +41,10 @@ WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
 work=
 
 stop_all() {
-  local p
-  p=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || p=
-  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$dir/pgbouncer.ini"; then
-    kill -TERM "$p"
-    for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
-  fi
-  rm -f "$dir/pgbouncer.pid"
+  pgb_stop
   # A test server left behind by a driver that died: this run's own, by the
   # path of this run's venv.
-  if [ -n "$work" ]; then
-    for p in /proc/[0-9]*; do
-      if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^$work/venv/bin/python -m \(uvicorn\|django\) "; then
-        kill -KILL "${p#/proc/}" 2>/dev/null || true
-      fi
-    done
-  fi
+  [ -z "$work" ] || kill_matching "^$work/venv/bin/python -m \(uvicorn\|django\) "
   pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
@@ -99,34 +87,7 @@ pc_start
 pc_psql -q -d postgres -c "CREATE DATABASE mw"
 pc_psql -q -d mw -c "CREATE EXTENSION idem"
 
-printf '"postgres" ""\n' > "$dir/userlist.txt"
-cat > "$dir/pgbouncer.ini" <<INI
-[databases]
-mw = host=$dir port=$PG_PORT dbname=mw
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER_PORT
-unix_socket_dir =
-auth_type = trust
-auth_file = $dir/userlist.txt
-pool_mode = transaction
-default_pool_size = 40
-max_client_conn = 200
-ignore_startup_parameters = extra_float_digits
-admin_users = postgres
-log_connections = 0
-log_disconnections = 0
-logfile = $dir/pgbouncer.log
-pidfile = $dir/pgbouncer.pid
-INI
-chown postgres:postgres "$dir/pgbouncer.ini" "$dir/userlist.txt"
-as_postgres /usr/sbin/pgbouncer -d "$dir/pgbouncer.ini"
-ready=
-for _ in $(seq 1 250); do
-  "$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d mw -Atc "SELECT 1" >/dev/null 2>&1 && ready=1 && break
-  sleep 0.02
-done
-[ -n "$ready" ] || { echo "FAIL PgBouncer did not start"; tail -5 "$dir/pgbouncer.log"; exit 1; }
+pgb_start "$BOUNCER_PORT" 40
 
 # ---- the servers, directly and through PgBouncer ----------------------------
 direct="host=$dir port=$PG_PORT dbname=mw user=postgres"
