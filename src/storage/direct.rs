@@ -185,6 +185,7 @@ impl Opened {
     fn probe(&self, k: &ClaimKey, now: i64) -> Option<Row> {
         // A key has at most one live row (that is what the protocol
         // guarantees), so the first one found is the answer.
+        let arrival = writer::caller_snapshot();
         for (i, (heap, _)) in self.parts.iter().enumerate() {
             // An empty partition (the premade future ones, the default one)
             // cannot hold the key: the size check is much cheaper than an
@@ -197,16 +198,16 @@ impl Opened {
                 }
                 p.seen_nonempty.set(true);
             }
-            if let Some(row) = self.probe_one(i, k, now) {
+            if let Some(row) = self.probe_one(i, k, now, arrival) {
                 return Some(row);
             }
         }
         None
     }
 
-    /// Probe partition `i` through its index with a dirty snapshot.
-    fn probe_one(&self, i: usize, k: &ClaimKey, now: i64) -> Option<Row> {
-        let arrival = writer::caller_snapshot();
+    /// Probe partition `i` through its index with a dirty snapshot;
+    /// `arrival` is the caller's snapshot (writer.rs).
+    fn probe_one(&self, i: usize, k: &ClaimKey, now: i64, arrival: pg_sys::Snapshot) -> Option<Row> {
         // SAFETY: partition i's heap and index are open and locked for as
         // long as self lives; the dirty snapshot and the slot outlive the
         // scan; the slot's values are a claims tuple of NCOLS columns (the
