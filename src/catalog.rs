@@ -33,9 +33,10 @@ use std::rc::Rc;
 pub struct Partition {
     pub relid: pg_sys::Oid,
     pub index: pg_sys::Oid,
-    /// Range of expires_at in PostgreSQL timestamp microseconds, lower bound
-    /// inclusive, upper exclusive; `None` for the DEFAULT partition.
-    pub range: Option<(i64, i64)>,
+    /// TTL class, and range of expires_at in PostgreSQL timestamp
+    /// microseconds, lower bound inclusive, upper exclusive; `None` for the
+    /// DEFAULT partition.
+    pub bound: Option<Bound>,
     /// The index's IndexInfo, built on first insert (BuildIndexInfo copies
     /// the index expression: too dear to do per claim). Lives in the list's
     /// memory context.
@@ -43,6 +44,15 @@ pub struct Partition {
     /// Seen with rows once: it is probed without asking its size again
     /// (believing a partition non-empty is always safe, the reverse never).
     pub seen_nonempty: Cell<bool>,
+}
+
+/// What a partition of idem.claims holds: claims of one TTL class
+/// (ttl_class.rs) expiring in [from, to).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Bound {
+    pub class: i16,
+    pub from: i64,
+    pub to: i64,
 }
 
 /// One reading of the partition list. Shared (Rc) between the cache and the
@@ -109,6 +119,7 @@ const BIZ_TYPE_CACHE_MAX: usize = 4096;
 struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
+    type_classes: Option<pg_sys::Oid>,
     owner: Option<pg_sys::Oid>,
     /// Per parent: idem.claims, and under Citus each local shard of it that
     /// a claim has used (a few dozen at most).
@@ -144,6 +155,7 @@ fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
 fn reset(c: &mut Cache) {
     c.claims = None;
     c.biz_types = None;
+    c.type_classes = None;
     c.owner = None;
     drop_partitions(c);
     c.biz_type_settings.clear();
@@ -209,7 +221,7 @@ fn relation_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
         if rel == pg_sys::InvalidOid {
             IdemError::ObjectNotInPrerequisiteState(
                 format!("relation idem.{} does not exist", name.to_string_lossy()),
-                Some("Is the extension installed in this database? CREATE EXTENSION idem;".into()),
+                Some("Is the extension installed in this database (CREATE EXTENSION idem), and its schema as new as its library (ALTER EXTENSION idem UPDATE)?".into()),
             )
             .fail();
         }
@@ -247,6 +259,10 @@ pub fn open_claims(lockmode: pg_sys::LOCKMODE) -> pg_sys::Relation {
 
 pub fn biz_types_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.biz_types, c"biz_types")
+}
+
+pub fn type_classes_oid() -> pg_sys::Oid {
+    cached_oid(|c| &mut c.type_classes, c"type_classes")
 }
 
 /// The partitions of `parent` (idem.claims, or a local shard of it), and
@@ -294,7 +310,7 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
         let desc = pg_sys::RelationGetPartitionDesc(rel, false);
         for i in 0..(*desc).nparts as usize {
             let relid = *(*desc).oids.add(i);
-            let range = partition_range(relid)
+            let bound = partition_bound(relid)
                 .unwrap_or_else(|| internal(format!("partition {} of idem.claims has no bound", relid.to_u32())));
             let (index, gap) = check_shape(relid);
             if list.unreplicable.is_none() {
@@ -303,7 +319,7 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
             list.parts.push(Partition {
                 relid,
                 index,
-                range,
+                bound,
                 index_info: Cell::new(std::ptr::null_mut()),
                 seen_nonempty: Cell::new(false),
             });
@@ -312,13 +328,13 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
     }
     // Newest range first: a duplicate is most often a recent claim, and
     // the probe stops at the first live row. The default partition last.
-    list.parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
+    list.parts.sort_by_key(|p| std::cmp::Reverse(p.bound.map(|b| b.from)));
     list
 }
 
-/// A partition's range from its `relpartbound`, in binary: `Some(None)` for
+/// A partition's bound from its `relpartbound`, in binary: `Some(None)` for
 /// the default partition, None if `relid` is not a partition.
-pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
+pub fn partition_bound(relid: pg_sys::Oid) -> Option<Option<Bound>> {
     unsafe {
         let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(relid));
         if tup.is_null() {
@@ -344,40 +360,58 @@ pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
         if (*spec).strategy as u8 != b'r' {
             internal("idem.claims is not partitioned by range");
         }
-        Some(Some((range_datum((*spec).lowerdatums), range_datum((*spec).upperdatums))))
+        let (lower, upper) = (range_datums((*spec).lowerdatums), range_datums((*spec).upperdatums));
+        if lower.0 != upper.0 {
+            internal("a partition of idem.claims spans more than one TTL class");
+        }
+        Some(Some(Bound { class: lower.0, from: lower.1, to: upper.1 }))
     }
 }
 
-/// The one value of a range bound list (idem.claims has one partition
-/// column): MINVALUE and MAXVALUE as the ends of the timestamp line.
+/// The two values of a range bound list (idem.claims is partitioned by
+/// ttl_class, expires_at): MINVALUE and MAXVALUE of expires_at as the ends
+/// of the timestamp line.
 ///
 /// # Safety
 /// `list` is a bound list of a PartitionBoundSpec from `stringToNode`.
-unsafe fn range_datum(list: *mut pg_sys::List) -> i64 {
+unsafe fn range_datums(list: *mut pg_sys::List) -> (i16, i64) {
     unsafe {
-        if list.is_null() || (*list).length != 1 {
-            internal("a partition bound of idem.claims does not have exactly one column");
+        if list.is_null() || (*list).length != 2 {
+            internal("a partition bound of idem.claims does not have two columns (ttl_class, expires_at)");
         }
-        let datum = (*(*list).elements).ptr_value as *mut pg_sys::PartitionRangeDatum;
-        match (*datum).kind {
-            pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => i64::MIN,
-            pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MAXVALUE => i64::MAX,
-            _ => {
-                let value = (*datum).value as *mut pg_sys::Const;
-                if value.is_null() || (*value).consttype != pg_sys::TIMESTAMPTZOID || (*value).constisnull {
-                    internal("a partition bound of idem.claims is not a timestamptz constant");
+        let at = |i: usize, ty: pg_sys::Oid| -> Option<pg_sys::Datum> {
+            let datum = (*(*list).elements.add(i)).ptr_value as *mut pg_sys::PartitionRangeDatum;
+            match (*datum).kind {
+                pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => None,
+                pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MAXVALUE => None,
+                _ => {
+                    let value = (*datum).value as *mut pg_sys::Const;
+                    if value.is_null() || (*value).consttype != ty || (*value).constisnull {
+                        internal("a partition bound of idem.claims is not a constant of its column's type");
+                    }
+                    Some((*value).constvalue)
                 }
-                (*value).constvalue.value() as i64
             }
-        }
+        };
+        let class = at(0, pg_sys::INT2OID)
+            .unwrap_or_else(|| internal("a partition bound of idem.claims has no TTL class"))
+            .value() as i16;
+        let kind1 = (*((*(*list).elements.add(1)).ptr_value as *mut pg_sys::PartitionRangeDatum)).kind;
+        let expiry = match at(1, pg_sys::TIMESTAMPTZOID) {
+            Some(d) => d.value() as i64,
+            None if kind1 == pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => i64::MIN,
+            None => i64::MAX,
+        };
+        (class, expiry)
     }
 }
 
 /// The column types every partition of idem.claims must have, in order
 /// (sql/storage.sql; storage/direct.rs forms tuples of exactly this shape).
-const SHAPE: [(pg_sys::Oid, &str); 7] = [
+const SHAPE: [(pg_sys::Oid, &str); 8] = [
     (pg_sys::TIMESTAMPTZOID, "expires_at"),
     (pg_sys::TIMESTAMPTZOID, "claimed_at"),
+    (pg_sys::INT2OID, "ttl_class"),
     (pg_sys::CHAROID, "state"),
     (pg_sys::TEXTOID, "biz_type"),
     (pg_sys::TEXTOID, "key"),
@@ -486,8 +520,12 @@ fn check_shape(relid: pg_sys::Oid) -> (pg_sys::Oid, Option<&'static str>) {
             && pg_sys::RelationGetIndexPredicate(index).is_null();
         let valid = (*ix).indisvalid && (*ix).indisready;
         let gap = replication_gap(rel);
-        pg_sys::index_close(index, pg_sys::NoLock as _);
-        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        // The locks go now: a claim locks the partitions it looks into
+        // itself, and keeping one on every partition of every class would
+        // cost each backend's first claim a lock per partition until its
+        // transaction ends (lock table space that 100 sessions can exhaust).
+        pg_sys::index_close(index, pg_sys::AccessShareLock as _);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
         if !digest {
             unexpected_shape(
                 relid,

@@ -23,30 +23,38 @@ use crate::errors::IdemError;
 use crate::key::ClaimKey;
 use crate::metrics;
 use pgrx::pg_sys;
-use std::cell::Cell;
+use super::type_classes::{self, Registered};
+use crate::ttl_class;
+use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
 const COL_EXPIRES_AT: usize = 0;
 const COL_CLAIMED_AT: usize = 1;
-const COL_STATE: usize = 2;
-const COL_BIZ_TYPE: usize = 3;
-const COL_KEY: usize = 4;
-const COL_FINGERPRINT: usize = 5;
-const COL_RESULT: usize = 6;
-const NCOLS: usize = 7;
+const COL_TTL_CLASS: usize = 2;
+const COL_STATE: usize = 3;
+const COL_BIZ_TYPE: usize = 4;
+const COL_KEY: usize = 5;
+const COL_FINGERPRINT: usize = 6;
+const COL_RESULT: usize = 7;
+const NCOLS: usize = 8;
 
-/// The target's partitioned table and every partition, locked and open.
-/// Partition `i` here is `list.parts[i]`.
+/// The target's partitioned table and the partitions a key's row can be in,
+/// locked and open. Partition `i` here is `list.parts[i]`.
 pub struct Opened {
     /// Under Citus, the logical idem.claims, locked before the shard.
     shell: Option<pg_sys::Relation>,
     parent: pg_sys::Relation,
     lockmode: pg_sys::LOCKMODE,
-    /// Each partition's heap, and its index (opened on first use: empty
+    /// Each partition's heap (opened when a class it belongs to is looked
+    /// into: null until then), and its index (opened on first use: empty
     /// partitions are never probed).
-    parts: Vec<(pg_sys::Relation, Cell<pg_sys::Relation>)>,
+    parts: Vec<(Cell<pg_sys::Relation>, Cell<pg_sys::Relation>)>,
     list: Rc<PartitionList>,
+    /// The registry the key's type is registered in, and what was read of
+    /// it last (type_classes.rs).
+    registry: pg_sys::Oid,
+    registered: RefCell<Registered>,
 }
 
 impl Drop for Opened {
@@ -79,32 +87,38 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
 }
 
 impl Opened {
-    /// Lock the target's table, then every partition. The table is locked
-    /// first: idem_maintain changes partitions only under a lock that
-    /// conflicts with ours, so the set stays as read until the transaction
-    /// ends. Anyone else attaching a partition locks the default partition,
-    /// which we lock too: if taking a lock let an invalidation of the list
-    /// in, read it again. Under Citus the logical idem.claims is locked
-    /// before the shard, in the order Citus's own statements take: Citus's
+    /// Lock the target's table, then its default partition; the partitions
+    /// of TTL classes are opened by `look_into`. The table is locked first:
+    /// idem_maintain changes partitions only under a lock that conflicts
+    /// with ours, so the set stays as read until the transaction ends.
+    /// Anyone else attaching a partition locks the default partition, which
+    /// we lock too: if taking a lock let an invalidation of the list in,
+    /// read it again. Under Citus the logical idem.claims is locked before
+    /// the shard, in the order Citus's own statements take: Citus's
     /// maintenance locks it on every node before it changes a shard
     /// (sql/maintenance.sql), so it never waits for a claim that waits for
     /// it.
-    ///
-    /// Every partition, also those whose range has ended: a claim whose
-    /// transaction is still open blocks its key whatever its expiry, and
-    /// maintenance cannot drop its partition meanwhile (our lock).
     pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
         unsafe {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
             let (_, list) = catalog::partitions(parent_oid);
-            let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
+            let mut opened = Opened {
+                shell,
+                parent,
+                lockmode,
+                parts: Vec::new(),
+                list,
+                registry: target.registry,
+                registered: RefCell::new(Registered::default()),
+            };
             loop {
                 let (generation, list) = catalog::partitions(parent_oid);
                 opened.close_parts();
                 opened.list = list;
                 for p in &opened.list.parts {
-                    opened.parts.push((pg_sys::table_open(p.relid, lockmode), Cell::new(std::ptr::null_mut())));
+                    let heap = if p.bound.is_none() { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
+                    opened.parts.push((Cell::new(heap), Cell::new(std::ptr::null_mut())));
                 }
                 if catalog::partitions_generation() == generation {
                     if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
@@ -116,6 +130,34 @@ impl Opened {
         }
     }
 
+    /// Read which classes hold `k`'s type (type_classes.rs), and open and
+    /// lock every partition of those classes that can hold a row of `k`:
+    /// those whose range starts before the latest expiry registered in the
+    /// class. Partitions whose range has ended are among them: a claim whose
+    /// transaction is still open blocks its key whatever its expiry, and
+    /// maintenance cannot drop its partition meanwhile (our lock). Premade
+    /// partitions further out hold no claim of the type.
+    fn look_into_classes(&self, k: &ClaimKey) {
+        let registered = type_classes::read(self.registry, k.biz_type);
+        for &(class, until) in &registered.classes {
+            for (i, p) in self.list.parts.iter().enumerate() {
+                if p.bound.is_some_and(|b| b.class == class && b.from <= until) {
+                    self.heap(i);
+                }
+            }
+        }
+        *self.registered.borrow_mut() = registered;
+    }
+
+    /// Partition `i`'s heap, opened and locked on first use.
+    fn heap(&self, i: usize) -> pg_sys::Relation {
+        let heap = &self.parts[i].0;
+        if heap.get().is_null() {
+            heap.set(unsafe { pg_sys::table_open(self.list.parts[i].relid, self.lockmode) });
+        }
+        heap.get()
+    }
+
     /// Locks stay until the end of the transaction (NoLock here).
     fn close_parts(&mut self) {
         for (heap, index) in self.parts.drain(..) {
@@ -123,8 +165,8 @@ impl Opened {
                 if !index.get().is_null() {
                     pg_sys::index_close(index.get(), pg_sys::NoLock as _);
                 }
-                if !heap.is_null() {
-                    pg_sys::table_close(heap, pg_sys::NoLock as _);
+                if !heap.get().is_null() {
+                    pg_sys::table_close(heap.get(), pg_sys::NoLock as _);
                 }
             }
         }
@@ -144,6 +186,7 @@ impl Opened {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
             let lock = KeyLock::acquire(k.hash);
+            self.look_into_classes(k);
             let row = self.probe(k, now());
             self.predicate_lock(k);
             match row {
@@ -170,6 +213,7 @@ impl Opened {
 
     /// What a lookup sees: no lock, no wait.
     pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
+        self.look_into_classes(k);
         let row = self.probe(k, now);
         self.predicate_lock(k);
         match row {
@@ -187,13 +231,17 @@ impl Opened {
         // guarantees), so the first one found is the answer.
         let arrival = writer::caller_snapshot();
         for (i, (heap, _)) in self.parts.iter().enumerate() {
+            let heap = heap.get();
+            if heap.is_null() {
+                continue; // not of a class the key's type is in
+            }
             // An empty partition (the premade future ones, the default one)
             // cannot hold the key: the size check is much cheaper than an
             // index descent. Under the key lock no row of this key can
             // appear meanwhile.
             let p = &self.list.parts[i];
             if !p.seen_nonempty.get() {
-                if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(*heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
+                if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
                     continue;
                 }
                 p.seen_nonempty.set(true);
@@ -213,7 +261,7 @@ impl Opened {
         // scan; the slot's values are a claims tuple of NCOLS columns (the
         // shape catalog.rs checked).
         unsafe {
-            let heap = self.parts[i].0;
+            let heap = self.heap(i);
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
             let scan = begin_key_scan(heap, self.index(i), &mut dirty, k.hash);
@@ -265,9 +313,13 @@ impl Opened {
             return;
         }
         for (i, (heap, _)) in self.parts.iter().enumerate() {
+            let heap = heap.get();
+            if heap.is_null() {
+                continue;
+            }
             unsafe {
-                let scan = begin_key_scan(*heap, self.index(i), writer::caller_snapshot(), k.hash);
-                let slot = pg_sys::table_slot_create(*heap, std::ptr::null_mut());
+                let scan = begin_key_scan(heap, self.index(i), writer::caller_snapshot(), k.hash);
+                let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
                 pg_sys::index_endscan(scan);
@@ -275,16 +327,24 @@ impl Opened {
         }
     }
 
-    /// Insert a new claim row into the partition whose range holds its
-    /// expiry (else the default partition). The key is locked, so no other
-    /// claim of the key can probe between our probe and this insert.
+    /// Insert a new claim row into the partition of its TTL class whose
+    /// range holds its expiry (else the default partition), its type
+    /// registered in that class first. The key is locked, so no other claim
+    /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+        let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
+        {
+            let mut registered = self.registered.borrow_mut();
+            if !registered.covers(class, new.expires_at) {
+                type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
+            }
+        }
         let target = self
             .list
             .parts
             .iter()
-            .position(|p| p.range.is_some_and(|(lo, hi)| lo <= new.expires_at && new.expires_at < hi))
-            .or_else(|| self.list.parts.iter().position(|p| p.range.is_none()))
+            .position(|p| p.bound.is_some_and(|b| b.class == class && b.from <= new.expires_at && new.expires_at < b.to))
+            .or_else(|| self.list.parts.iter().position(|p| p.bound.is_none()))
             .unwrap_or_else(|| {
                 IdemError::ObjectNotInPrerequisiteState(
                     "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
@@ -292,9 +352,9 @@ impl Opened {
                 )
                 .fail()
             });
-        let heap = self.parts[target].0;
+        let heap = self.heap(target);
         unsafe {
-            let tuple = form(heap, k, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
+            let tuple = form(heap, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
             self.index_insert(target, k.hash, &mut (*tuple).t_self);
             self.remember(k.hash, target, (*tuple).t_self);
@@ -307,10 +367,10 @@ impl Opened {
     /// moves rows only under an exclusive lock on idem.claims, so no
     /// concurrent update can get in the way of the update.
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
-        let heap = self.parts[row.part].0;
+        let heap = self.heap(row.part);
         unsafe {
             let fingerprint = row.fingerprint.as_deref();
-            let tuple = form(heap, k, row.claimed_at, row.expires_at, state, fingerprint, result);
+            let tuple = form(heap, k, row.ttl_class, row.claimed_at, row.expires_at, state, fingerprint, result);
             let mut otid = row.tid;
             // The row may have been written by this very command (a claim and
             // its completion in one statement): make it updatable.
@@ -329,14 +389,18 @@ impl Opened {
         let mut tid = row.tid;
         unsafe {
             pg_sys::CommandCounterIncrement();
-            pg_sys::simple_heap_delete(self.parts[row.part].0, &mut tid);
+            pg_sys::simple_heap_delete(self.heap(row.part), &mut tid);
         }
     }
 
     /// Where this transaction's own row of a key now is (partition `i`).
     fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
         let target =
-            Target { shell: self.shell.map(|r| unsafe { (*r).rd_id }), parent: unsafe { (*self.parent).rd_id } };
+            Target {
+                shell: self.shell.map(|r| unsafe { (*r).rd_id }),
+                parent: unsafe { (*self.parent).rd_id },
+                registry: self.registry,
+            };
         remember(hash, target, self.list.parts[i].relid, tid);
     }
 
@@ -353,7 +417,7 @@ impl Opened {
                 v.as_mut_ptr(),
                 n.as_mut_ptr(),
                 tid,
-                self.parts[i].0,
+                self.heap(i),
                 pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO,
                 false,
                 self.list.index_info(i, index),
@@ -370,7 +434,7 @@ impl Opened {
         // this transaction wrote in it and did not roll back (RECENT is
         // forgotten on any subtransaction abort), so its block exists.
         unsafe {
-            let heap = self.parts[i].0;
+            let heap = self.heap(i);
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
             let mut tuple: pg_sys::HeapTupleData = MaybeUninit::zeroed().assume_init();
@@ -443,6 +507,7 @@ unsafe fn row_of(
             part,
             tid,
             state: values[COL_STATE].value() as u8,
+            ttl_class: values[COL_TTL_CLASS].value() as i16,
             claimed_at: values[COL_CLAIMED_AT].value() as i64,
             expires_at: values[COL_EXPIRES_AT].value() as i64,
             fingerprint: (!nulls[COL_FINGERPRINT]).then(|| varlena_bytes(values[COL_FINGERPRINT]).to_vec()),
@@ -461,6 +526,7 @@ unsafe fn row_of(
 unsafe fn form(
     heap: pg_sys::Relation,
     k: &ClaimKey,
+    ttl_class: i16,
     claimed_at: i64,
     expires_at: i64,
     state: u8,
@@ -471,6 +537,7 @@ unsafe fn form(
     let mut nulls = [false; NCOLS];
     values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
     values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
+    values[COL_TTL_CLASS] = pg_sys::Datum::from(ttl_class);
     values[COL_STATE] = pg_sys::Datum::from(state as i8);
     values[COL_BIZ_TYPE] = text_datum(k.biz_type);
     values[COL_KEY] = text_datum(k.key);
@@ -541,14 +608,19 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
         let (_, list) = catalog::partitions((*parent).rd_id);
-        let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
+        let mut opened = Opened {
+            shell,
+            parent,
+            lockmode,
+            parts: Vec::new(),
+            list,
+            registry: r.target.registry,
+            registered: RefCell::new(Registered::default()),
+        };
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
-        // Only partition i is opened; the others' slots stay empty (never
-        // touched: the row is in partition i).
-        for (j, p) in opened.list.parts.iter().enumerate() {
-            let heap = if j == i { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
-            opened.parts.push((heap, Cell::new(std::ptr::null_mut())));
-        }
+        // Only partition i is opened (by fetch_own); the others' stay
+        // closed (never touched: the row is in partition i).
+        opened.parts = opened.list.parts.iter().map(|_| (Cell::new(std::ptr::null_mut()), Cell::new(std::ptr::null_mut()))).collect();
         let row = opened.fetch_own(i, r.tid, k)?;
         Some((opened, row))
     }
