@@ -215,7 +215,7 @@ WITH s AS (
     -- idem.type_classes (with their indexes), and each partition of the
     -- type's classes that can hold a live claim, with its index.
     SELECT coalesce(max(n), 0) * 2 + 5 AS locks,
-           (array_agg(biz_type ORDER BY n DESC))[1] AS biz_type
+           (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
       FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
               FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
               JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until

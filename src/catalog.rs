@@ -47,7 +47,10 @@ pub struct Partition {
 }
 
 /// What a partition of idem.claims holds: claims of one TTL class
-/// (ttl_class.rs) expiring in [from, to).
+/// (ttl_class.rs) expiring in [from, to). In 0.3.0's layout, class
+/// `LEGACY_CLASS`.
+pub const LEGACY_CLASS: i16 = -1;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Bound {
     pub class: i16,
@@ -68,6 +71,11 @@ pub struct PartitionList {
     /// path refuse before writing anything, as the executor would refuse
     /// the SQL path's UPDATE.
     pub unreplicable: Option<(pg_sys::Oid, &'static str)>,
+    /// idem.claims still has 0.3.0's layout (partitioned by expires_at
+    /// alone, no ttl_class column): this library is installed and ALTER
+    /// EXTENSION idem UPDATE has not run yet. Every partition is looked into,
+    /// and rows are written in that shape (storage/direct.rs, sql.rs).
+    pub legacy: bool,
     /// Holds what the entries point to outside Rust (IndexInfos).
     mcx: pg_sys::MemoryContext,
 }
@@ -119,7 +127,8 @@ const BIZ_TYPE_CACHE_MAX: usize = 4096;
 struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
-    type_classes: Option<pg_sys::Oid>,
+    /// Some(None): idem.type_classes does not exist (0.3.0's schema).
+    type_classes: Option<Option<pg_sys::Oid>>,
     owner: Option<pg_sys::Oid>,
     /// Per parent: idem.claims, and under Citus each local shard of it that
     /// a claim has used (a few dozen at most).
@@ -261,8 +270,21 @@ pub fn biz_types_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.biz_types, c"biz_types")
 }
 
-pub fn type_classes_oid() -> pg_sys::Oid {
-    cached_oid(|c| &mut c.type_classes, c"type_classes")
+/// idem.type_classes, or None in 0.3.0's schema (this library installed,
+/// ALTER EXTENSION idem UPDATE not run yet), where claims look into every
+/// partition.
+pub fn type_classes_oid() -> Option<pg_sys::Oid> {
+    claims_oid(); // so that relcache_callback recognises an update's invalidation
+    if let Some(found) = with_cache(|c| c.type_classes) {
+        return found;
+    }
+    let found = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);
+        let rel = pg_sys::get_relname_relid(c"type_classes".as_ptr(), nsp);
+        (rel != pg_sys::InvalidOid).then_some(rel)
+    };
+    with_cache(|c| c.type_classes = Some(found));
+    found
 }
 
 /// The partitions of `parent` (idem.claims, or a local shard of it), and
@@ -302,9 +324,10 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
         )
     };
     // Owns mcx from here on, also if loading fails.
-    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, mcx };
+    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, legacy: false, mcx };
     unsafe {
         let rel = pg_sys::table_open(parent, pg_sys::AccessShareLock as _);
+        list.legacy = pg_sys::get_attnum(parent, c"ttl_class".as_ptr()) == pg_sys::InvalidAttrNumber as i16;
         list.unreplicable = replication_gap(rel).map(|why| (parent, why));
         // Detached-pending partitions included: their rows still count.
         let desc = pg_sys::RelationGetPartitionDesc(rel, false);
@@ -312,7 +335,7 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
             let relid = *(*desc).oids.add(i);
             let bound = partition_bound(relid)
                 .unwrap_or_else(|| internal(format!("partition {} of idem.claims has no bound", relid.to_u32())));
-            let (index, gap) = check_shape(relid);
+            let (index, gap) = check_shape(relid, list.legacy);
             if list.unreplicable.is_none() {
                 list.unreplicable = gap.map(|why| (relid, why));
             }
@@ -376,9 +399,11 @@ pub fn partition_bound(relid: pg_sys::Oid) -> Option<Option<Bound>> {
 /// `list` is a bound list of a PartitionBoundSpec from `stringToNode`.
 unsafe fn range_datums(list: *mut pg_sys::List) -> (i16, i64) {
     unsafe {
-        if list.is_null() || (*list).length != 2 {
-            internal("a partition bound of idem.claims does not have two columns (ttl_class, expires_at)");
+        if list.is_null() || !(1..=2).contains(&(*list).length) {
+            internal("a partition bound of idem.claims does not have the columns (ttl_class, expires_at)");
         }
+        // 0.3.0's layout: expires_at alone.
+        let legacy = (*list).length == 1;
         let at = |i: usize, ty: pg_sys::Oid| -> Option<pg_sys::Datum> {
             let datum = (*(*list).elements.add(i)).ptr_value as *mut pg_sys::PartitionRangeDatum;
             match (*datum).kind {
@@ -393,11 +418,16 @@ unsafe fn range_datums(list: *mut pg_sys::List) -> (i16, i64) {
                 }
             }
         };
-        let class = at(0, pg_sys::INT2OID)
-            .unwrap_or_else(|| internal("a partition bound of idem.claims has no TTL class"))
-            .value() as i16;
-        let kind1 = (*((*(*list).elements.add(1)).ptr_value as *mut pg_sys::PartitionRangeDatum)).kind;
-        let expiry = match at(1, pg_sys::TIMESTAMPTZOID) {
+        let class = if legacy {
+            LEGACY_CLASS
+        } else {
+            at(0, pg_sys::INT2OID)
+                .unwrap_or_else(|| internal("a partition bound of idem.claims has no TTL class"))
+                .value() as i16
+        };
+        let e = if legacy { 0 } else { 1 };
+        let kind1 = (*((*(*list).elements.add(e)).ptr_value as *mut pg_sys::PartitionRangeDatum)).kind;
+        let expiry = match at(e, pg_sys::TIMESTAMPTZOID) {
             Some(d) => d.value() as i64,
             None if kind1 == pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => i64::MIN,
             None => i64::MAX,
@@ -482,13 +512,15 @@ pub fn check_replicable(list: &PartitionList) {
 /// writes to (a column added by hand would make the direct path form
 /// tuples of the wrong shape); return the index's OID, and what
 /// `replication_gap` says of the partition.
-fn check_shape(relid: pg_sys::Oid) -> (pg_sys::Oid, Option<&'static str>) {
+fn check_shape(relid: pg_sys::Oid, legacy: bool) -> (pg_sys::Oid, Option<&'static str>) {
+    // 0.3.0's partitions lack ttl_class.
+    let shape: Vec<_> = SHAPE.iter().filter(|(_, name)| !(legacy && *name == "ttl_class")).collect();
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
-        let columns_ok = natts == SHAPE.len()
-            && SHAPE.iter().enumerate().all(|(i, (ty, name))| {
+        let columns_ok = natts == shape.len()
+            && shape.iter().enumerate().all(|(i, (ty, name))| {
                 let a = &*crate::compat::tuple_desc_attr(desc, i);
                 !a.attisdropped
                     && a.atttypid == *ty

@@ -151,10 +151,11 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
         biz_types_shard = r.get(c"shardid").map(|d| d.value() as i64);
     });
     let mut type_classes_shard = None;
-    let type_classes = catalog::type_classes_oid();
-    scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", type_classes)], |r| {
-        type_classes_shard = r.get(c"shardid").map(|d| d.value() as i64);
-    });
+    if let Some(type_classes) = catalog::type_classes_oid() {
+        scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", type_classes)], |r| {
+            type_classes_shard = r.get(c"shardid").map(|d| d.value() as i64);
+        });
+    }
     let collation = unsafe {
         let attnum = pg_sys::get_attnum(claims, c"key".as_ptr());
         let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
@@ -213,14 +214,7 @@ pub fn local_shard(k: &ClaimKey) -> Option<Target> {
         let registry = dist
             .type_classes_shard
             .filter(|shard| placement_groups(*shard).contains(&local_group()))
-            .and_then(|shard| relation_in_idem(&format!("type_classes_{shard}")))
-            .unwrap_or_else(|| {
-                IdemError::ObjectNotInPrerequisiteState(
-                    "idem.type_classes is not a reference table with a placement on this node".into(),
-                    Some("Run SELECT idem_distribute(...) again on the coordinator (docs/scaling.md).".into()),
-                )
-                .fail()
-            });
+            .and_then(|shard| relation_in_idem(&format!("type_classes_{shard}")));
         return Some(Target { shell: Some(catalog::claims_oid()), parent: relid, registry });
     }
 }

@@ -29,14 +29,45 @@ use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
-const COL_EXPIRES_AT: usize = 0;
-const COL_CLAIMED_AT: usize = 1;
-const COL_TTL_CLASS: usize = 2;
-const COL_STATE: usize = 3;
-const COL_BIZ_TYPE: usize = 4;
-const COL_KEY: usize = 5;
-const COL_FINGERPRINT: usize = 6;
-const COL_RESULT: usize = 7;
+/// Where each column is in a partition's tuple.
+pub struct Columns {
+    expires_at: usize,
+    claimed_at: usize,
+    ttl_class: Option<usize>,
+    state: usize,
+    biz_type: usize,
+    key: usize,
+    fingerprint: usize,
+    result: usize,
+    n: usize,
+}
+
+const COLUMNS: Columns = Columns {
+    expires_at: 0,
+    claimed_at: 1,
+    ttl_class: Some(2),
+    state: 3,
+    biz_type: 4,
+    key: 5,
+    fingerprint: 6,
+    result: 7,
+    n: 8,
+};
+
+/// 0.3.0's partitions (catalog::PartitionList::legacy): no ttl_class.
+const LEGACY_COLUMNS: Columns = Columns {
+    expires_at: 0,
+    claimed_at: 1,
+    ttl_class: None,
+    state: 2,
+    biz_type: 3,
+    key: 4,
+    fingerprint: 5,
+    result: 6,
+    n: 7,
+};
+
+/// The most columns a tuple has.
 const NCOLS: usize = 8;
 
 /// The target's partitioned table and the partitions a key's row can be in,
@@ -53,8 +84,10 @@ pub struct Opened {
     list: Rc<PartitionList>,
     /// The registry the key's type is registered in, and what was read of
     /// it last (type_classes.rs).
-    registry: pg_sys::Oid,
+    registry: Option<pg_sys::Oid>,
     registered: RefCell<Registered>,
+    /// The columns of the partitions' tuples.
+    cols: &'static Columns,
 }
 
 impl Drop for Opened {
@@ -111,13 +144,18 @@ impl Opened {
                 list,
                 registry: target.registry,
                 registered: RefCell::new(Registered::default()),
+                cols: &COLUMNS,
             };
             loop {
                 let (generation, list) = catalog::partitions(parent_oid);
                 opened.close_parts();
                 opened.list = list;
+                // In 0.3.0's layout, every partition (as 0.3.0 did).
+                let every = opened.list.legacy;
+                opened.cols = if every { &LEGACY_COLUMNS } else { &COLUMNS };
                 for p in &opened.list.parts {
-                    let heap = if p.bound.is_none() { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
+                    let open = every || p.bound.is_none();
+                    let heap = if open { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
                     opened.parts.push((Cell::new(heap), Cell::new(std::ptr::null_mut())));
                 }
                 if catalog::partitions_generation() == generation {
@@ -138,7 +176,10 @@ impl Opened {
     /// maintenance cannot drop its partition meanwhile (our lock). Premade
     /// partitions further out hold no claim of the type.
     fn look_into_classes(&self, k: &ClaimKey) {
-        let registered = type_classes::read(self.registry, k.biz_type);
+        if self.list.legacy {
+            return; // every partition is open
+        }
+        let registered = type_classes::read(self.registry(), k.biz_type);
         for &(class, until) in &registered.classes {
             for (i, p) in self.list.parts.iter().enumerate() {
                 if p.bound.is_some_and(|b| b.class == class && b.from <= until) {
@@ -147,6 +188,18 @@ impl Opened {
             }
         }
         *self.registered.borrow_mut() = registered;
+    }
+
+    /// The registry of TTL classes; 55000 if it is missing outside 0.3.0's
+    /// layout (a schema half updated by hand).
+    fn registry(&self) -> pg_sys::Oid {
+        self.registry.unwrap_or_else(|| {
+            IdemError::ObjectNotInPrerequisiteState(
+                "idem.claims is partitioned by TTL class, but idem.type_classes is missing".into(),
+                Some("Reinstall the extension, or on Citus run SELECT idem_distribute(...) again on the coordinator.".into()),
+            )
+            .fail()
+        })
     }
 
     /// Partition `i`'s heap, opened and locked on first use.
@@ -281,10 +334,11 @@ impl Opened {
                 let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut should_free);
                 let xmin = writer::of_header((*tuple).t_data);
                 let own = writer::is_own(xmin);
-                pg_sys::slot_getsomeattrs_int(slot, NCOLS as i32);
-                let values = std::slice::from_raw_parts((*slot).tts_values, NCOLS);
-                let nulls = std::slice::from_raw_parts((*slot).tts_isnull, NCOLS);
-                let Some(mut row) = row_of(values, nulls, k, i, (*slot).tts_tid) else {
+                let n = self.cols.n;
+                pg_sys::slot_getsomeattrs_int(slot, n as i32);
+                let values = std::slice::from_raw_parts((*slot).tts_values, n);
+                let nulls = std::slice::from_raw_parts((*slot).tts_isnull, n);
+                let Some(mut row) = row_of(self.cols, values, nulls, k, i, (*slot).tts_tid) else {
                     continue; // a digest collision
                 };
                 if busy.is_none() && !own && row.expires_at <= now && !writer::was_running_at(xmin, arrival) {
@@ -332,8 +386,8 @@ impl Opened {
     /// registered in that class first. The key is locked, so no other claim
     /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
-        {
+        let class = if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
+        if !self.list.legacy {
             let mut registered = self.registered.borrow_mut();
             if !registered.covers(class, new.expires_at) {
                 type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
@@ -354,7 +408,8 @@ impl Opened {
             });
         let heap = self.heap(target);
         unsafe {
-            let tuple = form(heap, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
+            let tuple =
+                form(heap, self.cols, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
             self.index_insert(target, k.hash, &mut (*tuple).t_self);
             self.remember(k.hash, target, (*tuple).t_self);
@@ -370,7 +425,7 @@ impl Opened {
         let heap = self.heap(row.part);
         unsafe {
             let fingerprint = row.fingerprint.as_deref();
-            let tuple = form(heap, k, row.ttl_class, row.claimed_at, row.expires_at, state, fingerprint, result);
+            let tuple = form(heap, self.cols, k, row.ttl_class, row.claimed_at, row.expires_at, state, fingerprint, result);
             let mut otid = row.tid;
             // The row may have been written by this very command (a claim and
             // its completion in one statement): make it updatable.
@@ -450,7 +505,7 @@ impl Opened {
             let mut nulls = [false; NCOLS];
             pg_sys::heap_deform_tuple(&mut tuple, (*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             let own = writer::is_own(writer::of_header(tuple.t_data));
-            let row = row_of(&values, &nulls, k, i, tid).filter(|_| own).map(|mut row| {
+            let row = row_of(self.cols, &values, &nulls, k, i, tid).filter(|_| own).map(|mut row| {
                 row.own = true;
                 row.visible = true;
                 row
@@ -493,6 +548,7 @@ unsafe fn begin_key_scan(
 /// # Safety
 /// `values` and `nulls` are a deformed claims tuple (NCOLS columns).
 unsafe fn row_of(
+    cols: &Columns,
     values: &[pg_sys::Datum],
     nulls: &[bool],
     k: &ClaimKey,
@@ -500,18 +556,18 @@ unsafe fn row_of(
     tid: pg_sys::ItemPointerData,
 ) -> Option<Row> {
     unsafe {
-        if varlena_bytes(values[COL_KEY]) != k.key || varlena_bytes(values[COL_BIZ_TYPE]) != k.biz_type {
+        if varlena_bytes(values[cols.key]) != k.key || varlena_bytes(values[cols.biz_type]) != k.biz_type {
             return None;
         }
         Some(Row {
             part,
             tid,
-            state: values[COL_STATE].value() as u8,
-            ttl_class: values[COL_TTL_CLASS].value() as i16,
-            claimed_at: values[COL_CLAIMED_AT].value() as i64,
-            expires_at: values[COL_EXPIRES_AT].value() as i64,
-            fingerprint: (!nulls[COL_FINGERPRINT]).then(|| varlena_bytes(values[COL_FINGERPRINT]).to_vec()),
-            result: (!nulls[COL_RESULT]).then(|| varlena_copy(values[COL_RESULT])),
+            state: values[cols.state].value() as u8,
+            ttl_class: cols.ttl_class.map_or(catalog::LEGACY_CLASS, |c| values[c].value() as i16),
+            claimed_at: values[cols.claimed_at].value() as i64,
+            expires_at: values[cols.expires_at].value() as i64,
+            fingerprint: (!nulls[cols.fingerprint]).then(|| varlena_bytes(values[cols.fingerprint]).to_vec()),
+            result: (!nulls[cols.result]).then(|| varlena_copy(values[cols.result])),
             own: false,
             busy: None,
             visible: false,
@@ -523,8 +579,10 @@ unsafe fn row_of(
 ///
 /// # Safety
 /// `heap` is an open partition of idem.claims (its shape checked).
+#[allow(clippy::too_many_arguments)]
 unsafe fn form(
     heap: pg_sys::Relation,
+    cols: &Columns,
     k: &ClaimKey,
     ttl_class: i16,
     claimed_at: i64,
@@ -535,19 +593,21 @@ unsafe fn form(
 ) -> pg_sys::HeapTuple {
     let mut values = [pg_sys::Datum::from(0); NCOLS];
     let mut nulls = [false; NCOLS];
-    values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
-    values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
-    values[COL_TTL_CLASS] = pg_sys::Datum::from(ttl_class);
-    values[COL_STATE] = pg_sys::Datum::from(state as i8);
-    values[COL_BIZ_TYPE] = text_datum(k.biz_type);
-    values[COL_KEY] = text_datum(k.key);
+    values[cols.expires_at] = pg_sys::Datum::from(expires_at);
+    values[cols.claimed_at] = pg_sys::Datum::from(claimed_at);
+    if let Some(c) = cols.ttl_class {
+        values[c] = pg_sys::Datum::from(ttl_class);
+    }
+    values[cols.state] = pg_sys::Datum::from(state as i8);
+    values[cols.biz_type] = text_datum(k.biz_type);
+    values[cols.key] = text_datum(k.key);
     match fingerprint {
-        Some(f) => values[COL_FINGERPRINT] = text_datum(f),
-        None => nulls[COL_FINGERPRINT] = true,
+        Some(f) => values[cols.fingerprint] = text_datum(f),
+        None => nulls[cols.fingerprint] = true,
     }
     match result {
-        Some(r) => values[COL_RESULT] = r,
-        None => nulls[COL_RESULT] = true,
+        Some(r) => values[cols.result] = r,
+        None => nulls[cols.result] = true,
     }
     unsafe { pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
 }
@@ -616,7 +676,11 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
             list,
             registry: r.target.registry,
             registered: RefCell::new(Registered::default()),
+            cols: &COLUMNS,
         };
+        if opened.list.legacy {
+            opened.cols = &LEGACY_COLUMNS;
+        }
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay
         // closed (never touched: the row is in partition i).

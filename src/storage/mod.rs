@@ -112,8 +112,9 @@ pub enum Seen {
 pub struct Target {
     pub shell: Option<pg_sys::Oid>,
     pub parent: pg_sys::Oid,
-    /// idem.type_classes, or under Citus this node's placement of it.
-    pub registry: pg_sys::Oid,
+    /// idem.type_classes, or under Citus this node's placement of it; None
+    /// in 0.3.0's schema (catalog::PartitionList::legacy).
+    pub registry: Option<pg_sys::Oid>,
 }
 
 /// How this node reaches idem.claims.

@@ -58,6 +58,31 @@ static PROBE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT2ARRAYOID],
 );
 
+/// 0.3.0's schema (this library installed, ALTER EXTENSION idem UPDATE not
+/// run yet): no TTL classes, every partition.
+static PROBE_0_3: Statement = Statement::new(
+    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid, (-1)::pg_catalog.int2
+        FROM idem.claims
+       WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
+         AND biz_type OPERATOR(pg_catalog.=) $2
+         AND key OPERATOR(pg_catalog.=) $3",
+    &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+);
+
+static INSERT_0_3: Statement = Statement::new(
+    c"INSERT INTO idem.claims (expires_at, claimed_at, state, biz_type, key, fingerprint, result)
+      VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    &[
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::CHAROID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+    ],
+);
+
 static INSERT: Statement = Statement::new(
     c"INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
       VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -210,18 +235,22 @@ impl SqlStore {
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
         let arrival = writer::caller_snapshot();
-        let registered = type_classes::read(catalog::type_classes_oid(), k.biz_type);
-        let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
-        *self.registered.borrow_mut() = registered;
-        let rows = catalog::as_owner(|| {
-            let _fresh = FreshSnapshot::push();
-            PROBE.query(&[
-                Some(pg_sys::Datum::from(k.hash)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                Some(classes),
-            ])
-        });
+        let key = [Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
+        let rows = match catalog::type_classes_oid() {
+            Some(registry) => {
+                let registered = type_classes::read(registry, k.biz_type);
+                let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
+                *self.registered.borrow_mut() = registered;
+                catalog::as_owner(|| {
+                    let _fresh = FreshSnapshot::push();
+                    PROBE.query(&[key[0], key[1], key[2], Some(classes)])
+                })
+            }
+            None => catalog::as_owner(|| {
+                let _fresh = FreshSnapshot::push();
+                PROBE_0_3.query(&key)
+            }),
+        };
         // Rows that are live by their expiry (or ours), and expired rows
         // whose writer was running when the caller arrived: the answer when
         // no row is live (writer.rs).
@@ -274,6 +303,20 @@ impl SqlStore {
 
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         keep_locked(k);
+        if catalog::type_classes_oid().is_none() {
+            catalog::as_owner(|| {
+                INSERT_0_3.execute(&[
+                    ts(new.expires_at),
+                    ts(new.claimed_at),
+                    Some(pg_sys::Datum::from(new.state as i8)),
+                    Some(text_datum(k.biz_type)),
+                    Some(text_datum(k.key)),
+                    new.fingerprint.map(text_datum),
+                    new.result,
+                ])
+            });
+            return;
+        }
         let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
         {
             let mut registered = self.registered.borrow_mut();
