@@ -730,13 +730,29 @@ CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
     RETURNS TABLE (ttl_class smallint, width interval, horizon timestamptz)
     STABLE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
-    LANGUAGE sql AS $fn$
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    waiting smallint[] := '{}';
+    ongoing smallint[] := '{}';
+BEGIN
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NOT NULL THEN
+        EXECUTE 'SELECT coalesce(array_agg(DISTINCT ttl_class), ''{}'') FROM idem.claims_default' INTO waiting;
+    END IF;
+    IF idem.is_distributed('idem.claims') THEN
+        SELECT coalesce(array_agg(DISTINCT b.ttl_class), '{}') INTO ongoing
+          FROM idem.partition_bounds b WHERE NOT b.is_default AND b.range_to > t_now;
+    END IF;
+    RETURN QUERY
     SELECT c.k, idem.class_width(c.k),
            t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(interval '20 minutes', 16 * idem.class_width(c.k)))
       FROM (SELECT t.ttl_class AS k FROM idem.type_classes t WHERE t.until > t_now
             UNION SELECT idem.ttl_class(b.ttl) FROM idem.biz_types b WHERE b.ttl IS NOT NULL
-            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))) c
-     ORDER BY 1
+            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))
+            UNION SELECT unnest(waiting || ongoing)) c
+     WHERE c.k >= 0
+     ORDER BY 1;
+END
 $fn$;
 COMMENT ON FUNCTION idem.classes_to_premake(timestamptz) IS 'The TTL classes idem_maintain makes partitions for, their width, and how far ahead their partitions must reach.';
 REVOKE EXECUTE ON FUNCTION idem.classes_to_premake(timestamptz) FROM PUBLIC;
@@ -1283,9 +1299,6 @@ BEGIN
     END IF;
     -- Run again (after an upgrade), what is distributed stays as it is and
     -- the functions are registered again, new ones included.
-    IF NOT idem.is_distributed('idem.type_classes') THEN
-        PERFORM pg_catalog.create_reference_table('idem.type_classes');
-    END IF;
     IF NOT idem.is_distributed('idem.biz_types') THEN
         PERFORM pg_catalog.create_reference_table('idem.biz_types');
     END IF;
@@ -1311,7 +1324,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types, idem.type_classes and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION idem.publication_problems() RETURNS TABLE (publication name, problem text)
     STABLE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
