@@ -728,7 +728,7 @@ COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the par
 DROP FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz);
 CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
     RETURNS TABLE (ttl_class smallint, width interval, horizon timestamptz)
-    STABLE PARALLEL UNSAFE
+    STABLE PARALLEL UNSAFE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -755,7 +755,6 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem.classes_to_premake(timestamptz) IS 'The TTL classes idem_maintain makes partitions for, their width, and how far ahead their partitions must reach.';
-REVOKE EXECUTE ON FUNCTION idem.classes_to_premake(timestamptz) FROM PUBLIC;
 CREATE FUNCTION idem.coming_partitions(limit_parts int, t_now timestamptz)
     RETURNS TABLE (name text, ttl_class smallint, range_from timestamptz, range_to timestamptz)
     STABLE PARALLEL UNSAFE

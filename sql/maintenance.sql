@@ -99,10 +99,12 @@ COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the par
 -- longest TTL of the class from now, plus the lookahead that lets claims
 -- find their partition while maintenance is late: 20 minutes, but at
 -- least one width and at most 16 (at most about 23 partitions of a class
--- exist at a time).
+-- exist at a time). SECURITY DEFINER and granted to PUBLIC for the view
+-- idem_health, whose readers (a monitoring role) need nothing in schema
+-- idem; it says nothing but class numbers and widths.
 CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
     RETURNS TABLE (ttl_class smallint, width interval, horizon timestamptz)
-    STABLE PARALLEL UNSAFE
+    STABLE PARALLEL UNSAFE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -129,7 +131,6 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem.classes_to_premake(timestamptz) IS 'The TTL classes idem_maintain makes partitions for, their width, and how far ahead their partitions must reach.';
-REVOKE EXECUTE ON FUNCTION idem.classes_to_premake(timestamptz) FROM PUBLIC;
 
 -- The ranges maintenance adds next, class by class: from the end of the
 -- class's last range (or the width-aligned slot holding t_now, when there is
