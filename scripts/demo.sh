@@ -60,7 +60,7 @@ if [ $cron = 1 ] && [ "$(psql_idem -d "$db" -Atc "SELECT count(*) FROM pg_extens
 fi
 # A clean slate in that database (it is not dropped: pg_cron's launcher is
 # connected to it): idem and the demo's objects, settings, the cron job.
-psql_idem -q -d "$db" <<SQL
+psql_idem -q -d "$db" >/dev/null <<SQL
 SET client_min_messages = warning;
 ALTER DATABASE $db RESET ALL;
 DROP EXTENSION IF EXISTS idem CASCADE;
