@@ -182,9 +182,27 @@ fi
 marker=$(psql_idem -d "$db" -Atc "SELECT now()")
 if [ $cron = 1 ]; then
   say "waiting for pg_cron's next run of idem_maintain (it fires at the start of each minute)"
-  until_true "$db" "SELECT count(*) > 0 FROM cron.job_run_details d JOIN cron.job j USING (jobid)
-                     WHERE j.jobname = 'idem_maintain' AND d.status = 'succeeded' AND d.start_time > '$marker'" \
-    "pg_cron runs idem_maintain"
+  # pg_cron 1.4 (Debian 12's) can miss a change to its job list committed
+  # beside much DDL, as this demo's set-up and maintenance make (creating
+  # and dropping the extension, dozens of one-second partitions): its
+  # scheduler then keeps the old list until the next change
+  # (docs/operations.md, Scheduling maintenance). So once the job's first
+  # minute has passed without a run, the demo registers the same job again,
+  # a change with no DDL beside it, and goes on waiting for the run.
+  ran="SELECT count(*) > 0 FROM cron.job_run_details d JOIN cron.job j USING (jobid)
+        WHERE j.jobname = 'idem_maintain' AND d.status = 'succeeded' AND d.start_time > '$marker'"
+  due=$(psql_idem -d "$db" -Atc "SELECT extract(epoch FROM date_trunc('minute', now()) + interval '1 minute')::bigint")
+  registered_again=0
+  for i in $(seq 1 1000); do
+    [ "$(psql_idem -d "$db" -Atc "$ran")" = t ] && break
+    if [ $registered_again = 0 ] && [ "$(date +%s)" -gt $((due + 5)) ]; then
+      say "pg_cron let the job's first minute pass without running it: registering the same job again"
+      psql_idem -q -d "$db" -Atc "SELECT cron.schedule(jobname, schedule, command) FROM cron.job WHERE jobname = 'idem_maintain'" >/dev/null
+      registered_again=1
+    fi
+    sleep 0.2
+  done
+  [ "$(psql_idem -d "$db" -Atc "$ran")" = t ] || { echo "the demo went wrong: pg_cron did not run idem_maintain within 200 s" >&2; exit 1; }
 else
   psql_idem -d "$db" -Atc "SELECT idem_maintain() IS NOT NULL" >/dev/null
 fi
@@ -199,8 +217,13 @@ SELECT last_run_at, last_partitions_dropped FROM idem_maintenance;
 SQL
 left=$(psql_idem -d "$db" -Atc "SELECT count(*) FROM idem_partitions WHERE partition = '$held'")
 [ "$left" = 0 ] || { echo "the demo went wrong: $held, which held only expired claims, is still there" >&2; exit 1; }
+# Leave maintenance as a server would run it: the default partition width
+# and the default schedule (every 5 minutes), not one-second partitions made
+# and dropped every minute.
+psql_idem -q -d "$db" -c "ALTER DATABASE $db RESET ALL" >/dev/null
 if [ $cron = 1 ]; then
-  say "the pg_cron job keeps running every minute; to stop it: psql -h $(cluster_dir) -p $IDEM_PORT -U postgres $db -c \"SELECT cron.unschedule('idem_maintain')\""
+  psql_idem -q -d "$db" -Atc "SELECT cron.schedule(jobname, '*/5 * * * *', command) FROM cron.job WHERE jobname = 'idem_maintain'" >/dev/null
+  say "maintenance stays scheduled every 5 minutes; to stop it: psql -h $(cluster_dir) -p $IDEM_PORT -U postgres $db -c \"SELECT cron.unschedule('idem_maintain')\""
 fi
 say "done: request req-42 was charged once, its retry got the first answer back, an expired key was claimed again and maintenance dropped its partition"
 now=$(date +%s)
