@@ -159,23 +159,29 @@ SELECT claimed, state, expires_at FROM idem_claim('nightly-report:2026-12-03', '
 \echo '   A duplicate while the key is live is refused:'
 SELECT claimed, state FROM idem_claim('nightly-report:2026-12-03', 'demo');
 SQL
-# The partition that holds the claim, read while the claim is live (by its
-# expiry: partitions are ranges of expiry).
-held=$(psql_idem -d "$db" -Atc "SELECT p.partition FROM idem_lookup('nightly-report:2026-12-03', 'demo') l
-                                  JOIN idem_partitions p ON NOT p.is_default AND l.expires_at >= p.range_from AND l.expires_at < p.range_to")
 say "waiting until the key has expired (polling idem_lookup until it says absent)"
 until_true "$db" "SELECT state = 'absent' FROM idem_lookup('nightly-report:2026-12-03', 'demo')" "the key expires"
 play <<'SQL'
 \pset footer off
 \echo '   Expired: the same key can be claimed again, and the work runs again.'
-SELECT claimed, state FROM idem_claim('nightly-report:2026-12-03', 'demo');
+SELECT claimed, state, expires_at FROM idem_claim('nightly-report:2026-12-03', 'demo');
+\echo '   This claim expires in 2 seconds too; then its partition holds only expired claims.'
 SQL
+# The partition that holds the key's new claim, read while it is live (the
+# row's own table: partitions are ranges of expiry, one set per TTL class).
+# The new claim, not the first: a type's first claim can land in the
+# default partition, before maintenance has made partitions for its TTL
+# class.
+held=$(psql_idem -d "$db" -Atc "SELECT c.relname FROM idem.claims k JOIN pg_class c ON c.oid = k.tableoid
+                                 WHERE k.biz_type = 'demo' AND k.key = 'nightly-report:2026-12-03'
+                                   AND c.relname IN (SELECT partition FROM idem_partitions WHERE NOT is_default)
+                                 ORDER BY k.claimed_at DESC LIMIT 1")
 
 if [ -n "$held" ]; then
-  say "waiting until $held, which holds the expired claim, holds only expired claims (polling idem_partitions)"
+  say "waiting until $held, which holds that claim, holds only expired claims (polling idem_partitions)"
   until_true "$db" "SELECT expired FROM idem_partitions WHERE partition = '$held'" "the claim's partition expires"
 else
-  say "the claim went to the default partition; waiting until a range partition holds only expired claims"
+  say "the claim is in the default partition; waiting until a range partition holds only expired claims"
   until_true "$db" "SELECT coalesce(bool_or(expired), false) FROM idem_partitions" "a partition expires"
   held=$(psql_idem -d "$db" -Atc "SELECT min(partition) FROM idem_partitions WHERE expired")
 fi
@@ -210,7 +216,7 @@ play -v marker="$marker" -v held="$held" <<'SQL'
 \pset footer off
 \echo '== 9. Maintenance dropped the expired partitions whole: no DELETE, no bloat, the space back at once.'
 SELECT jsonb_array_length(run.report->'partitions_dropped') AS partitions_dropped,
-       run.report->'partitions_dropped' ? :'held' AS with_the_one_that_held_the_expired_claim
+       run.report->'partitions_dropped' ? :'held' AS with_the_one_that_held_the_claim
   FROM idem.maintenance_runs run WHERE run.started_at > :'marker' ORDER BY run.run_id DESC LIMIT 1;
 SELECT count(*) AS is_it_still_there FROM idem_partitions WHERE partition = :'held';
 SELECT last_run_at, last_partitions_dropped FROM idem_maintenance;

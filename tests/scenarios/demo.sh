@@ -34,5 +34,8 @@ check "the expired claim's partition dropped" '^ +[0-9]+ \| t$'
 gone=$(grep -A2 -E '^ +is_it_still_there *$' "$out" | tail -1 | tr -d ' ')
 if [ "$gone" = 0 ]; then echo "ok: the partition gone"; else echo "FAIL: the demo's partition check shows '$gone', not 0"; fails=$((fails + 1)); fi
 check "the end" 'maintenance dropped its partition'
+if grep -q 'the claim is in the default partition' "$out"; then
+  echo "FAIL: the demo's new claim went to the default partition, so the partition dropped is not the one that held it"; fails=$((fails + 1))
+else echo "ok: the partition dropped is the one that held the claim"; fi
 echo "demo checks failed: $fails"
 [ "$fails" = 0 ]
