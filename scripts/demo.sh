@@ -124,8 +124,9 @@ SQL
 
 # Step 8 needs maintenance running before the short-lived claims are made:
 # partitions are created ahead of the claims that go into them. The demo
-# makes expiry ranges one second wide where the setting exists (this
-# release's layout), so that one expires within the demo.
+# makes the narrowest partitions (TTL class 0, where 2-second claims go) one
+# second wide with idem.partition_width, so that one expires within the
+# demo; the setting is checked for first, should a later layout drop it.
 psql_idem -q -d "$db" >/dev/null <<SQL
 SELECT idem_storage_path() IS NOT NULL;  -- loads the library: its settings are known from here
 DO \$\$ BEGIN
