@@ -55,7 +55,8 @@ psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" |
 # Restart the cluster once, when the demo creates the extension: in the
 # first runs of this demo on pg_cron 1.4, a cluster whose pg_cron extension
 # was created after the scheduler started ran no job until a restart (maybe
-# the missed job-list change described at step 8's wait); after a restart
+# the missed job-list change described where the demo waits for pg_cron's
+# run); after a restart
 # the scheduler starts with the extension in place.
 if [ $cron = 1 ] && [ "$(psql_idem -d "$db" -Atc "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'")" = 0 ]; then
   psql_idem -q -d "$db" -c "CREATE EXTENSION pg_cron"
