@@ -56,8 +56,7 @@ psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" |
 # first runs of this demo on pg_cron 1.4, a cluster whose pg_cron extension
 # was created after the scheduler started ran no job until a restart (maybe
 # the missed job-list change described where the demo waits for pg_cron's
-# run); after a restart
-# the scheduler starts with the extension in place.
+# run); after a restart the scheduler starts with the extension in place.
 if [ $cron = 1 ] && [ "$(psql_idem -d "$db" -Atc "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'")" = 0 ]; then
   psql_idem -q -d "$db" -c "CREATE EXTENSION pg_cron"
   say "pg_cron created in $db: restarting the cluster so that its scheduler sees it"
