@@ -365,6 +365,7 @@ CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
 DECLARE
     waiting smallint[] := '{}';
     ongoing smallint[] := '{}';
+    ahead   interval := idem.setting_interval('idem.premake_ahead', '20 minutes');
 BEGIN
     -- (The default partition is named in dynamic SQL only: it may be gone.)
     IF to_regclass('idem.claims_default') IS NOT NULL THEN
@@ -376,7 +377,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT c.k, idem.class_width(c.k),
-           t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(interval '20 minutes', 16 * idem.class_width(c.k)))
+           t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(ahead, 16 * idem.class_width(c.k)))
       FROM (SELECT t.ttl_class AS k FROM idem.type_classes t WHERE t.until > t_now
             UNION SELECT idem.ttl_class(b.ttl) FROM idem.biz_types b WHERE b.ttl IS NOT NULL
             UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))
@@ -850,7 +851,7 @@ SELECT 'partition_horizon',
             WHEN h.margin IS NULL THEN format('TTL class %s (TTLs up to %s) has no partition: its claims go to the default partition', h.ttl_class, idem.interval_text(h.longest_ttl))
             ELSE format('the partitions of TTL class %s end %s after the expiry of a claim made now with its longest TTL (%s); the other classes'' reach further',
                         h.ttl_class, idem.interval_text(date_trunc('second', h.margin)), idem.interval_text(h.longest_ttl)) END,
-       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit (a run makes each class''s partitions up to now + the class''s longest TTL + 20 minutes, at least one width and at most 16).'
+       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit (a run makes each class''s partitions up to now + the class''s longest TTL + idem.premake_ahead, at least one width and at most 16).'
   FROM (SELECT 1) one LEFT JOIN h ON true
 UNION ALL
 SELECT 'claim_locks',

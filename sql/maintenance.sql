@@ -97,9 +97,9 @@ COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the par
 -- Citus, which keeps no registrations, also every class with a partition
 -- not yet over. Each with the expiry its partitions must reach: the
 -- longest TTL of the class from now, plus the lookahead that lets claims
--- find their partition while maintenance is late: 20 minutes, but at
--- least one width and at most 16 (at most about 23 partitions of a class
--- exist at a time). SECURITY DEFINER and granted to PUBLIC for the view
+-- find their partition while maintenance is late: idem.premake_ahead (20
+-- minutes), but at least one width and at most 16 (at most about 23
+-- partitions of a class exist at a time). SECURITY DEFINER and granted to PUBLIC for the view
 -- idem_health, whose readers (a monitoring role) need nothing in schema
 -- idem; it says nothing but class numbers and widths.
 CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
@@ -110,6 +110,7 @@ CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
 DECLARE
     waiting smallint[] := '{}';
     ongoing smallint[] := '{}';
+    ahead   interval := idem.setting_interval('idem.premake_ahead', '20 minutes');
 BEGIN
     -- (The default partition is named in dynamic SQL only: it may be gone.)
     IF to_regclass('idem.claims_default') IS NOT NULL THEN
@@ -121,7 +122,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT c.k, idem.class_width(c.k),
-           t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(interval '20 minutes', 16 * idem.class_width(c.k)))
+           t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(ahead, 16 * idem.class_width(c.k)))
       FROM (SELECT t.ttl_class AS k FROM idem.type_classes t WHERE t.until > t_now
             UNION SELECT idem.ttl_class(b.ttl) FROM idem.biz_types b WHERE b.ttl IS NOT NULL
             UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))

@@ -263,7 +263,7 @@ SELECT 'partition_horizon',
             WHEN h.margin IS NULL THEN format('TTL class %s (TTLs up to %s) has no partition: its claims go to the default partition', h.ttl_class, idem.interval_text(h.longest_ttl))
             ELSE format('the partitions of TTL class %s end %s after the expiry of a claim made now with its longest TTL (%s); the other classes'' reach further',
                         h.ttl_class, idem.interval_text(date_trunc('second', h.margin)), idem.interval_text(h.longest_ttl)) END,
-       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit (a run makes each class''s partitions up to now + the class''s longest TTL + 20 minutes, at least one width and at most 16).'
+       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit (a run makes each class''s partitions up to now + the class''s longest TTL + idem.premake_ahead, at least one width and at most 16).'
   FROM (SELECT 1) one LEFT JOIN h ON true
 UNION ALL
 SELECT 'claim_locks',

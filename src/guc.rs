@@ -13,6 +13,7 @@ pub static DEFAULT_TTL: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 // that they are documented, typed and covered by the reserved prefix.
 // Read by claims too (ttl_class.rs), through its assign hook.
 static PARTITION_WIDTH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"1 minute"));
+static PREMAKE_AHEAD: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"20 minutes"));
 static MAINTENANCE_LOCK_TIMEOUT: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"50 milliseconds"));
 static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);
@@ -61,6 +62,17 @@ pub fn init() {
             GucFlags::default(),
             Some(check_width),
             Some(assign_width),
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"idem.premake_ahead",
+            c"How late idem_maintain may run before claims land in the default partition (0 to 400 days): each TTL class's partitions reach this far beyond its longest TTL, at least one width and at most 16.",
+            c"Keep it above the interval maintenance runs at (every 5 minutes with idem_schedule_maintenance's default).",
+            &PREMAKE_AHEAD,
+            GucContext::Suset,
+            GucFlags::default(),
+            Some(check_premake_ahead),
+            None,
             None,
         );
         GucRegistry::define_string_guc_with_hooks(
@@ -259,6 +271,7 @@ macro_rules! interval_check_hook {
 }
 
 interval_check_hook!(check_width, 100_000, MAX_TTL_US, c"It must be an interval from 100 milliseconds to 400 days.");
+interval_check_hook!(check_premake_ahead, 0, MAX_TTL_US, c"It must be an interval from 0 to 400 days.");
 interval_check_hook!(check_lock_timeout, 0, 3_600_000_000, c"It must be an interval from 0 (NOWAIT) to 1 hour.");
 interval_check_hook!(check_health_after, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.");
 

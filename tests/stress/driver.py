@@ -272,6 +272,7 @@ def maintainer(run):
     try:
         conn = psycopg.connect(run.dsn, autocommit=True)
         conn.execute(f"SET idem.partition_width = '{args.width} seconds'")
+        conn.execute(f"SET idem.premake_ahead = '{args.width} seconds'")
     except Exception as exc:  # noqa: BLE001
         if not (run.fault_started.is_set() and is_fault_error(exc)):
             run.note_unexpected("maintain-connect", exc)
@@ -286,7 +287,10 @@ def maintainer(run):
         if n == 10 or rnd.random() < args.maintain_pause:
             with run.lock:
                 run.maint["pauses"] += 1
-            if run.stop.wait(rnd.uniform(2 * args.width, 1.25 * args.ttl)):
+            # (Up to two TTLs: a claim's TTL class premakes partitions for
+            # TTLs up to 4·√2 widths, so a pause must outlast that, less the
+            # TTL, to leave live claims beyond the partitions.)
+            if run.stop.wait(rnd.uniform(2 * args.width, 2 * args.ttl)):
                 break
         try:
             rep = conn.execute("SELECT idem_maintain()").fetchone()[0]
@@ -691,6 +695,9 @@ def setup(args):
     # default TTL must be short too, or each run would premake 32 partitions.
     conn.execute(f"ALTER DATABASE {db} SET idem.default_ttl = '{args.ttl} seconds'")
     conn.execute(f"ALTER DATABASE {db} SET idem.partition_width = '{args.width} seconds'")
+    # Maintenance paused for a few widths sends claims to the default
+    # partition (what the pauses below are for): premade one width ahead.
+    conn.execute(f"ALTER DATABASE {db} SET idem.premake_ahead = '{args.width} seconds'")
     conn.execute("SELECT idem_configure('stress', make_interval(secs => %s))", (args.ttl,))
     conn.execute("""CREATE TABLE IF NOT EXISTS stress_biz (
                       seq        bigint PRIMARY KEY,   -- the driver's transaction number
@@ -701,6 +708,7 @@ def setup(args):
                       worker     int NOT NULL)""")
     conn.execute("CREATE INDEX IF NOT EXISTS stress_biz_key ON stress_biz (key, claimed_at)")
     conn.execute(f"SET idem.partition_width = '{args.width} seconds'")
+    conn.execute(f"SET idem.premake_ahead = '{args.width} seconds'")
     conn.execute(f"SET idem.default_ttl = '{args.ttl} seconds'")
     conn.execute("SELECT idem_maintain()")
     conn.close()
