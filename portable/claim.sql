@@ -90,6 +90,13 @@ COMMENT ON FUNCTION idem.checked_ttl_us(interval, text) IS 'A TTL or lease in mi
 CREATE FUNCTION idem.require_writable(what text) RETURNS void
     STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
+    -- A parallel worker (a call from a function wrongly marked PARALLEL
+    -- SAFE) can write nothing; the leader itself is refused by PostgreSQL
+    -- when it writes (25000 too).
+    IF (SELECT a.backend_type FROM pg_stat_get_activity(pg_backend_pid()) a) = 'parallel worker' THEN
+        PERFORM idem.fail_with('25000', format('cannot execute %s during a parallel operation', what),
+            'A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.');
+    END IF;
     IF pg_is_in_recovery() THEN
         PERFORM idem.fail_with('25006', format('cannot execute %s in a read-only transaction', what),
                                'This server is a hot standby: claim on the primary. idem_lookup works here.');
@@ -99,7 +106,7 @@ BEGIN
     END IF;
 END
 $fn$;
-COMMENT ON FUNCTION idem.require_writable(text) IS 'Raise 25006 in a read-only transaction or on a hot standby.';
+COMMENT ON FUNCTION idem.require_writable(text) IS 'Raise 25006 in a read-only transaction or on a hot standby, 25000 in a parallel worker.';
 
 CREATE FUNCTION idem.require_read_committed() RETURNS void
     STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$

@@ -117,6 +117,7 @@ run() { # name runner db inputdir schedule [extra runner args]
   local name=$1 runner=$2 db=$3 input=$4 schedule=$5
   shift 5
   tle_database "$db"
+  [ "$name" != isolation ] || psql_as postgres "$db" -c "CREATE EXTENSION idem"
   if ! "$runner" --use-existing --bindir="$TLE_BIN" --host="$dir" --port=$PORT --user=postgres --dbname="$db" \
       --inputdir="$input" --outputdir="$out/$name" --schedule="$schedule" "$@" > "$out/$name.log" 2>&1; then
     fails=$((fails + 1))
@@ -131,5 +132,12 @@ cp "$ROOT"/tests/portable/expected/*.out "$out/input/expected/" 2>/dev/null || t
 chmod -R a+rX "$out"
 run regress "$TLE_TEST/regress/pg_regress" portable_regress "$out/input" "$ROOT/tests/portable/regress_schedule" \
   --launcher="$out/psql_launcher"
+mkdir -p "$out/iso_input"
+cp -r "$ROOT/tests/isolation/specs" "$ROOT/tests/isolation/expected" "$out/iso_input/"
+cp "$ROOT"/tests/portable/expected_isolation/*.out "$out/iso_input/expected/" 2>/dev/null || true
+chmod -R a+rX "$out"
+run isolation "$TLE_TEST/isolation/pg_isolation_regress" portable_isolation "$out/iso_input" \
+  "$ROOT/tests/portable/isolation_schedule"
+
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
