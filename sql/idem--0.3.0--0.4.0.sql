@@ -650,14 +650,14 @@ CREATE FUNCTION idem.ttl_class(ttl interval) RETURNS smallint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_ttl_class';
 COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL: 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
-CREATE FUNCTION idem.class_width(ttl_class smallint) RETURNS interval
+CREATE FUNCTION idem.class_width(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_width';
-COMMENT ON FUNCTION idem.class_width(smallint) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
-CREATE FUNCTION idem.class_max_ttl(ttl_class smallint) RETURNS interval
+COMMENT ON FUNCTION idem.class_width(integer) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
+CREATE FUNCTION idem.class_max_ttl(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_max_ttl';
-COMMENT ON FUNCTION idem.class_max_ttl(smallint) IS 'The longest TTL a claim of a TTL class can have; NULL for a class that does not exist.';
+COMMENT ON FUNCTION idem.class_max_ttl(integer) IS 'The longest TTL a claim of a TTL class can have; NULL for a class that does not exist.';
 CREATE FUNCTION idem.partition_class(partition regclass) RETURNS smallint
     STABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_partition_class';
@@ -728,18 +728,33 @@ COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the par
 DROP FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz);
 CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
     RETURNS TABLE (ttl_class smallint, width interval, horizon timestamptz)
-    STABLE PARALLEL UNSAFE
+    STABLE PARALLEL UNSAFE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
-    LANGUAGE sql AS $fn$
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    waiting smallint[] := '{}';
+    ongoing smallint[] := '{}';
+BEGIN
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NOT NULL THEN
+        EXECUTE 'SELECT coalesce(array_agg(DISTINCT ttl_class), ''{}'') FROM idem.claims_default' INTO waiting;
+    END IF;
+    IF idem.is_distributed('idem.claims') THEN
+        SELECT coalesce(array_agg(DISTINCT b.ttl_class), '{}') INTO ongoing
+          FROM idem.partition_bounds b WHERE NOT b.is_default AND b.range_to > t_now;
+    END IF;
+    RETURN QUERY
     SELECT c.k, idem.class_width(c.k),
            t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(interval '20 minutes', 16 * idem.class_width(c.k)))
       FROM (SELECT t.ttl_class AS k FROM idem.type_classes t WHERE t.until > t_now
             UNION SELECT idem.ttl_class(b.ttl) FROM idem.biz_types b WHERE b.ttl IS NOT NULL
-            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))) c
-     ORDER BY 1
+            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))
+            UNION SELECT unnest(waiting || ongoing)) c
+     WHERE c.k >= 0
+     ORDER BY 1;
+END
 $fn$;
 COMMENT ON FUNCTION idem.classes_to_premake(timestamptz) IS 'The TTL classes idem_maintain makes partitions for, their width, and how far ahead their partitions must reach.';
-REVOKE EXECUTE ON FUNCTION idem.classes_to_premake(timestamptz) FROM PUBLIC;
 CREATE FUNCTION idem.coming_partitions(limit_parts int, t_now timestamptz)
     RETURNS TABLE (name text, ttl_class smallint, range_from timestamptz, range_to timestamptz)
     STABLE PARALLEL UNSAFE
@@ -1283,9 +1298,6 @@ BEGIN
     END IF;
     -- Run again (after an upgrade), what is distributed stays as it is and
     -- the functions are registered again, new ones included.
-    IF NOT idem.is_distributed('idem.type_classes') THEN
-        PERFORM pg_catalog.create_reference_table('idem.type_classes');
-    END IF;
     IF NOT idem.is_distributed('idem.biz_types') THEN
         PERFORM pg_catalog.create_reference_table('idem.biz_types');
     END IF;
@@ -1311,7 +1323,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types, idem.type_classes and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION idem.publication_problems() RETURNS TABLE (publication name, problem text)
     STABLE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$

@@ -92,25 +92,45 @@ COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the par
 
 -- The TTL classes maintenance makes partitions for: those a business type
 -- is registered in for claims still to expire (idem.type_classes), those
--- of the configured TTLs, and that of idem.default_ttl. Each with the
--- expiry its partitions must reach: the longest TTL of the class from now,
--- plus the lookahead that lets claims find their partition while
--- maintenance is late: 20 minutes, but at least one width and at most 16
--- (at most about 23 partitions of a class exist at a time).
+-- of the configured TTLs, that of idem.default_ttl, and those of claims
+-- waiting in the default partition (the first claims of a class); under
+-- Citus, which keeps no registrations, also every class with a partition
+-- not yet over. Each with the expiry its partitions must reach: the
+-- longest TTL of the class from now, plus the lookahead that lets claims
+-- find their partition while maintenance is late: 20 minutes, but at
+-- least one width and at most 16 (at most about 23 partitions of a class
+-- exist at a time). SECURITY DEFINER and granted to PUBLIC for the view
+-- idem_health, whose readers (a monitoring role) need nothing in schema
+-- idem; it says nothing but class numbers and widths.
 CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
     RETURNS TABLE (ttl_class smallint, width interval, horizon timestamptz)
-    STABLE PARALLEL UNSAFE
+    STABLE PARALLEL UNSAFE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
-    LANGUAGE sql AS $fn$
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    waiting smallint[] := '{}';
+    ongoing smallint[] := '{}';
+BEGIN
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NOT NULL THEN
+        EXECUTE 'SELECT coalesce(array_agg(DISTINCT ttl_class), ''{}'') FROM idem.claims_default' INTO waiting;
+    END IF;
+    IF idem.is_distributed('idem.claims') THEN
+        SELECT coalesce(array_agg(DISTINCT b.ttl_class), '{}') INTO ongoing
+          FROM idem.partition_bounds b WHERE NOT b.is_default AND b.range_to > t_now;
+    END IF;
+    RETURN QUERY
     SELECT c.k, idem.class_width(c.k),
            t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(interval '20 minutes', 16 * idem.class_width(c.k)))
       FROM (SELECT t.ttl_class AS k FROM idem.type_classes t WHERE t.until > t_now
             UNION SELECT idem.ttl_class(b.ttl) FROM idem.biz_types b WHERE b.ttl IS NOT NULL
-            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))) c
-     ORDER BY 1
+            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))
+            UNION SELECT unnest(waiting || ongoing)) c
+     WHERE c.k >= 0
+     ORDER BY 1;
+END
 $fn$;
 COMMENT ON FUNCTION idem.classes_to_premake(timestamptz) IS 'The TTL classes idem_maintain makes partitions for, their width, and how far ahead their partitions must reach.';
-REVOKE EXECUTE ON FUNCTION idem.classes_to_premake(timestamptz) FROM PUBLIC;
 
 -- The ranges maintenance adds next, class by class: from the end of the
 -- class's last range (or the width-aligned slot holding t_now, when there is

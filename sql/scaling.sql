@@ -41,9 +41,6 @@ BEGIN
     END IF;
     -- Run again (after an upgrade), what is distributed stays as it is and
     -- the functions are registered again, new ones included.
-    IF NOT idem.is_distributed('idem.type_classes') THEN
-        PERFORM pg_catalog.create_reference_table('idem.type_classes');
-    END IF;
     IF NOT idem.is_distributed('idem.biz_types') THEN
         PERFORM pg_catalog.create_reference_table('idem.biz_types');
     END IF;
@@ -69,7 +66,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types, idem.type_classes and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 
 -- Uninstall under Citus (docs/scaling.md, "Uninstalling under Citus").

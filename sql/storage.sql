@@ -35,14 +35,14 @@ CREATE FUNCTION idem.ttl_class(ttl interval) RETURNS smallint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_ttl_class';
 COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL: 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
-CREATE FUNCTION idem.class_width(ttl_class smallint) RETURNS interval
+CREATE FUNCTION idem.class_width(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_width';
-COMMENT ON FUNCTION idem.class_width(smallint) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
-CREATE FUNCTION idem.class_max_ttl(ttl_class smallint) RETURNS interval
+COMMENT ON FUNCTION idem.class_width(integer) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
+CREATE FUNCTION idem.class_max_ttl(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_max_ttl';
-COMMENT ON FUNCTION idem.class_max_ttl(smallint) IS 'The longest TTL a claim of a TTL class can have; NULL for a class that does not exist.';
+COMMENT ON FUNCTION idem.class_max_ttl(integer) IS 'The longest TTL a claim of a TTL class can have; NULL for a class that does not exist.';
 
 -- The dedup records, range-partitioned by TTL class and expiry: a partition
 -- holds the claims of one class whose expiry falls in its range, and once

@@ -205,7 +205,7 @@ fn ttl_class_of(args: Args) -> pg_sys::Datum {
 }
 arguments!(class_args: CLASS = 0 "ttl_class");
 fn class_interval(args: Args, of: fn(i16) -> Option<i64>) -> pg_sys::Datum {
-    match args.int2(class_args::CLASS).and_then(of) {
+    match args.int4(class_args::CLASS).and_then(|k| i16::try_from(k).ok()).and_then(of) {
         Some(us) => crate::datum::interval_datum(us),
         None => args.return_null(),
     }

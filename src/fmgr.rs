@@ -96,8 +96,8 @@ impl Args {
         self.datum(n).map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::Interval>() })
     }
 
-    pub fn int2(&self, n: usize) -> Option<i16> {
-        self.datum(n).map(|d| d.value() as i16)
+    pub fn int4(&self, n: usize) -> Option<i32> {
+        self.datum(n).map(|d| d.value() as i32)
     }
 
     pub fn bool(&self, n: usize) -> Option<bool> {

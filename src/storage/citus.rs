@@ -59,8 +59,6 @@ struct Distribution {
     shards: Vec<Shard>,
     /// The shard of the reference table idem.biz_types (one per table).
     biz_types_shard: Option<i64>,
-    /// The shard of the reference table idem.type_classes.
-    type_classes_shard: Option<i64>,
 }
 
 /// The answer for the idem.claims of OID `claims` (None: not distributed).
@@ -150,19 +148,13 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
     scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", biz_types)], |r| {
         biz_types_shard = r.get(c"shardid").map(|d| d.value() as i64);
     });
-    let mut type_classes_shard = None;
-    if let Some(type_classes) = catalog::type_classes_oid() {
-        scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", type_classes)], |r| {
-            type_classes_shard = r.get(c"shardid").map(|d| d.value() as i64);
-        });
-    }
     let collation = unsafe {
         let attnum = pg_sys::get_attnum(claims, c"key".as_ptr());
         let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
         pg_sys::get_atttypetypmodcoll(claims, attnum, &mut typid, &mut typmod, &mut collation);
         collation
     };
-    Some(Distribution { colocation, collation, shards, biz_types_shard, type_classes_shard })
+    Some(Distribution { colocation, collation, shards, biz_types_shard })
 }
 
 /// Citus's hash of a key: text's default hash function, under the key
@@ -209,12 +201,10 @@ pub fn local_shard(k: &ClaimKey) -> Option<Target> {
                 shard.id
             ))
         });
-        // The registry of TTL classes: a reference table, read in this
-        // node's placement of it (the shell on a worker holds no rows).
-        let registry = dist
-            .type_classes_shard
-            .filter(|shard| placement_groups(*shard).contains(&local_group()))
-            .and_then(|shard| relation_in_idem(&format!("type_classes_{shard}")));
+        // No registry of TTL classes here: a claim runs on a shard, where
+        // Citus refuses the write a registration is (a reference table's),
+        // so it looks into every class (direct.rs).
+        let registry = None;
         return Some(Target { shell: Some(catalog::claims_oid()), parent: relid, registry });
     }
 }

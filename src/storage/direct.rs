@@ -175,11 +175,26 @@ impl Opened {
     /// transaction is still open blocks its key whatever its expiry, and
     /// maintenance cannot drop its partition meanwhile (our lock). Premade
     /// partitions further out hold no claim of the type.
-    fn look_into_classes(&self, k: &ClaimKey) {
+    ///
+    /// Under Citus (no registry on the node: `registry` is None) every
+    /// class's partitions that can hold a claim made until now: those
+    /// starting before now plus the class's longest TTL and a width.
+    fn look_into_classes(&self, k: &ClaimKey, now: i64) {
         if self.list.legacy {
             return; // every partition is open
         }
-        let registered = type_classes::read(self.registry(), k.biz_type);
+        let Some(registry) = self.registry else {
+            for (i, p) in self.list.parts.iter().enumerate() {
+                if let Some(b) = p.bound {
+                    let reach = ttl_class::max_ttl(b.class).zip(ttl_class::width(b.class)).map(|(t, w)| t + w);
+                    if reach.is_none_or(|reach| b.from <= now.saturating_add(reach)) {
+                        self.heap(i);
+                    }
+                }
+            }
+            return;
+        };
+        let registered = type_classes::read(registry, k.biz_type);
         for &(class, until) in &registered.classes {
             for (i, p) in self.list.parts.iter().enumerate() {
                 if p.bound.is_some_and(|b| b.class == class && b.from <= until) {
@@ -188,18 +203,6 @@ impl Opened {
             }
         }
         *self.registered.borrow_mut() = registered;
-    }
-
-    /// The registry of TTL classes; 55000 if it is missing outside 0.3.0's
-    /// layout (a schema half updated by hand).
-    fn registry(&self) -> pg_sys::Oid {
-        self.registry.unwrap_or_else(|| {
-            IdemError::ObjectNotInPrerequisiteState(
-                "idem.claims is partitioned by TTL class, but idem.type_classes is missing".into(),
-                Some("Reinstall the extension, or on Citus run SELECT idem_distribute(...) again on the coordinator.".into()),
-            )
-            .fail()
-        })
     }
 
     /// Partition `i`'s heap, opened and locked on first use.
@@ -239,8 +242,9 @@ impl Opened {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
             let lock = KeyLock::acquire(k.hash);
-            self.look_into_classes(k);
-            let row = self.probe(k, now());
+            let now = now();
+            self.look_into_classes(k, now);
+            let row = self.probe(k, now);
             self.predicate_lock(k);
             match row {
                 Some(row) => match row.busy {
@@ -266,7 +270,7 @@ impl Opened {
 
     /// What a lookup sees: no lock, no wait.
     pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
-        self.look_into_classes(k);
+        self.look_into_classes(k, now);
         let row = self.probe(k, now);
         self.predicate_lock(k);
         match row {
@@ -387,7 +391,7 @@ impl Opened {
     /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         let class = if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
-        if !self.list.legacy {
+        if !self.list.legacy && self.registry.is_some() {
             let mut registered = self.registered.borrow_mut();
             if !registered.covers(class, new.expires_at) {
                 type_classes::register(&mut registered, k.biz_type, class, new.expires_at);

@@ -13,7 +13,8 @@
 #     that can hold the key: at most 8);
 #   * duplicates of claims anywhere in the TTL's span are found (claimed =
 #     false, the stored result), new keys are claimed;
-# and then 100 sessions that each hold an open claim of the 400-day type
+# a change of idem.partition_width loses no claim; and then 100 sessions
+# that each hold an open claim of the 400-day type
 # and, in the same transaction, claim a 30-day key and repeat an old
 # 400-day one: no error (0.3.0: 53200 "out of shared memory" once 19-38
 # sessions held a claim), one business row per key; a second wave of the
@@ -89,6 +90,22 @@ done
 
 q -At -c "SELECT check_name || '=' || severity FROM idem_health WHERE check_name IN ('claim_locks', 'partition_horizon', 'default_partition') ORDER BY 1" > "$dir/health.txt"
 check "idem_health" "claim_locks=ok default_partition=ok partition_horizon=ok" "$(paste -sd' ' "$dir/health.txt")"
+
+# A change of idem.partition_width moves coming claims to other classes and
+# loses none: claims made at one width are found at another, before and
+# after maintenance makes the new widths' partitions.
+q -At > "$dir/width.txt" <<'SQL'
+SELECT claimed FROM idem_claim('w-1', 't1h');
+SET idem.partition_width = '10 minutes';
+SELECT claimed FROM idem_claim('w-1', 't1h');
+SELECT claimed FROM idem_claim('w-2', 't1h');
+SELECT idem_maintain() IS NOT NULL;
+SELECT claimed FROM idem_claim('w-1', 't1h');
+RESET idem.partition_width;
+SELECT claimed FROM idem_claim('w-2', 't1h');
+SELECT count(DISTINCT ttl_class) FROM idem.claims WHERE biz_type = 't1h' AND key LIKE 'w-%';
+SQL
+check "claims across a change of idem.partition_width" "t f t t f f 2" "$(paste -sd' ' "$dir/width.txt")"
 
 # 100 sessions, each holding an open 400-day claim, then claiming more.
 cat > "$dir/sessions.py" <<'PY'
