@@ -139,5 +139,48 @@ chmod -R a+rX "$out"
 run isolation "$TLE_TEST/isolation/pg_isolation_regress" portable_isolation "$out/iso_input" \
   "$ROOT/tests/portable/isolation_schedule"
 
+echo "== 4. the same results and signatures as the native edition ($NATIVE_HOST:$NATIVE_PORT)"
+psql_native -d postgres -c "DROP DATABASE IF EXISTS portable_native WITH (FORCE)" -c "CREATE DATABASE portable_native"
+psql_native -d portable_native -c "CREATE EXTENSION idem"
+for f in equality signatures; do
+  psql_native -d portable_native -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.native"
+  psql_as postgres portable_regress -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.portable"
+done
+psql_native -d postgres -c "DROP DATABASE portable_native"
+check "digests, TTL classes, widths: lines compared" "1" "$(($(grep -c . "$out/equality.native") > 20000))"
+check "digests, TTL classes, widths equal the native ones" "" "$(diff "$out/equality.native" "$out/equality.portable" | head -20)"
+# Public signatures: equal, but for the differences docs/portable.md lists
+# (its block after "Signature differences"); internal functions: every
+# native one exists alike (the portable edition has helpers besides).
+allowed=$(sed -n '/^<!-- signature differences -->$/,/^<!-- end -->$/p' "$ROOT/docs/portable.md" | sed -n 's/^    //p')
+unlisted=$(diff <(grep -v '^internal ' "$out/signatures.native") <(grep -v '^internal ' "$out/signatures.portable") \
+  | sed -n 's/^[<>] //p' | grep -vxF -f <(printf '%s\n' "$allowed") || true)
+check "public signatures equal but for docs/portable.md's list" "" "$unlisted"
+check "every internal function of the native edition, alike" "" \
+  "$(comm -23 <(grep '^internal ' "$out/signatures.native") <(grep '^internal ' "$out/signatures.portable"))"
+
+echo "== 5. fault stress"
+stress_db() { # db
+  psql_as postgres postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
+  psql_as postgres "$1" -c "CREATE EXTENSION pg_tle" -f "$out/dist/idem_pg_tle.sql" -c "CREATE EXTENSION idem" >/dev/null
+}
+stress_db portable_stress
+if timeout 300 "$IDEM_PY" "$ROOT/tests/portable/stress.py" --dsn "host=$dir port=$PORT user=postgres dbname=portable_stress"; then
+  echo "ok: stress"
+else
+  echo "FAILED: stress"; fails=$((fails + 1))
+fi
+# Negative control: without key locks the same run must find keys claimed
+# and applied twice.
+stress_db portable_stress_neg
+if timeout 300 "$IDEM_PY" "$ROOT/tests/portable/stress.py" --sabotage --rounds 60 \
+    --dsn "host=$dir port=$PORT user=postgres dbname=portable_stress_neg" > "$out/stress-neg.log" 2>&1; then
+  echo "FAILED: the stress passed without key locks: it cannot tell"; fails=$((fails + 1))
+elif grep -q "applied twice" "$out/stress-neg.log"; then
+  echo "ok: stress negative control (keys applied twice without key locks)"
+else
+  echo "FAILED: negative control failed for another reason:"; tail -5 "$out/stress-neg.log"; fails=$((fails + 1))
+fi
+
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
