@@ -169,7 +169,8 @@ COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xi
 -- whose writer is still in progress can only be ours.
 CREATE FUNCTION idem.probe(h bigint, biz_type text, key text, t_now timestamptz, arrival pg_snapshot,
                            OUT present boolean, OUT state "char", OUT claimed_at timestamptz, OUT expires_at timestamptz,
-                           OUT fingerprint text, OUT result jsonb, OUT own boolean, OUT ttl_class smallint)
+                           OUT fingerprint text, OUT result jsonb, OUT own boolean, OUT ttl_class smallint,
+                           OUT part regclass, OUT tid tid)
     VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     classes smallint[];
@@ -186,7 +187,8 @@ BEGIN
         RETURN;
     END IF;
     FOR r IN
-        SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.xmin AS x, c.ttl_class
+        SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.xmin AS x, c.ttl_class,
+               c.tableoid::regclass AS part, c.ctid AS tid
           FROM idem.claims c
          WHERE idem.key_hash(c.biz_type, c.key) = h
            AND c.biz_type = probe.biz_type
@@ -203,6 +205,7 @@ BEGIN
             present := true;
             state := r.state; claimed_at := r.claimed_at; expires_at := r.expires_at;
             fingerprint := r.fingerprint; result := r.result; own := mine; ttl_class := r.ttl_class;
+            part := r.part; tid := r.tid;
         ELSIF NOT pg_visible_in_snapshot(x, arrival) THEN
             late := r;
             have_late := true;
@@ -216,6 +219,7 @@ BEGIN
         present := true;
         state := late.state; claimed_at := late.claimed_at; expires_at := late.expires_at;
         fingerprint := late.fingerprint; result := late.result; own := false; ttl_class := late.ttl_class;
+        part := late.part; tid := late.tid;
     END IF;
 END
 $fn$;
@@ -339,15 +343,15 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.insert_claim(text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed.';
 
-CREATE FUNCTION idem.rewrite_claim(h bigint, biz_type text, key text, expires_at timestamptz, claimed_at timestamptz,
-                                   state "char", result jsonb) RETURNS void
+CREATE FUNCTION idem.rewrite_claim(part regclass, tid tid, state "char", result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     n bigint;
 BEGIN
-    UPDATE idem.claims c SET state = rewrite_claim.state, result = rewrite_claim.result
-     WHERE idem.key_hash(c.biz_type, c.key) = h AND c.biz_type = rewrite_claim.biz_type AND c.key = rewrite_claim.key
-       AND c.expires_at = rewrite_claim.expires_at AND c.claimed_at = rewrite_claim.claimed_at;
+    -- The row the probe found, in its partition: the key lock keeps
+    -- everyone else from changing it since. (An UPDATE of idem.claims by
+    -- key would plan for every partition.)
+    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3', part) USING state, result, tid;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to update was found %s times, not once', n),
@@ -355,7 +359,7 @@ BEGIN
     END IF;
 END
 $fn$;
-COMMENT ON FUNCTION idem.rewrite_claim(bigint, text, text, timestamptz, timestamptz, "char", jsonb) IS 'Set the state and result of one claim row.';
+COMMENT ON FUNCTION idem.rewrite_claim(regclass, tid, "char", jsonb) IS 'Set the state and result of the claim row at tid in partition part.';
 -- @end
 
 -- @body idem_claim
@@ -426,7 +430,7 @@ BEGIN
     until := least(t_now + idem.us_interval(lease_us), p.expires_at);
     attempt := (p.result ->> 'attempt')::bigint + 1;
     token := idem.random_hex(16);
-    PERFORM idem.rewrite_claim(h, biz_type, key, p.expires_at, p.claimed_at, 'l',
+    PERFORM idem.rewrite_claim(p.part, p.tid, 'l',
         idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data'));
     RETURN ROW(true, 'new',
                idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data'),
@@ -481,7 +485,7 @@ BEGIN
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
                                      p.result ->> 'owner_token_sha256', to_jsonb(point), data);
     END IF;
-    PERFORM idem.rewrite_claim(h, biz_type, key, p.expires_at, p.claimed_at, new_state, new_result);
+    PERFORM idem.rewrite_claim(p.part, p.tid, new_state, new_result);
 END
 $fn$;
 COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail and idem_checkpoint: rewrite the claim the caller holds (ID003 otherwise).';
@@ -567,9 +571,7 @@ BEGIN
     IF NOT p.present THEN
         RETURN false;
     END IF;
-    DELETE FROM idem.claims c
-     WHERE idem.key_hash(c.biz_type, c.key) = h AND c.biz_type = idem_forget.biz_type AND c.key = idem_forget.key
-       AND c.expires_at = p.expires_at AND c.claimed_at = p.claimed_at;
+    EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to delete was found %s times, not once', n),
