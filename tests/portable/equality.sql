@@ -36,3 +36,10 @@ $$;
 BEGIN;
 SELECT c FROM widths, pg_temp.classes(w) c ORDER BY 1;
 COMMIT;
+-- The counters, off in both (the native server compared with does not
+-- preload idem, as the suite's cluster does not).
+SELECT 'metrics|' || row_to_json(m)::text FROM idem_metrics m;
+SELECT 'metrics_info|' || row_to_json(m)::text FROM idem.metrics_info() m;
+SELECT 'metrics_database|' || row_to_json(m)::text FROM idem.metrics_database() m;
+SELECT 'metrics_types|' || count(*) FROM idem.metrics_types();
+SELECT 'metrics_release|' || idem.metrics_release('x') || '|' || idem.metrics_release_dropped();
