@@ -38,6 +38,12 @@
 # (settings without the library; SECURITY DEFINER API functions).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 PORT=5546
+# The private server is Debian 12's PostgreSQL 15 (tests/portable/tree.sh),
+# compared with the native edition built for the same major.
+if [ "$PG_MAJOR" != 15 ]; then
+  echo "skipped: the portable edition's scenario runs against PostgreSQL 15 (this run is $PG_MAJOR)"
+  exit 0
+fi
 NATIVE_HOST="${NATIVE_HOST:-$(cluster_dir)}"
 NATIVE_PORT="${NATIVE_PORT:-$IDEM_PORT}"
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")
