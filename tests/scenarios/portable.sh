@@ -117,6 +117,11 @@ check "pg_tle: idem_distribute refuses with 0A000" "0A000" "$(psql_as tle_admin 
   -c "DO \$\$ BEGIN PERFORM idem_distribute('pg_class'); EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 \
   | sed -n 's/^NOTICE: *//p')"
 
+check "pg_tle: every view reads" "idem_health idem_leases idem_maintenance idem_metrics idem_partitions idem_publications idem_stats" \
+  "$(for v in $(psql_as tle_admin tle_smoke -Atc "SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.objid = c.oid AND d.deptype = 'e'
+       JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idem' WHERE c.relkind = 'v' AND c.relname LIKE 'idem\_%' ORDER BY 1"); do
+       psql_as tle_admin tle_smoke -Atc "SELECT count(*) FROM $v" >/dev/null && printf '%s ' "$v"; done | sed 's/ $//')"
+
 echo "== 2. plain script, as the database owner"
 psql_as postgres postgres -c "CREATE DATABASE plain OWNER plain_owner"
 psql_as plain_owner plain -f "$out/dist/idem_portable.sql" >/dev/null
