@@ -34,6 +34,7 @@
 #     and SERIALIZABLE (refused here with 0A000, which hardening checks).
 #   isolation sql_path, sql_refusals (tests/sql_access/specs): they set
 #     idem.storage_access, a setting of the library.
+# tests/portable/sql/portable_edition.sql tests what only this edition does.
 # tests/portable/expected holds the outputs that differ in this edition
 # (settings without the library; SECURITY DEFINER API functions).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
@@ -155,7 +156,8 @@ run() { # name runner db inputdir schedule [extra runner args]
 # The native tests with this edition's expected outputs where they differ.
 mkdir -p "$out/input"
 cp -r "$ROOT/tests/pg_regress/sql" "$ROOT/tests/pg_regress/expected" "$out/input/"
-cp "$ROOT"/tests/portable/expected/*.out "$out/input/expected/" 2>/dev/null || true
+cp "$ROOT"/tests/portable/expected/*.out "$out/input/expected/"
+cp "$ROOT"/tests/portable/sql/*.sql "$out/input/sql/"
 chmod -R a+rX "$out"
 run regress "$TLE_TEST/regress/pg_regress" portable_regress "$out/input" "$ROOT/tests/portable/regress_schedule" \
   --launcher="$out/psql_launcher"
