@@ -161,6 +161,7 @@ def main():
              + f"-- Run as the database's owner (no superuser needed): psql -v ON_ERROR_STOP=1 -f idem_portable.sql\n"
              + f"-- Storage goes into schema idem, the API into schema {args.schema}.\n"
              + "BEGIN;\n"
+             + ("" if args.schema == "public" else f"CREATE SCHEMA IF NOT EXISTS {args.schema};\n")
              + f"SET LOCAL search_path = {args.schema}, pg_catalog;\n"
              + "SET LOCAL check_function_bodies = on;\n"
              + plain_body + "\nCOMMIT;\n")

@@ -133,6 +133,17 @@ psql_as plain_owner plain -f "$out/dist/idem_portable_uninstall.sql" >/dev/null
 check "plain: uninstalled" "0|0" "$(psql_as plain_owner plain -Atc "
   SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = 'idem') || '|' || (SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\_%')")"
 
+python3 "$ROOT/scripts/portable.py" --out "$out/dist_app" --schema app
+chmod -R a+rX "$out"
+psql_as postgres postgres -c "CREATE DATABASE plain_app OWNER plain_owner"
+psql_as plain_owner plain_app -f "$out/dist_app/idem_portable.sql" >/dev/null
+check "plain, API in schema app: claim, guard, uninstall" "t|app|0" "$(
+  a=$(psql_as plain_owner plain_app -Atc "SELECT claimed FROM app.idem_claim('k', 'plain')" | sed 's/true/t/')
+  b=$(psql_as plain_owner plain_app -Atc "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.proname = 'idem_guard_trigger'")
+  psql_as plain_owner plain_app -f "$out/dist_app/idem_portable_uninstall.sql" >/dev/null
+  c=$(psql_as plain_owner plain_app -Atc "SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\_%'")
+  echo "$a|$b|$c")"
+
 echo "== 3. pg_regress and isolation tests"
 # psql as pg_regress runs it, with PL/pgSQL's error context off (the tests
 # turn it off with \set where their output shows errors; a few do not).
