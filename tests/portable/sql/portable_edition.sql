@@ -65,6 +65,30 @@ RESET ROLE;
 SELECT idem_set_owner('pe.reserved', NULL);
 DROP ROLE regress_pe_member, regress_pe_other, regress_pe_owner;
 
+-- Partition bounds are parsed from pg_get_expr's text under pinned
+-- settings: the session's DateStyle and TimeZone change nothing, and each
+-- partition's name (made from its class and lower bound) agrees.
+SELECT idem_maintain() IS NOT NULL AS maintained;
+CREATE TEMP TABLE bounds AS
+SELECT i.inhrelid::regclass AS part, idem.partition_class(i.inhrelid) AS c,
+       idem.partition_from(i.inhrelid) AS lo, idem.partition_to(i.inhrelid) AS hi
+  FROM pg_inherits i WHERE i.inhparent = 'idem.claims'::regclass;
+SELECT count(*) > 0 AS some_partitions,
+       count(*) FILTER (WHERE c IS NULL) AS defaults,
+       count(*) FILTER (WHERE c IS NOT NULL AND (idem.partition_name(c, lo) <> (SELECT relname FROM pg_class WHERE oid = part)
+                                                 OR hi <= lo)) AS misread
+  FROM bounds;
+SET DateStyle = 'SQL, DMY';
+SET TimeZone = 'Asia/Kathmandu';
+SET IntervalStyle = 'sql_standard';
+SELECT count(*) AS differ_under_other_settings FROM bounds
+ WHERE idem.partition_class(part) IS DISTINCT FROM c
+    OR idem.partition_from(part) IS DISTINCT FROM lo OR idem.partition_to(part) IS DISTINCT FROM hi;
+RESET DateStyle;
+RESET TimeZone;
+RESET IntervalStyle;
+SELECT idem.partition_from('pg_class'), idem.partition_class('idem.claims_default');
+
 -- Citus needs the native edition.
 SELECT idem_distribute('pg_class');
 -- The counters are off, as without shared_preload_libraries.
