@@ -108,11 +108,12 @@ def main():
         rnd = random.Random(99)
         with psycopg.connect(args.dsn, autocommit=True) as c:
             while not done.is_set():
-                # A session inside a claiming transaction: it holds a key
-                # lock or waits for one.
+                # A session inside a claiming transaction: it has written
+                # (and holds a key lock), or it waits for a key lock.
                 row = c.execute(
                     """SELECT pid FROM pg_stat_activity
-                        WHERE application_name = 'portable_stress' AND backend_xid IS NOT NULL
+                        WHERE application_name = 'portable_stress'
+                          AND (backend_xid IS NOT NULL OR wait_event_type = 'Lock')
                           AND state IN ('active', 'idle in transaction')
                         ORDER BY random() LIMIT 1""").fetchone()
                 if row:
