@@ -60,8 +60,20 @@ rm -rf "$dir" "$out"
 mkdir -p "$dir" "$out"
 chown postgres:postgres "$dir"
 chmod 755 "$dir"
+fails=0
 python3 "$ROOT/scripts/portable.py" --out "$out/dist"
 chmod -R a+rX "$out"
+# The generator refuses a C function without a portable body (so a new one
+# cannot ship half-ported).
+mkdir -p "$out/gen_check"
+cp -r "$ROOT/sql" "$ROOT/portable" "$ROOT/Cargo.toml" "$ROOT/idem.control" "$out/gen_check/"
+printf "CREATE FUNCTION idem_new() RETURNS int LANGUAGE c AS 'MODULE_PATHNAME', 'idem_new';\n" >> "$out/gen_check/sql/claim.sql"
+if python3 "$ROOT/scripts/portable.py" --root "$out/gen_check" --out "$out/gen_check/dist" 2> "$out/gen_check/err"; then
+  echo "FAILED: the generator accepted a C function without a portable body"; fails=$((fails + 1))
+else
+  grep -q "no portable body for C function idem_new" "$out/gen_check/err" && echo "ok: generator refuses a C function without a body" \
+    || { echo "FAILED: generator: $(cat "$out/gen_check/err")"; fails=$((fails + 1)); }
+fi
 
 as_postgres "$TLE_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
 cat >> "$dir/data/postgresql.conf" <<CONF
@@ -78,7 +90,6 @@ as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev
 # psql_as ROLE DB ARGS...
 psql_as() { local role=$1 db=$2; shift 2; "$TLE_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U "$role" -d "$db" "$@"; }
 psql_native() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$NATIVE_HOST" -p "$NATIVE_PORT" -U postgres "$@"; }
-fails=0
 check() { # what expected actual
   if [ "$2" = "$3" ]; then echo "ok: $1"; else echo "FAILED: $1: expected [$2], got [$3]"; fails=$((fails + 1)); fi
 }
