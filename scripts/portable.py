@@ -131,13 +131,13 @@ def api_objects(script):
 
 
 def main():
+    global ROOT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(ROOT, "dist"))
     ap.add_argument("--schema", default="public")
     ap.add_argument("--root", help="the checkout to read sql/, portable/, Cargo.toml and idem.control from (default: this one)")
     args = ap.parse_args()
     if args.root:
-        global ROOT
         ROOT = os.path.abspath(args.root)
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", args.schema) or args.schema == "idem":
         die("--schema must be a plain lower-case identifier other than idem")
