@@ -40,7 +40,7 @@ RATIOS = [
 ]
 # The idem variant of the sustained section -> its hand-written counterpart
 SUSTAINED_BASE = {"I1": "B1", "I1c": "B1", "I1f": "B1", "I3": "B1", "I2": "B1r"}
-# Targets in the order of issue 16, then the earlier ones
+# Targets in the order the benchmark states them, then the earlier ones
 TARGET_ORDER = ["I1c", "I1", "I2", "heap", "I3", "I3wal", "clean_time", "clean_wal", "clean_delete",
                 "clean_p99", "scale", "latency", "sustained", "bytes120"]
 
@@ -804,7 +804,7 @@ class Report:
             head += [f"> note: {n}", ""]
         for e in self.raw.get("errors", []):
             head += [f"> **ERROR** in section {e['section']}: {e['error'][:800]}", ""]
-        tl = ["## Targets (issue 16)", "",
+        tl = ["## Targets", "",
               "Ratios are from one interleaved run; a MISS states what was measured. "
               "Sizes below the targets' are flagged in brackets.", "",
               "| target | measured | status |", "|---|---|---|"]

@@ -36,8 +36,8 @@ fsync = off
 log_min_messages = warning
 CONF
   fi
-  # pg_cron installed after the cluster was made (the demo's set-up does not
-  # install it, the test suite's does): turn it on, restarting if need be.
+  # pg_cron installed after the cluster was made (a cluster made by an older
+  # demo, whose set-up did not install it): turn it on, restarting if need be.
   if grep -q "^# (no pg_cron: " "$data/postgresql.conf" && [ -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
     say "pg_cron is installed now: preloading it in the cluster"
     sed -i -e "/^# (no pg_cron: /d" -e "s/^#shared_preload_libraries = 'pg_cron'$/shared_preload_libraries = 'pg_cron'/" "$data/postgresql.conf"

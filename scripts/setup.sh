@@ -46,13 +46,14 @@ if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; th
 fi
 
 # What building and running idem needs (the server, its headers, bindgen's
-# libclang, a C compiler, sudo for the scripts).
+# libclang, a C compiler, sudo for the scripts), and pg_cron, which the
+# demo schedules maintenance with (Debian's PostgreSQL only).
 PACKAGES=(libclang-dev clang sudo build-essential pkg-config)
-[ "$PG_DEBIAN" = 1 ] && PACKAGES=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "${PACKAGES[@]}")
-# The test suite's: pg_cron and PL/Proxy (Debian's PostgreSQL only), TAP
-# tests' IPC::Run, Python for drivers and property tests.
+[ "$PG_DEBIAN" = 1 ] && PACKAGES=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-$PG_MAJOR-cron" "${PACKAGES[@]}")
+# The test suite's: PL/Proxy (Debian's PostgreSQL only), TAP tests'
+# IPC::Run, Python for drivers and property tests.
 TEST_PACKAGES=(libipc-run-perl python3-venv python3-pip)
-[ "$PG_DEBIAN" = 1 ] && TEST_PACKAGES=("postgresql-$PG_MAJOR-cron" "postgresql-$PG_MAJOR-plproxy" "${TEST_PACKAGES[@]}")
+[ "$PG_DEBIAN" = 1 ] && TEST_PACKAGES=("postgresql-$PG_MAJOR-plproxy" "${TEST_PACKAGES[@]}")
 [ $tests = 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()

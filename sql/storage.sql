@@ -26,7 +26,7 @@ CREATE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_hash';
 COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by; stable across versions.';
 
--- TTL classes (src/ttl_class.rs has the table; docs/design.md §3): a claim
+-- TTL classes (src/ttl_class.rs has the rule; docs/design.md §1): a claim
 -- lives among the partitions of its TTL's class, whose width is at most a
 -- quarter of that TTL, so that a claim looks into a few partitions of its
 -- own class whatever the TTLs in use, and an expired claim lingers at most

@@ -1,5 +1,5 @@
 //! TTL classes: which partitions a claim lives in, decided by its TTL
-//! (docs/design.md §3).
+//! (docs/design.md §1).
 //!
 //! idem.claims is partitioned by (ttl_class, expires_at). Class k's
 //! partitions are W·√2^k wide, W being idem.partition_width (one minute by

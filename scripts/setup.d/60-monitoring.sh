@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For tests/scenarios/prometheus.sh and dashboard.sh: Debian's
+# For tests/scenarios/prometheus.sh, dashboard.sh and sql_exporter.sh: Debian's
 # prometheus-postgres-exporter (0.11.1), curl to scrape it, PyYAML to read
 # the queries file. The package enables its own service on a machine with
 # systemd (on :9187, for a local PostgreSQL); the scenario neither needs nor

@@ -1,7 +1,7 @@
 //! Which TTL classes may hold claims of a business type (idem.type_classes,
 //! sql/storage.sql): a claim looks into those classes' partitions only.
 //!
-//! The rule that keeps a key's rows found (docs/design.md §3): before a
+//! The rule that keeps a key's rows found (docs/design.md §2): before a
 //! claim's row goes into class k, a registration of its type in k that
 //! covers the row's expiry exists and will commit with the row — one
 //! already committed, or one this transaction writes. Registrations are

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Citus for real (issue 14): a coordinator and two workers (Citus 13.2.2,
+# Citus for real: a coordinator and two workers (Citus 13.2.2,
 # built once from ../shared/vendor by tests/citus/install.sh into a private
 # copy of Debian's PostgreSQL 15 made by tests/citus/tree.sh, with this
 # build of idem copied there), started here and removed on exit. Runs docs/scaling.md's Citus steps verbatim (read

@@ -2,7 +2,9 @@
 # The Debian package and the PGXN metadata (the other tests use the build
 # installed in the system PostgreSQL, which this one leaves alone):
 #   - scripts/package.sh builds target/package/postgresql-15-idem_<v>_<arch>.deb;
-#   - its control fields (name, Cargo.toml's version, Depends on postgresql-15);
+#   - its control fields (name, Cargo.toml's version, Depends on postgresql-15
+#     and on the Debian package of every shared library idem.so links to:
+#     libc6 and libgcc-s1, the Rust runtime's unwinder);
 #   - the .so, the control file and every SQL script (the generated install
 #     script and each sql/idem--*.sql) sit at the paths pg_config reports;
 #   - the packaged .so and SQL are byte-identical to the installed ones (both
@@ -37,6 +39,17 @@ field() { dpkg-deb --field "$deb" "$1"; }
 [ "$(field Version)" = "$version" ] || fail "Version is '$(field Version)', Cargo.toml says $version"
 [ "$(field Architecture)" = "$arch" ] || fail "Architecture is '$(field Architecture)'"
 [[ ", $(field Depends)," =~ ,\ postgresql-15[,\ ] ]] || fail "Depends lacks postgresql-15: $(field Depends)"
+# Every library the packaged idem.so links to comes from a package it depends
+# on (the dynamic loader itself comes with libc6).
+dpkg-deb -x "$deb" "$work/unpacked"
+needed=$(readelf -d "$work/unpacked$pkglibdir/idem.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+[ -n "$needed" ] || fail "readelf found no NEEDED library in the packaged idem.so"
+for lib in $needed; do
+  owner=$(dpkg -S "*/$(gcc -print-multiarch)/$lib" 2>/dev/null | head -1 | cut -d: -f1)
+  if [ -z "$owner" ]; then fail "no installed Debian package provides $lib, which idem.so links to"; continue; fi
+  if [[ ", $(field Depends)," =~ ,\ $owner[,\ ] ]]; then echo "idem.so needs $lib: $owner is in Depends"
+  else fail "idem.so needs $lib from $owner, which Depends lacks: $(field Depends)"; fi
+done
 
 say "dpkg-deb --contents"
 dpkg-deb --contents "$deb" | tee "$work/contents"

@@ -2,7 +2,7 @@
 # idem behind a real PgBouncer (Debian's 1.18, scripts/setup.d/50-pgbouncer.sh),
 # in transaction mode and in session mode, in front of its own small cluster,
 # with real clients: psql, psycopg 3, pgjdbc, node-postgres, tokio-postgres.
-#   * the issue-18 attack with psql: client A takes a lease, client B on the
+#   * the lease-stealing attempt with psql: client A takes a lease, client B on the
 #     same server session (pool_size 1) tries to checkpoint, complete, fail
 #     and take it over without the token: ID003 / in_progress; A, with its
 #     token, finishes; duplicates replay A's result;

@@ -107,6 +107,21 @@ SELECT count(DISTINCT ttl_class) FROM idem.claims WHERE biz_type = 't1h' AND key
 SQL
 check "claims across a change of idem.partition_width" "t f t t f f 2" "$(paste -sd' ' "$dir/width.txt")"
 
+# A type's TTL changed while its claims are live: the old claims (in the old
+# TTL's class) answer duplicates, new ones go to the new class. (The
+# isolation spec claim_partition_race has two classes of one key in flight.)
+q -At > "$dir/ttl.txt" <<'SQL'
+SELECT claimed FROM idem_claim('c-1', 'tchange');
+SELECT idem_configure('tchange', '30 days');
+SELECT claimed FROM idem_claim('c-1', 'tchange');
+SELECT claimed FROM idem_claim('c-2', 'tchange');
+SELECT idem_configure('tchange', '5 minutes');
+SELECT claimed FROM idem_claim('c-2', 'tchange');
+SELECT claimed FROM idem_claim('c-1', 'tchange');
+SELECT count(DISTINCT ttl_class) FROM idem.type_classes WHERE biz_type = 'tchange';
+SQL
+check "claims across changes of the type's TTL (1 day, 30 days, 5 minutes)" "t f t f f 2" "$(grep -v '^$' "$dir/ttl.txt" | paste -sd' ')"
+
 # 100 sessions, each holding an open 400-day claim, then claiming more.
 cat > "$dir/sessions.py" <<'PY'
 import sys, threading, psycopg
