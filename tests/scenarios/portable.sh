@@ -3,18 +3,22 @@
 # from sql/*.sql and portable/*.sql) on a private PostgreSQL 15 with pg_tle
 # preloaded and no idem library (tests/portable/tree.sh), end to end:
 #   1. installed through pg_tle by a role that is not a superuser (member of
-#      pgtle_admin): CREATE EXTENSION idem, a claim, its duplicate;
+#      pgtle_admin, owner of the database): CREATE EXTENSION idem, claims,
+#      maintenance, the counters off, Citus refused, every view readable;
 #   2. installed by the plain script as a database's owner (no superuser),
-#      then removed by the uninstall script;
-#   3. the native pg_regress and isolation tests that apply (the SQL path's:
-#      tests/sql_access/*schedule) against their usual expected output,
-#      with the portable edition's own schedules below;
-#   4. the same digests, TTL classes and widths as the native edition, and
-#      the same public signatures (tests/portable/signatures.sh), compared
-#      with the native edition of the server at $NATIVE_HOST:$NATIVE_PORT
-#      (default: the suite's cluster);
-#   5. a fault stress: concurrent sessions claiming the same keys, some
-#      terminated mid-transaction (tests/portable/stress.py).
+#      with the API in public and in another schema, then removed by the
+#      uninstall script;
+#   3. the native pg_regress and isolation tests that apply (those of the
+#      native SQL path, tests/sql_access/*schedule) against their usual
+#      expected output, and tests/portable/sql/portable_edition.sql;
+#   4. the same digests, TTL classes, widths and counters as the native
+#      edition (tests/portable/equality.sql), and the same public signatures
+#      (tests/portable/signatures.sql, differences allowed only as listed in
+#      docs/portable.md), compared with the native edition of the server at
+#      $NATIVE_HOST:$NATIVE_PORT (default: the suite's cluster);
+#   5. a fault stress: sessions claiming the same keys at the same moment,
+#      some terminated mid-transaction (tests/portable/stress.py), and its
+#      negative control (no key locks: keys must be applied twice).
 #
 # Tests that do not run here, and why (the one list; the schedules are
 # tests/portable/regress_schedule and tests/portable/isolation_schedule):
@@ -31,7 +35,8 @@
 #     claim_serializable, claim_serializable_ssi: direct-path behaviour the
 #     native SQL path does not have either (its schedule leaves them out):
 #     waiting for an uncommitted idem_forget, claims under REPEATABLE READ
-#     and SERIALIZABLE (refused here with 0A000, which hardening checks).
+#     and SERIALIZABLE (refused here with 0A000, which portable_edition
+#     checks).
 #   isolation sql_path, sql_refusals (tests/sql_access/specs): they set
 #     idem.storage_access, a setting of the library.
 # tests/portable/sql/portable_edition.sql tests what only this edition does.
