@@ -8,6 +8,7 @@
 #   make [PG_CONFIG=/path/to/pg_config]                   release build for that PostgreSQL
 #   make install [PG_CONFIG=...] [DESTDIR=...]            install it where pg_config says
 #   make uninstall [PG_CONFIG=...]
+#   make portable [PORTABLE_SCHEMA=public]                the portable edition into dist/ (docs/portable.md)
 # PostgreSQL 15 to 18 (the cargo feature pgNN follows pg_config).
 # CARGO_TARGET_DIR, when set, is where cargo builds (and this finds the
 # result).
@@ -38,4 +39,12 @@ install:
 uninstall:
 	rm -f '$(DESTDIR)$(PKGLIBDIR)/idem.so' '$(DESTDIR)$(EXTDIR)/idem.control' '$(DESTDIR)$(EXTDIR)'/idem--*.sql
 
-.PHONY: all install uninstall
+# The portable edition (docs/portable.md): PL/pgSQL, no library, for managed
+# PostgreSQL. Writes dist/idem_pg_tle.sql, dist/idem_portable.sql and
+# dist/idem_portable_uninstall.sql; PORTABLE_SCHEMA is where the plain
+# script puts the API.
+PORTABLE_SCHEMA ?= public
+portable:
+	python3 scripts/portable.py --out dist --schema '$(PORTABLE_SCHEMA)'
+
+.PHONY: all install uninstall portable

@@ -1,0 +1,621 @@
+-- The portable edition's claim protocol (the native edition's SQL path,
+-- src/storage/sql.rs, with src/protocol.rs, src/lease.rs, src/biztype.rs),
+-- in PL/pgSQL. What differs from the native edition is in docs/portable.md.
+--
+-- The API functions are SECURITY DEFINER (the native ones reach storage
+-- from C; here the extension's owner does), so the caller's role cannot be
+-- current_user inside them: idem.caller_role() says whose business types a
+-- call may use.
+--
+-- The key lock is pg_advisory_xact_lock(idem.key_hash(biz_type, key)),
+-- taken before the key is probed with a fresh snapshot (READ COMMITTED:
+-- every statement of a VOLATILE PL/pgSQL function takes a new one) and held
+-- until the transaction ends.
+
+-- @helpers after: CREATE TYPE idem_claim_result
+CREATE FUNCTION idem.caller_role() RETURNS name
+    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    -- SET ROLE's role, else the session's: SECURITY DEFINER changes neither.
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user
+                ELSE current_setting('role')::name END
+$fn$;
+COMMENT ON FUNCTION idem.caller_role() IS 'The role a call of the portable edition acts for: the role of SET ROLE, else the session''s user.';
+
+CREATE FUNCTION idem.fail_with(code text, message text, hint text DEFAULT NULL) RETURNS void
+    IMMUTABLE LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF hint IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, HINT = hint;
+END
+$fn$;
+COMMENT ON FUNCTION idem.fail_with(text, text, text) IS 'Raise an error with this SQLSTATE, message and hint.';
+
+-- The checks of a (key, biz_type) argument pair, in the native order.
+CREATE FUNCTION idem.check_claim_key(key text, biz_type text) RETURNS void
+    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    shown text;
+BEGIN
+    IF biz_type IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: biz_type must not be NULL');
+    END IF;
+    IF key IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: key must not be NULL');
+    END IF;
+    IF key = '' THEN
+        PERFORM idem.fail_with('22023', 'idem: key must not be empty');
+    END IF;
+    IF octet_length(key) > 1024 THEN
+        PERFORM idem.fail_with('22023', format('idem: key is %s bytes long; the limit is 1024', octet_length(key)));
+    END IF;
+    PERFORM idem.check_biz_type(biz_type);
+END
+$fn$;
+COMMENT ON FUNCTION idem.check_claim_key(text, text) IS 'Raise 22004 or 22023 for a key or biz_type idem_claim refuses.';
+
+CREATE FUNCTION idem.check_biz_type(biz_type text) RETURNS void
+    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    shown text := biz_type;
+BEGIN
+    IF biz_type IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: biz_type must not be NULL');
+    END IF;
+    IF biz_type !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
+        -- At most 80 bytes of it, cut at a character boundary.
+        WHILE octet_length(shown) > 80 LOOP
+            shown := left(shown, -1);
+        END LOOP;
+        PERFORM idem.fail_with('22023', format('idem: biz_type "%s" is not valid: it must match ^[A-Za-z0-9_.:-]{1,64}$', shown));
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.check_biz_type(text) IS 'Raise 22023 unless biz_type is valid (22004 for NULL), showing at most 80 bytes of it.';
+
+CREATE FUNCTION idem.checked_ttl_us(ttl interval, what text) RETURNS bigint
+    IMMUTABLE STRICT LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    us numeric := idem.interval_us(ttl);
+BEGIN
+    IF us < 1000000 OR us > 34560000000000 THEN
+        PERFORM idem.fail_with('22023', format('idem: %s must be between 1 second and 400 days', what));
+    END IF;
+    RETURN us::bigint;
+END
+$fn$;
+COMMENT ON FUNCTION idem.checked_ttl_us(interval, text) IS 'A TTL or lease in microseconds; 22023 unless it is 1 second to 400 days.';
+
+CREATE FUNCTION idem.require_writable(what text) RETURNS void
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    -- A parallel worker (a call from a function wrongly marked PARALLEL
+    -- SAFE) can write nothing; the leader itself is refused by PostgreSQL
+    -- when it writes (25000 too).
+    IF (SELECT a.backend_type FROM pg_stat_get_activity(pg_backend_pid()) a) = 'parallel worker' THEN
+        PERFORM idem.fail_with('25000', format('cannot execute %s during a parallel operation', what),
+            'A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.');
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM idem.fail_with('25006', format('cannot execute %s in a read-only transaction', what),
+                               'This server is a hot standby: claim on the primary. idem_lookup works here.');
+    END IF;
+    IF current_setting('transaction_read_only')::boolean THEN
+        PERFORM idem.fail_with('25006', format('cannot execute %s in a read-only transaction', what));
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.require_writable(text) IS 'Raise 25006 in a read-only transaction or on a hot standby, 25000 in a parallel worker.';
+
+CREATE FUNCTION idem.require_read_committed() RETURNS void
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM idem.fail_with('0A000',
+            'idem: idem.storage_access = sql works under READ COMMITTED only: a REPEATABLE READ or SERIALIZABLE snapshot cannot see a claim committed after it was taken',
+            'Claim in a READ COMMITTED transaction.');
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.require_read_committed() IS 'Raise 0A000 unless the transaction is READ COMMITTED (the protocol probes with a fresh snapshot after the key lock).';
+
+-- The type's TTL (microseconds; NULL: none configured), after checking that
+-- the caller may use the type (42501).
+CREATE FUNCTION idem.admit(biz_type text) RETURNS bigint
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    t interval;
+    o name;
+    role oid;
+    caller name := idem.caller_role();
+BEGIN
+    SELECT b.ttl, b.owner INTO t, o FROM idem.biz_types b WHERE b.biz_type = admit.biz_type;
+    IF o IS NOT NULL THEN
+        SELECT r.oid INTO role FROM pg_roles r WHERE r.rolname = o;
+        IF role IS NULL THEN
+            IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = caller), false) THEN
+                PERFORM idem.fail_with('42501',
+                    format('idem: permission denied for biz_type "%s": it is reserved for role "%s", which does not exist on this server', biz_type, o),
+                    'The role was dropped or renamed, or a dump was restored onto a server without it: until then only superusers may use the type. A superuser names its owner again with SELECT idem_set_owner(biz_type, role), or opens it to every role with idem_set_owner(biz_type, NULL).');
+            END IF;
+        ELSIF NOT pg_has_role(caller, role, 'USAGE') THEN
+            PERFORM idem.fail_with('42501',
+                format('idem: permission denied for biz_type "%s": only members of role "%s" may use it', biz_type, o),
+                format('The business type is reserved for role "%s" (idem_set_owner); GRANT that role, or use another biz_type.', o));
+        END IF;
+    END IF;
+    RETURN idem.interval_us(t)::bigint;
+END
+$fn$;
+COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in microseconds (NULL if none); 42501 if the type is reserved for a role the caller is not a member of.';
+
+-- A transaction id as xid8, from the xid (32 bits) a row's xmin shows: the
+-- xid8 within 2^31 of the current snapshot's xmax that has these low 32
+-- bits (this transaction's own xids may lie past that xmax).
+CREATE FUNCTION idem.xid8_of(x xid) RETURNS xid8
+    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT (n + CASE WHEN d >= 2147483648 THEN d - 4294967296 ELSE d END)::text::xid8
+      FROM (SELECT n, (x::text::bigint - (n & 4294967295)) & 4294967295 AS d
+              FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n) s) t
+$fn$;
+COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xid.';
+
+-- The key's row as the protocol sees it (src/storage/sql.rs, probe): live
+-- (this transaction's, or committed and unexpired), else a committed row
+-- whose writer was running when the call began (arrival), expired or not.
+-- Only in the TTL classes registered for the type. own: this
+-- transaction (or one of its subtransactions) wrote it: a visible row
+-- whose writer is still in progress can only be ours.
+CREATE FUNCTION idem.probe(h bigint, biz_type text, key text, t_now timestamptz, arrival pg_snapshot,
+                           OUT present boolean, OUT state "char", OUT claimed_at timestamptz, OUT expires_at timestamptz,
+                           OUT fingerprint text, OUT result jsonb, OUT own boolean, OUT ttl_class smallint,
+                           OUT part regclass, OUT tid tid)
+    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    classes smallint[];
+    r record;
+    live int := 0;
+    late record;
+    have_late boolean := false;
+    x xid8;
+    mine boolean;
+BEGIN
+    present := false;
+    SELECT array_agg(DISTINCT tc.ttl_class) INTO classes FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type;
+    IF classes IS NULL THEN
+        RETURN;
+    END IF;
+    FOR r IN
+        SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.xmin AS x, c.ttl_class,
+               c.tableoid::regclass AS part, c.ctid AS tid
+          FROM idem.claims c
+         WHERE idem.key_hash(c.biz_type, c.key) = h
+           AND c.biz_type = probe.biz_type
+           AND c.key = probe.key
+           AND c.ttl_class = ANY (classes)
+    LOOP
+        x := idem.xid8_of(r.x);
+        mine := coalesce(pg_xact_status(x) = 'in progress', false);
+        IF mine OR r.expires_at > t_now THEN
+            live := live + 1;
+            IF live > 1 THEN
+                CONTINUE;
+            END IF;
+            present := true;
+            state := r.state; claimed_at := r.claimed_at; expires_at := r.expires_at;
+            fingerprint := r.fingerprint; result := r.result; own := mine; ttl_class := r.ttl_class;
+            part := r.part; tid := r.tid;
+        ELSIF NOT pg_visible_in_snapshot(x, arrival) THEN
+            late := r;
+            have_late := true;
+        END IF;
+    END LOOP;
+    IF live > 1 THEN
+        PERFORM idem.fail_with('55000', format('idem: %s live claims of one key in idem.claims', live),
+            'Were claims of this key made with different idem.storage_access settings? Every session must use one path. (Or, if idem.claims was distributed by Citus under idem 0.2.0: calls Citus did not delegate, such as SELECT (idem_claim(...)).claimed, ran on another node; since 0.3.0 they are refused.)');
+    END IF;
+    IF NOT present AND have_late THEN
+        present := true;
+        state := late.state; claimed_at := late.claimed_at; expires_at := late.expires_at;
+        fingerprint := late.fingerprint; result := late.result; own := false; ttl_class := late.ttl_class;
+        part := late.part; tid := late.tid;
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, pg_snapshot) IS 'The live row of (biz_type, key) among its type''s TTL classes (or the one committed since arrival), with whether this transaction wrote it.';
+
+-- What a call that found a row answers (src/protocol.rs, Outcome::of_row).
+CREATE FUNCTION idem.outcome_of_row(state "char", own boolean, result jsonb, claimed_at timestamptz, expires_at timestamptz)
+    RETURNS @extschema@.idem_claim_result
+    IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT ROW(false,
+               CASE WHEN state = 'l' THEN 'in_progress'
+                    WHEN state = 'f' THEN 'failed'
+                    WHEN state = 'c' THEN 'completed'
+                    WHEN own THEN 'in_progress'
+                    ELSE 'completed' END,
+               CASE WHEN state = 'l' THEN NULL ELSE result END,
+               claimed_at, expires_at)::@extschema@.idem_claim_result
+$fn$;
+COMMENT ON FUNCTION idem.outcome_of_row("char", boolean, jsonb, timestamptz, timestamptz) IS 'The idem_claim_result of a call that found a claim row.';
+
+CREATE FUNCTION idem.us_since_2000(t timestamptz) RETURNS bigint
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
+    SELECT (extract(epoch FROM t - timestamptz '2000-01-01 00:00:00+00') * 1000000)::bigint
+$fn$;
+COMMENT ON FUNCTION idem.us_since_2000(timestamptz) IS 'A timestamp as microseconds since 2000-01-01 UTC (how the native edition stores lease times).';
+
+CREATE FUNCTION idem.iso_utc(t timestamptz) RETURNS text
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$fn$;
+COMMENT ON FUNCTION idem.iso_utc(timestamptz) IS 'A timestamp as ISO 8601 in UTC with microseconds (lease_until).';
+
+CREATE FUNCTION idem.random_hex(n_bytes int) RETURNS text
+    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    -- gen_random_uuid() draws from pg_strong_random, as the native edition;
+    -- of a version 4 UUID's 32 hex digits, 30 are wholly random (the 13th
+    -- is the version, the 17th carries the variant).
+    SELECT left(string_agg(substr(u, 1, 12) || substr(u, 14, 3) || substr(u, 18), ''), 2 * n_bytes)
+      FROM (SELECT replace(gen_random_uuid()::text, '-', '') AS u
+              FROM generate_series(1, (2 * n_bytes + 29) / 30)) s
+$fn$;
+COMMENT ON FUNCTION idem.random_hex(int) IS 'n_bytes random bytes from PostgreSQL''s CSPRNG as hex digits.';
+
+CREATE FUNCTION idem.sha256_hex(t text) RETURNS text
+    IMMUTABLE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT encode(sha256(convert_to(t, getdatabaseencoding())), 'hex')
+$fn$;
+COMMENT ON FUNCTION idem.sha256_hex(text) IS 'SHA-256 of a text''s bytes, as hex (lease tokens are stored only so).';
+
+-- The lease document stored in result (src/lease.rs, Stored plus the
+-- recovery point and data) and the view of it its owner is given.
+CREATE FUNCTION idem.lease_doc(attempt bigint, lease_us bigint, until timestamptz, token_sha256 text, point jsonb, data jsonb)
+    RETURNS jsonb IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT jsonb_build_object('attempt', attempt, 'lease_us', lease_us, 'lease_until_us', idem.us_since_2000(until),
+                              'owner_token_sha256', token_sha256, 'recovery_point', point, 'recovery_data', data)
+$fn$;
+COMMENT ON FUNCTION idem.lease_doc(bigint, bigint, timestamptz, text, jsonb, jsonb) IS 'The lease document a leased claim stores in result.';
+CREATE FUNCTION idem.lease_view(attempt bigint, until timestamptz, token text, point jsonb, data jsonb)
+    RETURNS jsonb IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'lease_until', idem.iso_utc(until), 'lease_token', token))
+           || jsonb_build_object('recovery_point', point, 'recovery_data', data)
+$fn$;
+COMMENT ON FUNCTION idem.lease_view(bigint, timestamptz, text, jsonb, jsonb) IS 'What the holder of a lease is told: attempt, lease_until, lease_token (when issued), recovery_point and recovery_data.';
+CREATE FUNCTION idem.check_lease(doc jsonb) RETURNS void
+    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    field text;
+BEGIN
+    IF doc IS NULL THEN
+        PERFORM idem.fail_with('XX000', 'idem: internal error: a leased claim has no lease document',
+            'This is a bug or a damaged installation; please report it with the server log.');
+    END IF;
+    FOREACH field IN ARRAY ARRAY['attempt', 'lease_us', 'lease_until_us'] LOOP
+        IF jsonb_typeof(doc -> field) IS DISTINCT FROM 'number' THEN
+            PERFORM idem.fail_with('XX000', format('idem: internal error: the lease document is damaged: %s is not a number', field),
+                'This is a bug or a damaged installation; please report it with the server log.');
+        END IF;
+    END LOOP;
+    IF jsonb_typeof(doc -> 'owner_token_sha256') IS DISTINCT FROM 'string' THEN
+        PERFORM idem.fail_with('XX000', 'idem: internal error: the lease document is damaged: owner_token_sha256 is not a string',
+            'This is a bug or a damaged installation; please report it with the server log.');
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.check_lease(jsonb) IS 'Raise XX000 unless doc is a lease document (attempt, lease_us, lease_until_us, owner_token_sha256).';
+CREATE FUNCTION idem.lease_until(doc jsonb) RETURNS timestamptz
+    IMMUTABLE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT timestamptz '2000-01-01 00:00:00+00' + idem.us_interval((doc ->> 'lease_until_us')::numeric)
+$fn$;
+COMMENT ON FUNCTION idem.lease_until(jsonb) IS 'When the lease of a lease document runs out.';
+
+CREATE FUNCTION idem.not_claimed(key text, biz_type text, why text) RETURNS void
+    IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT idem.fail_with('ID003', format('idem: key "%s" of biz_type "%s" %s', key, biz_type, why),
+        'Finish a claim in the transaction that made it, or pass the lease_token that idem_claim returned with the lease.')
+$fn$;
+COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a call on a claim the caller does not hold.';
+
+-- The new claim row (src/storage/sql.rs, insert): in its TTL's class, after
+-- registering the type in that class when no committed or own registration
+-- covers the row's expiry (a registration spans up to the end of the class
+-- width the expiry falls in).
+CREATE FUNCTION idem.insert_claim(biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
+                                  state "char", fingerprint text, result jsonb) RETURNS void
+    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    k smallint := idem.ttl_class(expires_at - claimed_at);
+    span numeric;
+    e numeric;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc
+                    WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k AND tc.until >= insert_claim.expires_at) THEN
+        span := greatest(idem.interval_us(idem.class_width(k)), 1);
+        e := idem.us_since_2000(expires_at);
+        INSERT INTO idem.type_classes (biz_type, ttl_class, until)
+        VALUES (biz_type, k, timestamptz '2000-01-01 00:00:00+00' + idem.us_interval((floor(e / span) + 1) * span));
+    END IF;
+    INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
+    VALUES (expires_at, claimed_at, k, state, biz_type, key, fingerprint, result);
+END
+$fn$;
+COMMENT ON FUNCTION idem.insert_claim(text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed.';
+
+CREATE FUNCTION idem.rewrite_claim(part regclass, tid tid, state "char", result jsonb) RETURNS void
+    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    n bigint;
+BEGIN
+    -- The row the probe found, in its partition: the key lock keeps
+    -- everyone else from changing it since. (An UPDATE of idem.claims by
+    -- key would plan for every partition.)
+    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3', part) USING state, result, tid;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n <> 1 THEN
+        PERFORM idem.fail_with('55000', format('idem: the claim row to update was found %s times, not once', n),
+            'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
+    END IF;
+END
+$fn$;
+COMMENT ON FUNCTION idem.rewrite_claim(regclass, tid, "char", jsonb) IS 'Set the state and result of the claim row at tid in partition part.';
+-- @end
+
+-- @body idem_claim
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    arrival pg_snapshot := pg_current_snapshot();
+    ttl_us bigint;
+    lease_us bigint;
+    type_ttl_us bigint;
+    h bigint;
+    p record;
+    t_now timestamptz;
+    t_exp timestamptz;
+    token text;
+    until timestamptz;
+    attempt bigint;
+BEGIN
+    PERFORM idem.check_claim_key(key, biz_type);
+    ttl_us := idem.checked_ttl_us(ttl, 'ttl');
+    lease_us := idem.checked_ttl_us(lease, 'lease');
+    PERFORM idem.require_writable('idem_claim');
+    type_ttl_us := idem.admit(biz_type);
+    ttl_us := coalesce(ttl_us, type_ttl_us,
+                       idem.setting_us('idem.default_ttl', interval '24 hours', 1000000, 34560000000000));
+    IF lease_us > ttl_us THEN
+        PERFORM idem.fail_with('22023', 'idem: lease must not be longer than the claim''s ttl');
+    END IF;
+    PERFORM idem.require_read_committed();
+    h := idem.key_hash(biz_type, key);
+    -- A committed outcome other than a lease is final until it expires:
+    -- answered without the lock.
+    p := idem.probe(h, biz_type, key, clock_timestamp(), arrival);
+    IF NOT (p.present AND p.state <> 'l' AND NOT p.own) THEN
+        IF coalesce(wait, true) THEN
+            PERFORM pg_advisory_xact_lock(h);
+        ELSIF NOT pg_try_advisory_xact_lock(h) THEN
+            RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+        END IF;
+        p := idem.probe(h, biz_type, key, clock_timestamp(), arrival);
+    END IF;
+    IF NOT p.present THEN
+        t_now := clock_timestamp();
+        t_exp := t_now + idem.us_interval(ttl_us);
+        IF lease_us IS NULL THEN
+            PERFORM idem.insert_claim(biz_type, key, t_now, t_exp, 'p', fingerprint, NULL);
+            RETURN ROW(true, 'new', NULL, t_now, t_exp)::@extschema@.idem_claim_result;
+        END IF;
+        token := idem.random_hex(16);
+        until := t_now + idem.us_interval(lease_us);
+        PERFORM idem.insert_claim(biz_type, key, t_now, t_exp, 'l', fingerprint,
+                                  idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL));
+        RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
+    END IF;
+    IF fingerprint IS NOT NULL AND p.fingerprint IS NOT NULL AND fingerprint <> p.fingerprint THEN
+        PERFORM idem.fail_with('ID001', format('idem: key "%s" of biz_type "%s" was first claimed with a different fingerprint', key, biz_type),
+            'The same idempotency key was reused for a different request; use a new key for a new intent.');
+    END IF;
+    t_now := clock_timestamp();
+    IF p.state <> 'l' OR p.own THEN
+        RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
+    END IF;
+    PERFORM idem.check_lease(p.result);
+    IF idem.lease_until(p.result) > t_now THEN
+        RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
+    END IF;
+    -- The lease ran out: this call takes the claim over.
+    lease_us := coalesce(lease_us, (p.result ->> 'lease_us')::bigint);
+    until := least(t_now + idem.us_interval(lease_us), p.expires_at);
+    attempt := (p.result ->> 'attempt')::bigint + 1;
+    token := idem.random_hex(16);
+    PERFORM idem.rewrite_claim(p.part, p.tid, 'l',
+        idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data'));
+    RETURN ROW(true, 'new',
+               idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data'),
+               p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
+END
+$fn$;
+-- @end
+
+-- @helpers
+-- complete, fail and checkpoint (src/protocol.rs, finish): the key is
+-- locked and probed; the caller must hold the claim (made by this
+-- transaction, or leased with the token passed).
+CREATE FUNCTION idem.finish(what text, key text, biz_type text, new_state "char", new_result jsonb,
+                            point text, data jsonb, lease_token text) RETURNS void
+    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    h bigint;
+    p record;
+    leased boolean;
+    holds boolean;
+    until timestamptz;
+BEGIN
+    PERFORM idem.require_writable(what);
+    PERFORM idem.admit(biz_type);
+    PERFORM idem.require_read_committed();
+    h := idem.key_hash(biz_type, key);
+    PERFORM pg_advisory_xact_lock(h);
+    p := idem.probe(h, biz_type, key, clock_timestamp(), pg_current_snapshot());
+    IF NOT p.present THEN
+        PERFORM idem.not_claimed(key, biz_type, 'is not claimed by this transaction, nor leased to the caller');
+    END IF;
+    leased := p.state = 'l';
+    IF leased THEN
+        PERFORM idem.check_lease(p.result);
+        holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
+    ELSE
+        holds := p.own AND what <> 'idem_checkpoint';
+    END IF;
+    IF NOT holds THEN
+        IF leased AND lease_token IS NULL THEN
+            PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
+        ELSIF leased THEN
+            PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
+        ELSIF p.own THEN
+            PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
+        ELSE
+            PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
+        END IF;
+    END IF;
+    IF what = 'idem_checkpoint' THEN
+        until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
+        new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
+                                     p.result ->> 'owner_token_sha256', to_jsonb(point), data);
+    END IF;
+    PERFORM idem.rewrite_claim(p.part, p.tid, new_state, new_result);
+END
+$fn$;
+COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail and idem_checkpoint: rewrite the claim the caller holds (ID003 otherwise).';
+-- @end
+
+-- @body idem_complete
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM idem.check_claim_key(key, biz_type);
+    PERFORM idem.finish('idem_complete', key, biz_type, 'c', result, NULL, NULL, lease_token);
+END
+$fn$;
+-- @end
+
+-- @body idem_fail
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM idem.check_claim_key(key, biz_type);
+    IF error IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: error must not be NULL');
+    END IF;
+    PERFORM idem.finish('idem_fail', key, biz_type, 'f', error, NULL, NULL, lease_token);
+END
+$fn$;
+-- @end
+
+-- @body idem_checkpoint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM idem.check_claim_key(key, biz_type);
+    IF point IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: point must not be NULL');
+    END IF;
+    IF octet_length(point) < 1 OR octet_length(point) > 256 THEN
+        PERFORM idem.fail_with('22023', 'idem: point must be 1 to 256 bytes long');
+    END IF;
+    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token);
+END
+$fn$;
+-- @end
+
+-- @body idem_lookup
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    h bigint;
+    p record;
+BEGIN
+    PERFORM idem.check_claim_key(key, biz_type);
+    PERFORM idem.admit(biz_type);
+    h := idem.key_hash(biz_type, key);
+    p := idem.probe(h, biz_type, key, clock_timestamp(), pg_current_snapshot());
+    IF p.present THEN
+        RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
+    END IF;
+    -- No row, but another transaction holds the key: it is writing one.
+    IF EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+                  AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                  AND l.classid::text::bigint = (h >> 32) & 4294967295
+                  AND l.objid::text::bigint = h & 4294967295
+                  AND l.objsubid = 1) THEN
+        RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+    END IF;
+    RETURN ROW(false, 'absent', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+END
+$fn$;
+-- @end
+
+-- @body idem_forget
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    h bigint;
+    p record;
+    n bigint;
+BEGIN
+    PERFORM idem.check_claim_key(key, biz_type);
+    PERFORM idem.require_writable('idem_forget');
+    PERFORM idem.admit(biz_type);
+    PERFORM idem.require_read_committed();
+    h := idem.key_hash(biz_type, key);
+    PERFORM pg_advisory_xact_lock(h);
+    p := idem.probe(h, biz_type, key, clock_timestamp(), pg_current_snapshot());
+    IF NOT p.present THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n <> 1 THEN
+        PERFORM idem.fail_with('55000', format('idem: the claim row to delete was found %s times, not once', n),
+            'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
+    END IF;
+    RETURN true;
+END
+$fn$;
+-- @end
+
+-- @body idem_configure
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM idem.check_biz_type(biz_type);
+    PERFORM idem.checked_ttl_us(ttl, 'ttl');
+    PERFORM idem.require_writable('idem_configure');
+    PERFORM idem.admit(biz_type);
+    INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at) VALUES (biz_type, ttl, now())
+        ON CONFLICT ON CONSTRAINT biz_types_pkey DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at;
+END
+$fn$;
+-- @end
+
+-- @body idem_set_owner
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM idem.check_biz_type(biz_type);
+    PERFORM idem.require_writable('idem_set_owner');
+    PERFORM idem.admit(biz_type);
+    INSERT INTO idem.biz_types AS b (biz_type, owner, updated_at)
+    VALUES (biz_type, (SELECT r.rolname FROM pg_roles r WHERE r.oid = owner), now())
+        ON CONFLICT ON CONSTRAINT biz_types_pkey DO UPDATE SET owner = EXCLUDED.owner, updated_at = EXCLUDED.updated_at;
+END
+$fn$;
+-- @end
+
+-- @body idem_storage_path
+LANGUAGE sql AS $fn$
+    SELECT 'sql'::text
+$fn$;
+-- @end
+
+-- @body idem_random_token
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT idem.random_hex(32)
+$fn$;
+-- @end

@@ -1,0 +1,262 @@
+-- The portable edition's bodies for the C functions of sql/storage.sql
+-- (scripts/portable.py puts each `-- @body NAME` block in place of
+-- `LANGUAGE c AS 'MODULE_PATHNAME', 'NAME'`; `-- @helpers` blocks go at the
+-- start of the module, after schema idem exists). Everything here must give
+-- exactly what the native functions give: tests/scenarios/portable.sh
+-- compares them on the same inputs.
+
+-- @helpers after: COMMENT ON SCHEMA idem
+-- SipHash-1-3 (src/key.rs): one compression round per 8-byte word, three
+-- finalization rounds, on bigint read as unsigned 64 bits: additions are
+-- done in 32-bit halves (no overflow error), and << wraps. The rounds are
+-- written out: this runs once per call on a key, so it is the hot path.
+CREATE FUNCTION idem.siphash13(k0 bigint, k1 bigint, msg bytea) RETURNS bigint
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
+DECLARE
+    v0 bigint := k0 # 8317987319222330741;   -- "somepseu"
+    v1 bigint := k1 # 7237128888997146477;   -- "dorandom"
+    v2 bigint := k0 # 7816392313619706465;   -- "lygenera"
+    v3 bigint := k1 # 8387220255154660723;   -- "tedbytes"
+    n int := octet_length(msg);
+    whole int := n - n % 8;
+    m bigint;
+    lo bigint;
+    i int := 0;
+    j int;
+    r int;
+    rounds int;
+    last boolean := false;
+BEGIN
+    LOOP
+        IF i < whole THEN
+            m := 0;
+            FOR j IN 0..7 LOOP
+                m := m | (get_byte(msg, i + j)::bigint << (8 * j));
+            END LOOP;
+            rounds := 1;
+        ELSIF NOT last THEN
+            -- The last word: the remaining bytes and the length's low byte.
+            m := (n & 255)::bigint << 56;
+            FOR j IN 0..(n - whole - 1) LOOP
+                m := m | (get_byte(msg, whole + j)::bigint << (8 * j));
+            END LOOP;
+            rounds := 1;
+            last := true;
+        ELSE
+            EXIT;
+        END IF;
+        v3 := v3 # m;
+        FOR r IN 1..rounds LOOP
+            lo := (v0 & 4294967295) + (v1 & 4294967295);
+            v0 := (((v0 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+            v1 := (v1 << 13) | ((v1 >> 51) & 8191);
+            v1 := v1 # v0;
+            v0 := (v0 << 32) | ((v0 >> 32) & 4294967295);
+            lo := (v2 & 4294967295) + (v3 & 4294967295);
+            v2 := (((v2 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+            v3 := (v3 << 16) | ((v3 >> 48) & 65535);
+            v3 := v3 # v2;
+            lo := (v0 & 4294967295) + (v3 & 4294967295);
+            v0 := (((v0 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+            v3 := (v3 << 21) | ((v3 >> 43) & 2097151);
+            v3 := v3 # v0;
+            lo := (v2 & 4294967295) + (v1 & 4294967295);
+            v2 := (((v2 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+            v1 := (v1 << 17) | ((v1 >> 47) & 131071);
+            v1 := v1 # v2;
+            v2 := (v2 << 32) | ((v2 >> 32) & 4294967295);
+        END LOOP;
+        v0 := v0 # m;
+        i := i + 8;
+    END LOOP;
+    v2 := v2 # 255;
+    FOR r IN 1..3 LOOP
+        lo := (v0 & 4294967295) + (v1 & 4294967295);
+        v0 := (((v0 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+        v1 := (v1 << 13) | ((v1 >> 51) & 8191);
+        v1 := v1 # v0;
+        v0 := (v0 << 32) | ((v0 >> 32) & 4294967295);
+        lo := (v2 & 4294967295) + (v3 & 4294967295);
+        v2 := (((v2 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+        v3 := (v3 << 16) | ((v3 >> 48) & 65535);
+        v3 := v3 # v2;
+        lo := (v0 & 4294967295) + (v3 & 4294967295);
+        v0 := (((v0 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+        v3 := (v3 << 21) | ((v3 >> 43) & 2097151);
+        v3 := v3 # v0;
+        lo := (v2 & 4294967295) + (v1 & 4294967295);
+        v2 := (((v2 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
+        v1 := (v1 << 17) | ((v1 >> 47) & 131071);
+        v1 := v1 # v2;
+        v2 := (v2 << 32) | ((v2 >> 32) & 4294967295);
+    END LOOP;
+    RETURN v0 # v1 # v2 # v3;
+END
+$fn$;
+COMMENT ON FUNCTION idem.siphash13(bigint, bigint, bytea) IS 'SipHash-1-3 of msg with the 128-bit key (k0, k1), as a signed bigint (the portable edition''s idem.key_hash).';
+
+-- An interval in microseconds, counted as the native edition counts it
+-- (extract(epoch ...): a day is 24 hours, a month 30 days, a year 365.25
+-- days), as numeric so that no interval overflows.
+CREATE FUNCTION idem.interval_us(i interval) RETURNS numeric
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
+    SELECT extract(epoch FROM i) * 1000000
+$fn$;
+COMMENT ON FUNCTION idem.interval_us(interval) IS 'An interval in microseconds, a month counted as 30 days and a year as 365.25 (extract(epoch ...)).';
+
+-- A setting of the native edition's as a number of microseconds. Without
+-- the library PostgreSQL keeps idem.* settings as unchecked text, so the
+-- value is checked here, where it is read (22023 for a bad one).
+CREATE FUNCTION idem.setting_us(setting text, fallback interval, min_us numeric, max_us numeric) RETURNS bigint
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    raw text := current_setting(setting, true);
+    us numeric;
+BEGIN
+    IF raw IS NULL OR raw = '' THEN
+        RETURN idem.interval_us(fallback)::bigint;
+    END IF;
+    BEGIN
+        us := idem.interval_us(raw::interval);
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+        us := NULL;
+    END;
+    IF us IS NULL OR us < min_us OR us > max_us THEN
+        RAISE EXCEPTION 'invalid value for parameter "%": "%"', setting, raw
+            USING ERRCODE = '22023',
+                  DETAIL = format('It must be an interval from %s to %s.',
+                                  CASE min_us WHEN 100000 THEN '100 milliseconds' ELSE '1 second' END, '400 days');
+    END IF;
+    RETURN us::bigint;
+END
+$fn$;
+COMMENT ON FUNCTION idem.setting_us(text, interval, numeric, numeric) IS 'An interval setting (idem.default_ttl, idem.partition_width) in microseconds, checked: 22023 for a value the native edition would refuse to SET.';
+
+-- Microseconds as an interval of hours and microseconds only (no days), as
+-- the native edition makes it; whole hours first, so that interval input
+-- never reads a number too long for exact parsing.
+CREATE FUNCTION idem.us_interval(us numeric) RETURNS interval
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
+    SELECT (div(us, 3600000000)::text || ' hours ' || mod(us, 3600000000)::text || ' microseconds')::interval
+$fn$;
+COMMENT ON FUNCTION idem.us_interval(numeric) IS 'A number of microseconds as an interval of hours and microseconds (no days or months).';
+
+-- The width of TTL class k for a class-0 width of unit microseconds
+-- (src/ttl_class.rs, width_at: round(unit * 2^(k/2)), saturating).
+CREATE FUNCTION idem.width_at(unit bigint, k int) RETURNS numeric
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
+    SELECT CASE WHEN w >= 9223372036854775807::float8 THEN 9223372036854775807::numeric
+                -- half away from zero, as Rust's f64::round; float8 to
+                -- bigint is exact, float8 to numeric is not
+                WHEN w - trunc(w) = 0.5 THEN (trunc(w) + 1)::bigint::numeric
+                ELSE round(w)::bigint::numeric END
+      FROM (SELECT unit::float8 * power(2::float8, k::float8 / 2.0::float8) AS w) f
+$fn$;
+COMMENT ON FUNCTION idem.width_at(bigint, int) IS 'The width in microseconds of TTL class k when class 0 is unit microseconds wide.';
+-- @end
+
+-- @body idem_key_hash
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    t bytea := convert_to(biz_type, getdatabaseencoding());
+BEGIN
+    -- The bytes in the database's encoding, as the native function hashes
+    -- them: the type's length (one byte), the type, the key.
+    RETURN idem.siphash13(7594306392080213369, 8516974794605867315,
+                          set_byte('\x00'::bytea, 0, octet_length(t) & 255) || t
+                          || convert_to(key, getdatabaseencoding()));
+END
+$fn$;
+-- @end
+
+-- @body idem_ttl_class
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
+    us numeric := least(greatest(idem.interval_us(ttl), -9223372036854775808), 9223372036854775807);
+    k int := 0;
+BEGIN
+    WHILE k < 80 AND least(idem.width_at(unit, k + 1) * 4, 9223372036854775807) <= us LOOP
+        k := k + 1;
+    END LOOP;
+    RETURN k;
+END
+$fn$;
+-- @end
+
+-- @body idem_class_width
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
+BEGIN
+    IF ttl_class < 0 OR ttl_class > 80 THEN
+        RETURN NULL;
+    END IF;
+    RETURN idem.us_interval(idem.width_at(unit, ttl_class));
+END
+$fn$;
+-- @end
+
+-- @body idem_class_max_ttl
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
+BEGIN
+    IF ttl_class < 0 OR ttl_class > 80 THEN
+        RETURN NULL;
+    END IF;
+    RETURN idem.us_interval(least(least(idem.width_at(unit, ttl_class + 1) * 4, 9223372036854775807) - 1,
+                                  34560000000000));
+END
+$fn$;
+-- @end
+
+-- Partition bounds: the native functions read the bound in binary; here it
+-- is read from pg_get_expr's text under pinned DateStyle and TimeZone, so no
+-- session setting changes what is parsed.
+-- @helpers
+CREATE FUNCTION idem.partition_bound(partition regclass, OUT ttl_class smallint, OUT lo timestamptz, OUT hi timestamptz)
+    STABLE STRICT LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp SET DateStyle = 'ISO, YMD' SET TimeZone = 'UTC' AS $fn$
+DECLARE
+    bound text;
+    parts text[];
+BEGIN
+    SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound FROM pg_class c WHERE c.oid = partition;
+    IF bound IS NULL OR bound = 'DEFAULT' THEN
+        RETURN;
+    END IF;
+    parts := regexp_match(bound, '^FOR VALUES FROM \(''(-?[0-9]+)'', ''([^'']+)''\) TO \(''(-?[0-9]+)'', ''([^'']+)''\)$');
+    IF parts IS NULL THEN
+        RAISE EXCEPTION 'idem: internal error: % is not a partition of idem.claims by (ttl_class, expires_at): %', partition, bound
+            USING ERRCODE = 'XX000';
+    END IF;
+    IF parts[1] <> parts[3] THEN
+        RAISE EXCEPTION 'idem: internal error: a partition of idem.claims spans more than one TTL class'
+            USING ERRCODE = 'XX000';
+    END IF;
+    ttl_class := parts[1]::smallint;
+    lo := parts[2]::timestamptz;
+    hi := parts[4]::timestamptz;
+END
+$fn$;
+COMMENT ON FUNCTION idem.partition_bound(regclass) IS 'TTL class and expiry range of a partition of idem.claims, parsed from its bound under pinned settings (NULLs for the default partition).';
+-- @end
+
+-- @body idem_partition_from
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT (idem.partition_bound(partition)).lo
+$fn$;
+-- @end
+
+-- @body idem_partition_to
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT (idem.partition_bound(partition)).hi
+$fn$;
+-- @end
+
+-- @body idem_partition_class
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT (idem.partition_bound(partition)).ttl_class
+$fn$;
+-- @end
