@@ -13,6 +13,7 @@
 //! numbers below follow sql/storage.sql.
 
 use super::keylock::{self, KeyLock};
+use super::type_classes::{self, Registered};
 use super::writer;
 use super::{now, Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
 use crate::backend::BackendLocal;
@@ -22,9 +23,8 @@ use crate::datum::{text_datum, varlena_bytes, varlena_copy};
 use crate::errors::IdemError;
 use crate::key::ClaimKey;
 use crate::metrics;
-use pgrx::pg_sys;
-use super::type_classes::{self, Registered};
 use crate::ttl_class;
+use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
@@ -121,7 +121,7 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
 
 impl Opened {
     /// Lock the target's table, then its default partition; the partitions
-    /// of TTL classes are opened by `look_into`. The table is locked first:
+    /// of TTL classes are opened by `look_into_classes`. The table is locked first:
     /// idem_maintain changes partitions only under a lock that conflicts
     /// with ours, so the set stays as read until the transaction ends.
     /// Anyone else attaching a partition locks the default partition, which
@@ -363,7 +363,7 @@ impl Opened {
     }
 
     /// Under SERIALIZABLE, take the predicate locks an index scan for the
-    /// key would take in every partition (the dirty probe takes none), so
+    /// key would take in every partition probed (the dirty probe takes none), so
     /// that SSI sees a reader of a key that another transaction then
     /// claims, exactly as with a SELECT on a unique index.
     fn predicate_lock(&self, k: &ClaimKey) {
@@ -383,6 +383,11 @@ impl Opened {
                 pg_sys::index_endscan(scan);
             }
         }
+        // And on the type's registrations: a claim of the key in a class
+        // the type was not in writes one, which SSI then sees too.
+        if let (Some(registry), false) = (self.registry, self.list.legacy) {
+            type_classes::predicate_lock(registry, k.biz_type);
+        }
     }
 
     /// Insert a new claim row into the partition of its TTL class whose
@@ -390,7 +395,8 @@ impl Opened {
     /// registered in that class first. The key is locked, so no other claim
     /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        let class = if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
+        let class =
+            if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
         if !self.list.legacy && self.registry.is_some() {
             let mut registered = self.registered.borrow_mut();
             if !registered.covers(class, new.expires_at) {
@@ -401,7 +407,9 @@ impl Opened {
             .list
             .parts
             .iter()
-            .position(|p| p.bound.is_some_and(|b| b.class == class && b.from <= new.expires_at && new.expires_at < b.to))
+            .position(|p| {
+                p.bound.is_some_and(|b| b.class == class && b.from <= new.expires_at && new.expires_at < b.to)
+            })
             .or_else(|| self.list.parts.iter().position(|p| p.bound.is_none()))
             .unwrap_or_else(|| {
                 IdemError::ObjectNotInPrerequisiteState(
@@ -429,7 +437,8 @@ impl Opened {
         let heap = self.heap(row.part);
         unsafe {
             let fingerprint = row.fingerprint.as_deref();
-            let tuple = form(heap, self.cols, k, row.ttl_class, row.claimed_at, row.expires_at, state, fingerprint, result);
+            let tuple =
+                form(heap, self.cols, k, row.ttl_class, row.claimed_at, row.expires_at, state, fingerprint, result);
             let mut otid = row.tid;
             // The row may have been written by this very command (a claim and
             // its completion in one statement): make it updatable.
@@ -454,12 +463,11 @@ impl Opened {
 
     /// Where this transaction's own row of a key now is (partition `i`).
     fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
-        let target =
-            Target {
-                shell: self.shell.map(|r| unsafe { (*r).rd_id }),
-                parent: unsafe { (*self.parent).rd_id },
-                registry: self.registry,
-            };
+        let target = Target {
+            shell: self.shell.map(|r| unsafe { (*r).rd_id }),
+            parent: unsafe { (*self.parent).rd_id },
+            registry: self.registry,
+        };
         remember(hash, target, self.list.parts[i].relid, tid);
     }
 
@@ -688,7 +696,12 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay
         // closed (never touched: the row is in partition i).
-        opened.parts = opened.list.parts.iter().map(|_| (Cell::new(std::ptr::null_mut()), Cell::new(std::ptr::null_mut()))).collect();
+        opened.parts = opened
+            .list
+            .parts
+            .iter()
+            .map(|_| (Cell::new(std::ptr::null_mut()), Cell::new(std::ptr::null_mut())))
+            .collect();
         let row = opened.fetch_own(i, r.tid, k)?;
         Some((opened, row))
     }

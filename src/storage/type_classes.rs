@@ -38,10 +38,44 @@ impl Registered {
     }
 }
 
+/// Under SERIALIZABLE: the predicate locks a scan of `biz_type`'s
+/// registrations with the caller's snapshot takes, so that a transaction
+/// that registers the type in another class (to claim a key this caller
+/// looked for) is a read-write conflict SSI sees.
+pub fn predicate_lock(relid: pg_sys::Oid, biz_type: &[u8]) {
+    scan(relid, biz_type, super::writer::caller_snapshot(), |_, _, _| {});
+}
+
 /// Read the registrations of `biz_type` in the registry table `relid`
-/// (idem.type_classes, or under Citus this node's placement of it).
+/// (idem.type_classes).
 pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
     let mut found = Registered::default();
+    // SAFETY: the dirty snapshot outlives the scan (which ends inside).
+    let mut dirty: pg_sys::SnapshotData = unsafe { MaybeUninit::zeroed().assume_init() };
+    dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+    let snapshot: pg_sys::Snapshot = &mut dirty;
+    scan(relid, biz_type, snapshot, |class, until, snap| {
+        // Another transaction still inserting it: its registration may
+        // yet roll back (with its rows).
+        // SAFETY: `snap` is the dirty snapshot above, which the scan sets
+        // for each tuple it returns.
+        let being_written = unsafe { (*snap).xmin } != pg_sys::InvalidTransactionId;
+        add(&mut found.classes, class, until);
+        if !being_written {
+            found.settled.push((class, until));
+        }
+    });
+    found
+}
+
+/// Scan `biz_type`'s registrations in `relid` with `snapshot`, calling
+/// `each(class, until, snapshot)` per row.
+fn scan(
+    relid: pg_sys::Oid,
+    biz_type: &[u8],
+    snapshot: pg_sys::Snapshot,
+    mut each: impl FnMut(i16, i64, pg_sys::Snapshot),
+) {
     // SAFETY: the table and its one index are opened and locked here and
     // closed before returning; the dirty snapshot and the slot outlive the
     // scan; the slot's first three columns are (biz_type, ttl_class,
@@ -64,32 +98,22 @@ pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
             pg_sys::Oid::from(pg_sys::F_TEXTEQ),
             text_datum(biz_type),
         );
-        let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
-        dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-        let scan = crate::compat::index_beginscan(rel, index, &mut dirty, 1);
+        let scan = crate::compat::index_beginscan(rel, index, snapshot, 1);
         pg_sys::index_rescan(scan, &mut key, 1, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
         while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-            // Another transaction still inserting it: its registration may
-            // yet roll back (with its rows).
-            let being_written = dirty.xmin != pg_sys::InvalidTransactionId;
             pg_sys::slot_getsomeattrs_int(slot, 3);
             let values = std::slice::from_raw_parts((*slot).tts_values, 3);
             if varlena_bytes(values[0]) != biz_type {
                 continue;
             }
-            let (class, until) = (values[1].value() as i16, values[2].value() as i64);
-            add(&mut found.classes, class, until);
-            if !being_written {
-                found.settled.push((class, until));
-            }
+            each(values[1].value() as i16, values[2].value() as i64, snapshot);
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::index_endscan(scan);
         pg_sys::index_close(index, pg_sys::NoLock as _);
         pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
-    found
 }
 
 fn add(classes: &mut Vec<(i16, i64)>, class: i16, until: i64) {
@@ -101,11 +125,12 @@ fn add(classes: &mut Vec<(i16, i64)>, class: i16, until: i64) {
 
 /// Register `biz_type` in class `k` for claims expiring up to the end of
 /// the width-aligned slot of the class that holds `expires_at` (so a type
-/// claiming steadily writes one registration per width of its class, and
-/// a claim looks at most a width beyond the latest expiry), in this transaction
-/// (through SQL, so that under Citus the reference table's every placement
-/// gets it). The caller holds the key lock, so a claimer of its key reads
-/// it before looking for the row that follows it.
+/// claiming steadily writes one registration per width of its class, and a
+/// claim looks at most a width beyond the latest expiry), in this
+/// transaction, through SQL run as the extension's owner (an INSERT, so
+/// that what PostgreSQL attaches to the table, a publication for one,
+/// sees it). The caller holds the key lock, so a claimer of
+/// its key reads it before looking for the row that follows it.
 pub fn register(registered: &mut Registered, biz_type: &[u8], k: i16, expires_at: i64) {
     static INSERT: Statement = Statement::new(
         c"INSERT INTO idem.type_classes (biz_type, ttl_class, until) VALUES ($1, $2, $3)",
@@ -114,11 +139,7 @@ pub fn register(registered: &mut Registered, biz_type: &[u8], k: i16, expires_at
     let span = ttl_class::width(k).expect("a class that exists").max(1);
     let until = expires_at.div_euclid(span).saturating_add(1).saturating_mul(span);
     catalog::as_owner(|| {
-        INSERT.execute(&[
-            Some(text_datum(biz_type)),
-            Some(pg_sys::Datum::from(k)),
-            Some(pg_sys::Datum::from(until)),
-        ])
+        INSERT.execute(&[Some(text_datum(biz_type)), Some(pg_sys::Datum::from(k)), Some(pg_sys::Datum::from(until))])
     });
     registered.settled.push((k, until));
     add(&mut registered.classes, k, until);
