@@ -287,18 +287,24 @@ pub fn default_ttl_us() -> i64 {
 
 interval_check_hook!(check_default_ttl, MIN_TTL_US, MAX_TTL_US, c"It must be an interval from 1 second to 400 days.");
 
-/// The assign hook of idem.default_ttl: the check hook has vetted the value,
-/// so it parses (assign hooks must not fail; parse_interval never raises).
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn assign_default_ttl(newval: *const std::ffi::c_char, _extra: *mut std::ffi::c_void) {
-    let parsed = (!newval.is_null())
+/// An interval setting's value in microseconds, as its check hook vetted
+/// it (so it parses: assign hooks must not fail, and parse_interval never
+/// raises), else `fallback`.
+fn assigned_us(newval: *const std::ffi::c_char, fallback: i64) -> i64 {
+    (!newval.is_null())
         .then(|| parse_interval(unsafe { std::ffi::CStr::from_ptr(newval) }))
         .flatten()
-        .map(|iv| interval_us(&iv) as i64);
-    DEFAULT_TTL_US.set(parsed.unwrap_or(86_400_000_000));
+        .map_or(fallback, |iv| interval_us(&iv) as i64)
 }
 
-/// idem.partition_width in microseconds (assign hook, as default_ttl).
+/// The assign hook of idem.default_ttl.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn assign_default_ttl(newval: *const std::ffi::c_char, _extra: *mut std::ffi::c_void) {
+    DEFAULT_TTL_US.set(assigned_us(newval, 86_400_000_000));
+}
+
+/// idem.partition_width in microseconds (assign hook, as default_ttl): the
+/// claim path reads it (ttl_class.rs).
 static WIDTH_US: BackendLocal<i64> = BackendLocal::new(60_000_000);
 
 pub fn partition_width_us() -> i64 {
@@ -307,11 +313,7 @@ pub fn partition_width_us() -> i64 {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn assign_width(newval: *const std::ffi::c_char, _extra: *mut std::ffi::c_void) {
-    let parsed = (!newval.is_null())
-        .then(|| parse_interval(unsafe { std::ffi::CStr::from_ptr(newval) }))
-        .flatten()
-        .map(|iv| interval_us(&iv) as i64);
-    WIDTH_US.set(parsed.unwrap_or(60_000_000));
+    WIDTH_US.set(assigned_us(newval, 60_000_000));
 }
 
 #[cfg(any(test, feature = "pg_test"))]

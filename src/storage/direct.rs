@@ -120,6 +120,27 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
 }
 
 impl Opened {
+    /// Nothing of the partitions opened yet; the columns as `list` says.
+    fn new(
+        shell: Option<pg_sys::Relation>,
+        parent: pg_sys::Relation,
+        lockmode: pg_sys::LOCKMODE,
+        list: Rc<PartitionList>,
+        registry: Option<pg_sys::Oid>,
+    ) -> Opened {
+        let cols = if list.legacy { &LEGACY_COLUMNS } else { &COLUMNS };
+        Opened {
+            shell,
+            parent,
+            lockmode,
+            parts: Vec::new(),
+            list,
+            registry,
+            registered: RefCell::new(Registered::default()),
+            cols,
+        }
+    }
+
     /// Lock the target's table, then its default partition; the partitions
     /// of TTL classes are opened by `look_into_classes`. The table is locked first:
     /// idem_maintain changes partitions only under a lock that conflicts
@@ -136,16 +157,7 @@ impl Opened {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
             let (_, list) = catalog::partitions(parent_oid);
-            let mut opened = Opened {
-                shell,
-                parent,
-                lockmode,
-                parts: Vec::new(),
-                list,
-                registry: target.registry,
-                registered: RefCell::new(Registered::default()),
-                cols: &COLUMNS,
-            };
+            let mut opened = Opened::new(shell, parent, lockmode, list, target.registry);
             loop {
                 let (generation, list) = catalog::partitions(parent_oid);
                 opened.close_parts();
@@ -680,19 +692,7 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
         let (_, list) = catalog::partitions((*parent).rd_id);
-        let mut opened = Opened {
-            shell,
-            parent,
-            lockmode,
-            parts: Vec::new(),
-            list,
-            registry: r.target.registry,
-            registered: RefCell::new(Registered::default()),
-            cols: &COLUMNS,
-        };
-        if opened.list.legacy {
-            opened.cols = &LEGACY_COLUMNS;
-        }
+        let mut opened = Opened::new(shell, parent, lockmode, list, r.target.registry);
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay
         // closed (never touched: the row is in partition i).
