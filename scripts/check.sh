@@ -32,28 +32,37 @@ if [ "$path" = sql ]; then
   trap 'psql_idem -q -d postgres -c "LOAD '\''idem'\''" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()"' EXIT
 fi
 
-# A test named on the command line runs from whichever suite holds it,
-# each suite in a database of its own (with the extension created first).
-run() { # runner inputdir tests...
-  local runner=$1 dir=$2 db=idem_check_$(basename "$2"); shift 2
-  [ $# -gt 0 ] || return 0
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-  psql_idem -q -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION idem"
-  "$runner" --use-existing --bindir="$PG_BIN" --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
-    --inputdir="$dir" --outputdir="$OUT/$(basename "$dir")" "$@" || true
-  [ -f "$OUT/$(basename "$dir")/regression.diffs" ] && cat "$OUT/$(basename "$dir")/regression.diffs"
-  return 0
-}
-pick() { # dir file-ext: tests of the dir that were asked for (all if none)
-  local dir=$1 ext=$2
-  for f in "$dir"/*."$ext"; do
-    n=$(basename "$f" ."$ext")
+source "$ROOT/tests/lib/regress.sh"
+
+# The schedules of the path (those scripts/test.sh and
+# tests/scenarios/storage_sql.sh run); a test named on the command line runs
+# from whichever schedule holds it, each schedule in a database of its own
+# (with the extension created first).
+in_schedule() { # schedule-file: its tests that were asked for (all if none)
+  sed -n 's/^test: *//p' "$1" | tr ' ' '\n' | while read -r n; do
+    [ -n "$n" ] || continue
     if [ ${#tests[@]} = 0 ] || printf '%s\n' "${tests[@]}" | grep -qx "$n"; then echo "$n"; fi
   done
 }
-run "$PGXS_TEST/regress/pg_regress" "$ROOT/tests/pg_regress" $(pick "$ROOT/tests/pg_regress/sql" sql)
-run "$PGXS_TEST/isolation/pg_isolation_regress" "$ROOT/tests/isolation" $(pick "$ROOT/tests/isolation/specs" spec)
+run() { # kind inputdir schedule
+  local kind=$1 dir=$2 name=$(basename "$2")-$(basename "$3") picked
+  picked=$(in_schedule "$3")
+  [ -n "$picked" ] || return 0
+  local db=idem_check_${name//[^a-z_]/_}
+  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  psql_idem -q -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION idem"
+  regress_run "$kind" "$(cluster_dir)" "$IDEM_PORT" "$db" "$dir" "$OUT/$name" "$OUT/$name.log" $picked || true
+  regress_results "$OUT/$name.log" > "$OUT/$name.results"
+  [ -s "$OUT/$name.results" ] || cat "$OUT/$name.log"
+  grep -v ' ok$' "$OUT/$name.results" || true
+  regress_diffs "$OUT/$name"
+  echo "$name: $(grep -c ' ok$' "$OUT/$name.results") ok, $(grep -vc ' ok$' "$OUT/$name.results") failed"
+}
 if [ "$path" = sql ]; then
-  run "$PGXS_TEST/regress/pg_regress" "$ROOT/tests/sql_access" $(pick "$ROOT/tests/sql_access/sql" sql 2>/dev/null)
-  run "$PGXS_TEST/isolation/pg_isolation_regress" "$ROOT/tests/sql_access" $(pick "$ROOT/tests/sql_access/specs" spec)
+  run regress "$ROOT/tests/pg_regress" "$ROOT/tests/sql_access/regress_schedule"
+  run isolation "$ROOT/tests/isolation" "$ROOT/tests/sql_access/isolation_schedule"
+  run isolation "$ROOT/tests/sql_access" "$ROOT/tests/sql_access/schedule"
+else
+  run regress "$ROOT/tests/pg_regress" "$ROOT/tests/pg_regress/schedule"
+  run isolation "$ROOT/tests/isolation" "$ROOT/tests/isolation/schedule"
 fi

@@ -65,42 +65,29 @@ fresh_db() {
   psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
 }
 
-# pg_regress / pg_isolation_regress: one line per test, "ok" or "FAILED";
-# from PostgreSQL 16 on in TAP form ("ok 1 - name", "not ok 2 + name").
-REGRESS_LINE='\.\.\. |^(not )?ok [0-9]+ +[-+] '
-count_regress_output() { # suite-name file
-  while read -r line; do
-    if [[ "$line" =~ ^(not\ )?ok\ [0-9]+\ +[-+]\ +([A-Za-z0-9_]+) ]]; then
-      if [ -z "${BASH_REMATCH[1]}" ]; then record "$1/${BASH_REMATCH[2]}" 0; else record "$1/${BASH_REMATCH[2]}" 1; fi
-      continue
-    fi
-    name=$(echo "$line" | sed -E 's/^(test|     )? *([A-Za-z0-9_]+) +\.\.\..*/\2/')
-    if echo "$line" | grep -q "\.\.\. ok"; then record "$1/$name" 0
-    elif echo "$line" | grep -q "\.\.\. FAILED\|\.\.\. failed"; then record "$1/$name" 1
-    fi
-  done < <(grep -E "\.\.\. (ok|FAILED|failed)|^(not )?ok [0-9]+ +[-+] " "$2")
-}
+source "$ROOT/tests/lib/regress.sh"
 
-# run_suite NAME RUNNER DB INPUTDIR [psql setup...]: pg_regress or
-# pg_isolation_regress against a fresh database of the private cluster.
+# run_suite NAME KIND DB INPUTDIR [psql setup...]: the schedule of
+# INPUTDIR against a fresh database of the private cluster (tests/lib/regress.sh).
 run_suite() {
-  local name=$1 runner=$2 db=$3 dir=$4
+  local name=$1 kind=$2 db=$3 dir=$4
   shift 4
   fresh_db "$db"
   [ $# -gt 0 ] && psql_idem -q -d "$db" "$@"
-  "$runner" --use-existing --bindir="$PG_BIN" --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres \
-    --dbname="$db" --inputdir="$dir" --outputdir="$OUT/$name" \
-    --schedule="$dir/schedule" > "$OUT/$name.log" 2>&1 || true
-  grep -E "$REGRESS_LINE" "$OUT/$name.log" || true
-  count_regress_output "$name" "$OUT/$name.log"
-  if [ -f "$OUT/$name/regression.diffs" ]; then cat "$OUT/$name/regression.diffs"; fi
+  regress_run "$kind" "$(cluster_dir)" "$IDEM_PORT" "$db" "$dir" "$OUT/$name" "$OUT/$name.log" \
+    --schedule="$dir/schedule" || true
+  while read -r test result; do
+    echo "$name/$test ... $result"
+    if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
+  done < <(regress_results "$OUT/$name.log")
+  regress_diffs "$OUT/$name"
 }
 
 say "pg_regress: SQL API"
-run_suite regress "$PGXS_TEST/regress/pg_regress" idem_regress "$ROOT/tests/pg_regress"
+run_suite regress regress idem_regress "$ROOT/tests/pg_regress"
 
 say "pg_isolation_regress: concurrency"
-run_suite isolation "$PGXS_TEST/isolation/pg_isolation_regress" idem_isolation "$ROOT/tests/isolation" \
+run_suite isolation isolation idem_isolation "$ROOT/tests/isolation" \
   -c "CREATE EXTENSION idem"
 
 # Scenario scripts: each is a bash script that exits 0 on success.

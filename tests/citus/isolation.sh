@@ -16,8 +16,9 @@ bash "$here/cluster.sh" psql coord -Atc "
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=($(cd "$here/specs" && ls *.spec | sed 's/\.spec$//'))
 out="$(mktemp -d /tmp/idem-citus-iso.XXXXXX)"
-"$PGXS_TEST/isolation/pg_isolation_regress" --use-existing --host="$sock" --port="${CPORTS[0]}" \
-  --user=postgres --dbname="$db" --inputdir="$here" --outputdir="$out" "${specs[@]}"
+source "$ROOT/tests/lib/regress.sh"
+regress_run isolation "$sock" "${CPORTS[0]}" "$db" "$here" "$out" "$out/run.log" "${specs[@]}"
 rc=$?
+cat "$out/run.log"
 [ $rc = 0 ] || echo "diffs: $out/regression.diffs"
 exit $rc

@@ -27,6 +27,7 @@
 # with tables and functions named like idem's own (claims, biz_types,
 # key_hash, ...), which idem's SQL must never reach.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/regress.sh"
 bash "$ROOT/scripts/cluster.sh" start >/dev/null
 out="$IDEM_TARGET/test-out/environments"
 rm -rf "$out"; mkdir -p "$out"
@@ -67,14 +68,14 @@ SH
   launcher "$out/launcher-$name-regress.sh" "$isolation"
   launcher "$out/launcher-$name-isolation.sh" "read committed"
   if [ "$path" = sql ]; then
-    suites=("regress|$PGXS_TEST/regress/pg_regress|$ROOT/tests/pg_regress|$ROOT/tests/sql_access/regress_schedule"
-            "isolation|$PGXS_TEST/isolation/pg_isolation_regress|$ROOT/tests/isolation|$ROOT/tests/sql_access/isolation_schedule")
+    suites=("regress|regress|$ROOT/tests/pg_regress|$ROOT/tests/sql_access/regress_schedule"
+            "isolation|isolation|$ROOT/tests/isolation|$ROOT/tests/sql_access/isolation_schedule")
   else
-    suites=("regress|$PGXS_TEST/regress/pg_regress|$ROOT/tests/pg_regress|$ROOT/tests/pg_regress/schedule"
-            "isolation|$PGXS_TEST/isolation/pg_isolation_regress|$ROOT/tests/isolation|$ROOT/tests/isolation/schedule")
+    suites=("regress|regress|$ROOT/tests/pg_regress|$ROOT/tests/pg_regress/schedule"
+            "isolation|isolation|$ROOT/tests/isolation|$ROOT/tests/isolation/schedule")
   fi
   for suite in "${suites[@]}"; do
-    IFS='|' read -r kind runner input schedule <<<"$suite"
+    IFS='|' read -r kind tool input schedule <<<"$suite"
     db="idem_env_${name}_$kind"
     psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
     psql_idem -q -d "$db" <<'SQL'
@@ -88,13 +89,11 @@ CREATE FUNCTION idem_lookalike.key_hash(text, text) RETURNS bigint LANGUAGE sql 
 CREATE FUNCTION idem_lookalike.check_name(text, text) RETURNS void LANGUAGE sql AS 'SELECT';
 GRANT USAGE ON SCHEMA idem_lookalike TO PUBLIC;
 SQL
-    "$runner" --use-existing --bindir="$PG_BIN" --host="$(cluster_dir)" --port="$IDEM_PORT" --user=postgres --dbname="$db" \
-      --inputdir="$input" --outputdir="$out/$name-$kind" --schedule="$schedule" --launcher="$out/launcher-$name-$kind.sh" \
-      > "$out/$name-$kind.log" 2>&1 || true
-    # pg_regress's "test x ... ok" (15), or TAP "ok 1 - x" / "not ok 1 - x" (16+).
-    ok=$(grep -cE '\.\.\. ok|^ok [0-9]+ ' "$out/$name-$kind.log" || true)
-    bad=$( (grep -E '\.\.\. (FAILED|failed)|^not ok [0-9]+ ' "$out/$name-$kind.log" || true) |
-           sed -E 's/^(test)? *([a-z_0-9]+) .*/\2/; s/^not ok [0-9]+ +[-+] +([a-z_0-9]+).*/\1/' | tr '\n' ' ')
+    regress_run "$tool" "$(cluster_dir)" "$IDEM_PORT" "$db" "$input" "$out/$name-$kind" "$out/$name-$kind.log" \
+      --schedule="$schedule" --launcher="$out/launcher-$name-$kind.sh" || true
+    regress_results "$out/$name-$kind.log" > "$out/$name-$kind.results"
+    ok=$(grep -c ' ok$' "$out/$name-$kind.results" || true)
+    bad=$( (grep -v ' ok$' "$out/$name-$kind.results" || true) | cut -d' ' -f1 | tr '\n' ' ')
     passed=$((passed + ok))
     if [ -n "$bad" ] || [ "$ok" = 0 ]; then
       echo "FAIL: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path) $kind: ${bad:-nothing ran}"

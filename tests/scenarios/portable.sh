@@ -169,17 +169,19 @@ cat > "$out/psql_launcher" <<'SH'
 exec "$@" -v SHOW_CONTEXT=never
 SH
 chmod +x "$out/psql_launcher"
-run() { # name runner db inputdir schedule [extra runner args]
-  local name=$1 runner=$2 db=$3 input=$4 schedule=$5
+source "$ROOT/tests/lib/regress.sh"
+run() { # name kind db inputdir schedule [extra runner args]
+  local name=$1 kind=$2 db=$3 input=$4 schedule=$5
   shift 5
   tle_database "$db"
   [ "$name" != isolation ] || psql_as postgres "$db" -c "CREATE EXTENSION idem"
-  if ! "$runner" --use-existing --bindir="$TLE_BIN" --host="$dir" --port=$PORT --user=postgres --dbname="$db" \
-      --inputdir="$input" --outputdir="$out/$name" --schedule="$schedule" "$@" > "$out/$name.log" 2>&1; then
+  # (the runners and binaries of the pg_tle server tree)
+  if ! PGXS_TEST="$TLE_TEST" PG_BIN="$TLE_BIN" regress_run "$kind" "$dir" "$PORT" "$db" "$input" "$out/$name" \
+      "$out/$name.log" --schedule="$schedule" "$@"; then
     fails=$((fails + 1))
-    head -200 "$out/$name/regression.diffs" 2>/dev/null
+    regress_diffs "$out/$name" 200
   fi
-  grep -E "\.\.\. |^(ok|not ok) " "$out/$name.log" || cat "$out/$name.log"
+  regress_results "$out/$name.log" | grep . || cat "$out/$name.log"
 }
 # The native tests with this edition's expected outputs where they differ.
 mkdir -p "$out/input"
@@ -193,13 +195,13 @@ for d in "$ROOT"/tests/portable/expected_diffs/*.diff; do
 done
 cp "$ROOT"/tests/portable/sql/*.sql "$out/input/sql/"
 chmod -R a+rX "$out"
-run regress "$TLE_TEST/regress/pg_regress" portable_regress "$out/input" "$ROOT/tests/portable/regress_schedule" \
+run regress regress portable_regress "$out/input" "$ROOT/tests/portable/regress_schedule" \
   --launcher="$out/psql_launcher"
 mkdir -p "$out/iso_input"
 cp -r "$ROOT/tests/isolation/specs" "$ROOT/tests/isolation/expected" "$out/iso_input/"
 cp "$ROOT"/tests/portable/expected_isolation/*.out "$out/iso_input/expected/" 2>/dev/null || true
 chmod -R a+rX "$out"
-run isolation "$TLE_TEST/isolation/pg_isolation_regress" portable_isolation "$out/iso_input" \
+run isolation isolation portable_isolation "$out/iso_input" \
   "$ROOT/tests/portable/isolation_schedule"
 
 echo "== 4. the same results and signatures as the native edition ($NATIVE_HOST:$NATIVE_PORT)"

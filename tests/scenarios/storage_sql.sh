@@ -31,22 +31,22 @@ as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/
 psql_sql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U postgres "$@"; }
 
 fails=0
-run() { # name runner db schedule inputdir [psql setup]
-  local name=$1 runner=$2 db=$3 schedule=$4 input=$5
+source "$ROOT/tests/lib/regress.sh"
+run() { # name kind db schedule inputdir [psql setup]
+  local name=$1 kind=$2 db=$3 schedule=$4 input=$5
   shift 5
   psql_sql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
   [ $# -gt 0 ] && psql_sql -d "$db" "$@"
-  if ! "$runner" --use-existing --bindir="$PG_BIN" --host="$dir" --port=$PORT --user=postgres --dbname="$db" \
-      --inputdir="$input" --outputdir="$out/$name" --schedule="$schedule" > "$out/$name.log" 2>&1; then
+  if ! regress_run "$kind" "$dir" "$PORT" "$db" "$input" "$out/$name" "$out/$name.log" --schedule="$schedule"; then
     fails=$((fails + 1))
-    cat "$out/$name/regression.diffs" 2>/dev/null | head -150
+    regress_diffs "$out/$name" 150
   fi
-  grep -E "\.\.\. " "$out/$name.log" || cat "$out/$name.log"
+  regress_results "$out/$name.log" | grep . || cat "$out/$name.log"
 }
-run regress "$PGXS_TEST/regress/pg_regress" idem_regress "$ROOT/tests/sql_access/regress_schedule" "$ROOT/tests/pg_regress"
-run isolation "$PGXS_TEST/isolation/pg_isolation_regress" idem_isolation "$ROOT/tests/sql_access/isolation_schedule" \
+run regress regress idem_regress "$ROOT/tests/sql_access/regress_schedule" "$ROOT/tests/pg_regress"
+run isolation isolation idem_isolation "$ROOT/tests/sql_access/isolation_schedule" \
   "$ROOT/tests/isolation" -c "CREATE EXTENSION idem"
-run sql_only "$PGXS_TEST/isolation/pg_isolation_regress" idem_isolation "$ROOT/tests/sql_access/schedule" \
+run sql_only isolation idem_isolation "$ROOT/tests/sql_access/schedule" \
   "$ROOT/tests/sql_access" -c "CREATE EXTENSION idem"
 # Databases in other encodings: tests/scenarios/encodings.sh, on both paths.
 echo "storage_access=sql suites failed: $fails"
