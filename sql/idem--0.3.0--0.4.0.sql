@@ -312,6 +312,19 @@ COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a bus
 ALTER TABLE idem.claims RENAME TO claims_0_3;
 ALTER TABLE idem.claims_default RENAME TO claims_0_3_default;
 ALTER INDEX idem.claims_default_key_hash RENAME TO claims_0_3_default_key_hash;
+-- (PostgreSQL 18 names NOT NULL constraints, and gives a new one a name no
+-- constraint of the schema has yet: the old table's are renamed first, so
+-- that the new table's get the names a fresh install gives them.)
+DO $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT con.conname FROM pg_catalog.pg_constraint con
+              WHERE con.contype = 'n' AND con.conrelid = 'idem.claims_0_3'::regclass LOOP
+        EXECUTE format('ALTER TABLE idem.claims_0_3 RENAME CONSTRAINT %I TO %I', c.conname, c.conname || '_0_3');
+    END LOOP;
+END
+$$;
 CREATE TABLE idem.claims (
     expires_at  timestamptz NOT NULL,
     claimed_at  timestamptz NOT NULL,
