@@ -1,0 +1,204 @@
+"""ttl section: does a claim's cost depend on its business type's TTL?
+
+One database holds business types of 1 hour, 1 day, 30 days and 400 days,
+each pre-filled with live claims spread over its whole TTL (so every
+partition a type's TTL spans holds rows); a second database holds only the
+1-day type, pre-filled the same way: the baseline. New-key claims (claim +
+complete in one transaction) and duplicate claims of every type, and of
+the baseline's type, run interleaved (round-robin, rotating order, several
+rounds) at each client count; the table gives median TPS and each type's
+cost relative to the baseline (baseline TPS / type TPS; target <= 1.1).
+Beside it, how many relation locks one claim holds, from pg_locks inside
+the claiming transaction."""
+from . import common
+
+TYPES = [("t1h", "1 hour", 3600), ("t1d", "1 day", 86400), ("t30d", "30 days", 30 * 86400),
+         ("t400d", "400 days", 400 * 86400)]
+MIXED_DB, BASE_DB = "bench_ttl_mixed", "bench_ttl_base"
+KINDS = [("new", "ttl_new.sql"), ("dup", "ttl_dup.sql")]
+TARGET = 1.1
+
+PROFILES = {
+    "smoke": dict(ttl_keys=500, ttl_spread=1000, ttl_rounds=1, ttl_duration=1, ttl_clients=[2]),
+    "default": dict(ttl_keys=10000, ttl_spread=8000, ttl_rounds=3, ttl_duration=4, ttl_clients=[1, 2]),
+    "full": dict(ttl_keys=10000, ttl_spread=20000, ttl_rounds=5, ttl_duration=5, ttl_clients=[1, 2]),
+}
+OPTIONS = [("--ttl-rounds", "ttl_rounds", int, "ttl section: rounds per client count"),
+           ("--ttl-duration", "ttl_duration", int, "ttl section: seconds per run"),
+           ("--ttl-spread", "ttl_spread", int,
+            "ttl section: claims per type spread over its TTL (every partition non-empty)")]
+
+
+def variants():
+    """(label, database, business type, kind, script): every type of the
+    mixed database, then the baseline's 1-day type."""
+    out = []
+    for kind, script in KINDS:
+        for t, _, _ in TYPES:
+            out.append((f"{t}-{kind}", MIXED_DB, t, kind, script))
+        out.append((f"base-{kind}", BASE_DB, "t1d", kind, script))
+    return out
+
+
+def estimate(p, rates):
+    n = len(variants()) * len(p["ttl_clients"]) * p["ttl_rounds"]
+    fill = (len(TYPES) + 1) * (p["ttl_keys"] + p["ttl_spread"]) / 3000
+    return 30 + fill + n * (p["ttl_duration"] + rates["run_overhead_s"])
+
+
+def prefill(b, db, types):
+    """Configure the types, make the partitions their TTLs need, then per
+    type: ttl_keys live claims with the type's TTL (the duplicates' keys)
+    and ttl_spread claims whose ttl runs from 1 second up to the type's TTL
+    (so the live rows span every partition of the TTL range)."""
+    p = b.p
+    for t, ttl, _ in types:
+        b.psql(db, f"SELECT idem_configure('{t}', '{ttl}')")
+    parts = common.maintain_fully(b, db)
+    for t, _, secs in types:
+        b.psql(db, f"""
+            SELECT count(*) FROM generate_series(1, {p['ttl_keys']}) g,
+                   LATERAL idem_claim(md5('p' || g::text), '{t}') c WHERE c.claimed""")
+        n = int(b.val(db, f"""
+            SELECT count(*) FROM generate_series(1, {p['ttl_spread']}) g,
+                   LATERAL idem_claim(md5('s' || g::text), '{t}',
+                       ttl => make_interval(secs => greatest(1, {secs}::float8 * g / {p['ttl_spread']}))) c
+             WHERE c.claimed"""))
+        if n != p["ttl_spread"]:
+            raise common.BenchError(f"ttl prefill of {t}: {n} of {p['ttl_spread']} claimed")
+    b.psql(db, "VACUUM ANALYZE")
+    layout = b.val(db, """
+        SELECT count(*), count(*) FILTER (WHERE pg_relation_size(relid) > 0)
+          FROM pg_partition_tree('idem.claims') WHERE isleaf""").split("|")
+    rows = int(b.val(db, "SELECT count(*) FROM idem.claims"))
+    return {"partitions": int(layout[0]), "nonempty": int(layout[1]), "rows": rows,
+            "partitions_after_maintain": parts}
+
+
+def locks(b, db, t):
+    """Relation locks held in a transaction that made one claim (new key,
+    then a duplicate), and before any claim (the pg_locks query's own)."""
+    q = ("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'{};")
+    out = {}
+    for kind, key in (("new", f"md5('lockprobe-{t}')"), ("dup", "md5('p1')")):
+        res = b.psql(db, "BEGIN;\n" + q.format("") + q.format(" AND NOT fastpath")
+                     + f"SELECT claimed FROM idem_claim({key}, '{t}');\n"
+                     + q.format("") + q.format(" AND NOT fastpath") + "ROLLBACK;").split()
+        before, before_slow, claimed, total, slow = res
+        out[kind] = {"before": int(before), "before_not_fastpath": int(before_slow),
+                     "claimed": claimed == "t", "relation": int(total), "not_fastpath": int(slow),
+                     "claim_relation": int(total) - int(before),
+                     "claim_not_fastpath": int(slow) - int(before_slow)}
+    return out
+
+
+def run(b):
+    p = b.p
+    raw = b.raw["ttl"] = {"runs": [], "layout": {}, "locks": {}}
+    for db, types in ((MIXED_DB, TYPES), (BASE_DB, [x for x in TYPES if x[0] == "t1d"])):
+        common.create_db(b, db)
+        raw["layout"][db] = lay = prefill(b, db, types)
+        b.log(f"ttl: {db}: types {', '.join(t for t, _, _ in types)}; {lay['rows']} live claims in "
+              f"{lay['nonempty']} non-empty of {lay['partitions']} partitions")
+    for label, db, t, kind, _ in variants():
+        if kind == "new":
+            raw["locks"][label.rsplit("-", 1)[0]] = lk = locks(b, db, t)
+            b.log(f"ttl locks {label.rsplit('-', 1)[0]:5s}: new claim holds {lk['new']['claim_relation']} "
+                  f"relation locks ({lk['new']['claim_not_fastpath']} not fast-path); duplicate "
+                  f"{lk['dup']['claim_relation']} ({lk['dup']['claim_not_fastpath']})")
+    b.save()
+    vs = variants()
+    total = len(p["ttl_clients"]) * p["ttl_rounds"] * len(vs)
+    k = 0
+    for clients in p["ttl_clients"]:
+        for r in range(p["ttl_rounds"]):
+            off = (r * len(vs)) // p["ttl_rounds"]
+            for label, db, t, kind, script in vs[off:] + vs[:off]:
+                k += 1
+                res = b.measured(
+                    lambda: b.checkpoint(db),
+                    lambda: b.pgbench(db, script, clients, "off", duration=p["ttl_duration"],
+                                      prefill=p["ttl_keys"], tag=f"ttl-{label}",
+                                      defines={"type": t}))
+                res.update(section="ttl", variant=label, type=t, kind=kind, db=db, clients=clients,
+                           round=r, sync="off")
+                raw["runs"].append(res)
+                b.log(f"ttl {k}/{total}: c={clients} round={r} {label:9s} tps={res['tps']:9.1f}")
+            b.save()
+    for db in (MIXED_DB, BASE_DB):
+        b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+    b.save()
+
+
+# ---- report ------------------------------------------------------------------
+def report(R):
+    raw = R.raw.get("ttl") or {}
+    runs = raw.get("runs") or []
+    if not runs:
+        return
+    for x in runs:
+        R.csv.append(("ttl", x["variant"], x["sync"], x["clients"], x["round"], "tps", x["tps"], "tx/s"))
+    for who, lk in (raw.get("locks") or {}).items():
+        for kind, d in lk.items():
+            R.csv.append(("ttl", f"{who}-{kind}", "", 1, 0, "relation_locks", d["claim_relation"], "locks"))
+            R.csv.append(("ttl", f"{who}-{kind}", "", 1, 0, "relation_locks_not_fastpath",
+                          d["claim_not_fastpath"], "locks"))
+    clients = sorted(set(x["clients"] for x in runs))
+    summ = {}
+    lines = ["## TTL as a dimension (ttl section)", "",
+             "One database with business types of 1 hour, 1 day, 30 days and 400 days, each pre-filled "
+             "with live claims spread over its whole TTL; a second database with only the 1-day type "
+             "(the baseline). New key = `idem_claim` + `idem_complete` in one transaction; duplicate = "
+             "`idem_claim` of a live key. Interleaved rounds, synchronous_commit off. Cost × = baseline "
+             "TPS / the type's TPS (ratio of medians; in brackets the same-round ratios' range); "
+             f"target ≤ {TARGET}.", ""]
+    for db, lay in (raw.get("layout") or {}).items():
+        lines.append(f"- `{db}`: {lay['rows']:,} live claims, {lay['nonempty']} non-empty of "
+                     f"{lay['partitions']} partitions of idem.claims")
+    lines.append("")
+    hdr = "| type | kind | " + " | ".join(f"c={c} TPS | range | cost × base" for c in clients) + \
+        " | relation locks (not fast-path) |"
+    lines += [hdr, "|---|---|" + "---|" * (3 * len(clients) + 1)]
+    worst = []
+    for kind, _ in KINDS:
+        for t in [x[0] for x in TYPES] + ["base"]:
+            label = f"{t}-{kind}"
+            row = [t if t != "base" else "**t1d alone (baseline)**", kind]
+            for c in clients:
+                xs = [x["tps"] for x in runs if x["variant"] == label and x["clients"] == c]
+                bs = [x["tps"] for x in runs if x["variant"] == f"base-{kind}" and x["clients"] == c]
+                if not xs:
+                    row += ["—"] * 3
+                    continue
+                m, bm = common.median(xs), common.median(bs)
+                by_round = {}
+                for x in runs:
+                    if x["clients"] == c and x["variant"] in (label, f"base-{kind}"):
+                        by_round.setdefault(x["round"], {})[x["variant"]] = x["tps"]
+                pairs = [d[f"base-{kind}"] / d[label] for d in by_round.values()
+                         if label in d and f"base-{kind}" in d]
+                cost = bm / m if bm and m else None
+                summ[f"{label}/{c}"] = {"median": m, "min": min(xs), "max": max(xs), "cost": cost}
+                if t != "base" and cost is not None:
+                    worst.append((cost, f"{t} {kind} c={c}"))
+                rng = f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else ""
+                row += [f"{m:,.0f}", f"{min(xs):,.0f}–{max(xs):,.0f}",
+                        "—" if t == "base" else (f"{cost:.2f}{rng}" if cost else "—")]
+            lk = (raw.get("locks") or {}).get("base" if t == "base" else t, {}).get(kind)
+            row.append(f"{lk['claim_relation']} ({lk['claim_not_fastpath']})" if lk else "—")
+            lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Relation locks: `count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = "
+              "'relation'` after one `idem_claim` in an open transaction, minus the same count before it "
+              "(the pg_locks query's own); in brackets those that are not fast-path (a backend has 16 "
+              "fast-path slots; beyond them locks go through the shared lock table).",
+              "", "Instruction counts per claim per TTL (callgrind, as `bench/profile.sh`) are not "
+              "measured by this section: profile.sh runs single-user backends on its own cluster, "
+              "which would need the same 400-partition layout built there.", ""]
+    R.md += lines
+    R.summary["ttl"] = summ
+    if worst:
+        w = max(worst)
+        R.target("ttl", f"ttl: every type's claim cost ≤ {TARGET} × the 1-day-only baseline (new and "
+                 "duplicate claims, each client count)",
+                 "; ".join(f"{n}: {c:.2f}" for c, n in sorted(worst, reverse=True)[:4])
+                 + f" (worst {w[1]}: {w[0]:.2f})", w[0] <= TARGET)
