@@ -10,6 +10,11 @@ rounds) at each client count; the table gives median TPS and each type's
 cost relative to the baseline (baseline TPS / type TPS; target <= 1.1).
 Beside it, how many relation locks one claim holds, from pg_locks inside
 the claiming transaction."""
+import os
+import re
+import shutil
+import subprocess
+
 from . import common
 
 TYPES = [("t1h", "1 hour", 3600), ("t1d", "1 day", 86400), ("t30d", "30 days", 30 * 86400),
@@ -19,14 +24,20 @@ KINDS = [("new", "ttl_new.sql"), ("dup", "ttl_dup.sql")]
 TARGET = 1.1
 
 PROFILES = {
-    "smoke": dict(ttl_keys=500, ttl_spread=1000, ttl_rounds=1, ttl_duration=1, ttl_clients=[2]),
-    "default": dict(ttl_keys=10000, ttl_spread=8000, ttl_rounds=3, ttl_duration=4, ttl_clients=[1, 2]),
-    "full": dict(ttl_keys=10000, ttl_spread=20000, ttl_rounds=5, ttl_duration=5, ttl_clients=[1, 2]),
+    "smoke": dict(ttl_keys=500, ttl_spread=1000, ttl_rounds=1, ttl_duration=1, ttl_clients=[2],
+                  ttl_callgrind=0),
+    "default": dict(ttl_keys=10000, ttl_spread=8000, ttl_rounds=3, ttl_duration=4, ttl_clients=[1, 2],
+                    ttl_callgrind=100),
+    "full": dict(ttl_keys=10000, ttl_spread=20000, ttl_rounds=5, ttl_duration=5, ttl_clients=[1, 2],
+                 ttl_callgrind=300),
 }
 OPTIONS = [("--ttl-rounds", "ttl_rounds", int, "ttl section: rounds per client count"),
            ("--ttl-duration", "ttl_duration", int, "ttl section: seconds per run"),
            ("--ttl-spread", "ttl_spread", int,
-            "ttl section: claims per type spread over its TTL (every partition non-empty)")]
+            "ttl section: claims per type spread over its TTL (every partition non-empty)"),
+           ("--ttl-callgrind", "ttl_callgrind", int,
+            "ttl section: transactions per variant counted by callgrind (bench/profile_ttl.sh; "
+            "0 = skip; default 100, smoke 0)")]
 
 
 def variants():
@@ -43,7 +54,8 @@ def variants():
 def estimate(p, rates):
     n = len(variants()) * len(p["ttl_clients"]) * p["ttl_rounds"]
     fill = (len(TYPES) + 1) * (p["ttl_keys"] + p["ttl_spread"]) / 3000
-    return 30 + fill + n * (p["ttl_duration"] + rates["run_overhead_s"])
+    cg = 200 * p["ttl_callgrind"] / 100 if p["ttl_callgrind"] else 0
+    return 30 + fill + n * (p["ttl_duration"] + rates["run_overhead_s"]) + cg
 
 
 def prefill(b, db, types):
@@ -128,6 +140,31 @@ def run(b):
     for db in (MIXED_DB, BASE_DB):
         b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
     b.save()
+    if p["ttl_callgrind"]:
+        callgrind(b, raw)
+
+
+def callgrind(b, raw):
+    """Instructions per transaction of each variant, by bench/profile_ttl.sh
+    (single-user backends under callgrind, on their own cluster, after the
+    timed runs so that valgrind's CPU use skews none of them)."""
+    p = b.p
+    if not shutil.which("valgrind"):
+        raw["callgrind_note"] = "valgrind is not installed: no instruction counts"
+        return
+    b.log(f"ttl: instruction counts (callgrind, {p['ttl_callgrind']} transactions per variant)")
+    env = dict(os.environ, PG_CONFIG=os.path.join(b.pg_bin, "pg_config"))
+    r = subprocess.run(["bash", os.path.join(common.BENCH, "profile_ttl.sh"), str(p["ttl_callgrind"]),
+                        str(min(p["ttl_spread"], 2000))], capture_output=True, text=True, env=env)
+    with open(os.path.join(b.logs, "ttl-callgrind.log"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    counts = {m.group(1): int(m.group(2))
+              for m in re.finditer(r"^(\S+-(?:new|dup))\s+(\d+)$", r.stdout, re.M)}
+    if r.returncode != 0 or not counts:
+        raise common.BenchError(f"ttl: bench/profile_ttl.sh failed: {(r.stderr or r.stdout)[-800:]}")
+    raw["callgrind"] = counts
+    raw["callgrind_txns"] = p["ttl_callgrind"]
+    b.log("ttl instr/txn: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
 
 
 # ---- report ------------------------------------------------------------------
@@ -157,8 +194,9 @@ def report(R):
                      f"{lay['partitions']} partitions of idem.claims")
     lines.append("")
     hdr = "| type | kind | " + " | ".join(f"c={c} TPS | range | cost × base" for c in clients) + \
-        " | relation locks (not fast-path) |"
-    lines += [hdr, "|---|---|" + "---|" * (3 * len(clients) + 1)]
+        " | relation locks (not fast-path) | instr/txn | instr × base |"
+    lines += [hdr, "|---|---|" + "---|" * (3 * len(clients) + 3)]
+    cg = raw.get("callgrind") or {}
     worst = []
     for kind, _ in KINDS:
         for t in [x[0] for x in TYPES] + ["base"]:
@@ -186,14 +224,25 @@ def report(R):
                         "—" if t == "base" else (f"{cost:.2f}{rng}" if cost else "—")]
             lk = (raw.get("locks") or {}).get("base" if t == "base" else t, {}).get(kind)
             row.append(f"{lk['claim_relation']} ({lk['claim_not_fastpath']})" if lk else "—")
+            ins, base_ins = cg.get(label), cg.get(f"base-{kind}")
+            row.append(f"{ins:,}" if ins else "—")
+            row.append(f"{ins / base_ins:.2f}" if ins and base_ins and t != "base" else "—")
+            if ins:
+                R.csv.append(("ttl", label, "off", 1, 0, "instructions_per_txn", ins, "instr"))
             lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Relation locks: `count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = "
               "'relation'` after one `idem_claim` in an open transaction, minus the same count before it "
               "(the pg_locks query's own); in brackets those that are not fast-path (a backend has 16 "
               "fast-path slots; beyond them locks go through the shared lock table).",
-              "", "Instruction counts per claim per TTL (callgrind, as `bench/profile.sh`) are not "
-              "measured by this section: profile.sh runs single-user backends on its own cluster, "
-              "which would need the same 400-partition layout built there.", ""]
+              ""]
+    if cg:
+        lines += ["instr/txn: instructions per transaction counted by callgrind in a single-user "
+                  "backend (`bench/profile_ttl.sh`: the same types and prefill built on its own cluster; "
+                  f"{raw.get('callgrind_txns')} and a tenth as many transactions per variant, the "
+                  "difference over the difference). instr × base: over the 1-day-only baseline's.", ""]
+    else:
+        lines += ["instr/txn: not measured in this run ("
+                  + (raw.get("callgrind_note") or "--ttl-callgrind 0") + ").", ""]
     R.md += lines
     R.summary["ttl"] = summ
     if worst:
