@@ -764,7 +764,9 @@ class Report:
         """How much other work ran next to the measurements."""
         timed = [r for r in self.raw.get("runs", [])] + [r for r in self.raw.get("scale", [])] + \
                 [r for r in self.raw.get("partitions", [])] + [r for r in self.raw.get("latency", [])] + \
-                [w for r in self.raw.get("sustained", []) for w in r["windows"]]
+                [w for r in self.raw.get("sustained", []) for w in r["windows"]] + \
+                list((self.raw.get("ttl") or {}).get("runs", [])) + \
+                list((self.raw.get("handwritten") or {}).get("runs", []))
         for v in (self.raw.get("cleanup") or {}).get("p99", {}).values():
             timed += v
         timed = [r for r in timed if "foreign_cores" in r]
