@@ -142,6 +142,10 @@ def report(R):
         lines.append(f"\nskipped: {s}")
     lines.append("")
     R.md += lines
+    R.readme += ["### Client killed after the dedup step, before COMMIT, then a retry of the same key", "",
+                 "| approach | kills | work lost | done twice |", "|---|---|---|---|"]
+    R.readme += [f"| {a} | {ap[a]['kills']} | {ap[a]['lost']} | {ap[a]['twice']} |" for a in APPROACHES if a in ap]
+    R.readme.append("")
     R.summary["kills"] = ap
     if "idem" in ap:
         c = ap["idem"]
