@@ -96,6 +96,7 @@ def one_run(b, approach, rnd):
     proc = subprocess.Popen(cmd, cwd=b.logs, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     cleanups = []
+    seen = set()
     k = 1
     while True:
         nxt = t0 + k * every
@@ -109,6 +110,9 @@ def one_run(b, approach, rnd):
         start, body, end, size = float(out[0]), out[1:-2], float(out[-2]), int(out[-1])
         cleanups.append({"start": start, "end": end, "ms": (end - start) * 1000,
                          "t": start - t0, "size_after": size, "output": " ".join(body)[:300]})
+        # a build that starts and ends within the run escapes the CPU meter's
+        # two snapshots: look for compilers at every cleanup too
+        seen.update(common_noise(b).get("foreign", []))
         k += 1
     out, _ = proc.communicate()
     l1 = b.val(DB, "SELECT pg_current_wal_insert_lsn()")
@@ -132,6 +136,8 @@ def one_run(b, approach, rnd):
                wal_per_claim=wal / claims if claims else None, end=end, cleanups=cleanups,
                foreign_cores=foreign, run=run)
     res.update(common_noise(b))
+    if seen:
+        res["foreign"] = sorted(seen | set(res.get("foreign", [])))
     return res
 
 
@@ -253,6 +259,10 @@ def report(R):
             f"{last['end']['rows']:,} ({last['end']['live']:,})",
             f"{(last['end']['heap'] + last['end']['indexes']) / 1048576:.1f}",
             f"{last['end']['autovacuums']}"]) + " |")
+    noisy = [f"{x['approach']} round {x['round']} ({', '.join(x['foreign'])})" for x in runs if x.get("foreign")]
+    if noisy:
+        lines += ["", "> **Noise:** a compiler or test run shared the machine during " + "; ".join(noisy)
+                  + ": those numbers are suspect."]
     lines.append("")
     lines.append("TPS per TTL-long window (steady state when flat): " + "; ".join(
         f"{a}: " + " ".join(f"{w:,.0f}" for w in by[a][-1].get("tps_per_ttl_window", []))
