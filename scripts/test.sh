@@ -20,7 +20,7 @@ IDEM_MAJORS="${IDEM_MAJORS-16 17 18}"
 # The core: both storage paths' suites (storage_sql), the hardening matrix
 # (environments, encodings, catalog_events, two_phase), the upgrade from
 # every shipped version, and the stress scenario at the suite's size.
-CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress wraparound)
+CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress wraparound retention)
 
 bash "$ROOT/scripts/setup.sh" --tests
 idem_locate_cluster

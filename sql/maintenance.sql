@@ -56,10 +56,10 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.is_distributed(regclass) IS 'Whether Citus distributes the table (false without Citus).';
 
-CREATE FUNCTION idem.partition_name(lo timestamptz) RETURNS text
+CREATE FUNCTION idem.partition_name(ttl_class smallint, lo timestamptz) RETURNS text
     IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT 'claims_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS"_"MS') $$;
-COMMENT ON FUNCTION idem.partition_name(timestamptz) IS 'Name of the partition whose range starts at lo (UTC).';
+    AS $$ SELECT 'claims_c' || ttl_class || '_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS"_"MS') $$;
+COMMENT ON FUNCTION idem.partition_name(smallint, timestamptz) IS 'Name of the partition of a TTL class whose range starts at lo (UTC).';
 
 -- Partitions with their bounds, read from the catalog in binary
 -- (idem.partition_from/to): no session setting can change them.
@@ -68,11 +68,12 @@ SELECT c.oid::regclass AS partition,
        c.relname::text AS name,
        idem.partition_from(c.oid) AS range_from,
        idem.partition_to(c.oid) AS range_to,
-       idem.partition_to(c.oid) IS NULL AS is_default
+       idem.partition_to(c.oid) IS NULL AS is_default,
+       idem.partition_class(c.oid) AS ttl_class
   FROM pg_inherits h
   JOIN pg_class c ON c.oid = h.inhrelid
  WHERE h.inhparent = 'idem.claims'::regclass;
-COMMENT ON VIEW idem.partition_bounds IS 'Partitions of idem.claims with their range of expires_at, read in binary (NULL bounds: the default partition).';
+COMMENT ON VIEW idem.partition_bounds IS 'Partitions of idem.claims with their TTL class and range of expires_at, read in binary (NULL bounds: the default partition).';
 
 -- The steps both kinds of idem.claims share (a single node's, and one that
 -- Citus distributes): each rule in one place, called by idem_maintain and
@@ -89,34 +90,84 @@ SELECT c.oid::regclass AS rel
    AND c.oid IN (SELECT partition FROM idem.partition_bounds UNION ALL SELECT 'idem.claims'::regclass);
 COMMENT ON VIEW idem.replica_identity_missing IS 'Tables of idem.claims (the parent and its partitions) without REPLICA IDENTITY FULL.';
 
--- The ranges maintenance adds next: from the end of the last range (or the
--- width-aligned slot holding t_now, when there is none yet) up to horizon,
--- at most limit_parts of them, each aligned to width. A change of width
--- continues after the last range: never a gap, never an overlap.
-CREATE FUNCTION idem.coming_partitions(width interval, horizon timestamptz, limit_parts int, t_now timestamptz)
-    RETURNS TABLE (name text, range_from timestamptz, range_to timestamptz)
+-- The TTL classes maintenance makes partitions for: those a business type
+-- is registered in for claims still to expire (idem.type_classes), those
+-- of the configured TTLs, that of idem.default_ttl, and those of claims
+-- waiting in the default partition (the first claims of a class); under
+-- Citus, which keeps no registrations, also every class with a partition
+-- not yet over. Each with the expiry its partitions must reach: the
+-- longest TTL of the class from now, plus the lookahead that lets claims
+-- find their partition while maintenance is late: 20 minutes, but at
+-- least one width and at most 16 (at most about 23 partitions of a class
+-- exist at a time). SECURITY DEFINER and granted to PUBLIC for the view
+-- idem_health, whose readers (a monitoring role) need nothing in schema
+-- idem; it says nothing but class numbers and widths.
+CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
+    RETURNS TABLE (ttl_class smallint, width interval, horizon timestamptz)
+    STABLE PARALLEL UNSAFE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    waiting smallint[] := '{}';
+    ongoing smallint[] := '{}';
+BEGIN
+    -- (The default partition is named in dynamic SQL only: it may be gone.)
+    IF to_regclass('idem.claims_default') IS NOT NULL THEN
+        EXECUTE 'SELECT coalesce(array_agg(DISTINCT ttl_class), ''{}'') FROM idem.claims_default' INTO waiting;
+    END IF;
+    IF idem.is_distributed('idem.claims') THEN
+        SELECT coalesce(array_agg(DISTINCT b.ttl_class), '{}') INTO ongoing
+          FROM idem.partition_bounds b WHERE NOT b.is_default AND b.range_to > t_now;
+    END IF;
+    RETURN QUERY
+    SELECT c.k, idem.class_width(c.k),
+           t_now + idem.class_max_ttl(c.k) + greatest(idem.class_width(c.k), least(interval '20 minutes', 16 * idem.class_width(c.k)))
+      FROM (SELECT t.ttl_class AS k FROM idem.type_classes t WHERE t.until > t_now
+            UNION SELECT idem.ttl_class(b.ttl) FROM idem.biz_types b WHERE b.ttl IS NOT NULL
+            UNION SELECT idem.ttl_class(idem.setting_interval('idem.default_ttl', '24 hours'))
+            UNION SELECT unnest(waiting || ongoing)) c
+     WHERE c.k >= 0
+     ORDER BY 1;
+END
+$fn$;
+COMMENT ON FUNCTION idem.classes_to_premake(timestamptz) IS 'The TTL classes idem_maintain makes partitions for, their width, and how far ahead their partitions must reach.';
+
+-- The ranges maintenance adds next, class by class: from the end of the
+-- class's last range (or the width-aligned slot holding t_now, when there is
+-- none yet) up to its horizon, at most limit_parts of them in all, each
+-- aligned to the class's width. Never a gap, never an overlap.
+CREATE FUNCTION idem.coming_partitions(limit_parts int, t_now timestamptz)
+    RETURNS TABLE (name text, ttl_class smallint, range_from timestamptz, range_to timestamptz)
     STABLE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
 DECLARE
-    w_us numeric := extract(epoch FROM width) * 1000000;
+    c    record;
+    w_us numeric;
     cur  timestamptz;
     made int := 0;
 BEGIN
-    SELECT greatest(max(b.range_to), to_timestamp(floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us / 1000000))
-      INTO cur FROM idem.partition_bounds b WHERE NOT b.is_default;
-    WHILE cur < horizon AND made < limit_parts LOOP
-        name := idem.partition_name(cur);
-        range_from := cur;
-        range_to := to_timestamp((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us / 1000000);
-        RETURN NEXT;
-        made := made + 1;
-        cur := range_to;
+    FOR c IN SELECT * FROM idem.classes_to_premake(t_now) LOOP
+        w_us := extract(epoch FROM c.width) * 1000000;
+        -- (Whole microseconds since 1970 below 2^53: exact in float8.)
+        SELECT greatest(max(b.range_to), timestamptz '1970-01-01 00:00:00+00'
+                          + interval '1 microsecond' * (floor(extract(epoch FROM t_now) * 1000000 / w_us) * w_us)::float8)
+          INTO cur FROM idem.partition_bounds b WHERE NOT b.is_default AND b.ttl_class = c.ttl_class;
+        WHILE cur < c.horizon AND made < limit_parts LOOP
+            name := idem.partition_name(c.ttl_class, cur);
+            ttl_class := c.ttl_class;
+            range_from := cur;
+            range_to := timestamptz '1970-01-01 00:00:00+00'
+                        + interval '1 microsecond' * ((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us)::float8;
+            RETURN NEXT;
+            made := made + 1;
+            cur := range_to;
+        END LOOP;
     END LOOP;
 END
 $fn$;
-COMMENT ON FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz) IS 'The next partition ranges idem_maintain makes: after the last range, up to horizon, at most limit_parts, aligned to width.';
-REVOKE EXECUTE ON FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION idem.coming_partitions(int, timestamptz) IS 'The next partition ranges idem_maintain makes: per TTL class, after its last range, up to its horizon, at most limit_parts in all, aligned to the class''s width.';
+REVOKE EXECUTE ON FUNCTION idem.coming_partitions(int, timestamptz) FROM PUBLIC;
 
 -- Whether the partition set needs a change besides new partitions: the
 -- default partition is missing or holds expired claims, a range is over,
@@ -213,7 +264,11 @@ REVOKE EXECUTE ON FUNCTION idem.repair_partition_set() FROM PUBLIC;
 -- Under the maintenance lock: drop every partition whose range is over
 -- (every row in it has expired), oldest first, then delete the claims that
 -- expired in the default partition before any partition covered them
--- (maintenance was late): the only rows deleted one by one.
+-- (maintenance was late): the only rows deleted one by one. Then the
+-- registrations of business types in TTL classes (idem.type_classes) that
+-- no partition left can hold a claim of: their claims all expired, in
+-- partitions dropped here or before, or in the default partition. (Under
+-- the lock no claim reads them meanwhile.)
 CREATE FUNCTION idem.remove_expired(t_now timestamptz, OUT dropped text[], OUT rows_in_dropped bigint, OUT deleted_from_default bigint)
     VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -232,9 +287,13 @@ BEGIN
     END LOOP;
     EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
     GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
+    DELETE FROM idem.type_classes t
+     WHERE t.until <= t_now
+       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds b
+                        WHERE NOT b.is_default AND b.ttl_class = t.ttl_class AND b.range_from < t.until);
 END
 $fn$;
-COMMENT ON FUNCTION idem.remove_expired(timestamptz) IS 'Under the maintenance lock: drop the partitions whose range is over, and delete the claims that expired in the default partition; reports what it removed.';
+COMMENT ON FUNCTION idem.remove_expired(timestamptz) IS 'Under the maintenance lock: drop the partitions whose range is over, delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
 REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
 
 -- idem_maintain's work when Citus distributes idem.claims (docs/scaling.md,
@@ -254,10 +313,10 @@ REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
 --    essential", or 40P01: all mean "try again". (NOWAIT, as in 0.3.0,
 --    starved under claims in multi-statement transactions: some worker
 --    always had one open);
---  * partitions are named to the millisecond (idem.partition_name), aligned
---    to the width, created with their key index, at most
---    idem.premake_limit per run, and continue after the last existing
---    range (never a gap after a change of width);
+--  * partitions are made per TTL class (idem.coming_partitions), named to
+--    the millisecond (idem.partition_name), aligned to the class's width,
+--    created with their key index, at most idem.premake_limit per run, and
+--    continue after the class's last existing range;
 --  * claims waiting in the default partition for a range being created are
 --    moved into the new partition before it is attached (a standalone
 --    distributed table co-located with idem.claims, filled with INSERT ...
@@ -268,7 +327,7 @@ REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
 --  * a shard without REPLICA IDENTITY FULL on a worker (a shard move makes
 --    the moved shard of idem.claims anew without it) gets it again, through
 --    its distributed table (idem.shard_replica_identity_missing).
-CREATE FUNCTION idem.maintain_distributed(width interval, max_ttl interval, limit_parts int, retries int)
+CREATE FUNCTION idem.maintain_distributed(limit_parts int, retries int)
     RETURNS jsonb
     VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -280,6 +339,7 @@ CREATE FUNCTION idem.maintain_distributed(width interval, max_ttl interval, limi
 DECLARE
     t_now       timestamptz := clock_timestamp();
     names       text[];
+    classes     smallint[];
     los         timestamptz[];
     his         timestamptz[];
     unindexed   text[];
@@ -308,9 +368,11 @@ BEGIN
     PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
 
     -- Decide the work, before any lock.
-    SELECT coalesce(array_agg(c.name ORDER BY c.range_from), '{}'), coalesce(array_agg(c.range_from ORDER BY c.range_from), '{}'),
-           coalesce(array_agg(c.range_to ORDER BY c.range_from), '{}')
-      INTO names, los, his FROM idem.coming_partitions(width, t_now + max_ttl + width, limit_parts, t_now) c;
+    SELECT coalesce(array_agg(c.name ORDER BY c.ttl_class, c.range_from), '{}'),
+           coalesce(array_agg(c.ttl_class ORDER BY c.ttl_class, c.range_from), '{}'),
+           coalesce(array_agg(c.range_from ORDER BY c.ttl_class, c.range_from), '{}'),
+           coalesce(array_agg(c.range_to ORDER BY c.ttl_class, c.range_from), '{}')
+      INTO names, classes, los, his FROM idem.coming_partitions(limit_parts, t_now) c;
     SELECT array_agg(b.name ORDER BY b.range_from) INTO unindexed FROM idem.partition_bounds b
      WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition);
     shards_without_ri := idem.shard_replica_identity_missing();
@@ -354,29 +416,32 @@ BEGIN
     END LOOP;
 
     -- Which new ranges the default partition holds claims for: one
-    -- distributed query for the span, then one per range inside it.
+    -- distributed query for whether it holds any, then one per range.
     IF cardinality(names) > 0 THEN
-        EXECUTE 'SELECT min(expires_at), max(expires_at) FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2'
-           INTO lo_rows, hi_rows USING los[1], his[cardinality(his)];
+        EXECUTE 'SELECT min(expires_at), max(expires_at) FROM idem.claims_default'
+           INTO lo_rows, hi_rows;
     END IF;
     FOR i IN 1 .. cardinality(names) LOOP
         n := 0;
         IF lo_rows IS NOT NULL AND los[i] <= hi_rows AND his[i] > lo_rows THEN
-            EXECUTE 'SELECT count(*) FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2' INTO n USING los[i], his[i];
+            EXECUTE 'SELECT count(*) FROM idem.claims_default WHERE ttl_class = $1 AND expires_at >= $2 AND expires_at < $3'
+               INTO n USING classes[i], los[i], his[i];
         END IF;
         IF n = 0 THEN
-            EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)', names[i], los[i], his[i]);
+            EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                           names[i], classes[i], los[i], classes[i], his[i]);
             EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', names[i]);
         ELSE
             EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', names[i]);
             EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', names[i]);
             PERFORM pg_catalog.create_distributed_table(format('idem.%I', names[i]), 'key', colocate_with => 'idem.claims');
-            EXECUTE format('INSERT INTO idem.%I SELECT * FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2', names[i])
-              USING los[i], his[i];
+            EXECUTE format('INSERT INTO idem.%I SELECT * FROM idem.claims_default WHERE ttl_class = $1 AND expires_at >= $2 AND expires_at < $3', names[i])
+              USING classes[i], los[i], his[i];
             GET DIAGNOSTICS n = ROW_COUNT;
             moved := moved + n;
-            EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2' USING los[i], his[i];
-            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)', names[i], los[i], his[i]);
+            EXECUTE 'DELETE FROM idem.claims_default WHERE ttl_class = $1 AND expires_at >= $2 AND expires_at < $3' USING classes[i], los[i], his[i];
+            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                           names[i], classes[i], los[i], classes[i], his[i]);
         END IF;
         EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', names[i]);
         made := made || names[i];
@@ -393,8 +458,8 @@ BEGIN
         'lock_attempts', got_lock.attempts);
 END
 $fn$;
-COMMENT ON FUNCTION idem.maintain_distributed(interval, interval, int, int) IS 'idem_maintain''s work on a Citus-distributed idem.claims (run on the coordinator).';
-REVOKE EXECUTE ON FUNCTION idem.maintain_distributed(interval, interval, int, int) FROM PUBLIC;
+COMMENT ON FUNCTION idem.maintain_distributed(int, int) IS 'idem_maintain''s work on a Citus-distributed idem.claims (run on the coordinator).';
+REVOKE EXECUTE ON FUNCTION idem.maintain_distributed(int, int) FROM PUBLIC;
 
 -- The settings pinned below make every timestamp this function writes into
 -- DDL (partition bounds, CHECK constraints) print as ISO 8601 in UTC, which
@@ -411,12 +476,11 @@ CREATE FUNCTION idem_maintain() RETURNS jsonb
 DECLARE
     started     timestamptz := clock_timestamp();
     t_now       timestamptz;
-    width       interval := idem.setting_interval('idem.partition_width', '1 day');
     lock_wait   interval := idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds');
     retries     int := coalesce(nullif(current_setting('idem.maintenance_lock_retries', true), '')::int, 20);
-    limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 32);
-    max_ttl     interval;
+    limit_parts int := coalesce(nullif(current_setting('idem.premake_limit', true), '')::int, 128);
     made        text[] := '{}';
+    classes     smallint[] := '{}';
     skipped     text[] := '{}';
     removed     record;
     moved       bigint := 0;
@@ -445,19 +509,11 @@ BEGIN
         RETURN report;
     END;
     PERFORM idem.metrics_reclaim();  -- counters' slots of gone types and databases (sql/metrics.sql)
-    IF width < interval '100 milliseconds' OR width > interval '400 days' THEN
-        RAISE EXCEPTION 'idem: idem.partition_width must be between 100 milliseconds and 400 days, not %', width
-            USING ERRCODE = '22023';
-    END IF;
-
-    -- The longest TTL a coming claim can get without a per-call override.
-    SELECT greatest(idem.setting_interval('idem.default_ttl', '24 hours'), max(ttl))
-      INTO max_ttl FROM idem.biz_types;
 
     -- A Citus-distributed idem.claims (idem_distribute, docs/scaling.md):
     -- its partitions are made and dropped through Citus, on every node.
     IF idem.is_distributed('idem.claims') THEN
-        report := idem.maintain_distributed(width, max_ttl, limit_parts, retries)
+        report := idem.maintain_distributed(limit_parts, retries)
                   || jsonb_build_object('duration_ms', round(extract(epoch FROM clock_timestamp() - started)::numeric * 1000, 3));
         DELETE FROM idem.tokens WHERE expires_at <= clock_timestamp();
         INSERT INTO idem.maintenance_runs (started_at, finished_at, report) VALUES (started, clock_timestamp(), report);
@@ -469,13 +525,14 @@ BEGIN
     -- (index and range CHECK included, so that attaching them neither builds
     -- nor scans anything), all before taking the lock claims would queue on.
     t_now := clock_timestamp();
-    FOR part IN SELECT * FROM idem.coming_partitions(width, t_now + max_ttl + width, limit_parts, t_now) LOOP
+    FOR part IN SELECT * FROM idem.coming_partitions(limit_parts, t_now) LOOP
         EXECUTE format('CREATE TABLE idem.%I (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
-                          CONSTRAINT range CHECK (expires_at >= %L AND expires_at < %L))',
-                       part.name, part.range_from, part.range_to);
+                          CONSTRAINT range CHECK (ttl_class = %s AND expires_at >= %L AND expires_at < %L))',
+                       part.name, part.ttl_class, part.range_from, part.range_to);
         EXECUTE format('CREATE INDEX ON idem.%I (idem.key_hash(biz_type, key))', part.name);
         EXECUTE format('ALTER TABLE idem.%I REPLICA IDENTITY FULL', part.name);
         made := made || part.name;
+        classes := classes || part.ttl_class;
         los := los || part.range_from;
         his := his || part.range_to;
     END LOOP;
@@ -507,17 +564,18 @@ BEGIN
         -- would reach a logical subscriber under that table's own name (or
         -- not at all), not as a row of idem.claims.
         IF cardinality(made) > 0 THEN
-            EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2)'
-               INTO to_move USING los[1], his[cardinality(made)];
+            EXECUTE 'SELECT EXISTS (SELECT 1 FROM idem.claims_default)' INTO to_move;
         END IF;
         IF to_move THEN
             CREATE TEMPORARY TABLE idem_maintain_moving (LIKE idem.claims);
-            EXECUTE 'WITH m AS (DELETE FROM idem.claims_default WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)
-                     INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM m' USING los[1], his[cardinality(made)];
+            FOR i IN 1 .. cardinality(made) LOOP
+                EXECUTE 'WITH m AS (DELETE FROM idem.claims_default WHERE ttl_class = $1 AND expires_at >= $2 AND expires_at < $3 RETURNING *)
+                         INSERT INTO pg_temp.idem_maintain_moving SELECT * FROM m' USING classes[i], los[i], his[i];
+            END LOOP;
         END IF;
         FOR i IN 1 .. cardinality(made) LOOP
-            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%L) TO (%L)',
-                           made[i], los[i], his[i]);
+            EXECUTE format('ALTER TABLE idem.claims ATTACH PARTITION idem.%I FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                           made[i], classes[i], los[i], classes[i], his[i]);
         END LOOP;
         IF to_move THEN
             EXECUTE 'INSERT INTO idem.claims SELECT * FROM pg_temp.idem_maintain_moving';
@@ -631,11 +689,13 @@ SELECT b.name AS partition,
        b.is_default,
        coalesce(s.estimated_rows, 0) AS estimated_rows,
        coalesce(s.bytes, 0) AS bytes,
-       coalesce(b.range_to <= now(), false) AS expired
+       coalesce(b.range_to <= now(), false) AS expired,
+       b.ttl_class,
+       idem.class_width(b.ttl_class) AS width
   FROM idem.partition_bounds b
   LEFT JOIN idem.partition_sizes() s ON s.partition = b.partition
- ORDER BY b.is_default, b.range_from;
-COMMENT ON VIEW idem_partitions IS 'Partitions of idem.claims: range, estimated rows, bytes (under Citus: summed over the workers), and whether every claim in it has expired.';
+ ORDER BY b.is_default, b.ttl_class, b.range_from;
+COMMENT ON VIEW idem_partitions IS 'Partitions of idem.claims: range of expiry, estimated rows, bytes (under Citus: summed over the workers), whether every claim in it has expired, its TTL class and the class''s width.';
 
 CREATE VIEW idem_stats AS
 SELECT coalesce(c.biz_type, t.biz_type) AS biz_type,
@@ -675,3 +735,4 @@ COMMENT ON VIEW idem_leases IS 'Live leased claims: attempt, last recovery point
 -- partition; the other partitions are ordinary tables and are dumped anyway.
 SELECT pg_catalog.pg_extension_config_dump('idem.biz_types', '');
 SELECT pg_catalog.pg_extension_config_dump('idem.claims_default', '');
+SELECT pg_catalog.pg_extension_config_dump('idem.type_classes', '');

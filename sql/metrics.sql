@@ -190,18 +190,36 @@ COMMENT ON FUNCTION idem.default_partition_rows(bigint) IS 'Rows in idem.claims_
 -- scan, like idem_leases); everything else is small.
 CREATE VIEW idem_health AS
 WITH s AS (
-    SELECT idem.setting_interval('idem.partition_width', '1 day') AS width,
-           greatest(idem.setting_interval('idem.default_ttl', '24 hours'),
-                    (SELECT max(t.ttl) FROM idem.biz_types t)) AS longest_ttl,
+    SELECT interval '1 day' AS critical_after,
            idem.setting_interval('idem.health_maintenance_after', '15 minutes') AS maintenance_after,
            idem.setting_interval('idem.health_lease_after', '15 minutes') AS lease_after
 ), m AS (
     SELECT * FROM idem_maintenance
 ), p AS (
-    SELECT max(b.range_to) FILTER (WHERE NOT b.is_default) AS horizon,
-           count(*) FILTER (WHERE NOT b.is_default AND b.range_to < now() - s.maintenance_after) AS expired_left
+    SELECT count(*) FILTER (WHERE NOT b.is_default AND b.range_to < now() - s.maintenance_after) AS expired_left
       FROM s LEFT JOIN idem.partition_bounds b ON true
      GROUP BY s.maintenance_after
+), h AS (
+    -- Per TTL class maintenance keeps partitions for: how far beyond the
+    -- expiry of a claim made now with the class's longest TTL they reach.
+    -- The shortest is reported.
+    SELECT c.ttl_class, idem.class_max_ttl(c.ttl_class) AS longest_ttl,
+           (SELECT max(b.range_to) FROM idem.partition_bounds b WHERE b.ttl_class = c.ttl_class)
+             - (now() + idem.class_max_ttl(c.ttl_class)) AS margin
+      FROM idem.classes_to_premake(now()) c
+     ORDER BY 3 NULLS FIRST, 1
+     LIMIT 1
+), k AS (
+    -- The relations one claim locks, for the business type whose claims
+    -- look into the most partitions: idem.claims, the default partition and
+    -- idem.type_classes (with their indexes), and each partition of the
+    -- type's classes that can hold a live claim, with its index.
+    SELECT coalesce(max(n), 0) * 2 + 5 AS locks,
+           (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
+      FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
+              FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
+              JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until
+             GROUP BY t.biz_type) x
 ), d AS (
     SELECT idem.default_partition_rows(10000) AS n
 ), l AS (
@@ -212,13 +230,13 @@ WITH s AS (
       FROM idem.metrics_info() i LEFT JOIN idem.metrics_database() d ON true
 )
 SELECT 'maintenance_overdue'::text AS check_name,
-       CASE WHEN m.last_success_at IS NULL OR m.last_success_at < now() - s.width THEN 'critical'
+       CASE WHEN m.last_success_at IS NULL OR m.last_success_at < now() - s.critical_after THEN 'critical'
             WHEN m.last_success_at < now() - s.maintenance_after THEN 'warning'
             ELSE 'ok' END AS severity,
        extract(epoch FROM now() - m.last_success_at)::double precision AS value,
        CASE WHEN m.last_success_at IS NULL THEN 'no successful idem_maintain() run is recorded'
             ELSE format('the last successful idem_maintain() run finished %s ago (warning after %s, critical after %s)',
-                        idem.interval_text(date_trunc('second', now() - m.last_success_at)), idem.interval_text(s.maintenance_after), idem.interval_text(s.width)) END AS detail,
+                        idem.interval_text(date_trunc('second', now() - m.last_success_at)), idem.interval_text(s.maintenance_after), idem.interval_text(s.critical_after)) END AS detail,
        'Run SELECT idem_maintain(), and schedule it every few minutes: SELECT idem_schedule_maintenance() with pg_cron, or cron and psql.'::text AS action
   FROM s, m
 UNION ALL
@@ -235,17 +253,27 @@ SELECT 'default_partition',
        CASE WHEN d.n IS NULL THEN 'idem.claims_default is missing: claims beyond the premade partitions fail'
             WHEN d.n >= 10000 THEN 'at least 10000 claims in the default partition'
             ELSE format('%s claims in the default partition', d.n) END,
-       'Run SELECT idem_maintain() (it moves them into range partitions); claims that stay there have a per-call ttl beyond the premade partitions: give their type that TTL with idem_configure instead.'
+       'Run SELECT idem_maintain() (it makes the partitions of their TTL classes and moves them there).'
   FROM d
 UNION ALL
 SELECT 'partition_horizon',
-       CASE WHEN p.horizon IS NULL OR p.horizon < now() + s.longest_ttl THEN 'warning' ELSE 'ok' END,
-       extract(epoch FROM p.horizon - (now() + s.longest_ttl))::double precision,
-       CASE WHEN p.horizon IS NULL THEN 'no range partition exists: every claim goes to the default partition'
-            ELSE format('the partitions end %s after the expiry of a claim made now with the longest TTL (%s)',
-                        idem.interval_text(date_trunc('second', p.horizon - (now() + s.longest_ttl))), idem.interval_text(s.longest_ttl)) END,
-       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit or idem.partition_width (a run makes partitions up to now + the longest TTL + one width).'
-  FROM s, p
+       CASE WHEN h.ttl_class IS NOT NULL AND (h.margin IS NULL OR h.margin < interval '0') THEN 'warning' ELSE 'ok' END,
+       extract(epoch FROM h.margin)::double precision,
+       CASE WHEN h.ttl_class IS NULL THEN 'no TTL class needs partitions'
+            WHEN h.margin IS NULL THEN format('TTL class %s (TTLs up to %s) has no partition: its claims go to the default partition', h.ttl_class, idem.interval_text(h.longest_ttl))
+            ELSE format('the partitions of TTL class %s end %s after the expiry of a claim made now with its longest TTL (%s); the other classes'' reach further',
+                        h.ttl_class, idem.interval_text(date_trunc('second', h.margin)), idem.interval_text(h.longest_ttl)) END,
+       'Run SELECT idem_maintain(); if the horizon stays short, raise idem.premake_limit (a run makes each class''s partitions up to now + the class''s longest TTL + 20 minutes, at least one width and at most 16).'
+  FROM (SELECT 1) one LEFT JOIN h ON true
+UNION ALL
+SELECT 'claim_locks',
+       CASE WHEN k.locks > current_setting('max_locks_per_transaction')::int THEN 'critical'
+            WHEN k.locks > 16 + 6 THEN 'warning' ELSE 'ok' END,
+       k.locks,
+       CASE WHEN k.biz_type IS NULL THEN 'no business type has claims in a TTL class yet'
+            ELSE format('a claim of %s locks up to %s relations (max_locks_per_transaction = %s)', k.biz_type, k.locks, current_setting('max_locks_per_transaction')) END,
+       'A type whose claims were made with TTLs of many classes (per-call ttl) looks into each class: give the type one TTL with idem_configure; if expired partitions pile up, run SELECT idem_maintain().'
+  FROM k
 UNION ALL
 SELECT 'stuck_leases',
        CASE WHEN l.n > 0 THEN 'warning' ELSE 'ok' END,
@@ -275,4 +303,4 @@ SELECT 'metrics',
             ELSE 'None.' END
   FROM mi;
 COMMENT ON VIEW idem_health IS
-'Health checks, one row each, always in the same order: maintenance_overdue, maintenance_lock, default_partition, partition_horizon, stuck_leases, expired_partitions, metrics; each with severity (ok, info, warning, critical), a measured value, what was found (detail) and a one-line action. Alert on severity <> ''ok''. Thresholds: idem.health_maintenance_after and idem.health_lease_after. Scans the live claims for leases (as idem_leases does).';
+'Health checks, one row each, always in the same order: maintenance_overdue, maintenance_lock, default_partition, partition_horizon, claim_locks, stuck_leases, expired_partitions, metrics; each with severity (ok, info, warning, critical), a measured value, what was found (detail) and a one-line action. Alert on severity <> ''ok''. Thresholds: idem.health_maintenance_after and idem.health_lease_after. Scans the live claims for leases (as idem_leases does).';

@@ -42,6 +42,11 @@ SELECT cl.pubname, 'publishes idem.claims without '
   FROM claims cl
  WHERE NOT (cl.pubupdate AND cl.pubdelete)
 UNION ALL
+SELECT cl.pubname, format('publishes idem.claims without idem.type_classes: a subscriber that takes over claims would not look for '
+                          || 'the claims it received in their partitions. Fix: ALTER PUBLICATION %I ADD TABLE idem.type_classes', cl.pubname)
+  FROM claims cl
+ WHERE NOT EXISTS (SELECT 1 FROM published pb WHERE pb.pubname = cl.pubname AND pb.relname = 'type_classes')
+UNION ALL
 SELECT pb.pubname, format('publishes only some columns of idem.%I (a column list): subscribers get incomplete rows, '
                           || 'and updates and deletes of a table whose replica identity is not covered are refused', pb.relname)
   FROM published pb

@@ -26,18 +26,38 @@ CREATE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_hash';
 COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by; stable across versions.';
 
--- The dedup records, range-partitioned by expiry: a partition whose upper
--- bound has passed holds only expired claims and is dropped whole.
+-- TTL classes (src/ttl_class.rs has the table; docs/design.md §3): a claim
+-- lives among the partitions of its TTL's class, whose width is at most a
+-- quarter of that TTL, so that a claim looks into a few partitions of its
+-- own class whatever the TTLs in use, and an expired claim lingers at most
+-- a quarter of its TTL (a minute, under 4 minutes).
+CREATE FUNCTION idem.ttl_class(ttl interval) RETURNS smallint
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_ttl_class';
+COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL: 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
+CREATE FUNCTION idem.class_width(ttl_class smallint) RETURNS interval
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_width';
+COMMENT ON FUNCTION idem.class_width(smallint) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
+CREATE FUNCTION idem.class_max_ttl(ttl_class smallint) RETURNS interval
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_max_ttl';
+COMMENT ON FUNCTION idem.class_max_ttl(smallint) IS 'The longest TTL a claim of a TTL class can have; NULL for a class that does not exist.';
+
+-- The dedup records, range-partitioned by TTL class and expiry: a partition
+-- holds the claims of one class whose expiry falls in its range, and once
+-- the range has passed it holds only expired claims and is dropped whole.
 -- Column order is chosen for a narrow tuple (no alignment padding).
 CREATE TABLE idem.claims (
     expires_at  timestamptz NOT NULL,
     claimed_at  timestamptz NOT NULL,
+    ttl_class   smallint    NOT NULL,   -- idem.ttl_class(expires_at - claimed_at)
     state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased
     biz_type    text        NOT NULL,
     key         text        NOT NULL,
     fingerprint text,
     result      jsonb
-) PARTITION BY RANGE (expires_at);
+) PARTITION BY RANGE (ttl_class, expires_at);
 COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
 -- Logical replication (docs/design.md §12): no column set identifies a
 -- row (the index is a non-unique digest), so an UPDATE or DELETE carries the
@@ -59,9 +79,10 @@ ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
 -- attaches partitions before it creates their indexes) would fail.
 CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
 
--- A partition's range of expires_at, read from its bound in binary (the
--- claim path reads it the same way): no session setting can change it.
--- NULL for the default partition and for anything that is not a partition.
+-- A partition's TTL class and range of expires_at, read from its bound in
+-- binary (the claim path reads it the same way): no session setting can
+-- change them. NULL for the default partition and for anything that is not
+-- a partition.
 CREATE FUNCTION idem.partition_from(partition regclass) RETURNS timestamptz
     STABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_partition_from';
@@ -70,6 +91,26 @@ CREATE FUNCTION idem.partition_to(partition regclass) RETURNS timestamptz
     STABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_partition_to';
 COMMENT ON FUNCTION idem.partition_to(regclass) IS 'Upper bound (exclusive) of a partition of idem.claims, read in binary; NULL for the default partition.';
+CREATE FUNCTION idem.partition_class(partition regclass) RETURNS smallint
+    STABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_partition_class';
+COMMENT ON FUNCTION idem.partition_class(regclass) IS 'TTL class of a partition of idem.claims, read in binary; NULL for the default partition.';
+
+-- Which TTL classes may hold claims of which business type: a claim looks
+-- into the partitions of these classes only (and the default partition).
+-- Written by the claim that first puts a type's claim into a class, in its
+-- own transaction (so the row commits, or rolls back, with the claim), for
+-- claims expiring up to `until`; deleted by idem_maintain once no partition
+-- that could hold such a claim is left. No unique index: two first claims
+-- at once each write a row rather than one waiting for the other's commit.
+CREATE TABLE idem.type_classes (
+    biz_type  text     COLLATE "C" NOT NULL,
+    ttl_class smallint NOT NULL,
+    until     timestamptz NOT NULL
+);
+CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
+ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
+COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
 
 -- The rule for business type and machine names, for the PL/pgSQL functions
 -- (the C functions apply the same rule in src/key.rs, valid_biz_type; a

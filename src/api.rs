@@ -164,25 +164,61 @@ fn key_hash(args: Args) -> pg_sys::Datum {
 sql_function!(idem_key_hash, pg_finfo_idem_key_hash, key_hash);
 
 // idem.partition_from(partition regclass) / idem.partition_to(partition
-// regclass) RETURNS timestamptz (STRICT): a partition's range of expires_at,
-// read in binary as the claim path reads it; NULL for the default partition
-// and for a relation that is not a partition.
+// regclass) RETURNS timestamptz, idem.partition_class(partition regclass)
+// RETURNS smallint (STRICT): a partition's TTL class and range of
+// expires_at, read in binary as the claim path reads them; NULL for the
+// default partition and for a relation that is not a partition.
 arguments!(partition_bound_args: PARTITION = 0 "partition");
-fn partition_bound(args: Args, upper: bool) -> pg_sys::Datum {
+fn partition_bound(args: Args) -> Option<catalog::Bound> {
     let relid = args.oid(partition_bound_args::PARTITION).unwrap_or(pg_sys::InvalidOid);
-    match catalog::partition_range(relid).flatten() {
-        Some((lo, hi)) => pg_sys::Datum::from(if upper { hi } else { lo }),
+    catalog::partition_bound(relid).flatten()
+}
+fn partition_from(args: Args) -> pg_sys::Datum {
+    match partition_bound(args) {
+        Some(b) => pg_sys::Datum::from(b.from),
         None => args.return_null(),
     }
 }
-fn partition_from(args: Args) -> pg_sys::Datum {
-    partition_bound(args, false)
-}
 fn partition_to(args: Args) -> pg_sys::Datum {
-    partition_bound(args, true)
+    match partition_bound(args) {
+        Some(b) => pg_sys::Datum::from(b.to),
+        None => args.return_null(),
+    }
+}
+fn partition_class(args: Args) -> pg_sys::Datum {
+    match partition_bound(args) {
+        Some(b) => pg_sys::Datum::from(b.class),
+        None => args.return_null(),
+    }
 }
 sql_function!(idem_partition_from, pg_finfo_idem_partition_from, partition_from);
 sql_function!(idem_partition_to, pg_finfo_idem_partition_to, partition_to);
+sql_function!(idem_partition_class, pg_finfo_idem_partition_class, partition_class);
+
+// idem.ttl_class(ttl interval) RETURNS smallint, idem.class_width(ttl_class
+// smallint) / idem.class_max_ttl(ttl_class smallint) RETURNS interval
+// (STRICT): the TTL classes of ttl_class.rs.
+arguments!(ttl_class_args: TTL = 0 "ttl");
+fn ttl_class_of(args: Args) -> pg_sys::Datum {
+    let ttl = args.interval(ttl_class_args::TTL).map_or(0, |iv| crate::guc::interval_us(&iv));
+    pg_sys::Datum::from(crate::ttl_class::of_ttl(ttl.clamp(i64::MIN as i128, i64::MAX as i128) as i64))
+}
+arguments!(class_args: CLASS = 0 "ttl_class");
+fn class_interval(args: Args, of: fn(i16) -> Option<i64>) -> pg_sys::Datum {
+    match args.int2(class_args::CLASS).and_then(of) {
+        Some(us) => crate::datum::interval_datum(us),
+        None => args.return_null(),
+    }
+}
+fn class_width(args: Args) -> pg_sys::Datum {
+    class_interval(args, crate::ttl_class::width)
+}
+fn class_max_ttl(args: Args) -> pg_sys::Datum {
+    class_interval(args, crate::ttl_class::max_ttl)
+}
+sql_function!(idem_ttl_class, pg_finfo_idem_ttl_class, ttl_class_of);
+sql_function!(idem_class_width, pg_finfo_idem_class_width, class_width);
+sql_function!(idem_class_max_ttl, pg_finfo_idem_class_max_ttl, class_max_ttl);
 
 // idem.metrics() RETURNS TABLE (biz_type text, claims bigint, takeovers bigint,
 //   duplicates_completed bigint, duplicates_failed bigint, in_progress bigint,

@@ -33,9 +33,10 @@ use std::rc::Rc;
 pub struct Partition {
     pub relid: pg_sys::Oid,
     pub index: pg_sys::Oid,
-    /// Range of expires_at in PostgreSQL timestamp microseconds, lower bound
-    /// inclusive, upper exclusive; `None` for the DEFAULT partition.
-    pub range: Option<(i64, i64)>,
+    /// TTL class, and range of expires_at in PostgreSQL timestamp
+    /// microseconds, lower bound inclusive, upper exclusive; `None` for the
+    /// DEFAULT partition.
+    pub bound: Option<Bound>,
     /// The index's IndexInfo, built on first insert (BuildIndexInfo copies
     /// the index expression: too dear to do per claim). Lives in the list's
     /// memory context.
@@ -43,6 +44,18 @@ pub struct Partition {
     /// Seen with rows once: it is probed without asking its size again
     /// (believing a partition non-empty is always safe, the reverse never).
     pub seen_nonempty: Cell<bool>,
+}
+
+/// What a partition of idem.claims holds: claims of one TTL class
+/// (ttl_class.rs) expiring in [from, to). In 0.3.0's layout, class
+/// `LEGACY_CLASS`.
+pub const LEGACY_CLASS: i16 = -1;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Bound {
+    pub class: i16,
+    pub from: i64,
+    pub to: i64,
 }
 
 /// One reading of the partition list. Shared (Rc) between the cache and the
@@ -58,6 +71,11 @@ pub struct PartitionList {
     /// path refuse before writing anything, as the executor would refuse
     /// the SQL path's UPDATE.
     pub unreplicable: Option<(pg_sys::Oid, &'static str)>,
+    /// idem.claims still has 0.3.0's layout (partitioned by expires_at
+    /// alone, no ttl_class column): this library is installed and ALTER
+    /// EXTENSION idem UPDATE has not run yet. Every partition is looked into,
+    /// and rows are written in that shape (storage/direct.rs, sql.rs).
+    pub legacy: bool,
     /// Holds what the entries point to outside Rust (IndexInfos).
     mcx: pg_sys::MemoryContext,
 }
@@ -109,6 +127,8 @@ const BIZ_TYPE_CACHE_MAX: usize = 4096;
 struct Cache {
     claims: Option<pg_sys::Oid>,
     biz_types: Option<pg_sys::Oid>,
+    /// Some(None): idem.type_classes does not exist (0.3.0's schema).
+    type_classes: Option<Option<pg_sys::Oid>>,
     owner: Option<pg_sys::Oid>,
     /// Per parent: idem.claims, and under Citus each local shard of it that
     /// a claim has used (a few dozen at most).
@@ -144,6 +164,7 @@ fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
 fn reset(c: &mut Cache) {
     c.claims = None;
     c.biz_types = None;
+    c.type_classes = None;
     c.owner = None;
     drop_partitions(c);
     c.biz_type_settings.clear();
@@ -209,7 +230,7 @@ fn relation_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
         if rel == pg_sys::InvalidOid {
             IdemError::ObjectNotInPrerequisiteState(
                 format!("relation idem.{} does not exist", name.to_string_lossy()),
-                Some("Is the extension installed in this database? CREATE EXTENSION idem;".into()),
+                Some("Is the extension installed in this database (CREATE EXTENSION idem), and its schema as new as its library (ALTER EXTENSION idem UPDATE)?".into()),
             )
             .fail();
         }
@@ -249,6 +270,23 @@ pub fn biz_types_oid() -> pg_sys::Oid {
     cached_oid(|c| &mut c.biz_types, c"biz_types")
 }
 
+/// idem.type_classes, or None in 0.3.0's schema (this library installed,
+/// ALTER EXTENSION idem UPDATE not run yet), where claims look into every
+/// partition.
+pub fn type_classes_oid() -> Option<pg_sys::Oid> {
+    claims_oid(); // so that relcache_callback recognises an update's invalidation
+    if let Some(found) = with_cache(|c| c.type_classes) {
+        return found;
+    }
+    let found = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);
+        let rel = pg_sys::get_relname_relid(c"type_classes".as_ptr(), nsp);
+        (rel != pg_sys::InvalidOid).then_some(rel)
+    };
+    with_cache(|c| c.type_classes = Some(found));
+    found
+}
+
 /// The partitions of `parent` (idem.claims, or a local shard of it), and
 /// the generation they belong to. Call with `parent` locked, so that the
 /// list cannot change under the caller (every change to it needs a lock that
@@ -286,24 +324,25 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
         )
     };
     // Owns mcx from here on, also if loading fails.
-    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, mcx };
+    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, legacy: false, mcx };
     unsafe {
         let rel = pg_sys::table_open(parent, pg_sys::AccessShareLock as _);
+        list.legacy = pg_sys::get_attnum(parent, c"ttl_class".as_ptr()) == pg_sys::InvalidAttrNumber as i16;
         list.unreplicable = replication_gap(rel).map(|why| (parent, why));
         // Detached-pending partitions included: their rows still count.
         let desc = pg_sys::RelationGetPartitionDesc(rel, false);
         for i in 0..(*desc).nparts as usize {
             let relid = *(*desc).oids.add(i);
-            let range = partition_range(relid)
+            let bound = partition_bound(relid)
                 .unwrap_or_else(|| internal(format!("partition {} of idem.claims has no bound", relid.to_u32())));
-            let (index, gap) = check_shape(relid);
+            let (index, gap) = check_shape(relid, list.legacy);
             if list.unreplicable.is_none() {
                 list.unreplicable = gap.map(|why| (relid, why));
             }
             list.parts.push(Partition {
                 relid,
                 index,
-                range,
+                bound,
                 index_info: Cell::new(std::ptr::null_mut()),
                 seen_nonempty: Cell::new(false),
             });
@@ -312,13 +351,13 @@ fn load_partitions(parent: pg_sys::Oid) -> PartitionList {
     }
     // Newest range first: a duplicate is most often a recent claim, and
     // the probe stops at the first live row. The default partition last.
-    list.parts.sort_by_key(|p| std::cmp::Reverse(p.range.map(|(lo, _)| lo)));
+    list.parts.sort_by_key(|p| std::cmp::Reverse(p.bound.map(|b| b.from)));
     list
 }
 
-/// A partition's range from its `relpartbound`, in binary: `Some(None)` for
+/// A partition's bound from its `relpartbound`, in binary: `Some(None)` for
 /// the default partition, None if `relid` is not a partition.
-pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
+pub fn partition_bound(relid: pg_sys::Oid) -> Option<Option<Bound>> {
     unsafe {
         let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(relid));
         if tup.is_null() {
@@ -344,40 +383,65 @@ pub fn partition_range(relid: pg_sys::Oid) -> Option<Option<(i64, i64)>> {
         if (*spec).strategy as u8 != b'r' {
             internal("idem.claims is not partitioned by range");
         }
-        Some(Some((range_datum((*spec).lowerdatums), range_datum((*spec).upperdatums))))
+        let (lower, upper) = (range_datums((*spec).lowerdatums), range_datums((*spec).upperdatums));
+        if lower.0 != upper.0 {
+            internal("a partition of idem.claims spans more than one TTL class");
+        }
+        Some(Some(Bound { class: lower.0, from: lower.1, to: upper.1 }))
     }
 }
 
-/// The one value of a range bound list (idem.claims has one partition
-/// column): MINVALUE and MAXVALUE as the ends of the timestamp line.
+/// The two values of a range bound list (idem.claims is partitioned by
+/// ttl_class, expires_at): MINVALUE and MAXVALUE of expires_at as the ends
+/// of the timestamp line.
 ///
 /// # Safety
 /// `list` is a bound list of a PartitionBoundSpec from `stringToNode`.
-unsafe fn range_datum(list: *mut pg_sys::List) -> i64 {
+unsafe fn range_datums(list: *mut pg_sys::List) -> (i16, i64) {
     unsafe {
-        if list.is_null() || (*list).length != 1 {
-            internal("a partition bound of idem.claims does not have exactly one column");
+        if list.is_null() || !(1..=2).contains(&(*list).length) {
+            internal("a partition bound of idem.claims does not have the columns (ttl_class, expires_at)");
         }
-        let datum = (*(*list).elements).ptr_value as *mut pg_sys::PartitionRangeDatum;
-        match (*datum).kind {
-            pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => i64::MIN,
-            pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MAXVALUE => i64::MAX,
-            _ => {
-                let value = (*datum).value as *mut pg_sys::Const;
-                if value.is_null() || (*value).consttype != pg_sys::TIMESTAMPTZOID || (*value).constisnull {
-                    internal("a partition bound of idem.claims is not a timestamptz constant");
+        // 0.3.0's layout: expires_at alone.
+        let legacy = (*list).length == 1;
+        let at = |i: usize, ty: pg_sys::Oid| -> Option<pg_sys::Datum> {
+            let datum = (*(*list).elements.add(i)).ptr_value as *mut pg_sys::PartitionRangeDatum;
+            match (*datum).kind {
+                pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => None,
+                pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MAXVALUE => None,
+                _ => {
+                    let value = (*datum).value as *mut pg_sys::Const;
+                    if value.is_null() || (*value).consttype != ty || (*value).constisnull {
+                        internal("a partition bound of idem.claims is not a constant of its column's type");
+                    }
+                    Some((*value).constvalue)
                 }
-                (*value).constvalue.value() as i64
             }
-        }
+        };
+        let class = if legacy {
+            LEGACY_CLASS
+        } else {
+            at(0, pg_sys::INT2OID)
+                .unwrap_or_else(|| internal("a partition bound of idem.claims has no TTL class"))
+                .value() as i16
+        };
+        let e = if legacy { 0 } else { 1 };
+        let kind1 = (*((*(*list).elements.add(e)).ptr_value as *mut pg_sys::PartitionRangeDatum)).kind;
+        let expiry = match at(e, pg_sys::TIMESTAMPTZOID) {
+            Some(d) => d.value() as i64,
+            None if kind1 == pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_MINVALUE => i64::MIN,
+            None => i64::MAX,
+        };
+        (class, expiry)
     }
 }
 
 /// The column types every partition of idem.claims must have, in order
 /// (sql/storage.sql; storage/direct.rs forms tuples of exactly this shape).
-const SHAPE: [(pg_sys::Oid, &str); 7] = [
+const SHAPE: [(pg_sys::Oid, &str); 8] = [
     (pg_sys::TIMESTAMPTZOID, "expires_at"),
     (pg_sys::TIMESTAMPTZOID, "claimed_at"),
+    (pg_sys::INT2OID, "ttl_class"),
     (pg_sys::CHAROID, "state"),
     (pg_sys::TEXTOID, "biz_type"),
     (pg_sys::TEXTOID, "key"),
@@ -448,13 +512,15 @@ pub fn check_replicable(list: &PartitionList) {
 /// writes to (a column added by hand would make the direct path form
 /// tuples of the wrong shape); return the index's OID, and what
 /// `replication_gap` says of the partition.
-fn check_shape(relid: pg_sys::Oid) -> (pg_sys::Oid, Option<&'static str>) {
+fn check_shape(relid: pg_sys::Oid, legacy: bool) -> (pg_sys::Oid, Option<&'static str>) {
+    // 0.3.0's partitions lack ttl_class.
+    let shape: Vec<_> = SHAPE.iter().filter(|(_, name)| !(legacy && *name == "ttl_class")).collect();
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
-        let columns_ok = natts == SHAPE.len()
-            && SHAPE.iter().enumerate().all(|(i, (ty, name))| {
+        let columns_ok = natts == shape.len()
+            && shape.iter().enumerate().all(|(i, (ty, name))| {
                 let a = &*crate::compat::tuple_desc_attr(desc, i);
                 !a.attisdropped
                     && a.atttypid == *ty
@@ -486,8 +552,12 @@ fn check_shape(relid: pg_sys::Oid) -> (pg_sys::Oid, Option<&'static str>) {
             && pg_sys::RelationGetIndexPredicate(index).is_null();
         let valid = (*ix).indisvalid && (*ix).indisready;
         let gap = replication_gap(rel);
-        pg_sys::index_close(index, pg_sys::NoLock as _);
-        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        // The locks go now: a claim locks the partitions it looks into
+        // itself, and keeping one on every partition of every class would
+        // cost each backend's first claim a lock per partition until its
+        // transaction ends (lock table space that 100 sessions can exhaust).
+        pg_sys::index_close(index, pg_sys::AccessShareLock as _);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
         if !digest {
             unexpected_shape(
                 relid,

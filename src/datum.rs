@@ -46,6 +46,15 @@ fn call2(f: u32, a: pg_sys::Datum, b: pg_sys::Datum) -> pg_sys::Datum {
 }
 
 /// `doc -> key`, or None when the object has no such key.
+/// An interval datum of `us` microseconds (no days or months), palloc'd.
+pub fn interval_datum(us: i64) -> pg_sys::Datum {
+    unsafe {
+        let iv = pg_sys::palloc(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
+        *iv = pg_sys::Interval { time: us, day: 0, month: 0 };
+        pg_sys::Datum::from(iv)
+    }
+}
+
 pub fn jsonb_field(doc: pg_sys::Datum, key: &str) -> Option<pg_sys::Datum> {
     let k = text_datum(key.as_bytes());
     let has = call2(pg_sys::F_JSONB_EXISTS, doc, k).value() != 0;

@@ -96,6 +96,10 @@ impl Args {
         self.datum(n).map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::Interval>() })
     }
 
+    pub fn int2(&self, n: usize) -> Option<i16> {
+        self.datum(n).map(|d| d.value() as i16)
+    }
+
     pub fn bool(&self, n: usize) -> Option<bool> {
         self.datum(n).map(|d| d.value() != 0)
     }

@@ -11,11 +11,12 @@ pub static DEFAULT_TTL: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 
 // Read by idem_maintain (PL/pgSQL, through current_setting); defined here so
 // that they are documented, typed and covered by the reserved prefix.
-static PARTITION_WIDTH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"1 day"));
+// Read by claims too (ttl_class.rs), through its assign hook.
+static PARTITION_WIDTH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"1 minute"));
 static MAINTENANCE_LOCK_TIMEOUT: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"50 milliseconds"));
 static MAINTENANCE_LOCK_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(20);
-static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(32);
+static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(128);
 
 // Read by the idem_health view (sql/metrics.sql): its thresholds.
 static HEALTH_MAINTENANCE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
@@ -53,13 +54,13 @@ pub fn init() {
         );
         GucRegistry::define_string_guc_with_hooks(
             c"idem.partition_width",
-            c"Width of the time ranges idem_maintain partitions idem.claims into (100 milliseconds to 400 days).",
-            c"Claims are probed in every live partition: wider means fewer probes, narrower means expired claims are dropped sooner.",
+            c"Width of the narrowest partitions of idem.claims, those of TTL class 0 (100 milliseconds to 400 days); each class is the square root of 2 wider than the one before.",
+            c"A claim goes into the widest class whose partitions are at most a quarter of its TTL wide (class 0 if none is), so an expired claim is dropped at most a quarter of its TTL late, or this width for TTLs under 4 of it.",
             &PARTITION_WIDTH,
             GucContext::Suset,
             GucFlags::default(),
             Some(check_width),
-            None,
+            Some(assign_width),
             None,
         );
         GucRegistry::define_string_guc_with_hooks(
@@ -76,7 +77,7 @@ pub fn init() {
         GucRegistry::define_string_guc_with_hooks(
             c"idem.health_maintenance_after",
             c"idem_health reports maintenance overdue when its last successful run is older than this (1 second to 400 days).",
-            c"Critical once it is older than idem.partition_width, or when no run is recorded.",
+            c"Critical once it is older than a day, or when no run is recorded.",
             &HEALTH_MAINTENANCE_AFTER,
             GucContext::Userset,
             GucFlags::default(),
@@ -109,7 +110,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"idem.premake_limit",
         c"The most partitions one idem_maintain run creates ahead of time.",
-        c"Claims whose expiry lies beyond the premade partitions wait in the default partition.",
+        c"Claims whose expiry lies beyond the premade partitions wait in the default partition. A first run makes up to about 36 partitions per TTL class in use (class 0, TTLs under 4 minutes: 20 minutes ahead at one minute each), later runs a few.",
         &PREMAKE_LIMIT,
         1,
         10000,
@@ -282,6 +283,22 @@ unsafe extern "C-unwind" fn assign_default_ttl(newval: *const std::ffi::c_char, 
         .flatten()
         .map(|iv| interval_us(&iv) as i64);
     DEFAULT_TTL_US.set(parsed.unwrap_or(86_400_000_000));
+}
+
+/// idem.partition_width in microseconds (assign hook, as default_ttl).
+static WIDTH_US: BackendLocal<i64> = BackendLocal::new(60_000_000);
+
+pub fn partition_width_us() -> i64 {
+    WIDTH_US.get()
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn assign_width(newval: *const std::ffi::c_char, _extra: *mut std::ffi::c_void) {
+    let parsed = (!newval.is_null())
+        .then(|| parse_interval(unsafe { std::ffi::CStr::from_ptr(newval) }))
+        .flatten()
+        .map(|iv| interval_us(&iv) as i64);
+    WIDTH_US.set(parsed.unwrap_or(60_000_000));
 }
 
 #[cfg(any(test, feature = "pg_test"))]

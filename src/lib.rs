@@ -6,7 +6,9 @@
 //! * protocol.rs: claim, lookup, finish, forget; with key.rs (what a claim
 //!   is of), biztype.rs (settings and who may use a type), lease.rs;
 //! * storage/: how a key's row is found, locked, waited for and written
-//!   (direct.rs: heaps and indexes; sql.rs: SQL, for Citus; keylock.rs);
+//!   (direct.rs: heaps and indexes; sql.rs: SQL; citus.rs: the shard of a
+//!   distributed idem.claims; keylock.rs; type_classes.rs: which TTL
+//!   classes hold a type's claims), with ttl_class.rs (the classes);
 //! * metrics.rs: counters of the protocol's outcomes in shared memory
 //!   (with shared_preload_libraries = 'idem'), read by idem_metrics;
 //! * catalog.rs (caches of catalog facts), spi.rs (the SQL idem runs),
@@ -29,6 +31,7 @@ mod metrics;
 mod protocol;
 mod spi;
 mod storage;
+mod ttl_class;
 
 ::pgrx::pg_module_magic!(name, version);
 

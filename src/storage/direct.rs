@@ -23,30 +23,71 @@ use crate::errors::IdemError;
 use crate::key::ClaimKey;
 use crate::metrics;
 use pgrx::pg_sys;
-use std::cell::Cell;
+use super::type_classes::{self, Registered};
+use crate::ttl_class;
+use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
-const COL_EXPIRES_AT: usize = 0;
-const COL_CLAIMED_AT: usize = 1;
-const COL_STATE: usize = 2;
-const COL_BIZ_TYPE: usize = 3;
-const COL_KEY: usize = 4;
-const COL_FINGERPRINT: usize = 5;
-const COL_RESULT: usize = 6;
-const NCOLS: usize = 7;
+/// Where each column is in a partition's tuple.
+pub struct Columns {
+    expires_at: usize,
+    claimed_at: usize,
+    ttl_class: Option<usize>,
+    state: usize,
+    biz_type: usize,
+    key: usize,
+    fingerprint: usize,
+    result: usize,
+    n: usize,
+}
 
-/// The target's partitioned table and every partition, locked and open.
-/// Partition `i` here is `list.parts[i]`.
+const COLUMNS: Columns = Columns {
+    expires_at: 0,
+    claimed_at: 1,
+    ttl_class: Some(2),
+    state: 3,
+    biz_type: 4,
+    key: 5,
+    fingerprint: 6,
+    result: 7,
+    n: 8,
+};
+
+/// 0.3.0's partitions (catalog::PartitionList::legacy): no ttl_class.
+const LEGACY_COLUMNS: Columns = Columns {
+    expires_at: 0,
+    claimed_at: 1,
+    ttl_class: None,
+    state: 2,
+    biz_type: 3,
+    key: 4,
+    fingerprint: 5,
+    result: 6,
+    n: 7,
+};
+
+/// The most columns a tuple has.
+const NCOLS: usize = 8;
+
+/// The target's partitioned table and the partitions a key's row can be in,
+/// locked and open. Partition `i` here is `list.parts[i]`.
 pub struct Opened {
     /// Under Citus, the logical idem.claims, locked before the shard.
     shell: Option<pg_sys::Relation>,
     parent: pg_sys::Relation,
     lockmode: pg_sys::LOCKMODE,
-    /// Each partition's heap, and its index (opened on first use: empty
+    /// Each partition's heap (opened when a class it belongs to is looked
+    /// into: null until then), and its index (opened on first use: empty
     /// partitions are never probed).
-    parts: Vec<(pg_sys::Relation, Cell<pg_sys::Relation>)>,
+    parts: Vec<(Cell<pg_sys::Relation>, Cell<pg_sys::Relation>)>,
     list: Rc<PartitionList>,
+    /// The registry the key's type is registered in, and what was read of
+    /// it last (type_classes.rs).
+    registry: Option<pg_sys::Oid>,
+    registered: RefCell<Registered>,
+    /// The columns of the partitions' tuples.
+    cols: &'static Columns,
 }
 
 impl Drop for Opened {
@@ -79,32 +120,43 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
 }
 
 impl Opened {
-    /// Lock the target's table, then every partition. The table is locked
-    /// first: idem_maintain changes partitions only under a lock that
-    /// conflicts with ours, so the set stays as read until the transaction
-    /// ends. Anyone else attaching a partition locks the default partition,
-    /// which we lock too: if taking a lock let an invalidation of the list
-    /// in, read it again. Under Citus the logical idem.claims is locked
-    /// before the shard, in the order Citus's own statements take: Citus's
+    /// Lock the target's table, then its default partition; the partitions
+    /// of TTL classes are opened by `look_into`. The table is locked first:
+    /// idem_maintain changes partitions only under a lock that conflicts
+    /// with ours, so the set stays as read until the transaction ends.
+    /// Anyone else attaching a partition locks the default partition, which
+    /// we lock too: if taking a lock let an invalidation of the list in,
+    /// read it again. Under Citus the logical idem.claims is locked before
+    /// the shard, in the order Citus's own statements take: Citus's
     /// maintenance locks it on every node before it changes a shard
     /// (sql/maintenance.sql), so it never waits for a claim that waits for
     /// it.
-    ///
-    /// Every partition, also those whose range has ended: a claim whose
-    /// transaction is still open blocks its key whatever its expiry, and
-    /// maintenance cannot drop its partition meanwhile (our lock).
     pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
         unsafe {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
             let (_, list) = catalog::partitions(parent_oid);
-            let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
+            let mut opened = Opened {
+                shell,
+                parent,
+                lockmode,
+                parts: Vec::new(),
+                list,
+                registry: target.registry,
+                registered: RefCell::new(Registered::default()),
+                cols: &COLUMNS,
+            };
             loop {
                 let (generation, list) = catalog::partitions(parent_oid);
                 opened.close_parts();
                 opened.list = list;
+                // In 0.3.0's layout, every partition (as 0.3.0 did).
+                let every = opened.list.legacy;
+                opened.cols = if every { &LEGACY_COLUMNS } else { &COLUMNS };
                 for p in &opened.list.parts {
-                    opened.parts.push((pg_sys::table_open(p.relid, lockmode), Cell::new(std::ptr::null_mut())));
+                    let open = every || p.bound.is_none();
+                    let heap = if open { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
+                    opened.parts.push((Cell::new(heap), Cell::new(std::ptr::null_mut())));
                 }
                 if catalog::partitions_generation() == generation {
                     if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
@@ -116,6 +168,52 @@ impl Opened {
         }
     }
 
+    /// Read which classes hold `k`'s type (type_classes.rs), and open and
+    /// lock every partition of those classes that can hold a row of `k`:
+    /// those whose range starts before the latest expiry registered in the
+    /// class. Partitions whose range has ended are among them: a claim whose
+    /// transaction is still open blocks its key whatever its expiry, and
+    /// maintenance cannot drop its partition meanwhile (our lock). Premade
+    /// partitions further out hold no claim of the type.
+    ///
+    /// Under Citus (no registry on the node: `registry` is None) every
+    /// class's partitions that can hold a claim made until now: those
+    /// starting before now plus the class's longest TTL and a width.
+    fn look_into_classes(&self, k: &ClaimKey, now: i64) {
+        if self.list.legacy {
+            return; // every partition is open
+        }
+        let Some(registry) = self.registry else {
+            for (i, p) in self.list.parts.iter().enumerate() {
+                if let Some(b) = p.bound {
+                    let reach = ttl_class::max_ttl(b.class).zip(ttl_class::width(b.class)).map(|(t, w)| t + w);
+                    if reach.is_none_or(|reach| b.from <= now.saturating_add(reach)) {
+                        self.heap(i);
+                    }
+                }
+            }
+            return;
+        };
+        let registered = type_classes::read(registry, k.biz_type);
+        for &(class, until) in &registered.classes {
+            for (i, p) in self.list.parts.iter().enumerate() {
+                if p.bound.is_some_and(|b| b.class == class && b.from <= until) {
+                    self.heap(i);
+                }
+            }
+        }
+        *self.registered.borrow_mut() = registered;
+    }
+
+    /// Partition `i`'s heap, opened and locked on first use.
+    fn heap(&self, i: usize) -> pg_sys::Relation {
+        let heap = &self.parts[i].0;
+        if heap.get().is_null() {
+            heap.set(unsafe { pg_sys::table_open(self.list.parts[i].relid, self.lockmode) });
+        }
+        heap.get()
+    }
+
     /// Locks stay until the end of the transaction (NoLock here).
     fn close_parts(&mut self) {
         for (heap, index) in self.parts.drain(..) {
@@ -123,8 +221,8 @@ impl Opened {
                 if !index.get().is_null() {
                     pg_sys::index_close(index.get(), pg_sys::NoLock as _);
                 }
-                if !heap.is_null() {
-                    pg_sys::table_close(heap, pg_sys::NoLock as _);
+                if !heap.get().is_null() {
+                    pg_sys::table_close(heap.get(), pg_sys::NoLock as _);
                 }
             }
         }
@@ -144,7 +242,9 @@ impl Opened {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
             let lock = KeyLock::acquire(k.hash);
-            let row = self.probe(k, now());
+            let now = now();
+            self.look_into_classes(k, now);
+            let row = self.probe(k, now);
             self.predicate_lock(k);
             match row {
                 Some(row) => match row.busy {
@@ -170,6 +270,7 @@ impl Opened {
 
     /// What a lookup sees: no lock, no wait.
     pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
+        self.look_into_classes(k, now);
         let row = self.probe(k, now);
         self.predicate_lock(k);
         match row {
@@ -187,13 +288,17 @@ impl Opened {
         // guarantees), so the first one found is the answer.
         let arrival = writer::caller_snapshot();
         for (i, (heap, _)) in self.parts.iter().enumerate() {
+            let heap = heap.get();
+            if heap.is_null() {
+                continue; // not of a class the key's type is in
+            }
             // An empty partition (the premade future ones, the default one)
             // cannot hold the key: the size check is much cheaper than an
             // index descent. Under the key lock no row of this key can
             // appear meanwhile.
             let p = &self.list.parts[i];
             if !p.seen_nonempty.get() {
-                if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(*heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
+                if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
                     continue;
                 }
                 p.seen_nonempty.set(true);
@@ -213,7 +318,7 @@ impl Opened {
         // scan; the slot's values are a claims tuple of NCOLS columns (the
         // shape catalog.rs checked).
         unsafe {
-            let heap = self.parts[i].0;
+            let heap = self.heap(i);
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
             let scan = begin_key_scan(heap, self.index(i), &mut dirty, k.hash);
@@ -233,10 +338,11 @@ impl Opened {
                 let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut should_free);
                 let xmin = writer::of_header((*tuple).t_data);
                 let own = writer::is_own(xmin);
-                pg_sys::slot_getsomeattrs_int(slot, NCOLS as i32);
-                let values = std::slice::from_raw_parts((*slot).tts_values, NCOLS);
-                let nulls = std::slice::from_raw_parts((*slot).tts_isnull, NCOLS);
-                let Some(mut row) = row_of(values, nulls, k, i, (*slot).tts_tid) else {
+                let n = self.cols.n;
+                pg_sys::slot_getsomeattrs_int(slot, n as i32);
+                let values = std::slice::from_raw_parts((*slot).tts_values, n);
+                let nulls = std::slice::from_raw_parts((*slot).tts_isnull, n);
+                let Some(mut row) = row_of(self.cols, values, nulls, k, i, (*slot).tts_tid) else {
                     continue; // a digest collision
                 };
                 if busy.is_none() && !own && row.expires_at <= now && !writer::was_running_at(xmin, arrival) {
@@ -265,9 +371,13 @@ impl Opened {
             return;
         }
         for (i, (heap, _)) in self.parts.iter().enumerate() {
+            let heap = heap.get();
+            if heap.is_null() {
+                continue;
+            }
             unsafe {
-                let scan = begin_key_scan(*heap, self.index(i), writer::caller_snapshot(), k.hash);
-                let slot = pg_sys::table_slot_create(*heap, std::ptr::null_mut());
+                let scan = begin_key_scan(heap, self.index(i), writer::caller_snapshot(), k.hash);
+                let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
                 pg_sys::index_endscan(scan);
@@ -275,16 +385,24 @@ impl Opened {
         }
     }
 
-    /// Insert a new claim row into the partition whose range holds its
-    /// expiry (else the default partition). The key is locked, so no other
-    /// claim of the key can probe between our probe and this insert.
+    /// Insert a new claim row into the partition of its TTL class whose
+    /// range holds its expiry (else the default partition), its type
+    /// registered in that class first. The key is locked, so no other claim
+    /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+        let class = if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
+        if !self.list.legacy && self.registry.is_some() {
+            let mut registered = self.registered.borrow_mut();
+            if !registered.covers(class, new.expires_at) {
+                type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
+            }
+        }
         let target = self
             .list
             .parts
             .iter()
-            .position(|p| p.range.is_some_and(|(lo, hi)| lo <= new.expires_at && new.expires_at < hi))
-            .or_else(|| self.list.parts.iter().position(|p| p.range.is_none()))
+            .position(|p| p.bound.is_some_and(|b| b.class == class && b.from <= new.expires_at && new.expires_at < b.to))
+            .or_else(|| self.list.parts.iter().position(|p| p.bound.is_none()))
             .unwrap_or_else(|| {
                 IdemError::ObjectNotInPrerequisiteState(
                     "no partition of idem.claims accepts the claim, and the default partition is missing".into(),
@@ -292,9 +410,10 @@ impl Opened {
                 )
                 .fail()
             });
-        let heap = self.parts[target].0;
+        let heap = self.heap(target);
         unsafe {
-            let tuple = form(heap, k, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
+            let tuple =
+                form(heap, self.cols, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
             self.index_insert(target, k.hash, &mut (*tuple).t_self);
             self.remember(k.hash, target, (*tuple).t_self);
@@ -307,10 +426,10 @@ impl Opened {
     /// moves rows only under an exclusive lock on idem.claims, so no
     /// concurrent update can get in the way of the update.
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
-        let heap = self.parts[row.part].0;
+        let heap = self.heap(row.part);
         unsafe {
             let fingerprint = row.fingerprint.as_deref();
-            let tuple = form(heap, k, row.claimed_at, row.expires_at, state, fingerprint, result);
+            let tuple = form(heap, self.cols, k, row.ttl_class, row.claimed_at, row.expires_at, state, fingerprint, result);
             let mut otid = row.tid;
             // The row may have been written by this very command (a claim and
             // its completion in one statement): make it updatable.
@@ -329,14 +448,18 @@ impl Opened {
         let mut tid = row.tid;
         unsafe {
             pg_sys::CommandCounterIncrement();
-            pg_sys::simple_heap_delete(self.parts[row.part].0, &mut tid);
+            pg_sys::simple_heap_delete(self.heap(row.part), &mut tid);
         }
     }
 
     /// Where this transaction's own row of a key now is (partition `i`).
     fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
         let target =
-            Target { shell: self.shell.map(|r| unsafe { (*r).rd_id }), parent: unsafe { (*self.parent).rd_id } };
+            Target {
+                shell: self.shell.map(|r| unsafe { (*r).rd_id }),
+                parent: unsafe { (*self.parent).rd_id },
+                registry: self.registry,
+            };
         remember(hash, target, self.list.parts[i].relid, tid);
     }
 
@@ -353,7 +476,7 @@ impl Opened {
                 v.as_mut_ptr(),
                 n.as_mut_ptr(),
                 tid,
-                self.parts[i].0,
+                self.heap(i),
                 pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO,
                 false,
                 self.list.index_info(i, index),
@@ -370,7 +493,7 @@ impl Opened {
         // this transaction wrote in it and did not roll back (RECENT is
         // forgotten on any subtransaction abort), so its block exists.
         unsafe {
-            let heap = self.parts[i].0;
+            let heap = self.heap(i);
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
             let mut tuple: pg_sys::HeapTupleData = MaybeUninit::zeroed().assume_init();
@@ -386,7 +509,7 @@ impl Opened {
             let mut nulls = [false; NCOLS];
             pg_sys::heap_deform_tuple(&mut tuple, (*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             let own = writer::is_own(writer::of_header(tuple.t_data));
-            let row = row_of(&values, &nulls, k, i, tid).filter(|_| own).map(|mut row| {
+            let row = row_of(self.cols, &values, &nulls, k, i, tid).filter(|_| own).map(|mut row| {
                 row.own = true;
                 row.visible = true;
                 row
@@ -429,6 +552,7 @@ unsafe fn begin_key_scan(
 /// # Safety
 /// `values` and `nulls` are a deformed claims tuple (NCOLS columns).
 unsafe fn row_of(
+    cols: &Columns,
     values: &[pg_sys::Datum],
     nulls: &[bool],
     k: &ClaimKey,
@@ -436,17 +560,18 @@ unsafe fn row_of(
     tid: pg_sys::ItemPointerData,
 ) -> Option<Row> {
     unsafe {
-        if varlena_bytes(values[COL_KEY]) != k.key || varlena_bytes(values[COL_BIZ_TYPE]) != k.biz_type {
+        if varlena_bytes(values[cols.key]) != k.key || varlena_bytes(values[cols.biz_type]) != k.biz_type {
             return None;
         }
         Some(Row {
             part,
             tid,
-            state: values[COL_STATE].value() as u8,
-            claimed_at: values[COL_CLAIMED_AT].value() as i64,
-            expires_at: values[COL_EXPIRES_AT].value() as i64,
-            fingerprint: (!nulls[COL_FINGERPRINT]).then(|| varlena_bytes(values[COL_FINGERPRINT]).to_vec()),
-            result: (!nulls[COL_RESULT]).then(|| varlena_copy(values[COL_RESULT])),
+            state: values[cols.state].value() as u8,
+            ttl_class: cols.ttl_class.map_or(catalog::LEGACY_CLASS, |c| values[c].value() as i16),
+            claimed_at: values[cols.claimed_at].value() as i64,
+            expires_at: values[cols.expires_at].value() as i64,
+            fingerprint: (!nulls[cols.fingerprint]).then(|| varlena_bytes(values[cols.fingerprint]).to_vec()),
+            result: (!nulls[cols.result]).then(|| varlena_copy(values[cols.result])),
             own: false,
             busy: None,
             visible: false,
@@ -458,9 +583,12 @@ unsafe fn row_of(
 ///
 /// # Safety
 /// `heap` is an open partition of idem.claims (its shape checked).
+#[allow(clippy::too_many_arguments)]
 unsafe fn form(
     heap: pg_sys::Relation,
+    cols: &Columns,
     k: &ClaimKey,
+    ttl_class: i16,
     claimed_at: i64,
     expires_at: i64,
     state: u8,
@@ -469,18 +597,21 @@ unsafe fn form(
 ) -> pg_sys::HeapTuple {
     let mut values = [pg_sys::Datum::from(0); NCOLS];
     let mut nulls = [false; NCOLS];
-    values[COL_EXPIRES_AT] = pg_sys::Datum::from(expires_at);
-    values[COL_CLAIMED_AT] = pg_sys::Datum::from(claimed_at);
-    values[COL_STATE] = pg_sys::Datum::from(state as i8);
-    values[COL_BIZ_TYPE] = text_datum(k.biz_type);
-    values[COL_KEY] = text_datum(k.key);
+    values[cols.expires_at] = pg_sys::Datum::from(expires_at);
+    values[cols.claimed_at] = pg_sys::Datum::from(claimed_at);
+    if let Some(c) = cols.ttl_class {
+        values[c] = pg_sys::Datum::from(ttl_class);
+    }
+    values[cols.state] = pg_sys::Datum::from(state as i8);
+    values[cols.biz_type] = text_datum(k.biz_type);
+    values[cols.key] = text_datum(k.key);
     match fingerprint {
-        Some(f) => values[COL_FINGERPRINT] = text_datum(f),
-        None => nulls[COL_FINGERPRINT] = true,
+        Some(f) => values[cols.fingerprint] = text_datum(f),
+        None => nulls[cols.fingerprint] = true,
     }
     match result {
-        Some(r) => values[COL_RESULT] = r,
-        None => nulls[COL_RESULT] = true,
+        Some(r) => values[cols.result] = r,
+        None => nulls[cols.result] = true,
     }
     unsafe { pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
 }
@@ -541,14 +672,23 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
         let (_, list) = catalog::partitions((*parent).rd_id);
-        let mut opened = Opened { shell, parent, lockmode, parts: Vec::new(), list };
-        let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
-        // Only partition i is opened; the others' slots stay empty (never
-        // touched: the row is in partition i).
-        for (j, p) in opened.list.parts.iter().enumerate() {
-            let heap = if j == i { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
-            opened.parts.push((heap, Cell::new(std::ptr::null_mut())));
+        let mut opened = Opened {
+            shell,
+            parent,
+            lockmode,
+            parts: Vec::new(),
+            list,
+            registry: r.target.registry,
+            registered: RefCell::new(Registered::default()),
+            cols: &COLUMNS,
+        };
+        if opened.list.legacy {
+            opened.cols = &LEGACY_COLUMNS;
         }
+        let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
+        // Only partition i is opened (by fetch_own); the others' stay
+        // closed (never touched: the row is in partition i).
+        opened.parts = opened.list.parts.iter().map(|_| (Cell::new(std::ptr::null_mut()), Cell::new(std::ptr::null_mut()))).collect();
         let row = opened.fetch_own(i, r.tid, k)?;
         Some((opened, row))
     }

@@ -22,6 +22,7 @@ mod citus;
 mod direct;
 pub mod keylock;
 mod sql;
+mod type_classes;
 mod writer;
 
 use crate::catalog::{self, BizType};
@@ -41,6 +42,7 @@ pub struct Row {
     pub part: usize,
     pub tid: pg_sys::ItemPointerData,
     pub state: u8,
+    pub ttl_class: i16,
     pub claimed_at: i64,
     pub expires_at: i64,
     pub fingerprint: Option<Vec<u8>>,
@@ -110,6 +112,9 @@ pub enum Seen {
 pub struct Target {
     pub shell: Option<pg_sys::Oid>,
     pub parent: pg_sys::Oid,
+    /// idem.type_classes, or under Citus this node's placement of it; None
+    /// in 0.3.0's schema (catalog::PartitionList::legacy).
+    pub registry: Option<pg_sys::Oid>,
 }
 
 /// How this node reaches idem.claims.
@@ -144,7 +149,9 @@ impl Path {
     fn target(self, k: &ClaimKey) -> Option<Target> {
         match self {
             Path::Sql => None,
-            Path::Direct => Some(Target { shell: None, parent: catalog::claims_oid() }),
+            Path::Direct => {
+                Some(Target { shell: None, parent: catalog::claims_oid(), registry: catalog::type_classes_oid() })
+            }
             Path::Citus => Some(citus::local_shard(k).expect("Path::Citus: idem.claims is distributed")),
         }
     }

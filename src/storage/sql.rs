@@ -15,6 +15,7 @@
 //! bytes in every database encoding.
 
 use super::keylock::{self, KeyLock};
+use super::type_classes::{self, Registered};
 use super::writer;
 use super::{Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
 use crate::catalog;
@@ -23,12 +24,44 @@ use crate::errors::IdemError;
 use crate::key::ClaimKey;
 use crate::metrics;
 use crate::spi::Statement;
+use crate::ttl_class;
 use pgrx::pg_sys;
+use std::cell::RefCell;
+
+/// An int2[] datum of `values`, in the current memory context.
+fn int2_array(values: &[i16]) -> pg_sys::Datum {
+    let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| pg_sys::Datum::from(*v)).collect();
+    unsafe {
+        let array = pg_sys::construct_array(
+            datums.as_mut_ptr(),
+            datums.len() as i32,
+            pg_sys::INT2OID,
+            2,
+            true,
+            b's' as std::ffi::c_char,
+        );
+        pg_sys::Datum::from(array)
+    }
+}
 
 /// Every row of the key, expired or not (this transaction's own expired
 /// row still counts), found through the digest index as on the direct path.
+/// Only in the TTL classes the key's type is registered in
+/// (type_classes.rs): every row of the type, wherever it is, is of one.
 static PROBE: Statement = Statement::new(
-    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid
+    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid, ttl_class
+        FROM idem.claims
+       WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
+         AND biz_type OPERATOR(pg_catalog.=) $2
+         AND key OPERATOR(pg_catalog.=) $3
+         AND ttl_class OPERATOR(pg_catalog.=) ANY ($4)",
+    &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT2ARRAYOID],
+);
+
+/// 0.3.0's schema (this library installed, ALTER EXTENSION idem UPDATE not
+/// run yet): no TTL classes, every partition.
+static PROBE_0_3: Statement = Statement::new(
+    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid, (-1)::pg_catalog.int2
         FROM idem.claims
        WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
          AND biz_type OPERATOR(pg_catalog.=) $2
@@ -36,12 +69,27 @@ static PROBE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID],
 );
 
-static INSERT: Statement = Statement::new(
+static INSERT_0_3: Statement = Statement::new(
     c"INSERT INTO idem.claims (expires_at, claimed_at, state, biz_type, key, fingerprint, result)
       VALUES ($1, $2, $3, $4, $5, $6, $7)",
     &[
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TIMESTAMPTZOID,
+        pg_sys::CHAROID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+    ],
+);
+
+static INSERT: Statement = Statement::new(
+    c"INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
+      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    &[
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT2OID,
         pg_sys::CHAROID,
         pg_sys::TEXTOID,
         pg_sys::TEXTOID,
@@ -78,7 +126,10 @@ static DELETE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID],
 );
 
-pub struct SqlStore;
+/// What was read of the registry of TTL classes for the key's type.
+pub struct SqlStore {
+    registered: RefCell<Registered>,
+}
 
 /// A transaction that writes a key's row keeps the key locked until it
 /// ends: nobody else can see the row before then, so the lock is what
@@ -133,7 +184,7 @@ fn ts(us: i64) -> Option<pg_sys::Datum> {
 
 impl SqlStore {
     pub fn open() -> SqlStore {
-        SqlStore
+        SqlStore { registered: RefCell::new(Registered::default()) }
     }
 
     /// A committed outcome other than a lease is final until it expires: a
@@ -184,10 +235,22 @@ impl SqlStore {
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
         let arrival = writer::caller_snapshot();
-        let rows = catalog::as_owner(|| {
-            let _fresh = FreshSnapshot::push();
-            PROBE.query(&[Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))])
-        });
+        let key = [Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
+        let rows = match catalog::type_classes_oid() {
+            Some(registry) => {
+                let registered = type_classes::read(registry, k.biz_type);
+                let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
+                *self.registered.borrow_mut() = registered;
+                catalog::as_owner(|| {
+                    let _fresh = FreshSnapshot::push();
+                    PROBE.query(&[key[0], key[1], key[2], Some(classes)])
+                })
+            }
+            None => catalog::as_owner(|| {
+                let _fresh = FreshSnapshot::push();
+                PROBE_0_3.query(&key)
+            }),
+        };
         // Rows that are live by their expiry (or ours), and expired rows
         // whose writer was running when the caller arrived: the answer when
         // no row is live (writer.rs).
@@ -210,6 +273,7 @@ impl SqlStore {
                 part: 0,
                 tid: pg_sys::ItemPointerData::default(),
                 state: r[0].map_or(b'p', |d| d.value() as u8),
+                ttl_class: r[8].map_or(0, |d| d.value() as i16),
                 claimed_at: r[1].map_or(0, |d| d.value() as i64),
                 expires_at,
                 fingerprint: r[3].map(|d| unsafe { varlena_bytes(d) }.to_vec()),
@@ -239,10 +303,32 @@ impl SqlStore {
 
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         keep_locked(k);
+        if catalog::type_classes_oid().is_none() {
+            catalog::as_owner(|| {
+                INSERT_0_3.execute(&[
+                    ts(new.expires_at),
+                    ts(new.claimed_at),
+                    Some(pg_sys::Datum::from(new.state as i8)),
+                    Some(text_datum(k.biz_type)),
+                    Some(text_datum(k.key)),
+                    new.fingerprint.map(text_datum),
+                    new.result,
+                ])
+            });
+            return;
+        }
+        let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
+        {
+            let mut registered = self.registered.borrow_mut();
+            if !registered.covers(class, new.expires_at) {
+                type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
+            }
+        }
         catalog::as_owner(|| {
             INSERT.execute(&[
                 ts(new.expires_at),
                 ts(new.claimed_at),
+                Some(pg_sys::Datum::from(class)),
                 Some(pg_sys::Datum::from(new.state as i8)),
                 Some(text_datum(k.biz_type)),
                 Some(text_datum(k.key)),

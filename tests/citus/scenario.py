@@ -10,6 +10,7 @@ finished); the few sleeps are pacing of a load, never an ordering.
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -420,8 +421,8 @@ def check_maintenance():
        f"claims under maintenance: {b.get('failed')} failed, none aborted")
     ok(created > 0 and dropped > 0, f"partitions rotated under load ({created} created, {dropped} dropped)")
     names = [r[0] for r in q(m, "SELECT partition FROM idem_partitions WHERE NOT is_default")]
-    ok(all(n.startswith("claims_") and len(n) == len("claims_20260101_000000_000") for n in names),
-       "partitions are named to the millisecond")
+    ok(names and all(re.fullmatch(r"claims_c[0-9]+_[0-9]{8}_[0-9]{6}_[0-9]{3}", n) for n in names),
+       "partitions are named by TTL class and start, to the millisecond")
     idx = q(m, """SELECT result FROM run_command_on_workers($$
                     SELECT count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = h.inhrelid))
                       FROM pg_inherits h$$)""")
@@ -448,8 +449,9 @@ def check_maintenance():
 def check_maintenance_busy():
     """Maintenance through the coordinator while 4 clients claim in
     multi-statement transactions (claim, then a business row on the same
-    worker), with about 32 partitions to create at first (1 s partitions,
-    60 s TTL), one run a second: the runs get the lock on every node (a
+    worker), with about 20 partitions to create at first (the 60 s TTL's
+    class at idem.partition_width = 1 second: 11 s partitions, 16 of them
+    ahead), one run a second: the runs get the lock on every node (a
     lock that waits idem.maintenance_lock_timeout at a time: NOWAIT found
     some worker's idem.claims locked at every attempt). Then the skips are
     made certain (a transaction left open on a worker holds idem.claims
@@ -460,7 +462,7 @@ def check_maintenance_busy():
     secs = int(os.environ.get("CITUS_MAINT_SECONDS", "25"))
     q(m, "SELECT set_config('idem.partition_width', '1 second', false), set_config('idem.default_ttl', '60 seconds', false)")
     q(m, "SELECT idem_configure(%s, NULL)", bt)
-    to_create = one(m, "SELECT count(*) FROM idem.coming_partitions('1 second', clock_timestamp() + interval '61 seconds', 32, clock_timestamp())")[0]
+    to_create = one(m, "SELECT count(*) FROM idem.coming_partitions(128, clock_timestamp())")[0]
     p, path = pgbench(PORTS["coord"], secs, 4,
                       f"\\set n random(1, 2000000000)\nBEGIN;\nSELECT claimed FROM idem_claim('busy' || :n, '{bt}');\n"
                       f"INSERT INTO m_orders (order_no) VALUES ('busy' || :n) ON CONFLICT DO NOTHING;\nEND;\n",
@@ -487,7 +489,8 @@ def check_maintenance_busy():
           f"claims: {b.get('done')} at {b.get('tps', 0):.0f} TPS, {b.get('failed')} failed", flush=True)
     for (state, msg), n in errors.items():
         print(f"    {n} x {state}: {msg}")
-    ok(runs["error"] == 0 and created and created[0] >= 30, f"the first run under load made the {to_create} partitions ({created[:1]}), no run failed")
+    ok(runs["error"] == 0 and created and created[0] >= to_create - 1 and to_create >= 15,
+       f"the first run under load made the {to_create} partitions ({created[:1]}), no run failed")
     ok(runs["skipped"] == 0, f"no run skipped under 4 claiming clients ({runs['skipped']} of {sum(runs.values())})")
     ok(b.get("failed") == 0 and not b["aborted"] and b.get("done", 0) > 0, f"claims under maintenance: {b.get('failed')} failed, none aborted")
     summary["maintenance_busy"] = dict(seconds=secs, to_create=to_create, runs=dict(runs), created=created, lock_attempts=attempts,
@@ -500,7 +503,7 @@ def check_maintenance_busy():
     skipped = []
     for _ in range(3):
         wait_until("maintenance has partitions to make (1 s partitions)", lambda: one(
-            m, "SELECT count(*) > 0 FROM idem.coming_partitions('1 second', clock_timestamp() + interval '61 seconds', 32, clock_timestamp())")[0])
+            m, "SELECT count(*) > 0 FROM idem.coming_partitions(128, clock_timestamp())")[0])
         skipped.append(bool(one(m, "SELECT idem_maintain()")[0].get("skipped")))
     health = one(m, "SELECT severity, value FROM idem_health WHERE check_name = 'maintenance_lock'")
     ok(skipped == [True] * 3 and health == ("warning", 3),

@@ -207,7 +207,7 @@ wait_for 30 "(a) initial copy of every table done" B -d app -c \
   "SELECT count(*) = count(*) FILTER (WHERE srsubstate = 'r') AND count(*) > 0 FROM pg_subscription_rel"
 check "(a) idem_publications on A: what all_tables publishes, no problem" \
   "$(A -d app -c "SELECT via_root, tables, problems FROM idem_publications")" \
-  "t|{idem.biz_types,idem.claims,idem.machines,idem.maintenance_lock,idem.maintenance_runs,idem.tokens}|{}"
+  "t|{idem.biz_types,idem.claims,idem.machines,idem.maintenance_lock,idem.maintenance_runs,idem.tokens,idem.type_classes}|{}"
 
 maintain_loop A app a &
 maintain_loop B app b &
@@ -253,11 +253,13 @@ check "(a) B's maintenance reports are its own (none of A's: $(wc -l < "$work/a.
   "$(comm -12 "$work/a.runs" "$work/b.runs" | wc -l)" 0
 
 echo "--- a publication without publish_via_partition_root, and one with a column list"
-A -d app -c "CREATE PUBLICATION leaf_names FOR ALL TABLES" -c "CREATE PUBLICATION some_columns FOR TABLE idem.biz_types (biz_type)"
-check "(a) idem_publications reports both" \
-  "$(A -d app -c "SELECT publication || ': ' || split_part(problems[1], ' (', 1) FROM idem_publications WHERE problems <> '{}'")" \
-  "leaf_names: publishes the partitions of idem.claims under their own names
-some_columns: publishes only some columns of idem.biz_types"
+A -d app -c "CREATE PUBLICATION leaf_names FOR ALL TABLES" -c "CREATE PUBLICATION some_columns FOR TABLE idem.biz_types (biz_type)" \
+  -c "CREATE PUBLICATION no_classes FOR TABLE idem.claims WITH (publish_via_partition_root = true)"
+check "(a) idem_publications reports the three" \
+  "$(A -d app -c "SELECT publication || ': ' || split_part(problems[1], ':', 1) FROM idem_publications WHERE problems <> '{}' ORDER BY 1")" \
+  "leaf_names: publishes the partitions of idem.claims under their own names (publish_via_partition_root = false)
+no_classes: publishes idem.claims without idem.type_classes
+some_columns: publishes only some columns of idem.biz_types (a column list)"
 # (The background maintenance loop may hold maintenance at that moment:
 # idem_maintain then says it did nothing; call again until a call ran.)
 for attempt in $(seq 1 200); do
@@ -265,7 +267,7 @@ for attempt in $(seq 1 200); do
   case "$warn" in *"already running in another session"*) continue ;; *) break ;; esac
 done
 check "(a) idem_maintain warns" "${warn:0:80}" "WARNING:  idem_maintain: publications that include idem's tables need a change: "
-A -d app -c "DROP PUBLICATION leaf_names, some_columns"
+A -d app -c "DROP PUBLICATION leaf_names, some_columns, no_classes"
 stop_loops
 rm -f "$work/stop"
 echo "--- a partition without REPLICA IDENTITY FULL (made by hand, or restored from an old dump)"
@@ -315,7 +317,7 @@ A -d shop > /dev/null <<'SQL'
 SELECT idem_configure('pay', '60 seconds');
 SELECT idem_configure('blip', '2 seconds');
 SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
-CREATE PUBLICATION migration FOR TABLE idem.claims, idem.biz_types, idem.tokens, idem.machines, orders
+CREATE PUBLICATION migration FOR TABLE idem.claims, idem.type_classes, idem.biz_types, idem.tokens, idem.machines, orders
   WITH (publish_via_partition_root = true);
 SQL
 workload before 24 > "$work/wl-before.sql"

@@ -25,7 +25,7 @@ SELECT idem_maintain() ? 'partitions_created' AS maintained;
 COMMIT;
 RESET idem.partition_width;
 CREATE FUNCTION pg_temp.try_n(stmt text) RETURNS text LANGUAGE sql
-    AS $$ SELECT regexp_replace(pg_temp.try(stmt), 'claims_[0-9_]+', 'claims_N') $$;
+    AS $$ SELECT regexp_replace(pg_temp.try(stmt), 'claims_c?[0-9_]+', 'claims_N') $$;
 ALTER TABLE idem.claims ADD COLUMN extra int;
 SELECT pg_temp.try_n($$SELECT idem_claim('drift-1', 'drift')$$);
 SELECT pg_temp.try_n($$SELECT idem_lookup('drift-1', 'drift')$$);

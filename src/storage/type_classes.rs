@@ -1,0 +1,125 @@
+//! Which TTL classes may hold claims of a business type (idem.type_classes,
+//! sql/storage.sql): a claim looks into those classes' partitions only.
+//!
+//! The rule that keeps a key's rows found (docs/design.md §3): before a
+//! claim's row goes into class k, a registration of its type in k that
+//! covers the row's expiry exists and will commit with the row — one
+//! already committed, or one this transaction writes. Registrations are
+//! read with a dirty snapshot under the key lock, so a claimer of the key
+//! also sees the class of a row another transaction is still writing
+//! (its registration was written before that row, under the same key lock).
+//! Reading more classes than needed costs a probe; missing one would let a
+//! key be claimed twice.
+
+use crate::catalog;
+use crate::datum::{text_datum, varlena_bytes};
+use crate::errors::internal;
+use crate::spi::Statement;
+use crate::ttl_class;
+use pgrx::pg_sys;
+use std::mem::MaybeUninit;
+
+/// The registrations of one type, as read.
+#[derive(Default)]
+pub struct Registered {
+    /// Every class registered, committed or being written, with the latest
+    /// expiry registered in it: the type's claims of that class expire no
+    /// later. Sorted by class.
+    pub classes: Vec<(i16, i64)>,
+    /// Registrations that stand whatever other transactions do: committed,
+    /// or written by this transaction. (class, until)
+    settled: Vec<(i16, i64)>,
+}
+
+impl Registered {
+    /// Whether a row of class `k` expiring at `expires_at` is covered.
+    pub fn covers(&self, k: i16, expires_at: i64) -> bool {
+        self.settled.iter().any(|&(c, until)| c == k && until >= expires_at)
+    }
+}
+
+/// Read the registrations of `biz_type` in the registry table `relid`
+/// (idem.type_classes, or under Citus this node's placement of it).
+pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
+    let mut found = Registered::default();
+    // SAFETY: the table and its one index are opened and locked here and
+    // closed before returning; the dirty snapshot and the slot outlive the
+    // scan; the slot's first three columns are (biz_type, ttl_class,
+    // until), the shape sql/storage.sql gives the table (checked below).
+    unsafe {
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let indexes = pg_sys::RelationGetIndexList(rel);
+        if indexes.is_null() || (*indexes).length != 1 || (*(*rel).rd_att).natts != 3 {
+            internal("idem.type_classes does not have the shape idem created it with");
+        }
+        let index = pg_sys::index_open((*(*indexes).elements).oid_value, pg_sys::AccessShareLock as _);
+        let mut key: pg_sys::ScanKeyData = MaybeUninit::zeroed().assume_init();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            1,
+            pg_sys::BTEqualStrategyNumber as _,
+            pg_sys::InvalidOid,
+            *(*index).rd_indcollation,
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            text_datum(biz_type),
+        );
+        let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
+        dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+        let scan = crate::compat::index_beginscan(rel, index, &mut dirty, 1);
+        pg_sys::index_rescan(scan, &mut key, 1, std::ptr::null_mut(), 0);
+        let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+            // Another transaction still inserting it: its registration may
+            // yet roll back (with its rows).
+            let being_written = dirty.xmin != pg_sys::InvalidTransactionId;
+            pg_sys::slot_getsomeattrs_int(slot, 3);
+            let values = std::slice::from_raw_parts((*slot).tts_values, 3);
+            if varlena_bytes(values[0]) != biz_type {
+                continue;
+            }
+            let (class, until) = (values[1].value() as i16, values[2].value() as i64);
+            add(&mut found.classes, class, until);
+            if !being_written {
+                found.settled.push((class, until));
+            }
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::index_endscan(scan);
+        pg_sys::index_close(index, pg_sys::NoLock as _);
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+    }
+    found
+}
+
+fn add(classes: &mut Vec<(i16, i64)>, class: i16, until: i64) {
+    match classes.binary_search_by_key(&class, |c| c.0) {
+        Ok(i) => classes[i].1 = classes[i].1.max(until),
+        Err(i) => classes.insert(i, (class, until)),
+    }
+}
+
+/// Register `biz_type` in class `k` for claims expiring up to the end of
+/// the width-aligned slot of the class that holds `expires_at` (so a type
+/// claiming steadily writes one registration per width of its class, and
+/// a claim looks at most a width beyond the latest expiry), in this transaction
+/// (through SQL, so that under Citus the reference table's every placement
+/// gets it). The caller holds the key lock, so a claimer of its key reads
+/// it before looking for the row that follows it.
+pub fn register(registered: &mut Registered, biz_type: &[u8], k: i16, expires_at: i64) {
+    static INSERT: Statement = Statement::new(
+        c"INSERT INTO idem.type_classes (biz_type, ttl_class, until) VALUES ($1, $2, $3)",
+        &[pg_sys::TEXTOID, pg_sys::INT2OID, pg_sys::TIMESTAMPTZOID],
+    );
+    let span = ttl_class::width(k).expect("a class that exists").max(1);
+    let until = expires_at.div_euclid(span).saturating_add(1).saturating_mul(span);
+    catalog::as_owner(|| {
+        INSERT.execute(&[
+            Some(text_datum(biz_type)),
+            Some(pg_sys::Datum::from(k)),
+            Some(pg_sys::Datum::from(until)),
+        ])
+    });
+    registered.settled.push((k, until));
+    add(&mut registered.classes, k, until);
+}
