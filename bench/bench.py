@@ -134,11 +134,30 @@ BEGIN
   END IF;
 END $f$;
 
+-- With a storage by TTL class (idem.claims partitioned by (ttl_class,
+-- expires_at)): the class of the business type 'bench', whose claims the
+-- benchmark's own partitions hold; NULL with a storage by expiry only.
+CREATE FUNCTION public.bench_class() RETURNS smallint LANGUAGE plpgsql AS $f$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass
+                    AND attname = 'ttl_class' AND NOT attisdropped) THEN
+    RETURN NULL;
+  END IF;
+  RETURN idem.ttl_class(coalesce((SELECT ttl FROM idem.biz_types WHERE biz_type = 'bench'),
+                                 current_setting('idem.default_ttl')::interval));
+END $f$;
+
 CREATE FUNCTION public.bench_make_partition(name text, lo timestamptz, hi timestamptz)
 RETURNS void LANGUAGE plpgsql AS $f$
+DECLARE c smallint := bench_class();
 BEGIN
-  EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
-                 name, lo, hi);
+  IF c IS NULL THEN
+    EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
+                   name, lo, hi);
+  ELSE
+    EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                   name, c, lo, c, hi);
+  END IF;
   IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass) THEN
     PERFORM bench_index_like_default(name);
   END IF;
@@ -928,11 +947,19 @@ class Bench:
             tcol, tval = "type_id", "(SELECT type_id FROM idem.biz_types WHERE biz_type = 'bench')"
         else:
             tcol, tval = "biz_type", "'bench'"
+        # With a storage by TTL class, the rows (a 1-day TTL, the type's) go
+        # into that class's range: (class, lo) to (class, hi).
+        if "ttl_class" in cols:
+            tcol, tval = tcol + ", ttl_class", tval + ", :cls"
+            check, lo, hi = "ttl_class = :cls AND ", "(:cls, :'lo')", "(:cls, :'hi')"
+        else:
+            check, lo, hi = "", "(:'lo')", "(:'hi')"
         return f"""
             TRUNCATE idem.claims;
             DROP TABLE IF EXISTS idem.bench_expired;
             SELECT date_trunc('hour', now()) - interval '31 days' AS lo,
-                   date_trunc('hour', now()) - interval '28 days' AS hi \gset
+                   date_trunc('hour', now()) - interval '28 days' AS hi,
+                   bench_class() AS cls \gset
             CREATE TABLE idem.bench_expired (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
             INSERT INTO idem.bench_expired (expires_at, claimed_at, {tcol}, state, key)
               SELECT now() - interval '29 days' + g * interval '1 ms', now() - interval '30 days',
@@ -940,9 +967,9 @@ class Bench:
                 FROM generate_series(1, {rows}) g;
             SELECT bench_index_like_default('bench_expired');
             ALTER TABLE idem.bench_expired ADD CONSTRAINT bench_expired_range
-              CHECK (expires_at >= :'lo' AND expires_at < :'hi');
+              CHECK ({check}expires_at >= :'lo' AND expires_at < :'hi');
             ALTER TABLE idem.bench_expired SET (autovacuum_enabled = off);
-            ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM (:'lo') TO (:'hi');
+            ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM {lo} TO {hi};
             SELECT bench_claim('l', 1, {live});
             ANALYZE idem.claims;
             CHECKPOINT;

@@ -8,9 +8,9 @@
 #
 # Two databases in one single-user cluster: ttl_mixed with business types of
 # 1 hour, 1 day, 30 days and 400 days, ttl_base with the 1-day type only;
-# each type holds N live claims with its TTL (the duplicates' keys) and
-# SPREAD claims whose ttl runs from 1 second to the type's TTL (every
-# partition of its range non-empty), as the ttl section's databases.
+# each type holds SPREAD claims aged evenly over its TTL (every partition of
+# its range non-empty) and N claims made now (the duplicates' keys), as the
+# ttl section's databases (sections/ttl.py, AGE_SQL).
 # Variants: <type>-new (idem_claim + idem_complete on a new key, one
 # transaction) and <type>-dup (idem_claim on a live key), for each type of
 # ttl_mixed and for base (ttl_base's t1d). Each runs N and N/10 transactions
@@ -33,8 +33,10 @@ single() {   # single-user session in database $1, statements on stdin
   as_postgres "$PG_BIN/postgres" --single -D "$DATA" "$1"
 }
 printf 'CREATE DATABASE ttl_mixed;\nCREATE DATABASE ttl_base;\n' | single postgres >/dev/null 2>&1
-python3 - "$N" "$SPREAD" "$N0" "$OUT" <<'PY'
-import hashlib, sys
+BENCH_DIR="$ROOT/bench" python3 - "$N" "$SPREAD" "$N0" "$OUT" <<'PY'
+import hashlib, os, sys
+sys.path.insert(0, os.environ["BENCH_DIR"])
+from sections.ttl import AGE_SQL   # the ttl section's aged claims, one line
 n, spread, n0, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 types = [("t1h", "1 hour", 3600), ("t1d", "1 day", 86400), ("t30d", "30 days", 30 * 86400),
          ("t400d", "400 days", 400 * 86400)]
@@ -43,11 +45,12 @@ for db, ts in (("ttl_mixed", types), ("ttl_base", [types[1]])):
         f.write("CREATE EXTENSION idem;\n")
         for t, ttl, _ in ts:
             f.write(f"SELECT idem_configure('{t}', '{ttl}');\n")
-        f.write("SET idem.premake_limit = 10000;\nSELECT idem_maintain();\n")
-        for t, _, secs in ts:
+        f.write("SET idem.premake_limit = 10000;\nSELECT idem_maintain();\n" + AGE_SQL + "\n")
+        for t, _, _ in ts:
+            f.write(f"SELECT bench_age_claims('{t}', {spread});\n")
+        f.write("SELECT idem_maintain();\n")
+        for t, _, _ in ts:
             f.write(f"SELECT count(*) FROM generate_series(1, {n}) g, LATERAL idem_claim(md5('p' || g::text), '{t}') c;\n")
-            f.write(f"SELECT count(*) FROM generate_series(1, {spread}) g, LATERAL idem_claim(md5('s' || g::text), "
-                    f"'{t}', ttl => make_interval(secs => greatest(1, {secs}::float8 * g / {spread}))) c;\n")
         f.write("VACUUM ANALYZE;\n")
 hdr = ("SET synchronous_commit = off;\n"
        "PREPARE c(text, text) AS SELECT claimed FROM idem_claim($1, $2);\n"

@@ -58,26 +58,63 @@ def estimate(p, rates):
     return 30 + fill + n * (p["ttl_duration"] + rates["run_overhead_s"]) + cg
 
 
+# Claims of type t as a database that has been claiming for the type's
+# whole TTL holds them: n completed claims, claimed at times spread evenly
+# over the past TTL, so their expiries run from now to now + TTL and every
+# partition of that span holds rows. idem_claim cannot claim in the past
+# (and a per-call ttl => would put the rows in other TTL classes and
+# register the type there), so they are written into idem.claims as claims
+# of that age would have left them: with a storage by TTL class (a ttl_class
+# column), in the TTL's class and with the type registered in it, as
+# tests/scenarios/retention.sh writes them; idem_maintain() then moves any
+# that landed in the default partition. One line: profile_ttl.sh feeds it
+# to a single-user backend.
+AGE_SQL = " ".join("""
+CREATE FUNCTION public.bench_age_claims(t text, n int) RETURNS bigint LANGUAGE plpgsql AS $f$
+DECLARE ttl interval; done bigint;
+BEGIN
+  SELECT b.ttl INTO ttl FROM idem.biz_types b WHERE b.biz_type = t;
+  IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass
+                AND attname = 'ttl_class' AND NOT attisdropped) THEN
+    EXECUTE 'INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, result)
+             SELECT at + $1, at, idem.ttl_class($1), ''c'', $2, md5(''s'' || g::text), ''{"ok": true}''
+               FROM generate_series(1, $3) g, LATERAL (SELECT now() - $1 * (g / ($3 + 1.0)) AS at) c'
+      USING ttl, t, n;
+    GET DIAGNOSTICS done = ROW_COUNT;
+    EXECUTE 'INSERT INTO idem.type_classes (biz_type, ttl_class, until)
+             SELECT $1, idem.ttl_class($2), now() + $2' USING t, ttl;
+  ELSE
+    EXECUTE 'INSERT INTO idem.claims (expires_at, claimed_at, state, biz_type, key, result)
+             SELECT at + $1, at, ''c'', $2, md5(''s'' || g::text), ''{"ok": true}''
+               FROM generate_series(1, $3) g, LATERAL (SELECT now() - $1 * (g / ($3 + 1.0)) AS at) c'
+      USING ttl, t, n;
+    GET DIAGNOSTICS done = ROW_COUNT;
+  END IF;
+  RETURN done;
+END $f$;""".split())
+
+
 def prefill(b, db, types):
     """Configure the types, make the partitions their TTLs need, then per
-    type: ttl_keys live claims with the type's TTL (the duplicates' keys)
-    and ttl_spread claims whose ttl runs from 1 second up to the type's TTL
-    (so the live rows span every partition of the TTL range)."""
+    type: ttl_spread claims aged evenly over the type's TTL (AGE_SQL: the
+    live rows span every partition of the TTL range) and ttl_keys claims
+    made now through idem_claim (the duplicates' keys, live for the run)."""
     p = b.p
     for t, ttl, _ in types:
         b.psql(db, f"SELECT idem_configure('{t}', '{ttl}')")
-    parts = common.maintain_fully(b, db)
-    for t, _, secs in types:
-        b.psql(db, f"""
-            SELECT count(*) FROM generate_series(1, {p['ttl_keys']}) g,
-                   LATERAL idem_claim(md5('p' || g::text), '{t}') c WHERE c.claimed""")
-        n = int(b.val(db, f"""
-            SELECT count(*) FROM generate_series(1, {p['ttl_spread']}) g,
-                   LATERAL idem_claim(md5('s' || g::text), '{t}',
-                       ttl => make_interval(secs => greatest(1, {secs}::float8 * g / {p['ttl_spread']}))) c
-             WHERE c.claimed"""))
+    b.psql(db, AGE_SQL)
+    common.maintain_fully(b, db)
+    for t, _, _ in types:
+        n = int(b.val(db, f"SELECT bench_age_claims('{t}', {p['ttl_spread']})"))
         if n != p["ttl_spread"]:
-            raise common.BenchError(f"ttl prefill of {t}: {n} of {p['ttl_spread']} claimed")
+            raise common.BenchError(f"ttl prefill of {t}: {n} of {p['ttl_spread']} aged claims written")
+    parts = common.maintain_fully(b, db)   # moves what landed in the default partition
+    for t, _, _ in types:
+        n = int(b.val(db, f"""
+            SELECT count(*) FROM generate_series(1, {p['ttl_keys']}) g,
+                   LATERAL idem_claim(md5('p' || g::text), '{t}') c WHERE c.claimed"""))
+        if n != p["ttl_keys"]:
+            raise common.BenchError(f"ttl prefill of {t}: {n} of {p['ttl_keys']} keys claimed")
     b.psql(db, "VACUUM ANALYZE")
     layout = b.val(db, """
         SELECT count(*), count(*) FILTER (WHERE pg_relation_size(relid) > 0)
@@ -89,13 +126,17 @@ def prefill(b, db, types):
 
 def locks(b, db, t):
     """Relation locks held in a transaction that made one claim (new key,
-    then a duplicate), and before any claim (the pg_locks query's own)."""
+    then a duplicate), and before any claim (the pg_locks query's own), in
+    a session whose caches a first claim has filled."""
     q = ("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'{};")
     out = {}
     for kind, key in (("new", f"md5('lockprobe-{t}')"), ("dup", "md5('p1')")):
-        res = b.psql(db, "BEGIN;\n" + q.format("") + q.format(" AND NOT fastpath")
+        # a first claim in a session fills its caches (reading more
+        # relations): warm them in a transaction rolled back first
+        res = b.psql(db, f"BEGIN; SELECT 1 FROM idem_claim('lockwarm', '{t}'); ROLLBACK;\n"
+                     "BEGIN;\n" + q.format("") + q.format(" AND NOT fastpath")
                      + f"SELECT claimed FROM idem_claim({key}, '{t}');\n"
-                     + q.format("") + q.format(" AND NOT fastpath") + "ROLLBACK;").split()
+                     + q.format("") + q.format(" AND NOT fastpath") + "ROLLBACK;").split()[-5:]
         before, before_slow, claimed, total, slow = res
         out[kind] = {"before": int(before), "before_not_fastpath": int(before_slow),
                      "claimed": claimed == "t", "relation": int(total), "not_fastpath": int(slow),
