@@ -14,6 +14,14 @@ Sections (README.md explains each):
   scale       claim cost with few vs many live keys
   partitions  claim cost vs number of live partitions of idem.claims
   cleanup     idem_maintain() vs DELETE ... WHERE expires_at < now()
+  ttl         claim cost per business type TTL (1 h .. 400 days) in one
+              database, against a database with only a 1-day type
+              (sections/ttl.py)
+  handwritten a hand-written dedup table with a periodic DELETE job vs idem
+              with idem_maintain() on the same schedule, at a short TTL,
+              until steady state (sections/handwritten.py)
+  kills       what each approach leaves behind when the client is killed
+              between the dedup step and COMMIT (sections/kills.py)
 """
 import argparse
 import hashlib
@@ -27,6 +35,11 @@ import statistics
 import subprocess
 import sys
 import time
+
+from sections import common
+from sections import handwritten as section_handwritten_mod
+from sections import kills as section_kills_mod
+from sections import ttl as section_ttl_mod
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 SQL = os.path.join(BENCH, "sql")
@@ -68,7 +81,9 @@ PROFILES = {
                   scale_small=2000, scale_big=10000,
                   scale_rounds=1, scale_duration=1, parts=[0, 8], parts_rounds=1,
                   parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
-                  cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1),
+                  cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1,
+                  **section_ttl_mod.PROFILES["smoke"], **section_handwritten_mod.PROFILES["smoke"],
+                  **section_kills_mod.PROFILES["smoke"]),
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
@@ -79,7 +94,9 @@ PROFILES = {
                     scale_small=10000, scale_big=1000000,
                     scale_rounds=5, scale_duration=4, parts=[0, 8, 32], parts_rounds=3,
                     parts_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
-                    cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2),
+                    cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2,
+                    **section_ttl_mod.PROFILES["default"], **section_handwritten_mod.PROFILES["default"],
+                    **section_kills_mod.PROFILES["default"]),
     # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
                  latency_duration=10, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
@@ -89,10 +106,14 @@ PROFILES = {
                  scale_small=10000, scale_big=10000000,
                  scale_rounds=5, scale_duration=5, parts=[0, 8, 32, 128], parts_rounds=3,
                  parts_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
-                 cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3),
+                 cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3,
+                 **section_ttl_mod.PROFILES["full"], **section_handwritten_mod.PROFILES["full"],
+                 **section_kills_mod.PROFILES["full"]),
 }
 
-ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup"]
+SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod]
+ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup",
+                "ttl", "handwritten", "kills"]
 
 # The benchmark's own partitions of idem.claims (partitions section, and the
 # expired partition of the cleanup section) get the index idem's partitions
@@ -113,11 +134,30 @@ BEGIN
   END IF;
 END $f$;
 
+-- With a storage by TTL class (idem.claims partitioned by (ttl_class,
+-- expires_at)): the class of the business type 'bench', whose claims the
+-- benchmark's own partitions hold; NULL with a storage by expiry only.
+CREATE FUNCTION public.bench_class() RETURNS smallint LANGUAGE plpgsql AS $f$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass
+                    AND attname = 'ttl_class' AND NOT attisdropped) THEN
+    RETURN NULL;
+  END IF;
+  RETURN idem.ttl_class(coalesce((SELECT ttl FROM idem.biz_types WHERE biz_type = 'bench'),
+                                 current_setting('idem.default_ttl')::interval));
+END $f$;
+
 CREATE FUNCTION public.bench_make_partition(name text, lo timestamptz, hi timestamptz)
 RETURNS void LANGUAGE plpgsql AS $f$
+DECLARE c smallint := bench_class();
 BEGIN
-  EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
-                 name, lo, hi);
+  IF c IS NULL THEN
+    EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
+                   name, lo, hi);
+  ELSE
+    EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                   name, c, lo, c, hi);
+  END IF;
   IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass) THEN
     PERFORM bench_index_like_default(name);
   END IF;
@@ -159,8 +199,9 @@ END $f$;
 """
 
 
-class BenchError(Exception):
-    pass
+# Raised by a section that cannot go on; run() records it and goes on with
+# the next section. Defined beside the sections' helpers, which raise it too.
+BenchError = common.BenchError
 
 
 class Bench:
@@ -175,7 +216,8 @@ class Bench:
         self.fake_maintain = os.environ.get("BENCH_FAKE_MAINTAIN") == "1"
         self.raw = {"meta": {}, "runs": [], "latency": [], "latency_pooled": [], "sustained": [],
                     "wal": [], "bytes": [], "scale": [], "partitions": [], "cleanup": {},
-                    "loads": [], "errors": [], "notes": []}
+                    "loads": [], "errors": [], "notes": [], "ttl": {}, "handwritten": {},
+                    "kills": {}}
         self.t_start = time.time()
         self.redis_driver = None
         self.meter = CpuMeter(a.host, a.port, a.redis_pid)
@@ -216,11 +258,12 @@ class Bench:
         self.run_id += 1
         return self.run_id
 
-    def pgbench_cmd(self, db, script, clients, run, prefill=1):
+    def pgbench_cmd(self, db, script, clients, run, prefill=1, defines=None):
+        extra = [x for k, v in (defines or {}).items() for x in ("-D", f"{k}={v}")]
         return [os.path.join(self.pg_bin, "pgbench"), "-n", "-M", "prepared",
                 "-c", str(clients), "-j", str(clients),
-                "-D", "n=0", "-D", f"run={run}", "-D", f"prefill={prefill}",
-                "-f", os.path.join(SQL, script)] + self.conn_args(db)[:-2]
+                "-D", "n=0", "-D", f"run={run}", "-D", f"prefill={prefill}"] + extra + \
+               ["-f", os.path.join(SQL, script)] + self.conn_args(db)[:-2]
 
     def drop_logs(self, prefix):
         for f in os.listdir(self.logs):
@@ -228,9 +271,9 @@ class Bench:
                 os.remove(os.path.join(self.logs, f))
 
     def pgbench(self, db, script, clients, sync, duration=None, txns=None, prefill=1,
-                log_prefix=None, tag=""):
+                log_prefix=None, tag="", defines=None):
         run = self.next_run()
-        cmd = self.pgbench_cmd(db, script, clients, run, prefill)
+        cmd = self.pgbench_cmd(db, script, clients, run, prefill, defines)
         if duration:
             cmd += ["-T", str(duration)]
         else:
@@ -904,11 +947,19 @@ class Bench:
             tcol, tval = "type_id", "(SELECT type_id FROM idem.biz_types WHERE biz_type = 'bench')"
         else:
             tcol, tval = "biz_type", "'bench'"
+        # With a storage by TTL class, the rows (a 1-day TTL, the type's) go
+        # into that class's range: (class, lo) to (class, hi).
+        if "ttl_class" in cols:
+            tcol, tval = tcol + ", ttl_class", tval + ", :cls"
+            check, lo, hi = "ttl_class = :cls AND ", "(:cls, :'lo')", "(:cls, :'hi')"
+        else:
+            check, lo, hi = "", "(:'lo')", "(:'hi')"
         return f"""
             TRUNCATE idem.claims;
             DROP TABLE IF EXISTS idem.bench_expired;
             SELECT date_trunc('hour', now()) - interval '31 days' AS lo,
-                   date_trunc('hour', now()) - interval '28 days' AS hi \gset
+                   date_trunc('hour', now()) - interval '28 days' AS hi,
+                   bench_class() AS cls \gset
             CREATE TABLE idem.bench_expired (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
             INSERT INTO idem.bench_expired (expires_at, claimed_at, {tcol}, state, key)
               SELECT now() - interval '29 days' + g * interval '1 ms', now() - interval '30 days',
@@ -916,9 +967,9 @@ class Bench:
                 FROM generate_series(1, {rows}) g;
             SELECT bench_index_like_default('bench_expired');
             ALTER TABLE idem.bench_expired ADD CONSTRAINT bench_expired_range
-              CHECK (expires_at >= :'lo' AND expires_at < :'hi');
+              CHECK ({check}expires_at >= :'lo' AND expires_at < :'hi');
             ALTER TABLE idem.bench_expired SET (autovacuum_enabled = off);
-            ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM (:'lo') TO (:'hi');
+            ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM {lo} TO {hi};
             SELECT bench_claim('l', 1, {live});
             ANALYZE idem.claims;
             CHECKPOINT;
@@ -1101,6 +1152,16 @@ class Bench:
                      f"{during['cleanup']['ms']:.0f} ms)")
             self.save()
 
+    # The retention sections live in their own modules (bench/sections/).
+    def section_ttl(self):
+        section_ttl_mod.run(self)
+
+    def section_handwritten(self):
+        section_handwritten_mod.run(self)
+
+    def section_kills(self):
+        section_kills_mod.run(self)
+
     # ---- main -------------------------------------------------------------
     def run(self):
         a = self.a
@@ -1168,7 +1229,8 @@ def profile_params(a):
     p = dict(PROFILES[a.profile])
     for k in ("duration", "rounds", "prefill", "wal_txns", "bytes_claims", "scale_small",
               "scale_big", "cleanup_reps", "p99_rows", "sustained_seconds", "sustained_window",
-              "latency_duration", "latency_rounds"):
+              "latency_duration", "latency_rounds") + \
+            tuple(dest for mod in SECTION_MODULES for _, dest, _, _ in mod.OPTIONS):
         v = getattr(a, k, None)
         if v is not None:
             p[k] = v
@@ -1256,6 +1318,9 @@ def estimate(p, sections, redis, rates=None):
         (p["cleanup_reps"] + 1) * rows / R["expired_idem_per_s"] + \
         p["p99_rounds"] * (p["p99_rows"] * (1 / R["expired_ttl_per_s"] + 1 / R["expired_idem_per_s"])
                            + 4 * (p["p99_duration"] + ov))
+    e["ttl"] = section_ttl_mod.estimate(p, R)
+    e["handwritten"] = section_handwritten_mod.estimate(p, R)
+    e["kills"] = section_kills_mod.estimate(p, R, redis)
     e = {k: round(v) for k, v in e.items() if k in sections}
     e["total"] = sum(e.values()) + 15
     return e
@@ -1496,6 +1561,9 @@ def main():
                     help="TPS window of the sustained runs (default 30; 5 with --smoke)")
     ap.add_argument("--sustained-variants", dest="sustained_variants",
                     help="comma list (default " + ",".join(SUSTAINED_VARIANTS) + ")")
+    for mod in SECTION_MODULES:
+        for flag, dest, typ, hlp in mod.OPTIONS:
+            ap.add_argument(flag, dest=dest, type=typ, help=hlp)
     # set by run.sh
     ap.add_argument("--out", required=True)
     ap.add_argument("--host", required=True)

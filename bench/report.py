@@ -12,6 +12,10 @@ import os
 import statistics
 import sys
 
+from sections import handwritten as section_handwritten
+from sections import kills as section_kills
+from sections import ttl as section_ttl
+
 ORDER = ["B0", "B1", "B1r", "B2", "B3", "B0c", "I1", "I1c", "I1f", "I2", "I3"]
 DESC = {
     "B0": "business insert only",
@@ -42,7 +46,8 @@ RATIOS = [
 SUSTAINED_BASE = {"I1": "B1", "I1c": "B1", "I1f": "B1", "I3": "B1", "I2": "B1r"}
 # Targets in the order the benchmark states them, then the earlier ones
 TARGET_ORDER = ["I1c", "I1", "I2", "heap", "I3", "I3wal", "clean_time", "clean_wal", "clean_delete",
-                "clean_p99", "scale", "latency", "sustained", "bytes120"]
+                "clean_p99", "scale", "latency", "sustained", "bytes120", "ttl", "hw_tps", "hw_p99",
+                "kills"]
 
 
 def med(xs):
@@ -186,7 +191,7 @@ class Report:
               "| variant | " + " | ".join(f"{s}, {c} client{'s' if c > 1 else ''}" for s, c in cfgs) + " |",
               "|---|" + "---|" * len(cfgs)]
         for v in variants:
-            if v in ("B0c", "B2", "B3"):
+            if v == "B2":
                 continue
             rd.append(f"| {v} {DESC[v]} | " + " | ".join(
                 fmt(summ[f"{s}/{c}"].get(v, {}).get("median")) for s, c in cfgs) + " |")
@@ -195,6 +200,18 @@ class Report:
             if d:
                 rd.append(f"| **{num} / {den}**{f' (≥ {goal:g})' if goal else ''} | " + " | ".join(
                     fmt((d.get(f"{s}/{c}") or {}).get("ratio"), 2) for s, c in cfgs) + " |")
+        # B3 beside I1: each over the business insert alone through its own
+        # driver (I1/B0 with pgbench, B3/B0c with the C driver of B3)
+        if "B3" in variants:
+            for v, what in (("I1", "I1 / B0 (pgbench)"), ("I1c", "I1c / B0 (pgbench)"),
+                            ("B3", "B3 / B0c (C driver, same loop without Redis)")):
+                if v in variants:
+                    rd.append(f"| **×B0: {what}** | " + " | ".join(
+                        fmt(summ[f"{s}/{c}"].get(v, {}).get("x_b0"), 2) for s, c in cfgs) + " |")
+            rd += ["", "B3 and B0c run through bench/redis_txn.c, every other row through pgbench: "
+                   "compare B3 with the idem rows by their ×B0 (each over B0 through its own driver), "
+                   "not by TPS. Redis' SET is not atomic with the PostgreSQL transaction: see the kills "
+                   "section for what that costs when a client dies."]
         rd.append("")
         self.readme += rd
 
@@ -747,7 +764,9 @@ class Report:
         """How much other work ran next to the measurements."""
         timed = [r for r in self.raw.get("runs", [])] + [r for r in self.raw.get("scale", [])] + \
                 [r for r in self.raw.get("partitions", [])] + [r for r in self.raw.get("latency", [])] + \
-                [w for r in self.raw.get("sustained", []) for w in r["windows"]]
+                [w for r in self.raw.get("sustained", []) for w in r["windows"]] + \
+                list((self.raw.get("ttl") or {}).get("runs", [])) + \
+                list((self.raw.get("handwritten") or {}).get("runs", []))
         for v in (self.raw.get("cleanup") or {}).get("p99", {}).values():
             timed += v
         timed = [r for r in timed if "foreign_cores" in r]
@@ -881,6 +900,8 @@ def main():
     r = Report(out)
     for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.partitions, r.cleanup):
         part()
+    for mod in (section_ttl, section_handwritten, section_kills):
+        mod.report(r)
     r.sort_targets()
     r.svg()
     r.write()

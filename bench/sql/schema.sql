@@ -47,3 +47,13 @@ CREATE TABLE dedup_ttl (
     expires_at timestamptz NOT NULL DEFAULT now() + interval '24 hours'
 );
 CREATE INDEX dedup_ttl_expires_at ON dedup_ttl (expires_at);
+
+-- The handwritten and kills sections' table: what a user writes instead of
+-- idem, with the usual cleanup job (DELETE FROM hw_dedup WHERE created_at <
+-- now() - ttl, every few seconds), which the index on created_at serves.
+CREATE TABLE hw_dedup (
+    key        text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    result     jsonb
+);
+CREATE INDEX hw_dedup_created_at ON hw_dedup (created_at);

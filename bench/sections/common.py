@@ -1,0 +1,84 @@
+"""Helpers the retention sections share: a database with chosen idem
+settings, and pgbench's per-transaction logs read with their timestamps."""
+import gzip
+import math
+import os
+
+
+
+class BenchError(Exception):
+    """A section cannot go on (an SQL error, a failed pgbench run)."""
+
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SQL = os.path.join(BENCH, "sql")
+
+
+def create_db(b, db, settings=None, sql=""):
+    """A fresh database with the benchmark's tables (sql/schema.sql) and idem.
+    settings (idem.* GUCs) are set on the database before the extension is
+    created, so that every session of it -- pgbench's, maintenance's --
+    runs with them."""
+    b.psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    b.psql("postgres", f"CREATE DATABASE {db}")
+    for k, v in (settings or {}).items():
+        try:
+            b.psql("postgres", f"ALTER DATABASE {db} SET {k} = '{v}'")
+        except BenchError as e:
+            # a build without that setting: go on with its defaults, say so
+            b.raw["notes"].append(f"{db}: could not set {k} = '{v}' ({str(e).splitlines()[0][:200]})")
+    with open(os.path.join(SQL, "schema.sql")) as f:
+        b.psql(db, f.read())
+    b.psql(db, "CREATE EXTENSION idem")
+    if sql:
+        b.psql(db, sql)
+
+
+def maintain_fully(b, db):
+    """idem_maintain() until the partition set stops changing: one run makes
+    at most idem.premake_limit partitions, and a 400-day TTL needs ~400."""
+    last = None
+    for _ in range(50):
+        b.psql(db, "SET idem.premake_limit = 10000; SELECT idem_maintain()")
+        n = b.val(db, "SELECT count(*) FROM pg_partition_tree('idem.claims') WHERE isleaf")
+        if n == last:
+            return int(n)
+        last = n
+    return int(last)
+
+
+def read_txn_log(b, prefix):
+    """(end_epoch_s, latency_us) of every transaction in pgbench's --log
+    files of one run (one file per thread); the files are then gzipped into
+    logs/<prefix>.log.gz."""
+    rows = []
+    files = sorted(f for f in os.listdir(b.logs) if f.startswith(prefix + ".") and not f.endswith(".gz"))
+    with gzip.open(os.path.join(b.logs, prefix + ".log.gz"), "wt") as out:
+        for f in files:
+            path = os.path.join(b.logs, f)
+            with open(path) as fh:
+                for line in fh:
+                    out.write(line)
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[2].isdigit():
+                        rows.append((int(parts[4]) + int(parts[5]) / 1e6, int(parts[2])))
+            os.remove(path)
+    rows.sort()
+    return rows
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def pct(values_us, q):
+    """Nearest-rank percentile, in ms, of latencies in µs."""
+    if not values_us:
+        return None
+    v = sorted(values_us)
+    k = max(1, min(len(v), math.ceil(q / 100 * len(v)))) - 1
+    return v[k] / 1000.0
