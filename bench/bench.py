@@ -484,6 +484,8 @@ class Bench:
         variants = list(MATRIX_VARIANTS)
         if self.redis_driver:
             variants[4:4] = ["B3", "B0c"]
+        if p.get("matrix_variants"):
+            variants = [v for v in variants if v in p["matrix_variants"]]
         configs = [(s, c) for s in p["sync"] for c in p["clients"]]
         total = len(configs) * p["rounds"] * len(variants)
         k = 0
@@ -1237,7 +1239,8 @@ def profile_params(a):
     ints = lambda x: [int(v) for v in x.split(",")]
     for k, conv in (("clients", ints), ("sync", lambda x: x.split(",")), ("parts", ints),
                     ("cleanup_rows", ints), ("latency_sync", lambda x: x.split(",")),
-                    ("sustained_variants", lambda x: x.split(","))):
+                    ("sustained_variants", lambda x: x.split(",")),
+                    ("matrix_variants", lambda x: x.split(","))):
         v = getattr(a, k, None)
         if v:
             p[k] = conv(v)
@@ -1297,7 +1300,7 @@ def estimate(p, sections, redis, rates=None):
     """Seconds each section of a run with parameters p should take."""
     R = dict(DEFAULT_RATES, **(rates or {}))
     ov = R["run_overhead_s"]
-    nmat = len(MATRIX_VARIANTS) + (2 if redis else 0)
+    nmat = len(p.get("matrix_variants") or []) or len(MATRIX_VARIANTS) + (2 if redis else 0)
     e = {}
     e["matrix"] = len(p["sync"]) * len(p["clients"]) * p["rounds"] * nmat * (p["duration"] + ov)
     e["latency"] = len(p["latency_sync"]) * p["latency_rounds"] * len(LATENCY_VARIANTS) * \
@@ -1537,6 +1540,7 @@ def main():
     ap.add_argument("--rounds", type=int, help="matrix rounds per (sync, clients)")
     ap.add_argument("--clients", help="comma list of client counts (default 1,2,4)")
     ap.add_argument("--sync", help="comma list of synchronous_commit values (default off,on)")
+    ap.add_argument("--matrix-variants", help="comma list: only these matrix variants (default all; B3 and B0c need redis)")
     ap.add_argument("--prefill", type=int, help="committed keys per dedup store (I3 draws from them)")
     ap.add_argument("--wal-txns", dest="wal_txns", type=int, help="transactions per WAL measurement")
     ap.add_argument("--claims", dest="bytes_claims", type=int, help="claims in the bytes section")
