@@ -290,7 +290,10 @@ def maintainer(run):
             # (Up to two TTLs: a claim's TTL class premakes partitions for
             # TTLs up to 4·√2 widths, so a pause must outlast that, less the
             # TTL, to leave live claims beyond the partitions.)
-            if run.stop.wait(rnd.uniform(2 * args.width, 2 * args.ttl)):
+            # The 10th run's pause is the longest, so that it surely
+            # outlasts the premade reach while claims are live.
+            pause = 2 * args.ttl if n == 10 else rnd.uniform(2 * args.width, 2 * args.ttl)
+            if run.stop.wait(pause):
                 break
         try:
             rep = conn.execute("SELECT idem_maintain()").fetchone()[0]
