@@ -36,6 +36,14 @@ record() { # name status
 OUT="$IDEM_TARGET/test-out"
 rm -rf "$OUT"
 mkdir -p "$OUT"
+# Where the suite's time goes: one line per step (seconds, step) in
+# $OUT/times.tsv, the slowest listed at the end. Nothing is decided by it.
+step_started=0 # (SECONDS counts from the script's start: the set-up is the first step)
+step_done() { # step
+  printf '%s\t%s\n' "$((SECONDS - step_started))" "$1" >> "$OUT/times.tsv"
+  step_started=$SECONDS
+}
+step_done setup-and-cluster
 
 # What the other majors and the package test need, built once and cached
 # (scripts/pg/): made in the background, at the lowest CPU priority, while
@@ -81,6 +89,7 @@ run_suite() {
     if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
   done < <(regress_results "$OUT/$name.log")
   regress_diffs "$OUT/$name"
+  step_done "$name"
 }
 
 say "pg_regress: SQL API"
@@ -96,8 +105,10 @@ for t in "$ROOT"/tests/scenarios/*.sh; do
   name=$(basename "$t" .sh)
   if [ "$IDEM_SUITE" = core ] && ! printf '%s\n' "${CORE_SCENARIOS[@]}" | grep -qx "$name"; then continue; fi
   say "scenario: $name"
-  if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok"
+  step_started=$SECONDS
+  if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok ($((SECONDS - step_started)) s)"
   else record "scenario/$name" 1; tail -30 "$OUT/scenario-$name.log"; fi
+  step_done "scenario/$name"
 done
 
 # Another major's run of this script (IDEM_SUITE=core): its tests count
@@ -116,6 +127,10 @@ run_major() { # label command...
   passed=$((passed + n_passed))
   while read -r f; do record "$label/$f" 1; done < <(sed -n 's/^failed: //p' "$log")
   echo "$label: $summary ($((SECONDS - t0)) s; log: $log)"
+  # That major's own steps, prefixed with its label.
+  local times="$ROOT/target/$label/test-out/times.tsv"
+  [ ! -f "$times" ] || sed "s|\t|\t$label/|" "$times" >> "$OUT/times.tsv"
+  step_done "$label(whole)"
 }
 
 if [ "$IDEM_SUITE" = full ]; then
@@ -132,6 +147,7 @@ if [ "$IDEM_SUITE" = full ]; then
   # (cargo pgrx test installed a build with the test functions: put the
   # plain build back for whatever runs next.)
   bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
+  step_done "pg_test(build, run, reinstall)"
 
   for major in $IDEM_MAJORS; do
     case "$major" in
@@ -143,6 +159,7 @@ if [ "$IDEM_SUITE" = full ]; then
         if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
           record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
         else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
+        step_done "pg_upgrade"
         ;;
       17)
         say "PostgreSQL 17 on Debian 13: the core suite (scripts/pg/trixie.sh makes the root once, cached)"
@@ -153,6 +170,7 @@ if [ "$IDEM_SUITE" = full ]; then
         if bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
           record "pg17/package_debian13" 0; tail -1 "$OUT/package_debian13.log"
         else record "pg17/package_debian13" 1; tail -30 "$OUT/package_debian13.log"; fi
+        step_done "pg17/package_debian13"
         ;;
       16)
         say "PostgreSQL 16: the core suite (scripts/pg/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
@@ -172,6 +190,10 @@ fi
 
 [ -z "$prepare_pid" ] || wait "$prepare_pid" || true
 echo
+if [ "$IDEM_SUITE" = full ] && [ -f "$OUT/times.tsv" ]; then
+  echo "the slowest steps (seconds; all in $OUT/times.tsv):"
+  sort -rn "$OUT/times.tsv" | head -12 | sed 's/^/  /'
+fi
 if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
 echo "${passed} passed, ${failed} failed"
 [ "$failed" = 0 ] && [ "$passed" -gt 0 ]
