@@ -970,6 +970,23 @@ $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
 'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
+CREATE FUNCTION idem.published_tables() RETURNS TABLE (pubname name, tablename name, attnames name[])
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    pub name;
+BEGIN
+    FOR pub IN SELECT p.pubname FROM pg_publication p ORDER BY p.pubname LOOP
+        BEGIN
+            RETURN QUERY SELECT t.pubname, t.tablename, t.attnames FROM pg_publication_tables t
+                          WHERE t.pubname = pub AND t.schemaname = 'idem';
+        EXCEPTION WHEN undefined_object THEN
+            NULL; -- dropped meanwhile: it publishes nothing any more
+        END;
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION idem.published_tables() IS
+'The tables of schema idem that each publication publishes (as pg_publication_tables shows them), without failing when a publication is dropped while they are read.';
 CREATE OR REPLACE FUNCTION idem.publication_problems() RETURNS TABLE (publication name, problem text)
     STABLE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
 WITH published AS (
@@ -979,7 +996,7 @@ WITH published AS (
     SELECT p.pubname, p.pubupdate, p.pubdelete, c.oid AS relid, c.relname, t.attnames,
            c.oid IN (SELECT partition FROM idem.partition_bounds) AS is_partition
       FROM pg_publication p
-      JOIN pg_publication_tables t ON t.pubname = p.pubname AND t.schemaname = 'idem'
+      JOIN idem.published_tables() t ON t.pubname = p.pubname
       JOIN pg_class c ON c.relname = t.tablename AND c.relnamespace = 'idem'::regnamespace
 ), claims AS (
     SELECT DISTINCT pubname, pubupdate, pubdelete FROM published
@@ -1018,6 +1035,22 @@ SELECT pb.pubname, format('publishes only some columns of idem.%I (a column list
 $fn$;
 COMMENT ON FUNCTION idem.publication_problems() IS
 'Problems of the publications that include tables of schema idem: one row per problem, none when all is well.';
+CREATE OR REPLACE VIEW idem_publications AS
+WITH published AS (SELECT * FROM idem.published_tables())
+SELECT p.pubname AS publication,
+       p.puballtables AS all_tables,
+       p.pubviaroot AS via_root,
+       array_to_string(ARRAY[CASE WHEN p.pubinsert THEN 'insert' END, CASE WHEN p.pubupdate THEN 'update' END,
+                             CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END], ', ') AS publishes,
+       (SELECT array_agg(format('idem.%I', t.tablename) ORDER BY t.tablename)
+          FROM published t WHERE t.pubname = p.pubname) AS tables,
+       coalesce((SELECT array_agg(r.problem ORDER BY r.problem) FROM idem.publication_problems() r
+                  WHERE r.publication = p.pubname), '{}') AS problems
+  FROM pg_publication p
+ WHERE EXISTS (SELECT 1 FROM published t WHERE t.pubname = p.pubname)
+ ORDER BY 1;
+COMMENT ON VIEW idem_publications IS
+'Publications that include tables of schema idem: what they publish, which idem tables, and what would stop a subscriber or lose claim updates there (problems; empty when fine).';
 
 -- The old table goes with its partitions; the new default partition and
 -- the registry are kept by pg_dump as the old default partition was.

@@ -3,6 +3,31 @@
 -- docs/design.md §12 has the reasoning, docs/operations.md ("Logical
 -- replication and CDC") the set-ups.
 
+-- The tables of schema idem each publication publishes, as
+-- pg_publication_tables shows them, leaving out a publication dropped while
+-- it is read. pg_publication_tables looks each publication of the
+-- statement's snapshot up by name in the newest catalog, and raises 42704
+-- for one dropped in between: read as one query, that would fail a
+-- maintenance run or a monitoring scrape over a publication that no
+-- longer exists. One publication at a time here, each in its own block.
+CREATE FUNCTION idem.published_tables() RETURNS TABLE (pubname name, tablename name, attnames name[])
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    pub name;
+BEGIN
+    FOR pub IN SELECT p.pubname FROM pg_publication p ORDER BY p.pubname LOOP
+        BEGIN
+            RETURN QUERY SELECT t.pubname, t.tablename, t.attnames FROM pg_publication_tables t
+                          WHERE t.pubname = pub AND t.schemaname = 'idem';
+        EXCEPTION WHEN undefined_object THEN
+            NULL; -- dropped meanwhile: it publishes nothing any more
+        END;
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION idem.published_tables() IS
+'The tables of schema idem that each publication publishes (as pg_publication_tables shows them), without failing when a publication is dropped while they are read.';
+
 -- One row per problem, none when every publication is fine. idem_maintain
 -- raises a WARNING with these, the view idem_publications lists them.
 -- SECURITY DEFINER: it reads idem.partition_bounds, and a monitoring role
@@ -17,7 +42,7 @@ WITH published AS (
     SELECT p.pubname, p.pubupdate, p.pubdelete, c.oid AS relid, c.relname, t.attnames,
            c.oid IN (SELECT partition FROM idem.partition_bounds) AS is_partition
       FROM pg_publication p
-      JOIN pg_publication_tables t ON t.pubname = p.pubname AND t.schemaname = 'idem'
+      JOIN idem.published_tables() t ON t.pubname = p.pubname
       JOIN pg_class c ON c.relname = t.tablename AND c.relnamespace = 'idem'::regnamespace
 ), claims AS (
     SELECT DISTINCT pubname, pubupdate, pubdelete FROM published
@@ -58,17 +83,18 @@ COMMENT ON FUNCTION idem.publication_problems() IS
 'Problems of the publications that include tables of schema idem: one row per problem, none when all is well.';
 
 CREATE VIEW idem_publications AS
+WITH published AS (SELECT * FROM idem.published_tables())
 SELECT p.pubname AS publication,
        p.puballtables AS all_tables,
        p.pubviaroot AS via_root,
        array_to_string(ARRAY[CASE WHEN p.pubinsert THEN 'insert' END, CASE WHEN p.pubupdate THEN 'update' END,
                              CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END], ', ') AS publishes,
-       (SELECT array_agg(format('%I.%I', t.schemaname, t.tablename) ORDER BY t.tablename)
-          FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = 'idem') AS tables,
+       (SELECT array_agg(format('idem.%I', t.tablename) ORDER BY t.tablename)
+          FROM published t WHERE t.pubname = p.pubname) AS tables,
        coalesce((SELECT array_agg(r.problem ORDER BY r.problem) FROM idem.publication_problems() r
                   WHERE r.publication = p.pubname), '{}') AS problems
   FROM pg_publication p
- WHERE EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = 'idem')
+ WHERE EXISTS (SELECT 1 FROM published t WHERE t.pubname = p.pubname)
  ORDER BY 1;
 COMMENT ON VIEW idem_publications IS
 'Publications that include tables of schema idem: what they publish, which idem tables, and what would stop a subscriber or lose claim updates there (problems; empty when fine).';
