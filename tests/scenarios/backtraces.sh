@@ -16,10 +16,9 @@
 #     compiled in (debug builds), and wraps in a release build, where the
 #     scenario says no panic was reachable.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 source "$ROOT/tests/lib/cluster.sh"
 trap pc_stop EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # Signs of a Rust backtrace (std's format: numbered frames, "at file:line").
 BACKTRACE='stack backtrace|^ *[0-9]+: |[[:space:]]at [^ ]+\.rs:[0-9]+|rust_begin_unwind|std::panicking|core::panicking|pgrx_pg_sys::'
 
@@ -90,5 +89,4 @@ pc_stop
 say "idem preloaded (shared_preload_libraries = 'idem': loaded by the postmaster)"
 start "shared_preload_libraries = 'idem'"
 errors
-echo "backtrace checks failed: $fails"
-[ "$fails" = 0 ]
+finish "backtrace"

@@ -10,6 +10,7 @@
 # there, duplicates replay, a lease taken on the old primary is honoured
 # (its token finishes it, a caller without it gets ID003), new claims work.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 
 pdir="$(cluster_dir)/standby/primary"
 rdir="$(cluster_dir)/standby/replica"
@@ -56,21 +57,17 @@ while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = claimed ] && break; do
 # Its insert is replayed on the standby once a later commit has been: make one.
 primary -q -d standby -c "SELECT idem_configure('sync.marker', '1 hour')"
 
-fails=0
-check() { # label want got
-  if [ "$2" = "$3" ]; then echo "ok: $1: $3"; else echo "FAIL: $1: want '$2', got '$3'"; fails=$((fails + 1)); fi
-}
 for path in direct sql; do
   replica -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
-  check "$path: replica in recovery" t "$(replica -d standby -c "SELECT pg_is_in_recovery()")"
-  check "$path: lookup of a completed claim" 'completed|{"charge": 7}' "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('done', 'pay')")"
-  check "$path: lookup of a failed claim" 'failed|{"reason": "card"}' "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('declined', 'pay')")"
-  check "$path: lookup of an unknown key" absent "$(replica -d standby -c "SELECT state FROM idem_lookup('never', 'pay')")"
+  expect "$path: replica in recovery" "$(replica -d standby -c "SELECT pg_is_in_recovery()")" t
+  expect "$path: lookup of a completed claim" "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('done', 'pay')")" 'completed|{"charge": 7}'
+  expect "$path: lookup of a failed claim" "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('declined', 'pay')")" 'failed|{"reason": "card"}'
+  expect "$path: lookup of an unknown key" "$(replica -d standby -c "SELECT state FROM idem_lookup('never', 'pay')")" absent
   # The SQL path cannot see an uncommitted claim, nor its key lock (a
   # primary's lock is not on the standby): absent there, in_progress on the
   # direct path, which sees the replayed row and its running transaction.
   want=in_progress; [ "$path" = sql ] && want=absent
-  check "$path: lookup of a claim still open on the primary" "$want" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")"
+  expect "$path: lookup of a claim still open on the primary" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")" "$want"
   for call in "idem_claim('new', 'pay')" "idem_claim('done', 'pay')" "idem_complete('done', 'pay')" \
               "idem_fail('done', 'pay', '{}')" "idem_checkpoint('done', 'pay', 'p')" "idem_forget('done', 'pay')" \
               "idem_configure('pay', '1 hour')" "idem_set_owner('pay', NULL)"; do
@@ -86,23 +83,22 @@ done
 echo "COMMIT; SELECT 'committed';" >&"${HOLDER[1]}"
 while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = committed ] && break; done
 primary -q -d standby -c "SELECT idem_configure('sync.marker', '2 hours')"
-check "lookup after the primary committed" completed "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")"
+expect "lookup after the primary committed" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")" completed
 
 # Failover: the standby becomes the primary.
 kill "$holder" 2>/dev/null; holder=
 bash "$pgsh" failover "$pdir" "$rdir" >/dev/null
-check "promoted: out of recovery" f "$(replica -d standby -c "SELECT pg_is_in_recovery()")"
+expect "promoted: out of recovery" "$(replica -d standby -c "SELECT pg_is_in_recovery()")" f
 for path in direct sql; do
   replica -d postgres -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
-  check "promoted, $path: a duplicate replays" 'false|completed|{"charge": 7}' \
-    "$(replica -d standby -c "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('done', 'pay')")"
-  check "promoted, $path: the lease still runs" 'false|in_progress' \
-    "$(replica -d standby -c "SELECT claimed || '|' || state FROM idem_claim('job', 'batch')")"
-  check "promoted, $path: finishing the lease without its token" ID003 \
-    "$(replica -d standby -c '\set VERBOSITY sqlstate' -c "SELECT idem_checkpoint('job', 'batch', 'p')" 2>&1 | sed -n 's/^ERROR:  //p')"
+  expect "promoted, $path: a duplicate replays" "$(replica -d standby -c "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('done', 'pay')")" \
+    'false|completed|{"charge": 7}'
+  expect "promoted, $path: the lease still runs" "$(replica -d standby -c "SELECT claimed || '|' || state FROM idem_claim('job', 'batch')")" \
+    'false|in_progress'
+  expect "promoted, $path: finishing the lease without its token" "$(replica -d standby -c '\set VERBOSITY sqlstate' -c "SELECT idem_checkpoint('job', 'batch', 'p')" 2>&1 | sed -n 's/^ERROR:  //p')" \
+    ID003
 done
-check "promoted: the lease token finishes the lease" "completed" \
-  "$(replica -d standby -c "SELECT idem_complete('job', 'batch', '{\"done\": true}', lease_token => '$lease_token')" -c "SELECT state FROM idem_lookup('job', 'batch')" | tail -1)"
-check "promoted: a new claim" t "$(replica -d standby -c "SELECT claimed FROM idem_claim('after-failover', 'pay')")"
-echo "hot standby checks failed: $fails"
-[ "$fails" = 0 ]
+expect "promoted: the lease token finishes the lease" "$(replica -d standby -c "SELECT idem_complete('job', 'batch', '{\"done\": true}', lease_token => '$lease_token')" -c "SELECT state FROM idem_lookup('job', 'batch')" | tail -1)" \
+  "completed"
+expect "promoted: a new claim" "$(replica -d standby -c "SELECT claimed FROM idem_claim('after-failover', 'pay')")" t
+finish "hot standby"

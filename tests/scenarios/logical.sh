@@ -23,6 +23,7 @@
 #     checkpointed with the lease token blue gave out, one-time tokens.
 # Every wait polls a reported state with a bound. About a minute.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 pgsh="$ROOT/tests/stress/pg.sh"
 base="$(cluster_dir)/logical"
 adir="$base/a"
@@ -35,11 +36,6 @@ stop_loops() { touch "$work/stop"; wait 2>/dev/null || true; }
 trap 'stop_loops; bash "$pgsh" destroy "$adir" "$bdir"; rm -rf "$work"' EXIT
 t_start=$(date +%s)
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-check() { # what got want
-  if [ "$2" = "$3" ]; then echo "ok: $1"; else fail "$1: got '$2', want '$3'"; fi
-}
 A() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$adir" -p "$aport" -U postgres "$@"; }
 B() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$bdir" -p "$bport" -U postgres "$@"; }
 
@@ -185,7 +181,7 @@ wait_caught_up() { # db slot what
 
 # The subscription's apply worker runs and has not failed.
 apply_running() { # db sub what
-  check "$3 apply worker running, no apply or sync error" \
+  expect "$3 apply worker running, no apply or sync error" \
     "$(B -d "$1" -c "SELECT count(s.pid) || '/' || sum(st.apply_error_count + st.sync_error_count)
                        FROM pg_stat_subscription s JOIN pg_stat_subscription_stats st USING (subid)
                       WHERE s.subname = '$2' AND s.relid IS NULL")" "1/0"
@@ -205,7 +201,7 @@ A -d app -c "SELECT idem_maintain()" > /dev/null
 B -d app -c "CREATE SUBSCRIPTION all_tables CONNECTION 'host=127.0.0.1 port=$aport user=postgres dbname=app' PUBLICATION all_tables" 2>/dev/null
 wait_for 30 "(a) initial copy of every table done" B -d app -c \
   "SELECT count(*) = count(*) FILTER (WHERE srsubstate = 'r') AND count(*) > 0 FROM pg_subscription_rel"
-check "(a) idem_publications on A: what all_tables publishes, no problem" \
+expect "(a) idem_publications on A: what all_tables publishes, no problem" \
   "$(A -d app -c "SELECT via_root, tables, problems FROM idem_publications")" \
   "t|{idem.biz_types,idem.claims,idem.machines,idem.maintenance_lock,idem.maintenance_runs,idem.tokens,idem.type_classes}|{}"
 
@@ -215,11 +211,11 @@ A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'direc
 t0=$(date +%s.%N)
 workload direct 96 > "$work/wl-direct.sql"
 A -d app -f "$work/wl-direct.sql" > "$work/wl-direct.out"
-check "(a) the direct path ran it" "$(A -d app -c "SELECT DISTINCT path FROM orders WHERE request LIKE 'direct-%' AND path NOT IN ('plain', 'leased', 'blip')")" "direct"
+expect "(a) the direct path ran it" "$(A -d app -c "SELECT DISTINCT path FROM orders WHERE request LIKE 'direct-%' AND path NOT IN ('plain', 'leased', 'blip')")" "direct"
 A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" > /dev/null
 workload sql 96 > "$work/wl-sql.sql"
 A -d app -f "$work/wl-sql.sql" > "$work/wl-sql.out"
-check "(a) the SQL path ran it" "$(A -d app -c "SELECT DISTINCT path FROM orders WHERE request LIKE 'sql-%' AND path NOT IN ('plain', 'leased', 'blip')")" "sql"
+expect "(a) the SQL path ran it" "$(A -d app -c "SELECT DISTINCT path FROM orders WHERE request LIKE 'sql-%' AND path NOT IN ('plain', 'leased', 'blip')")" "sql"
 A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" > /dev/null
 echo "(a) workload of 192 requests on both paths: $(python3 -c "import time; print(round(time.time() - $t0, 1))") s"
 # Moves out of the default partition: the 70 s claims are beyond the premade
@@ -236,26 +232,26 @@ if diff "$work/a.digest" "$work/b.digest" > /dev/null; then
 else
   fail "(a) B differs from A:"; diff "$work/a.digest" "$work/b.digest" || true
 fi
-check "(a) live claims compared" "$(awk '$1 == "claims" { print ($2 >= 100) }' "$work/a.digest")" 1
-check "(a) on B, a completed claim replays" \
+expect "(a) live claims compared" "$(awk '$1 == "claims" { print ($2 >= 100) }' "$work/a.digest")" 1
+expect "(a) on B, a completed claim replays" \
   "$(B -d app -c "SELECT state || ' ' || result::text FROM idem_lookup('direct-8', 'pay')")" 'completed {"order": "direct-8", "amount": 8}'
-check "(a) on B, the leases taken over on both paths" \
+expect "(a) on B, the leases taken over on both paths" \
   "$(B -d app -c "SELECT string_agg(state || ' ' || result::text, ', ') FROM (SELECT (idem_lookup(p || '-takeover', 'pay')).* FROM unnest('{direct,sql}'::text[]) p) l")" \
   'completed {"attempt": 2}, completed {"attempt": 2}'
-check "(a) on B, the guarded transitions" "$(B -d app -c "SELECT string_agg(DISTINCT status, ',') FROM shipments")" "PAID"
-check "(a) on B, the claim made before the subscription (initial copy)" \
+expect "(a) on B, the guarded transitions" "$(B -d app -c "SELECT string_agg(DISTINCT status, ',') FROM shipments")" "PAID"
+expect "(a) on B, the claim made before the subscription (initial copy)" \
   "$(B -d app -c "SELECT state || ' ' || result::text FROM idem_lookup('before-sub', 'pay')")" 'completed {"early": true}'
-check "(a) every partition on both sides has REPLICA IDENTITY FULL" \
+expect "(a) every partition on both sides has REPLICA IDENTITY FULL" \
   "$(A -d app -c "SELECT bool_and(relreplident = 'f') FROM pg_class WHERE oid IN (SELECT partition FROM idem.partition_bounds)")$(B -d app -c "SELECT bool_and(relreplident = 'f') FROM pg_class WHERE oid IN (SELECT partition FROM idem.partition_bounds)")" "tt"
 A -d app -c "SELECT started_at FROM idem.maintenance_runs ORDER BY 1" > "$work/a.runs"
 B -d app -c "SELECT started_at FROM idem.maintenance_runs ORDER BY 1" > "$work/b.runs"
-check "(a) B's maintenance reports are its own (none of A's: $(wc -l < "$work/a.runs") on A, $(wc -l < "$work/b.runs") on B)" \
+expect "(a) B's maintenance reports are its own (none of A's: $(wc -l < "$work/a.runs") on A, $(wc -l < "$work/b.runs") on B)" \
   "$(comm -12 "$work/a.runs" "$work/b.runs" | wc -l)" 0
 
 echo "--- a publication without publish_via_partition_root, and one with a column list"
 A -d app -c "CREATE PUBLICATION leaf_names FOR ALL TABLES" -c "CREATE PUBLICATION some_columns FOR TABLE idem.biz_types (biz_type)" \
   -c "CREATE PUBLICATION no_classes FOR TABLE idem.claims WITH (publish_via_partition_root = true)"
-check "(a) idem_publications reports the three" \
+expect "(a) idem_publications reports the three" \
   "$(A -d app -c "SELECT publication || ': ' || split_part(problems[1], ':', 1) FROM idem_publications WHERE problems <> '{}' ORDER BY 1")" \
   "leaf_names: publishes the partitions of idem.claims under their own names (publish_via_partition_root = false)
 no_classes: publishes idem.claims without idem.type_classes
@@ -268,37 +264,37 @@ for attempt in $(seq 1 200); do
   warn=$( (A -d app -c "SELECT idem_maintain() IS NOT NULL" 2>&1 >/dev/null || true) | sed -n 1p)
   case "$warn" in *"already running in another session"*) continue ;; *) break ;; esac
 done
-check "(a) idem_maintain warns" "${warn:0:80}" "WARNING:  idem_maintain: publications that include idem's tables need a change: "
+expect "(a) idem_maintain warns" "${warn:0:80}" "WARNING:  idem_maintain: publications that include idem's tables need a change: "
 A -d app -c "DROP PUBLICATION leaf_names, some_columns, no_classes"
 stop_loops
 rm -f "$work/stop"
 echo "--- a partition without REPLICA IDENTITY FULL (made by hand, or restored from an old dump)"
 part=$(A -d app -c "SELECT partition FROM idem.partition_bounds WHERE NOT is_default ORDER BY range_to DESC LIMIT 1")
 A -d app -c "ALTER TABLE $part REPLICA IDENTITY DEFAULT"
-check "(a) idem_publications reports it" \
+expect "(a) idem_publications reports it" \
   "$(A -d app -c "SELECT split_part(problems[1], ':', 1) FROM idem_publications")" "$part has no REPLICA IDENTITY FULL"
 # The direct path refuses a claim before anything is written (55000), the
 # SQL path's UPDATE is refused by PostgreSQL itself: either way the
 # business transaction rolls back, nothing diverges on the subscriber.
 out=$(A -d app -v VERBOSITY=verbose -c "BEGIN" -c "INSERT INTO orders VALUES ('gap-direct', 1, 'x')" \
         -c "SELECT idem_claim('gap-direct', 'pay')" -c "COMMIT" 2>&1 || true)
-check "(a) direct path: the claim is refused" "$(grep -o 'ERROR:  55000: idem: [^,]*' <<<"$out")" \
+expect "(a) direct path: the claim is refused" "$(grep -o 'ERROR:  55000: idem: [^,]*' <<<"$out")" \
   "ERROR:  55000: idem: $part has no REPLICA IDENTITY FULL"
 A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" > /dev/null
 out=$(A -d app -v VERBOSITY=verbose -c "BEGIN" -c "INSERT INTO orders VALUES ('gap-sql', 1, 'x')" \
         -c "SELECT idem_claim('gap-sql', 'pay', ttl => (SELECT range_from + (range_to - range_from) / 2 - now()
                                                         FROM idem.partition_bounds WHERE partition = '$part'::regclass))" \
         -c "SELECT idem_complete('gap-sql', 'pay')" -c "COMMIT" 2>&1 || true)
-check "(a) SQL path: PostgreSQL refuses the update" "$(grep -o 'ERROR:  55000: cannot update table' <<<"$out")" \
+expect "(a) SQL path: PostgreSQL refuses the update" "$(grep -o 'ERROR:  55000: cannot update table' <<<"$out")" \
   "ERROR:  55000: cannot update table"
-check "(a) neither business row was written" "$(A -d app -c "SELECT count(*) FROM orders WHERE request LIKE 'gap-%'")" 0
-check "(a) idem_maintain sets it" "$(A -d app -c "SELECT idem_maintain()->'replica_identity_set'")" "[\"$part\"]"
-check "(a) and the problem is gone" "$(A -d app -c "SELECT problems FROM idem_publications")" "{}"
+expect "(a) neither business row was written" "$(A -d app -c "SELECT count(*) FROM orders WHERE request LIKE 'gap-%'")" 0
+expect "(a) idem_maintain sets it" "$(A -d app -c "SELECT idem_maintain()->'replica_identity_set'")" "[\"$part\"]"
+expect "(a) and the problem is gone" "$(A -d app -c "SELECT problems FROM idem_publications")" "{}"
 A -d app -c "BEGIN" -c "SELECT idem_claim('gap-sql', 'pay')" -c "SELECT idem_complete('gap-sql', 'pay')" -c "COMMIT" > /dev/null
 A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" > /dev/null
 A -d app -c "BEGIN" -c "SELECT idem_claim('gap-direct', 'pay')" -c "SELECT idem_complete('gap-direct', 'pay')" -c "COMMIT" > /dev/null
 echo "ok: (a) after it, both paths claim and complete again"
-check "(a) no maintenance run failed on A or B" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
+expect "(a) no maintenance run failed on A or B" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
 read -r ca da ma na <<<"$(maint_summary a)"
 read -r cb db mb nb <<<"$(maint_summary b)"
 echo "(a) maintenance on A: $na runs, $ca partitions created, $da dropped, $ma claims moved out of the default partition"
@@ -396,7 +392,7 @@ while read -r what key tok; do
   [ "$got" = 'completed {"finished_on": "green"}' ] || fail "(b) lease $key after completion on green: $got"
   leases=$((leases + 1))
 done < "$work/notes"
-check "(b) open leases finished with blue's tokens on green" "$leases" 15
+expect "(b) open leases finished with blue's tokens on green" "$leases" 15
 tokens_ok=0
 while read -r what key tok; do
   [ "$what" = token ] || continue
@@ -406,12 +402,12 @@ while read -r what key tok; do
   [ "$got" = "$want" ] || fail "(b) token of $key on green: got '$got', want '$want'"
   tokens_ok=$((tokens_ok + 1))
 done < "$work/notes"
-check "(b) one-time tokens from blue: spent ones stay spent, the others spend once on green" "$tokens_ok" 30
-check "(b) TTL settings carried: a new claim on green" \
+expect "(b) one-time tokens from blue: spent ones stay spent, the others spend once on green" "$tokens_ok" 30
+expect "(b) TTL settings carried: a new claim on green" \
   "$(B -d shop -c "SELECT expires_at - first_claimed_at FROM idem_claim('after-switch', 'pay')")" "00:01:00"
-check "(b) machine carried" "$(B -d shop -c "SELECT idem_classify_transition('order', 'CREATED', 'PAID')")" "allowed"
+expect "(b) machine carried" "$(B -d shop -c "SELECT idem_classify_transition('order', 'CREATED', 'PAID')")" "allowed"
 touch "$work/stop"; wait 2>/dev/null || true
-check "(b) no maintenance run failed" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
+expect "(b) no maintenance run failed" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
 read -r ca da ma na <<<"$(maint_summary a)"
 read -r cb db mb nb <<<"$(maint_summary b)"
 echo "(b) maintenance on blue: $na runs, $ca partitions created, $da dropped, $ma claims moved out of the default partition"

@@ -10,16 +10,12 @@
 # the counters. No verdict depends on time: concurrent steps wait for the
 # state they need (pg_stat_activity, the session's own output).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 source "$ROOT/tests/lib/cluster.sh"
 trap pc_stop EXIT
 pc_init "$(cluster_dir)/metrics" "${IDEM_METRICS_PORT:-5471}" "shared_preload_libraries = 'idem'"
 pc_start
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 q() { pc_psql -d "$1" -Atc "$2"; }
-expect() { # what got want
-  if [ "$2" = "$3" ]; then echo "ok: $1: $2"; else fail "$1: got '$2', expected '$3'"; fi
-}
 COLUMNS_SQL="claims, takeovers, duplicates_completed, duplicates_failed, in_progress, waits,
              fingerprint_mismatches, not_held, serialization_failures, completes, fails, checkpoints"
 counters() { # db biz_type: the counters as one line a|b|c...
@@ -254,5 +250,4 @@ expect "pay after restart" "$(counters m1 pay)" "1|0|0|0|0|0|0|0|0|0|0|0"
 expect "the duplicate after restart" "$(q m1 "SELECT state FROM idem_claim('p1', 'pay')")" completed
 expect "pay after restart and a duplicate" "$(counters m1 pay)" "1|0|1|0|0|0|0|0|0|0|0|0"
 
-echo "metrics checks failed: $fails"
-[ "$fails" = 0 ]
+finish "metrics"

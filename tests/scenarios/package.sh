@@ -16,6 +16,7 @@
 #     (tests/package/in_root.sh);
 #   - META.json follows PGXN Meta spec 1.0.0 and carries Cargo.toml's version.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 cd "$ROOT"
 version=$(awk -F'"' '$1 == "version = " { print $2; exit }' Cargo.toml)
 arch=$(dpkg --print-architecture)
@@ -24,8 +25,6 @@ pkglibdir=$("$PG_CONFIG" --pkglibdir)
 extdir="$("$PG_CONFIG" --sharedir)/extension"
 work=$(mktemp -d /tmp/doc_pkg.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 say "build the package (version $version from Cargo.toml)"
 bash scripts/package.sh

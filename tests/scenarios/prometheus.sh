@@ -10,6 +10,7 @@
 # every metric the Grafana dashboard uses present in the scrape.
 # A second workload and scrape: the counters grew by exactly its claims.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 source "$ROOT/tests/lib/cluster.sh"
 exporter=/usr/bin/prometheus-postgres-exporter
 [ -x "$exporter" ] || { echo "FAIL: $exporter is missing (bash scripts/setup.sh --tests installs it)"; exit 1; }
@@ -23,8 +24,6 @@ cleanup() {
 trap cleanup EXIT
 pc_init "$(cluster_dir)/prometheus" "$pg_port" "shared_preload_libraries = 'idem'" "listen_addresses = '127.0.0.1'"
 pc_start
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 q() { pc_psql -d appdb -Atc "$1"; }
 
 pc_psql -q -d postgres -c "CREATE DATABASE appdb"
@@ -101,9 +100,6 @@ for line in open(path):
 print(found[0] if len(found) == 1 else f"<{len(found)} samples>")
 PY
 }
-expect() { # what got want
-  if [ "$2" = "$3" ]; then echo "ok: $1 = $2"; else fail "$1: got $2, expected $3"; fi
-}
 scrape "$PC_DIR/scrape1.txt"
 grep -E '^(pg_up|pg_exporter_user_queries_load_error|pg_exporter_last_scrape_error)' "$PC_DIR/scrape1.txt"
 expect "pg_up" "$(value "$PC_DIR/scrape1.txt" pg_up)" 1
@@ -141,5 +137,4 @@ expect "idem_claims_total payment" "$(p scrape2.txt idem_claims_total payment)" 
 expect "idem_duplicates_completed_total payment" "$(p scrape2.txt idem_duplicates_completed_total payment)" 6
 expect "idem_claims_total refund" "$(p scrape2.txt idem_claims_total refund)" 2
 
-echo "prometheus checks failed: $fails"
-[ "$fails" = 0 ]
+finish "prometheus"

@@ -24,14 +24,11 @@
 # have left them (claimed_at, expires_at, ttl_class, the type registered in
 # its class), then idem_maintain() moves them into their class's partitions.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 dir="$(cluster_dir)/retention"
 port=5516
 pgsh="$ROOT/tests/stress/pg.sh"
 trap 'bash "$pgsh" destroy "$dir"' EXIT
-fails=0
-check() { # what expected actual
-  if [ "$2" = "$3" ]; then echo "ok: $1 ($3)"; else echo "FAIL: $1: expected '$2', got '$3'"; fails=$((fails + 1)); fi
-}
 
 bash "$pgsh" destroy "$dir" 2>/dev/null || true
 bash "$pgsh" init "$dir" $port
@@ -57,8 +54,8 @@ INSERT INTO idem.type_classes (biz_type, ttl_class, until)
 SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY 1, 2;
 SELECT idem_maintain() IS NOT NULL;
 SQL
-check "no claim left in the default partition" 0 "$(q -At -c "SELECT count(*) FROM idem.claims_default")"
-check "one TTL class per type" 4 "$(q -At -c "SELECT count(DISTINCT ttl_class) FROM idem.claims")"
+expect "no claim left in the default partition" "$(q -At -c "SELECT count(*) FROM idem.claims_default")" 0
+expect "one TTL class per type" "$(q -At -c "SELECT count(DISTINCT ttl_class) FROM idem.claims")" 4
 
 # Relations one claim locks, per type: bounded, and the same whatever the TTL.
 locks=()
@@ -76,20 +73,20 @@ SQL
 )
   echo "   a claim of $t locks $n relations"
   locks+=("$n")
-  check "a claim of $t locks at most 21 relations" true "$([ "$n" -le 21 ] && echo true || echo false)"
+  expect "a claim of $t locks at most 21 relations" "$([ "$n" -le 21 ] && echo true || echo false)" true
 done
 spread=$(printf '%s\n' "${locks[@]}" | sort -n | sed -n '1p;$p' | paste -sd' ' | awk '{print $2 - $1}')
-check "lock counts of 1 hour and 400 days differ by at most 4" true "$([ "$spread" -le 4 ] && echo true || echo false)"
+expect "lock counts of 1 hour and 400 days differ by at most 4" "$([ "$spread" -le 4 ] && echo true || echo false)" true
 
 # Duplicates of claims anywhere in each type's span are found.
 for t in t1h t1d t30d t400d; do
   found=$(q -At -c "SELECT count(*) FILTER (WHERE NOT r.claimed AND r.state = 'completed' AND r.result = jsonb_build_object('n', g))
                       FROM generate_series(1, 20000, 97) g, LATERAL idem_claim('old-' || g, '$t') r")
-  check "duplicates of $t found across its whole TTL" 207 "$found"
+  expect "duplicates of $t found across its whole TTL" "$found" 207
 done
 
 q -At -c "SELECT check_name || '=' || severity FROM idem_health WHERE check_name IN ('claim_locks', 'partition_horizon', 'default_partition') ORDER BY 1" > "$dir/health.txt"
-check "idem_health" "claim_locks=ok default_partition=ok partition_horizon=ok" "$(paste -sd' ' "$dir/health.txt")"
+expect "idem_health" "$(paste -sd' ' "$dir/health.txt")" "claim_locks=ok default_partition=ok partition_horizon=ok"
 
 # A change of idem.partition_width moves coming claims to other classes and
 # loses none: claims made at one width are found at another, before and
@@ -105,7 +102,7 @@ RESET idem.partition_width;
 SELECT claimed FROM idem_claim('w-2', 't1h');
 SELECT count(DISTINCT ttl_class) FROM idem.claims WHERE biz_type = 't1h' AND key LIKE 'w-%';
 SQL
-check "claims across a change of idem.partition_width" "t f t t f f 2" "$(paste -sd' ' "$dir/width.txt")"
+expect "claims across a change of idem.partition_width" "$(paste -sd' ' "$dir/width.txt")" "t f t t f f 2"
 
 # A type's TTL changed while its claims are live: the old claims (in the old
 # TTL's class) answer duplicates, new ones go to the new class. (The
@@ -120,7 +117,7 @@ SELECT claimed FROM idem_claim('c-2', 'tchange');
 SELECT claimed FROM idem_claim('c-1', 'tchange');
 SELECT count(DISTINCT ttl_class) FROM idem.type_classes WHERE biz_type = 'tchange';
 SQL
-check "claims across changes of the type's TTL (1 day, 30 days, 5 minutes)" "t f t f f 2" "$(grep -v '^$' "$dir/ttl.txt" | paste -sd' ')"
+expect "claims across changes of the type's TTL (1 day, 30 days, 5 minutes)" "$(grep -v '^$' "$dir/ttl.txt" | paste -sd' ')" "t f t f f 2"
 
 # 100 sessions, each holding an open 400-day claim, then claiming more.
 cat > "$dir/sessions.py" <<'PY'
@@ -163,11 +160,10 @@ PY
 dsn="host=127.0.0.1 port=$port dbname=retention user=postgres"
 out1=$("$IDEM_PY" "$dir/sessions.py" "$dsn" 1)
 echo "   first wave: $out1"
-check "100 sessions holding 400-day claims: no error, 100 claimed, 100 old duplicates found" "errors=0 new=100 dup=100" "$(echo "$out1" | head -1)"
+expect "100 sessions holding 400-day claims: no error, 100 claimed, 100 old duplicates found" "$(echo "$out1" | head -1)" "errors=0 new=100 dup=100"
 out2=$("$IDEM_PY" "$dir/sessions.py" "$dsn" 2)
 echo "   second wave: $out2"
-check "the same keys again: no error, none claimed" "errors=0 new=0 dup=100" "$(echo "$out2" | head -1)"
-check "one business row per key" "100 100" "$(q -At -c "SELECT count(*), count(DISTINCT key) FROM business" | tr '|' ' ')"
+expect "the same keys again: no error, none claimed" "$(echo "$out2" | head -1)" "errors=0 new=0 dup=100"
+expect "one business row per key" "$(q -At -c "SELECT count(*), count(DISTINCT key) FROM business" | tr '|' ' ')" "100 100"
 
-echo "retention checks failed: $fails"
-[ "$fails" = 0 ]
+finish "retention"

@@ -20,14 +20,11 @@
 # nothing else was written. Then the same again on the SQL storage path
 # (idem.storage_access = sql, the counter moved on one more epoch).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/assert.sh"
 dir="$(cluster_dir)/wraparound"
 port=5515
 pgsh="$ROOT/tests/stress/pg.sh"
 trap 'bash "$pgsh" destroy "$dir"' EXIT
-fails=0
-check() { # what expected actual
-  if [ "$2" = "$3" ]; then echo "ok: $1 ($3)"; else echo "FAIL: $1: expected '$2', got '$3'"; fails=$((fails + 1)); fi
-}
 sql() { "$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres -d wrap "$@"; }
 
 bash "$pgsh" init "$dir" "$port"
@@ -87,28 +84,27 @@ COMMIT;
 SQL
 )
   echo "$out" | sed 's/^/    /'
-  check "$label: the transaction under test has the claims' 32-bit xid" "xid=$t" "$(echo "$out" | grep '^xid=')"
-  check "$label: a duplicate of the committed claim" "duplicate=completed" "$(echo "$out" | grep '^duplicate=')"
-  check "$label: the 1-second claim has expired (a precondition)" "expired_before=true" "$(echo "$out" | grep '^expired_before=')"
-  check "$label: an expired claim is claimed anew" "expired_claimed=true" "$(echo "$out" | grep '^expired_claimed=')"
-  check "$label: the lease as others see it" "lookup=in_progress" "$(echo "$out" | grep '^lookup=')"
-  check "$label: idem_complete and idem_checkpoint without the lease token refused (ID003)" "2" "$(echo "$out" | grep -c '^ERROR:  ID003')"
-  check "$label: nothing completed without the token" "0" "$(echo "$out" | grep -c 'complete_without_token=done')"
-  check "$label: nothing checkpointed without the token" "0" "$(echo "$out" | grep -c 'checkpoint_without_token=done')"
-  check "$label: the three claims still there, the lease unchanged" "rows=3,1" "$(echo "$out" | grep '^rows=')"
+  expect "$label: the transaction under test has the claims' 32-bit xid" "$(echo "$out" | grep '^xid=')" "xid=$t"
+  expect "$label: a duplicate of the committed claim" "$(echo "$out" | grep '^duplicate=')" "duplicate=completed"
+  expect "$label: the 1-second claim has expired (a precondition)" "$(echo "$out" | grep '^expired_before=')" "expired_before=true"
+  expect "$label: an expired claim is claimed anew" "$(echo "$out" | grep '^expired_claimed=')" "expired_claimed=true"
+  expect "$label: the lease as others see it" "$(echo "$out" | grep '^lookup=')" "lookup=in_progress"
+  expect "$label: idem_complete and idem_checkpoint without the lease token refused (ID003)" "$(echo "$out" | grep -c '^ERROR:  ID003')" "2"
+  expect "$label: nothing completed without the token" "$(echo "$out" | grep -c 'complete_without_token=done')" "0"
+  expect "$label: nothing checkpointed without the token" "$(echo "$out" | grep -c 'checkpoint_without_token=done')" "0"
+  expect "$label: the three claims still there, the lease unchanged" "$(echo "$out" | grep '^rows=')" "rows=3,1"
 }
 
 wrap_to 1
 round direct
 echo "idem.storage_access = sql" >> "$dir/data/postgresql.conf"
 wrap_to 2
-check "the SQL storage path is in use" "sql" "$(sql -c 'SELECT idem_storage_path()')"
+expect "the SQL storage path is in use" "$(sql -c 'SELECT idem_storage_path()')" "sql"
 round sql
 
 # After the wraps, the lease's holder still finishes it with its token, and
 # new claims work.
 sql -q -c "SELECT idem_complete('leased', 'wrap', '{\"done\": true}', lease_token => '$token')"
-check "the lease holder completes with its token" "completed" "$(sql -c "SELECT state FROM idem_lookup('leased', 'wrap')")"
-check "a new claim after the wrap" "t" "$(sql -c "SELECT claimed FROM idem_claim('after', 'wrap')")"
-echo "wraparound checks failed: $fails"
-[ "$fails" = 0 ]
+expect "the lease holder completes with its token" "$(sql -c "SELECT state FROM idem_lookup('leased', 'wrap')")" "completed"
+expect "a new claim after the wrap" "$(sql -c "SELECT claimed FROM idem_claim('after', 'wrap')")" "t"
+finish "wraparound"
