@@ -139,26 +139,25 @@ run_major() { # label command...
 }
 
 if [ "$IDEM_SUITE" = full ]; then
-  say "#[pg_test] units (cargo pgrx test)"
-  PGRX_DATA="$(cluster_dir)/pgrx-test"
-  mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
-  if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
-  grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
-  while read -r line; do
-    name=$(echo "$line" | awk '{print $2}')
-    if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
-  done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
-  grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
-  # (cargo pgrx test installed a build with the test functions: put the
-  # plain build back for whatever runs next.)
-  bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
-  step_done "pg_test(build, run, reinstall)"
-
-  # The other majors run side by side (IDEM_MAJORS_SERIAL=1: one after
-  # another): each is a separate server and build, and most of a run is
-  # spent waiting (locks, fsyncs, sessions waiting on each other), which
-  # leaves the CPU to the others. Each job writes its output and records to
-  # files, shown and counted here in the order of IDEM_MAJORS.
+  # The #[pg_test] units install a build with the test functions into this
+  # PostgreSQL, and the plain build back after them: nothing else uses this
+  # PostgreSQL's files by then, so they run beside the other majors.
+  major_pg_test() {
+    say "#[pg_test] units (cargo pgrx test)"
+    PGRX_DATA="$(cluster_dir)/pgrx-test"
+    mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
+    if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+    grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
+    while read -r line; do
+      name=$(echo "$line" | awk '{print $2}')
+      if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+    done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
+    grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+    # (cargo pgrx test installed a build with the test functions: put the
+    # plain build back for whatever runs next.)
+    bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
+    step_done "pg_test(build, run, reinstall)"
+  }
   major_18() {
     say "PostgreSQL 18: the core suite (scripts/pg/pg18.sh builds it once, cached)"
     pg18=$(bash "$ROOT/scripts/pg/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
@@ -192,14 +191,20 @@ if [ "$IDEM_SUITE" = full ]; then
     # (Stopped, as 17's: pg16.sh does not swap in a new tree under a running server.)
     PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
   }
+  # The other majors run side by side (IDEM_MAJORS_SERIAL=1: one after
+  # another): each is a separate server and build, and most of a run is
+  # spent waiting (locks, fsyncs, sessions waiting on each other), which
+  # leaves the CPU to the others. Each job writes its output and records to
+  # files, shown and counted here in the order of IDEM_MAJORS (the
+  # units first).
   major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
     : > "$OUT/major-$1.records"
     (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
   }
   jobs_started=() job_pids=()
-  for major in $IDEM_MAJORS; do
+  for major in pg_test $IDEM_MAJORS; do
     declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
-    say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the other majors')"
+    [ "$major" = pg_test ] || say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the other majors')"
     if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
     jobs_started+=("$major")
   done
