@@ -51,7 +51,7 @@ pp_cleanup_dist() { if [ -n "${pp_own_dist:-}" ]; then rm -rf "$PORTABLE_DIST"; 
 # service. ADMIN owns the extension and so its SECURITY DEFINER functions.
 pp_tle_install() {
   local db=$1 admin=$2
-  pp_psql postgres postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db OWNER $admin"
+  pp_psql postgres postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db OWNER $admin"
   pp_psql postgres "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_tle" \
     -c "GRANT pgtle_admin TO $admin"
   pp_psql "$admin" "$db" -f "$PORTABLE_DIST/idem_pg_tle.sql" >/dev/null
@@ -61,13 +61,13 @@ pp_tle_install() {
 # with the plain script run by OWNER (API in schema public).
 pp_plain_install() {
   local db=$1 owner=$2
-  pp_psql postgres postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db OWNER $owner"
+  pp_psql postgres postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db OWNER $owner"
   pp_psql "$owner" "$db" -f "$PORTABLE_DIST/idem_portable.sql" >/dev/null
 }
 # pp_roles ROLE...: login roles, not superusers (made anew).
 pp_roles() {
   local r
-  for r in "$@"; do pp_psql postgres postgres -c "DROP ROLE IF EXISTS $r" -c "CREATE ROLE $r LOGIN NOSUPERUSER"; done
+  for r in "$@"; do pp_psql postgres postgres -c "SET client_min_messages = warning" -c "DROP ROLE IF EXISTS $r" -c "CREATE ROLE $r LOGIN NOSUPERUSER"; done
 }
 # pp_drop DBS ROLES: what a script made (databases first: roles own them).
 pp_drop() {

@@ -247,5 +247,8 @@ else
   echo "FAILED: negative control failed for another reason:"; tail -5 "$out/stress-neg.log"; fails=$((fails + 1))
 fi
 
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/pooler.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/pooler.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/privileges.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/privileges.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/environments.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/environments.sh"; fails=$((fails + 1)); }
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
