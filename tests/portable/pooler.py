@@ -21,7 +21,9 @@ observer (pg_locks, pg_stat_activity) and the final counts.
      on the same server session holds no advisory lock (pg_locks, from the
      session itself and from outside) after a claim, a duplicate that wrote
      nothing, an autocommit call, a rollback, and a client that left in the
-     middle of its transaction; and it may claim those keys at once.
+     middle of its transaction; and it may claim those keys at once;
+  4. leases: a client on the same server session as the lease's holder,
+     without the token, can neither finish nor take over the lease.
 
 --break is the negative control: session_lock rewrites the edition's key
 lock into a session-level advisory lock (never released at commit),
@@ -295,12 +297,45 @@ def lock_release(obs):
     b.close()
 
 
+# ---- leases: ownership is the token, never the server session ----------------
+
+def leases(obs):
+    key = f"{RUN}-lease"
+    a = via("pp1")
+    b = via("pp1")
+    claimed, token = a.execute("SELECT claimed, result->>'lease_token' FROM idem_claim(%s, 'pooler.job', lease => '1 minute')",
+                               (key,)).fetchone()
+    check(claimed and token and pid(a) == pid(b), "client A takes a lease; client B shares A's server session")
+
+    def sqlstate_of(conn, sql, params):
+        try:
+            conn.execute(sql, params)
+            return "00000"
+        except psycopg.Error as e:
+            return e.sqlstate
+    states = [sqlstate_of(b, "SELECT idem_checkpoint(%s, 'pooler.job', 'forged', '{}')", (key,)),
+              sqlstate_of(b, "SELECT idem_complete(%s, 'pooler.job', '{\"by\": \"B\"}')", (key,)),
+              sqlstate_of(b, "SELECT idem_fail(%s, 'pooler.job', '{\"by\": \"B\"}')", (key,)),
+              sqlstate_of(b, "SELECT idem_complete(%s, 'pooler.job', '{\"by\": \"B\"}', %s)", (key, "0" * 32))]
+    check(states == ["ID003"] * 4,
+          f"B on the same server session without the token: checkpoint, complete, fail, a wrong token: {states}")
+    r = b.execute("SELECT claimed, state FROM idem_claim(%s, 'pooler.job', lease => '1 minute')", (key,)).fetchone()
+    check(r == (False, "in_progress"), f"B cannot take the running lease over: {r}")
+    s1 = sqlstate_of(a, "SELECT idem_checkpoint(%s, 'pooler.job', 'charged', '{\"charge\": 7}', %s)", (key, token))
+    s2 = sqlstate_of(a, "SELECT idem_complete(%s, 'pooler.job', '{\"by\": \"A\"}', %s)", (key, token))
+    r = b.execute("SELECT claimed, state, result FROM idem_claim(%s, 'pooler.job')", (key,)).fetchone()
+    check((s1, s2) == ("00000", "00000") and r == (False, "completed", {"by": "A"}),
+          f"A, with its token, checkpoints ({s1}) and completes ({s2}); B's duplicate replays A's result: {r}")
+    a.close()
+    b.close()
+
+
 def main():
     with direct() as obs:
         obs.execute("DELETE FROM pooler_payments")
         if args.sabotage:
             sabotage(obs, args.sabotage)
-        for section in (concurrency, waiting_duplicates, lock_release):
+        for section in (concurrency, waiting_duplicates, lock_release, leases):
             try:
                 section(obs)
             except Exception as e:

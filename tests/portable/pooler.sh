@@ -5,7 +5,8 @@
 # superusers either, and tests/portable/pooler.py's checks (the same keys
 # claimed at the same moment with business rows counted, duplicates
 # answered with the first outcome, the key lock gone when the transaction
-# ends, for the next client of a shared server session too).
+# ends, for the next client of a shared server session too, and a lease
+# that only its token finishes).
 #
 #   bash tests/portable/pooler.sh [SOCKET_DIR [PORT]]     (tests/portable/lib.sh)
 #
