@@ -12,7 +12,7 @@
 # fail ("transaction ID is in the future").
 #
 # Here: claims are made in one transaction T (a pending one, a leased one,
-# one with a 1-second TTL) and in the next one, T+1 (a pending one and a
+# one with a 1-second TTL, one with a 1-second lease) and in the next one, T+1 (a pending one and a
 # 1-second one); every database is frozen, the cluster is stopped and
 # pg_resetwal moves the xid counter one epoch on, to T itself (what ~4
 # billion transactions would do). The next transaction is checked to have
@@ -20,8 +20,10 @@
 # duplicates read completed, idem_complete and idem_checkpoint of the
 # leased claim without its token are refused with ID003, the lookup reads
 # the lease in_progress, the expired claims are claimed anew (a business
-# row written for each), also from a subtransaction whose xid is T+1, and
-# nothing else was written. Afterwards the lease holder still completes
+# row written for each), also from a subtransaction whose xid is T+1; the
+# rows this transaction writes are its own (the lease run out is taken
+# over and completed without the token; a new claim reads in_progress to a
+# duplicate and is completed); nothing else was written. Afterwards the lease holder still completes
 # with its token. Runs on its own (bash tests/portable/wraparound.sh) and
 # from tests/scenarios/portable.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
@@ -61,6 +63,7 @@ BEGIN;
 SELECT claimed FROM idem_claim('pending', 'wrap') \g /dev/null
 SELECT claimed FROM idem_claim('expired', 'wrap', ttl => '1 second') \g /dev/null
 SELECT result->>'lease_token' AS token FROM idem_claim('leased', 'wrap', lease => '1 hour') \gset
+SELECT claimed FROM idem_claim('short_lease', 'wrap', lease => '1 second') \g /dev/null
 SELECT xmin, :'token' FROM idem.claims WHERE biz_type = 'wrap' AND key = 'pending';
 COMMIT;
 SQL
@@ -77,7 +80,8 @@ echo "claims made by transactions $t and $t_next"
 expect "the second claims' transaction is the next one" "$t_next" "$((t + 1))"
 # The 1-second claims must have expired before the round (a state waited
 # for: nothing below depends on how long anything takes).
-until [ "$(sql -c "SELECT bool_and(clock_timestamp() > expires_at) FROM idem.claims WHERE biz_type = 'wrap' AND key IN ('expired', 'later_expired')")" = t ]; do
+until [ "$(sql -c "SELECT bool_and(clock_timestamp() > expires_at) FROM idem.claims WHERE biz_type = 'wrap' AND key IN ('expired', 'later_expired')")" = t ] &&
+      [ "$(sql -c "SELECT clock_timestamp() > idem.lease_until(result) FROM idem.claims WHERE biz_type = 'wrap' AND key = 'short_lease'")" = t ]; do
   sleep 0.2
 done
 
@@ -121,6 +125,14 @@ SELECT 'checkpoint_without_token=done' FROM idem_checkpoint('leased', 'wrap', 'f
 ROLLBACK TO s;
 SELECT 'fail_without_token=done' FROM idem_fail('leased', 'wrap', '{"forged": true}');
 ROLLBACK TO s;
+SELECT 'takeover=' || claimed FROM idem_claim('short_lease', 'wrap');
+SELECT 'takeover_completed=done' FROM idem_complete('short_lease', 'wrap', '{"by": "taker"}');
+SELECT 'takeover_after=' || state FROM idem_lookup('short_lease', 'wrap');
+ROLLBACK TO s;
+SELECT 'fresh=' || claimed FROM idem_claim('fresh', 'wrap');
+SELECT 'fresh_duplicate=' || state FROM idem_claim('fresh', 'wrap');
+SELECT 'fresh_completed=done' FROM idem_complete('fresh', 'wrap', '{}');
+ROLLBACK TO s;
 SELECT 'rows=' || count(*) || ',' || count(*) FILTER (WHERE state = 'l') || ',' || count(*) FILTER (WHERE state = 'p') FROM idem.claims WHERE biz_type = 'wrap';
 SELECT 'payments_after=' || count(*) FROM payments;
 COMMIT;
@@ -146,7 +158,14 @@ expect "idem_complete, idem_checkpoint and idem_fail without the lease token ref
   "$(echo "$out" | grep -c '^ERROR:  ID003')" "3"
 expect "nothing finished without the token" "$(echo "$out" | grep -c '_without_token=done')" "0"
 expect "no other error" "$(echo "$out" | grep '^ERROR' | grep -v '^ERROR:  ID003' || true)" ""
-expect "the five claims still there, the lease unchanged, four pending" "$(echo "$out" | grep '^rows=')" "rows=5,1,4"
+expect "a lease run out is taken over" "$(echo "$out" | grep '^takeover=')" "takeover=true"
+expect "the transaction that took it over completes it without the token (its own row)" \
+  "$(echo "$out" | grep -c '^takeover_completed=done')" "1"
+expect "completed" "$(echo "$out" | grep '^takeover_after=')" "takeover_after=completed"
+expect "a new claim" "$(echo "$out" | grep '^fresh=')" "fresh=true"
+expect "its duplicate in the claiming transaction" "$(echo "$out" | grep '^fresh_duplicate=')" "fresh_duplicate=in_progress"
+expect "the claiming transaction completes it" "$(echo "$out" | grep -c '^fresh_completed=done')" "1"
+expect "the six claims still there, the leases unchanged, four pending" "$(echo "$out" | grep '^rows=')" "rows=6,2,4"
 expect "no business row kept" "$(echo "$out" | grep '^payments_after=')" "payments_after=0"
 
 # After the wrap, the lease's holder still finishes it with its token, and
