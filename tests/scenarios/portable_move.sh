@@ -175,10 +175,14 @@ expect "the import script is in the doc" "$(grep -c '^\\copy' "$out/idem_import.
 # stays expired.)
 claims_sql="SELECT biz_type, key, idem.key_hash(biz_type, key), ttl_class, expires_at, claimed_at, state, fingerprint, result
             FROM idem.claims WHERE expires_at > now() ORDER BY biz_type, key, expires_at"
+# The registry's row for the expired claim's class is left out too: the
+# import's maintenance removes it once its until has passed (none of the
+# others comes within 10 minutes of that during the test).
 config_sql="SELECT 'type', biz_type, ttl::text, owner::text, created_at::text FROM idem.biz_types
             UNION ALL SELECT 'machine', name, transitions::text, reachable::text, updated_at::text FROM idem.machines
             UNION ALL SELECT 'token', encode(token_sha256, 'hex'), biz_type, spent_at::text, expires_at::text FROM idem.tokens
             UNION ALL SELECT 'class', biz_type, ttl_class::text, until::text, NULL FROM idem.type_classes
+                       WHERE until > now() + interval '10 minutes'
             ORDER BY 1, 2, 3, 4"
 business_sql="SELECT 'payment', key, charge_id::text || ' ' || amount::text FROM payments
               UNION ALL SELECT 'order', id::text, status FROM orders ORDER BY 1, 2"
