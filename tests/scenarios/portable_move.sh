@@ -40,6 +40,10 @@ TLE_BIN=$("$TLE_CONFIG" --bindir)
 [ -e "$PG_BIN/../lib/idem.so" ] || [ -e "$("$PG_CONFIG" --pkglibdir)/idem.so" ] ||
   { echo "the native idem is not installed in $PG_BIN's PostgreSQL (bash scripts/setup.sh)"; exit 1; }
 base="$IDEM_TARGET/portable_move"
+# (under /tmp when the postgres user cannot reach the checkout, as
+# scripts/lib.sh does for the suite's cluster)
+mkdir -p "$IDEM_TARGET"
+sudo -u postgres test -x "$IDEM_TARGET" 2>/dev/null || base="/tmp/idem-portable_move-$(echo "$ROOT" | md5sum | cut -c1-8)"
 out="$base/out"
 tle_dir="$base/tle"
 nat_dir="$base/native"
@@ -53,7 +57,7 @@ stop_all
 rm -rf "$base"
 mkdir -p "$tle_dir" "$nat_dir" "$out"
 chown postgres:postgres "$tle_dir" "$nat_dir"
-chmod 755 "$IDEM_TARGET" "$base" "$tle_dir" "$nat_dir"
+chmod 755 "$base" "$tle_dir" "$nat_dir"
 python3 "$ROOT/scripts/portable.py" --out "$out/dist"
 chmod -R a+rX "$out"
 

@@ -33,6 +33,10 @@ PORT=5551
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")
 TLE_BIN=$("$TLE_CONFIG" --bindir)
 base="$IDEM_TARGET/portable_update"
+# (under /tmp when the postgres user cannot reach the checkout, as
+# scripts/lib.sh does for the suite's cluster)
+mkdir -p "$IDEM_TARGET"
+sudo -u postgres test -x "$IDEM_TARGET" 2>/dev/null || base="/tmp/idem-portable_update-$(echo "$ROOT" | md5sum | cut -c1-8)"
 out="$base/out"
 dir="$base/cluster"
 stop() { as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true; }
@@ -41,7 +45,7 @@ stop
 rm -rf "$base"
 mkdir -p "$dir" "$out"
 chown postgres:postgres "$dir"
-chmod 755 "$IDEM_TARGET" "$base" "$dir"
+chmod 755 "$base" "$dir"
 
 # The shipped tree (0.4.0) and the synthetic 0.4.1.
 python3 "$ROOT/scripts/portable.py" --out "$out/dist_old"
