@@ -96,7 +96,11 @@ idem_locate_cluster
 
 # `cargo pgrx init` rewrites config.toml with just the versions it is given:
 # pass every version already configured (whose pg_config still exists) too.
+# Under a lock: scripts/test.sh runs the other majors' set-ups side by side.
 pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+mkdir -p "$(dirname "$pgrx_config")"
+exec {pgrx_lock}> "$pgrx_config.lock"
+flock "$pgrx_lock"
 if ! grep -qsxF "pg$PG_MAJOR = \"$PG_CONFIG\"" "$pgrx_config"; then
   init_args=()
   while IFS= read -r line; do
@@ -108,6 +112,7 @@ if ! grep -qsxF "pg$PG_MAJOR = \"$PG_CONFIG\"" "$pgrx_config"; then
   step "pointing pgrx at PostgreSQL $PG_MAJOR ($PG_CONFIG)"
   cargo pgrx init "${init_args[@]}" "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
 fi
+exec {pgrx_lock}>&-
 
 # The test suite's own tools (language drivers, toolchains, exporters):
 # scripts/setup.d/*.sh, in name order, each idempotent. The core suite that
