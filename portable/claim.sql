@@ -13,11 +13,18 @@
 -- until the transaction ends.
 
 -- @helpers after: CREATE TYPE idem_claim_result
+-- The helpers a claim calls on every call are PL/pgSQL, not SQL: a SQL
+-- function PostgreSQL cannot inline (one with SET search_path, a FROM clause
+-- or a body more volatile than declared) is parsed and planned again in
+-- every transaction that calls it, 20-80 µs each; a PL/pgSQL function keeps
+-- its plans for the session (docs/performance.md, "Portable edition").
 CREATE FUNCTION idem.caller_role() RETURNS name
-    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
     -- SET ROLE's role, else the session's: SECURITY DEFINER changes neither.
-    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user
-                ELSE current_setting('role')::name END
+    RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
+                ELSE current_setting('role')::name END;
+END
 $fn$;
 COMMENT ON FUNCTION idem.caller_role() IS 'The role a call of the portable edition acts for: the role of SET ROLE, else the session''s user.';
 
@@ -154,10 +161,13 @@ COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in micr
 -- xid8 within 2^31 of the current snapshot's xmax that has these low 32
 -- bits (this transaction's own xids may lie past that xmax).
 CREATE FUNCTION idem.xid8_of(x xid) RETURNS xid8
-    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT (n + CASE WHEN d >= 2147483648 THEN d - 4294967296 ELSE d END)::text::xid8
-      FROM (SELECT n, (x::text::bigint - (n & 4294967295)) & 4294967295 AS d
-              FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n) s) t
+    VOLATILE STRICT LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    n bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+    d bigint := (x::text::bigint - (n & 4294967295)) & 4294967295;
+BEGIN
+    RETURN (n + CASE WHEN d >= 2147483648 THEN d - 4294967296 ELSE d END)::text::xid8;
+END
 $fn$;
 COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xid.';
 
@@ -228,15 +238,17 @@ COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, pg_snapshot) IS 
 -- What a call that found a row answers (src/protocol.rs, Outcome::of_row).
 CREATE FUNCTION idem.outcome_of_row(state "char", own boolean, result jsonb, claimed_at timestamptz, expires_at timestamptz)
     RETURNS @extschema@.idem_claim_result
-    IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT ROW(false,
+    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    RETURN ROW(false,
                CASE WHEN state = 'l' THEN 'in_progress'
                     WHEN state = 'f' THEN 'failed'
                     WHEN state = 'c' THEN 'completed'
                     WHEN own THEN 'in_progress'
                     ELSE 'completed' END,
                CASE WHEN state = 'l' THEN NULL ELSE result END,
-               claimed_at, expires_at)::@extschema@.idem_claim_result
+               claimed_at, expires_at)::@extschema@.idem_claim_result;
+END
 $fn$;
 COMMENT ON FUNCTION idem.outcome_of_row("char", boolean, jsonb, timestamptz, timestamptz) IS 'The idem_claim_result of a call that found a claim row.';
 

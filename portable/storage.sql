@@ -136,21 +136,26 @@ COMMENT ON FUNCTION idem.setting_us(text, interval, numeric, numeric) IS 'An int
 -- the native edition makes it; whole hours first, so that interval input
 -- never reads a number too long for exact parsing.
 CREATE FUNCTION idem.us_interval(us numeric) RETURNS interval
-    IMMUTABLE STRICT LANGUAGE sql AS $fn$
-    SELECT (div(us, 3600000000)::text || ' hours ' || mod(us, 3600000000)::text || ' microseconds')::interval
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN (div(us, 3600000000)::text || ' hours ' || mod(us, 3600000000)::text || ' microseconds')::interval;
+END
 $fn$;
 COMMENT ON FUNCTION idem.us_interval(numeric) IS 'A number of microseconds as an interval of hours and microseconds (no days or months).';
 
 -- The width of TTL class k for a class-0 width of unit microseconds
 -- (src/ttl_class.rs, width_at: round(unit * 2^(k/2)), saturating).
 CREATE FUNCTION idem.width_at(unit bigint, k int) RETURNS numeric
-    IMMUTABLE STRICT LANGUAGE sql AS $fn$
-    SELECT CASE WHEN w >= 9223372036854775807::float8 THEN 9223372036854775807::numeric
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
+DECLARE
+    w float8 := unit::float8 * power(2::float8, k::float8 / 2.0::float8);
+BEGIN
+    RETURN CASE WHEN w >= 9223372036854775807::float8 THEN 9223372036854775807::numeric
                 -- half away from zero, as Rust's f64::round; float8 to
                 -- bigint is exact, float8 to numeric is not
                 WHEN w - trunc(w) = 0.5 THEN (trunc(w) + 1)::bigint::numeric
-                ELSE round(w)::bigint::numeric END
-      FROM (SELECT unit::float8 * power(2::float8, k::float8 / 2.0::float8) AS w) f
+                ELSE round(w)::bigint::numeric END;
+END
 $fn$;
 COMMENT ON FUNCTION idem.width_at(bigint, int) IS 'The width in microseconds of TTL class k when class 0 is unit microseconds wide.';
 -- @end
