@@ -44,7 +44,8 @@
 # in this edition (settings without the library; SECURITY DEFINER API
 # functions), as patches of tests/pg_regress/expected.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-PORT=5546
+# PORTABLE_PORT: another port when 5546 is taken (another checkout running this scenario)
+PORT="${PORTABLE_PORT:-5546}"
 # The private server is Debian 12's PostgreSQL 15 (tests/portable/tree.sh),
 # compared with the native edition built for the same major.
 if [ "$PG_MAJOR" != 15 ]; then
