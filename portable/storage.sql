@@ -155,12 +155,22 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
     us numeric := least(greatest(idem.interval_us(ttl), -9223372036854775808), 9223372036854775807);
-    k int := 0;
+    lo int := 0;
+    hi int := 80;
+    mid int;
 BEGIN
-    WHILE k < 80 AND least(idem.width_at(unit, k + 1) * 4, 9223372036854775807) <= us LOOP
-        k := k + 1;
+    -- The largest class k <= 80 whose classes 1..k all have 4 × width <= the
+    -- TTL (src/ttl_class.rs counts k up one by one). Widths grow with k, so
+    -- that is a binary search: 7 widths computed rather than up to 81.
+    WHILE lo < hi LOOP
+        mid := (lo + hi + 1) / 2;
+        IF least(idem.width_at(unit, mid) * 4, 9223372036854775807) <= us THEN
+            lo := mid;
+        ELSE
+            hi := mid - 1;
+        END IF;
     END LOOP;
-    RETURN k;
+    RETURN lo;
 END
 $fn$;
 -- @end
