@@ -52,7 +52,7 @@ step_done() { # step
 step_done setup-and-cluster
 
 # What the other majors and the package test need, built once and cached
-# (scripts/pg/): made in the background, at the lowest CPU priority, while
+# (tests/servers/): made in the background, at the lowest CPU priority, while
 # the PostgreSQL 15 suite runs, which leaves the CPU and the network idle
 # much of its time (lock waits, fsyncs, sessions that wait on each other).
 # Their host packages are installed first, in the foreground: apt lets one
@@ -66,11 +66,11 @@ if [ "$IDEM_SUITE" = full ]; then
     case "$major" in 16) prepare+=(pg16.sh) ;; 17) prepare+=(trixie.sh) ;; 18) prepare+=(pg18.sh pg15-upstream.sh) ;; esac
   done
   for script in "${prepare[@]}"; do
-    bash "$ROOT/scripts/pg/$script" --host-packages || say "$script: its host packages could not be installed now; its own call tries again"
+    bash "$ROOT/tests/servers/$script" --host-packages || say "$script: its host packages could not be installed now; its own call tries again"
   done
   (for script in "${prepare[@]}"; do
      echo "== $script"
-     nice -n 19 bash "$ROOT/scripts/pg/$script" || echo "== $script failed: its foreground call tries again"
+     nice -n 19 bash "$ROOT/tests/servers/$script" || echo "== $script failed: its foreground call tries again"
    done) > "$OUT/prepare-in-background.log" 2>&1 &
   prepare_pid=$!
 fi
@@ -159,8 +159,8 @@ if [ "$IDEM_SUITE" = full ]; then
     step_done "pg_test(build, run, reinstall)"
   }
   major_18() {
-    say "PostgreSQL 18: the core suite (scripts/pg/pg18.sh builds it once, cached)"
-    pg18=$(bash "$ROOT/scripts/pg/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
+    say "PostgreSQL 18: the core suite (tests/servers/pg18.sh builds it once, cached)"
+    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
     run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
     say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
     if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
@@ -169,19 +169,19 @@ if [ "$IDEM_SUITE" = full ]; then
     step_done "pg_upgrade"
   }
   major_17() {
-    say "PostgreSQL 17 on Debian 13: the core suite (scripts/pg/trixie.sh makes the root once, cached)"
-    bash "$ROOT/scripts/pg/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; return; }
-    run_major pg17 bash "$ROOT/scripts/pg/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
-    bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
+    say "PostgreSQL 17 on Debian 13: the core suite (tests/servers/trixie.sh makes the root once, cached)"
+    bash "$ROOT/tests/servers/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; return; }
+    run_major pg17 bash "$ROOT/tests/servers/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+    bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
     say "PostgreSQL 17 on Debian 13: the postgresql-17-idem package, built, installed, used and purged"
-    if bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
+    if bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
       record "pg17/package_debian13" 0; tail -1 "$OUT/package_debian13.log"
     else record "pg17/package_debian13" 1; tail -30 "$OUT/package_debian13.log"; fi
     step_done "pg17/package_debian13"
   }
   major_16() {
-    say "PostgreSQL 16: the core suite (scripts/pg/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
-    pg16=$(bash "$ROOT/scripts/pg/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
+    say "PostgreSQL 16: the core suite (tests/servers/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
+    pg16=$(bash "$ROOT/tests/servers/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
     run_major pg16 env PG_CONFIG="$pg16" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
     # No compiler warning in idem's build for 16 (cargo repeats a cached
     # build's warnings, so this holds when nothing was recompiled too).

@@ -7,7 +7,7 @@
 # /usr/lib/postgresql/15. The native idem is never installed here. Prints
 # its pg_config. Once: a stamp names the packages and the pg_tle tarball.
 #   PG_CONFIG=$(bash tests/portable/tree.sh)
-source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/pg/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../tests/servers/common.sh"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TLE_TARBALL="$ROOT/../shared/vendor/pg_tle-1.5.3-2f4b7b3.tar.gz"

@@ -44,7 +44,6 @@
 # in this edition (settings without the library; SECURITY DEFINER API
 # functions), as patches of tests/pg_regress/expected.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-# PORTABLE_PORT: another port when 5546 is taken (another checkout running this scenario)
 PORT="${PORTABLE_PORT:-5546}"
 # The private server is Debian 12's PostgreSQL 15 (tests/portable/tree.sh),
 # compared with the native edition built for the same major.
@@ -247,6 +246,9 @@ elif grep -q "applied twice" "$out/stress-neg.log"; then
 else
   echo "FAILED: negative control failed for another reason:"; tail -5 "$out/stress-neg.log"; fails=$((fails + 1))
 fi
+
+echo "== 6. after transaction-id wraparound"
+bash "$ROOT/tests/portable/wraparound.sh" || fails=$((fails + 1))
 
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
