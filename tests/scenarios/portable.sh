@@ -250,5 +250,8 @@ fi
 echo "== 6. after transaction-id wraparound"
 bash "$ROOT/tests/portable/wraparound.sh" || fails=$((fails + 1))
 
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/pooler.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/pooler.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/privileges.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/privileges.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/environments.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/environments.sh"; fails=$((fails + 1)); }
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
