@@ -4,7 +4,6 @@
 //! calls the protocol, and turns the answer into a datum.
 
 use crate::biztype;
-use crate::catalog;
 use crate::datum::text_datum;
 use crate::errors::{invalid, IdemError};
 use crate::fmgr::Args;
@@ -13,6 +12,7 @@ use crate::key::{self, check_biz_type, ClaimKey};
 use crate::metrics;
 use crate::protocol::{self, ClaimRequest, Finish, Outcome};
 use crate::sql_function;
+use crate::storage::partitions;
 use pgrx::pg_sys;
 
 /// Argument positions of one SQL function, and their names as declared.
@@ -169,9 +169,9 @@ sql_function!(idem_key_hash, pg_finfo_idem_key_hash, key_hash);
 // expires_at, read in binary as the claim path reads them; NULL for the
 // default partition and for a relation that is not a partition.
 arguments!(partition_bound_args: PARTITION = 0 "partition");
-fn partition_bound(args: Args) -> Option<catalog::Bound> {
+fn partition_bound(args: Args) -> Option<partitions::Bound> {
     let relid = args.oid(partition_bound_args::PARTITION).unwrap_or(pg_sys::InvalidOid);
-    catalog::partition_bound(relid).flatten()
+    partitions::partition_bound(relid).flatten()
 }
 fn partition_from(args: Args) -> pg_sys::Datum {
     match partition_bound(args) {

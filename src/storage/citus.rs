@@ -35,7 +35,7 @@
 
 use super::Target;
 use crate::backend::BackendLocal;
-use crate::catalog::{self, BizType};
+use crate::catalog;
 use crate::datum::text_datum;
 use crate::errors::{internal, IdemError};
 use crate::key::ClaimKey;
@@ -61,46 +61,37 @@ struct Distribution {
     biz_types_shard: Option<i64>,
 }
 
-/// The answer for the idem.claims of OID `claims` (None: not distributed).
+/// The answer read at catalog epoch `epoch` (None: not distributed).
 struct Known {
-    claims: pg_sys::Oid,
-    biz_types: pg_sys::Oid,
+    epoch: u64,
     dist: Option<Rc<Distribution>>,
 }
 
+/// Current while catalog::epoch() is `Known::epoch`: the epoch moves on
+/// whenever idem.claims' or idem.biz_types' relcache entry is invalidated
+/// (catalog.rs), which is what every change of Citus's metadata for them
+/// sends.
 static KNOWN: BackendLocal<Option<Known>> = BackendLocal::new(None);
-/// Bumped by every invalidation that could concern `KNOWN`, so that an
-/// answer read while one arrived is not kept.
-static GENERATION: BackendLocal<u64> = BackendLocal::new(0);
-static CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    let drop = KNOWN.with(|k| match k {
-        Some(known) => relid == pg_sys::InvalidOid || relid == known.claims || relid == known.biz_types,
-        None => true,
-    });
-    if drop {
-        KNOWN.with(|k| *k = None);
-        GENERATION.set(GENERATION.get() + 1);
-    }
+/// The cached answer, if it is current.
+fn known() -> Option<Option<Rc<Distribution>>> {
+    let epoch = catalog::epoch();
+    KNOWN.with(|k| k.as_ref().filter(|k| k.epoch == epoch).map(|k| k.dist.clone()))
 }
 
 /// The distribution of idem.claims, if Citus distributes it in this database.
 fn distribution() -> Option<Rc<Distribution>> {
     let claims = catalog::claims_oid();
-    if let Some(found) = KNOWN.with(|k| k.as_ref().filter(|k| k.claims == claims).map(|k| k.dist.clone())) {
+    if let Some(found) = known() {
         return found;
     }
-    if !CALLBACK.get() {
-        CALLBACK.set(true);
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0)) };
-    }
     let biz_types = catalog::biz_types_oid();
-    let generation = GENERATION.get();
+    // The epoch before reading: an answer read while an invalidation
+    // arrived is not kept.
+    let epoch = catalog::epoch();
     let dist = load(claims, biz_types).map(Rc::new);
-    if GENERATION.get() == generation {
-        KNOWN.with(|k| *k = Some(Known { claims, biz_types, dist: dist.clone() }));
+    if catalog::epoch() == epoch {
+        KNOWN.with(|k| *k = Some(Known { epoch, dist: dist.clone() }));
     }
     dist
 }
@@ -187,7 +178,7 @@ pub fn local_shard(k: &ClaimKey) -> Option<Target> {
         // split): take its invalidations in, and look again if they dropped
         // what was just used.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        if !KNOWN.with(|known| known.as_ref().and_then(|k| k.dist.as_ref()).is_some_and(|d| Rc::ptr_eq(d, &dist))) {
+        if !known().flatten().is_some_and(|d| Rc::ptr_eq(&d, &dist)) {
             continue;
         }
         let groups = placement_groups(shard.id);
@@ -269,34 +260,23 @@ fn not_here(k: &ClaimKey, shard: i64, groups: &[i32]) -> ! {
     IdemError::NotOnShardNode { biz_type: k.biz_type.to_vec(), key: k.key.to_vec(), shard, node }.fail()
 }
 
-/// `k`'s business type settings as a claim on this node must see them:
-/// read now from this node's placement of the reference table
-/// idem.biz_types. (idem_configure writes every placement, but its cache
-/// invalidation reaches only the backends of the node it ran on; a read per
-/// call needs none.) None when idem.claims is not distributed.
-pub fn read_biz_type(name: &str) -> Option<BizType> {
+/// Where this node reads business type settings under Citus (biztype.rs
+/// reads them per call): its placement of the reference table
+/// idem.biz_types, or Some(None) without one. None when idem.claims is not
+/// distributed.
+pub fn biz_types_placement() -> Option<Option<pg_sys::Oid>> {
     let dist = distribution()?;
-    let local = dist.biz_types_shard.and_then(|shard| {
+    Some(dist.biz_types_shard.and_then(|shard| {
         if !placement_groups(shard).contains(&local_group()) {
             return None;
         }
         relation_in_idem(&format!("biz_types_{shard}"))
-    });
-    Some(match local {
-        Some(relid) => catalog::read_biz_type_in(relid, name),
-        // No local placement (not expected: Citus copies reference tables
-        // to every node): through Citus.
-        None => catalog::read_biz_type(name),
-    })
+    }))
 }
 
+/// A shard's relation in schema idem, by its name.
 fn relation_in_idem(name: &str) -> Option<pg_sys::Oid> {
-    let name = std::ffi::CString::new(name).expect("no NUL in a relation name");
-    unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);
-        let relid = pg_sys::get_relname_relid(name.as_ptr(), nsp);
-        (relid != pg_sys::InvalidOid).then_some(relid)
-    }
+    catalog::relation_in_idem(&std::ffi::CString::new(name).expect("no NUL in a relation name"))
 }
 
 fn catalog_table(name: &CStr) -> Option<pg_sys::Oid> {

@@ -9,15 +9,16 @@
 //! Citus the local shard of it that holds the key (storage/citus.rs), which
 //! is an ordinary partitioned table on this node.
 //!
-//! Tuples have the shape catalog.rs checks every partition for; the column
+//! Tuples have the shape partitions.rs checks every partition for; the column
 //! numbers below follow sql/storage.sql.
 
 use super::keylock::{self, KeyLock};
+use super::partitions::{self, PartitionList};
 use super::type_classes::{self, Registered};
 use super::writer;
 use super::{now, Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
 use crate::backend::BackendLocal;
-use crate::catalog::{self, PartitionList};
+use crate::catalog;
 use crate::compat;
 use crate::datum::{text_datum, varlena_bytes, varlena_copy};
 use crate::errors::IdemError;
@@ -54,7 +55,7 @@ const COLUMNS: Columns = Columns {
     n: 8,
 };
 
-/// 0.3.0's partitions (catalog::PartitionList::legacy): no ttl_class.
+/// 0.3.0's partitions (partitions::PartitionList::legacy): no ttl_class.
 const LEGACY_COLUMNS: Columns = Columns {
     expires_at: 0,
     claimed_at: 1,
@@ -156,10 +157,10 @@ impl Opened {
         unsafe {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
-            let (_, list) = catalog::partitions(parent_oid);
+            let (_, list) = partitions::list(parent_oid);
             let mut opened = Opened::new(shell, parent, lockmode, list, target.registry);
             loop {
-                let (generation, list) = catalog::partitions(parent_oid);
+                let (generation, list) = partitions::list(parent_oid);
                 opened.close_parts();
                 opened.list = list;
                 // In 0.3.0's layout, every partition (as 0.3.0 did).
@@ -170,9 +171,9 @@ impl Opened {
                     let heap = if open { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
                     opened.parts.push((Cell::new(heap), Cell::new(std::ptr::null_mut())));
                 }
-                if catalog::partitions_generation() == generation {
+                if partitions::generation() == generation {
                     if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
-                        catalog::check_replicable(&opened.list);
+                        partitions::check_replicable(&opened.list);
                     }
                     return opened;
                 }
@@ -407,8 +408,11 @@ impl Opened {
     /// registered in that class first. The key is locked, so no other claim
     /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        let class =
-            if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
+        let class = if self.list.legacy {
+            partitions::LEGACY_CLASS
+        } else {
+            ttl_class::of_ttl(new.expires_at - new.claimed_at)
+        };
         if !self.list.legacy && self.registry.is_some() {
             let mut registered = self.registered.borrow_mut();
             if !registered.covers(class, new.expires_at) {
@@ -587,7 +591,7 @@ unsafe fn row_of(
             part,
             tid,
             state: values[cols.state].value() as u8,
-            ttl_class: cols.ttl_class.map_or(catalog::LEGACY_CLASS, |c| values[c].value() as i16),
+            ttl_class: cols.ttl_class.map_or(partitions::LEGACY_CLASS, |c| values[c].value() as i16),
             claimed_at: values[cols.claimed_at].value() as i64,
             expires_at: values[cols.expires_at].value() as i64,
             fingerprint: (!nulls[cols.fingerprint]).then(|| varlena_bytes(values[cols.fingerprint]).to_vec()),
@@ -691,7 +695,7 @@ pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
-        let (_, list) = catalog::partitions((*parent).rd_id);
+        let (_, list) = partitions::list((*parent).rd_id);
         let mut opened = Opened::new(shell, parent, lockmode, list, r.target.registry);
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay

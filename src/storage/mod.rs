@@ -18,14 +18,15 @@
 //! (of a node, under Citus) must take the same path: `path` depends only on
 //! the server's settings and the catalog.
 
-mod citus;
+pub mod citus;
 mod direct;
 pub mod keylock;
+pub mod partitions;
 mod sql;
 mod type_classes;
 mod writer;
 
-use crate::catalog::{self, BizType};
+use crate::catalog;
 use crate::guc;
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
@@ -113,7 +114,7 @@ pub struct Target {
     pub shell: Option<pg_sys::Oid>,
     pub parent: pg_sys::Oid,
     /// idem.type_classes, or under Citus this node's placement of it; None
-    /// in 0.3.0's schema (catalog::PartitionList::legacy).
+    /// in 0.3.0's schema (partitions::PartitionList::legacy).
     pub registry: Option<pg_sys::Oid>,
 }
 
@@ -155,18 +156,6 @@ impl Path {
             Path::Citus => Some(citus::local_shard(k).expect("Path::Citus: idem.claims is distributed")),
         }
     }
-}
-
-/// A business type's settings as a call must see them: cached until
-/// idem_configure invalidates them, except under Citus, where they are read
-/// per call from this node's copy of idem.biz_types (citus.rs says why).
-pub fn biz_type(name: &str) -> BizType {
-    if guc::citus_preloaded() {
-        if let Some(found) = citus::read_biz_type(name) {
-            return found;
-        }
-    }
-    catalog::biz_type(name)
 }
 
 /// idem.claims, opened the way this server reaches it.

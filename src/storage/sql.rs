@@ -241,15 +241,13 @@ impl SqlStore {
                 let registered = type_classes::read(registry, k.biz_type);
                 let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
                 *self.registered.borrow_mut() = registered;
-                catalog::as_owner(|| {
-                    let _fresh = FreshSnapshot::push();
-                    PROBE.query(&[key[0], key[1], key[2], Some(classes)])
-                })
-            }
-            None => catalog::as_owner(|| {
                 let _fresh = FreshSnapshot::push();
-                PROBE_0_3.query(&key)
-            }),
+                PROBE.query_as_owner(&[key[0], key[1], key[2], Some(classes)])
+            }
+            None => {
+                let _fresh = FreshSnapshot::push();
+                PROBE_0_3.query_as_owner(&key)
+            }
         };
         // Rows that are live by their expiry (or ours), and expired rows
         // whose writer was running when the caller arrived: the answer when
@@ -304,17 +302,15 @@ impl SqlStore {
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         keep_locked(k);
         if catalog::type_classes_oid().is_none() {
-            catalog::as_owner(|| {
-                INSERT_0_3.execute(&[
-                    ts(new.expires_at),
-                    ts(new.claimed_at),
-                    Some(pg_sys::Datum::from(new.state as i8)),
-                    Some(text_datum(k.biz_type)),
-                    Some(text_datum(k.key)),
-                    new.fingerprint.map(text_datum),
-                    new.result,
-                ])
-            });
+            INSERT_0_3.execute_as_owner(&[
+                ts(new.expires_at),
+                ts(new.claimed_at),
+                Some(pg_sys::Datum::from(new.state as i8)),
+                Some(text_datum(k.biz_type)),
+                Some(text_datum(k.key)),
+                new.fingerprint.map(text_datum),
+                new.result,
+            ]);
             return;
         }
         let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
@@ -324,33 +320,29 @@ impl SqlStore {
                 type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
             }
         }
-        catalog::as_owner(|| {
-            INSERT.execute(&[
-                ts(new.expires_at),
-                ts(new.claimed_at),
-                Some(pg_sys::Datum::from(class)),
-                Some(pg_sys::Datum::from(new.state as i8)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                new.fingerprint.map(text_datum),
-                new.result,
-            ])
-        });
+        INSERT.execute_as_owner(&[
+            ts(new.expires_at),
+            ts(new.claimed_at),
+            Some(pg_sys::Datum::from(class)),
+            Some(pg_sys::Datum::from(new.state as i8)),
+            Some(text_datum(k.biz_type)),
+            Some(text_datum(k.key)),
+            new.fingerprint.map(text_datum),
+            new.result,
+        ]);
     }
 
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
         keep_locked(k);
-        let (n, _) = catalog::as_owner(|| {
-            REWRITE.execute(&[
-                Some(pg_sys::Datum::from(state as i8)),
-                result,
-                Some(pg_sys::Datum::from(k.hash)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                ts(row.expires_at),
-                ts(row.claimed_at),
-            ])
-        });
+        let (n, _) = REWRITE.execute_as_owner(&[
+            Some(pg_sys::Datum::from(state as i8)),
+            result,
+            Some(pg_sys::Datum::from(k.hash)),
+            Some(text_datum(k.biz_type)),
+            Some(text_datum(k.key)),
+            ts(row.expires_at),
+            ts(row.claimed_at),
+        ]);
         if n != 1 {
             mixed(format!("the claim row to update was found {n} times, not once"));
         }
@@ -358,15 +350,13 @@ impl SqlStore {
 
     pub fn delete(&self, row: &Row, k: &ClaimKey) {
         keep_locked(k);
-        let (n, _) = catalog::as_owner(|| {
-            DELETE.execute(&[
-                Some(pg_sys::Datum::from(k.hash)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                ts(row.expires_at),
-                ts(row.claimed_at),
-            ])
-        });
+        let (n, _) = DELETE.execute_as_owner(&[
+            Some(pg_sys::Datum::from(k.hash)),
+            Some(text_datum(k.biz_type)),
+            Some(text_datum(k.key)),
+            ts(row.expires_at),
+            ts(row.claimed_at),
+        ]);
         if n != 1 {
             mixed(format!("the claim row to delete was found {n} times, not once"));
         }
