@@ -221,6 +221,8 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
 fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>) {
     // The time is passed in rather than written as now(): Citus refuses
     // non-immutable functions in the DO UPDATE SET of a reference table.
+    // It is SQL's now(), the transaction's start, not backend::now(): the
+    // clock claims are judged by.
     let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     let (n, _) =
         upsert.execute_as_owner(&[Some(text_datum(biz_type.as_bytes())), value, Some(pg_sys::Datum::from(now))]);
@@ -315,8 +317,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
             pg_sys::Oid::from(pg_sys::F_TEXTEQ),
             text_datum(name.as_bytes()),
         );
-        let snapshot =
-            if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { pg_sys::GetTransactionSnapshot() };
+        let snapshot = crate::backend::caller_snapshot();
         let scan = crate::compat::index_beginscan(rel, index, snapshot, 1);
         pg_sys::index_rescan(scan, &mut key, 1, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());

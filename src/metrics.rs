@@ -230,7 +230,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
             // All-zero is a valid empty table (atomics at 0, every slot free).
             std::ptr::write_bytes(sh.cast::<u8>(), 0, std::mem::size_of::<Shared>());
             addr_of_mut!((*sh).lock).write(addr_of_mut!((*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock));
-            (*sh).overflow.since.store(pg_sys::GetCurrentTimestamp(), Ordering::Relaxed);
+            (*sh).overflow.since.store(crate::backend::now(), Ordering::Relaxed);
         }
         pg_sys::LWLockRelease(init_lock);
         SHARED.store(sh, Ordering::Release);
@@ -590,7 +590,7 @@ fn add(sh: &'static Shared, db: u32, name: &[u8], catalog: bool) -> Option<u32> 
     let Err(pos) = lookup(sh, db, name) else { unreachable!("the caller checked that (db, name) has no slot") };
     let slot = &sh.slots[s as usize];
     unsafe { slot.write(db, name) };
-    slot.reset(unsafe { pg_sys::GetCurrentTimestamp() });
+    slot.reset(crate::backend::now());
     if sh.index[pos].swap(s + 1, Ordering::Release) == TOMBSTONE {
         sh.tombstones.fetch_sub(1, Ordering::Relaxed);
     }
@@ -764,7 +764,7 @@ pub fn database_usage() -> Option<(usize, u64)> {
 pub fn reset() -> bool {
     let Some(sh) = shared() else { return false };
     let db = database();
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let now = crate::backend::now();
     with_lock(sh, |sh| {
         for s in sh.slots.iter().filter(|s| s.dboid.load(Ordering::Relaxed) == db) {
             s.reset(now);

@@ -18,6 +18,7 @@
 //! Each outcome is counted where it is decided (metrics.rs: one call per
 //! outcome; nothing when the counters are off).
 
+use crate::backend::now;
 use crate::biztype;
 use crate::errors::{invalid, IdemError};
 use crate::guc;
@@ -28,10 +29,6 @@ use crate::storage::{
     Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING,
 };
 use pgrx::pg_sys;
-
-fn now() -> i64 {
-    unsafe { pg_sys::GetCurrentTimestamp() }
-}
 
 /// What a caller is told about a key.
 pub struct Outcome {
@@ -119,7 +116,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
         // running lease and a second worker would claim the key.
         invalid("lease must not be longer than the claim's ttl");
     }
-    let (store, found) = Storage::find(k, now(), Intent::Claim { wait: req.wait });
+    let (store, found) = Storage::find(k, Intent::Claim { wait: req.wait });
     match found {
         Found::Busy(row) => answered(k, Outcome::in_progress(row.as_ref())),
         Found::Absent(held) => {
@@ -241,7 +238,7 @@ impl Finish<'_> {
 pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     require_writable(what.function());
     biztype::admit(k);
-    let (store, found) = Storage::find(k, now(), Intent::Update);
+    let (store, found) = Storage::find(k, Intent::Update);
     let (row, held) = match found {
         Found::Row(row, held) => (row, held),
         Found::Absent(_) | Found::Busy(_) => {
@@ -300,7 +297,7 @@ fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
 pub fn forget(k: &ClaimKey) -> bool {
     require_writable("idem_forget");
     biztype::admit(k);
-    let (store, found) = Storage::find(k, now(), Intent::Forget);
+    let (store, found) = Storage::find(k, Intent::Forget);
     match found {
         Found::Row(row, held) => {
             store.delete(&row, k);

@@ -16,7 +16,7 @@ use super::keylock::{self, KeyLock};
 use super::partitions::{self, PartitionList};
 use super::type_classes::{self, Registered};
 use super::writer;
-use super::{now, Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
+use super::{Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
 use crate::backend::BackendLocal;
 use crate::catalog;
 use crate::compat;
@@ -255,7 +255,7 @@ impl Opened {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
             let lock = KeyLock::acquire(k.hash);
-            let now = now();
+            let now = crate::backend::now();
             self.look_into_classes(k, now);
             let row = self.probe(k, now);
             self.predicate_lock(k);
@@ -299,7 +299,7 @@ impl Opened {
     fn probe(&self, k: &ClaimKey, now: i64) -> Option<Row> {
         // A key has at most one live row (that is what the protocol
         // guarantees), so the first one found is the answer.
-        let arrival = writer::caller_snapshot();
+        let arrival = crate::backend::caller_snapshot();
         for (i, (heap, _)) in self.parts.iter().enumerate() {
             let heap = heap.get();
             if heap.is_null() {
@@ -389,7 +389,7 @@ impl Opened {
                 continue;
             }
             unsafe {
-                let scan = begin_key_scan(heap, self.index(i), writer::caller_snapshot(), k.hash);
+                let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), k.hash);
                 let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
@@ -686,7 +686,7 @@ unsafe extern "C-unwind" fn forget_recent_on_abort(
 /// with its table and partition locked and open. (Under Citus: the claim
 /// that wrote it took the shard's metadata lock and checked the placement,
 /// and both hold until this transaction ends.)
-pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
+pub fn open_recent(k: &ClaimKey) -> Option<(Opened, Row)> {
     let r = RECENT.get()?;
     let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
     if r.hash != k.hash || xid.value == 0 || r.xid.value != xid.value {

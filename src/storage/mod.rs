@@ -166,10 +166,10 @@ pub enum Storage {
 
 impl Storage {
     /// Find `k`'s row for `intent`, opening storage for writing.
-    pub fn find(k: &ClaimKey, now: i64, intent: Intent) -> (Storage, Found) {
+    pub fn find(k: &ClaimKey, intent: Intent) -> (Storage, Found) {
         let path = Path::now();
         if path == Path::Sql {
-            let store = sql::SqlStore::open();
+            let store = sql::SqlStore::default();
             let found = store.find(k, intent);
             return (Storage::Sql(store), found);
         }
@@ -177,7 +177,7 @@ impl Storage {
             // The claim this transaction just made: found without a probe
             // (under Citus, where the claim found it: on this node, under
             // the metadata lock it took).
-            if let Some((opened, row)) = direct::open_recent(k, now) {
+            if let Some((opened, row)) = direct::open_recent(k) {
                 return (Storage::Direct(opened), Found::Row(row, Held(None)));
             }
         }
@@ -190,7 +190,7 @@ impl Storage {
     /// What a lookup sees of `k` now.
     pub fn peek(k: &ClaimKey, now: i64) -> Seen {
         match Path::now().target(k) {
-            None => sql::SqlStore::open().peek(k, now),
+            None => sql::SqlStore::default().peek(k, now),
             Some(target) => direct::Opened::open(target, pg_sys::AccessShareLock as _).peek(k, now),
         }
     }
@@ -227,8 +227,4 @@ pub struct NewRow<'a> {
     pub state: u8,
     pub fingerprint: Option<&'a [u8]>,
     pub result: Option<pg_sys::Datum>,
-}
-
-fn now() -> i64 {
-    unsafe { pg_sys::GetCurrentTimestamp() }
 }

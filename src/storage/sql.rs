@@ -126,7 +126,10 @@ static DELETE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID],
 );
 
-/// What was read of the registry of TTL classes for the key's type.
+/// The SQL path for one call: nothing to open (the statements name the
+/// logical idem.claims), only what was read of the registry of TTL classes
+/// for the key's type.
+#[derive(Default)]
 pub struct SqlStore {
     registered: RefCell<Registered>,
 }
@@ -183,10 +186,6 @@ fn ts(us: i64) -> Option<pg_sys::Datum> {
 }
 
 impl SqlStore {
-    pub fn open() -> SqlStore {
-        SqlStore { registered: RefCell::new(Registered::default()) }
-    }
-
     /// A committed outcome other than a lease is final until it expires: a
     /// claim that finds one is answered without the lock, so duplicates of
     /// a committed claim never queue behind each other. Otherwise the key
@@ -195,7 +194,7 @@ impl SqlStore {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         require_read_committed();
         if let Intent::Claim { .. } = intent {
-            if let Some(row) = self.probe(k, super::now()) {
+            if let Some(row) = self.probe(k, crate::backend::now()) {
                 if row.state != STATE_LEASED && !row.own {
                     return Found::Row(row, Held(None));
                 }
@@ -211,7 +210,7 @@ impl SqlStore {
         let Some(lock) = lock else {
             return Found::Busy(None);
         };
-        match self.probe(k, super::now()) {
+        match self.probe(k, crate::backend::now()) {
             Some(row) => Found::Row(row, Held(Some(lock))),
             None => Found::Absent(Held(Some(lock))),
         }
@@ -234,7 +233,7 @@ impl SqlStore {
         // new one instead (READ COMMITTED: it sees the claim the lock holder
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
-        let arrival = writer::caller_snapshot();
+        let arrival = crate::backend::caller_snapshot();
         let key = [Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
         let rows = match catalog::type_classes_oid() {
             Some(registry) => {

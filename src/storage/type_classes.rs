@@ -42,7 +42,7 @@ impl Registered {
 /// that registers the type in another class (to claim a key this caller
 /// looked for) is a read-write conflict SSI sees.
 pub fn predicate_lock(relid: pg_sys::Oid, biz_type: &[u8]) {
-    scan(relid, biz_type, super::writer::caller_snapshot(), |_, _, _| {});
+    scan(relid, biz_type, crate::backend::caller_snapshot(), |_, _, _| {});
 }
 
 /// Read the registrations of `biz_type` in the registry table `relid`

@@ -60,20 +60,6 @@ pub fn is_own(xmin: pg_sys::TransactionId) -> bool {
     unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) }
 }
 
-/// The caller's MVCC snapshot: the statement's, else the transaction's.
-/// Taken before the call started, so it also marks the caller's arrival: a
-/// writer it shows as running was running when the caller arrived (or
-/// started since).
-pub fn caller_snapshot() -> pg_sys::Snapshot {
-    unsafe {
-        if pg_sys::ActiveSnapshotSet() {
-            pg_sys::GetActiveSnapshot()
-        } else {
-            pg_sys::GetTransactionSnapshot()
-        }
-    }
-}
-
 /// Whether the row's writer had not committed when the caller arrived: a
 /// duplicate that arrived while a claim was in progress is a duplicate of
 /// that claim, and gets its outcome even if the claim's transaction
