@@ -37,7 +37,7 @@ fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
     let (result, result_null) = opt(o.result);
     let (first, first_null) = ts(o.first_claimed_at);
     let (expires, expires_null) = ts(o.expires_at);
-    let mut values = [pg_sys::Datum::from(o.claimed), text_datum(o.state.as_bytes()), result, first, expires];
+    let mut values = [pg_sys::Datum::from(o.claimed), text_datum(o.state.as_str().as_bytes()), result, first, expires];
     let mut nulls = [false, false, result_null, first_null, expires_null];
     args.composite(&mut values, &mut nulls)
 }

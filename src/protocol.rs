@@ -30,10 +30,38 @@ use crate::storage::{
 };
 use pgrx::pg_sys;
 
+/// The state a caller is told a key is in: the `state` column of
+/// idem_claim's and idem_lookup's results (sql/claim.sql).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum State {
+    /// This call claimed the key.
+    New,
+    /// No live claim of the key (idem_lookup only).
+    Absent,
+    /// Another transaction is writing the key, a lease on it runs, or this
+    /// transaction's own claim is not finished yet.
+    InProgress,
+    Completed,
+    Failed,
+}
+
+impl State {
+    /// The state's name in SQL results.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::New => "new",
+            State::Absent => "absent",
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Failed => "failed",
+        }
+    }
+}
+
 /// What a caller is told about a key.
 pub struct Outcome {
     pub claimed: bool,
-    pub state: &'static str,
+    pub state: State,
     pub result: Option<pg_sys::Datum>,
     pub first_claimed_at: Option<i64>,
     pub expires_at: Option<i64>,
@@ -41,7 +69,7 @@ pub struct Outcome {
 
 impl Outcome {
     fn absent() -> Outcome {
-        Outcome { claimed: false, state: "absent", result: None, first_claimed_at: None, expires_at: None }
+        Outcome { claimed: false, state: State::Absent, result: None, first_claimed_at: None, expires_at: None }
     }
 
     /// Another transaction is writing the key and the caller would not wait;
@@ -49,9 +77,13 @@ impl Outcome {
     fn in_progress(row: Option<&Row>) -> Outcome {
         match row {
             Some(row) => Outcome::of_row(row),
-            None => {
-                Outcome { claimed: false, state: "in_progress", result: None, first_claimed_at: None, expires_at: None }
-            }
+            None => Outcome {
+                claimed: false,
+                state: State::InProgress,
+                result: None,
+                first_claimed_at: None,
+                expires_at: None,
+            },
         }
     }
 
@@ -59,15 +91,15 @@ impl Outcome {
     fn of_row(row: &Row) -> Outcome {
         let running = row.busy.is_some() || row.state == STATE_LEASED;
         let state = if running {
-            "in_progress"
+            State::InProgress
         } else {
             match row.state {
-                STATE_FAILED => "failed",
-                STATE_COMPLETED => "completed",
+                STATE_FAILED => State::Failed,
+                STATE_COMPLETED => State::Completed,
                 // Claimed and committed without idem_complete: completed,
                 // no result. Still pending in this very transaction: ours.
-                _ if row.own => "in_progress",
-                _ => "completed",
+                _ if row.own => State::InProgress,
+                _ => State::Completed,
             }
         };
         Outcome {
@@ -135,7 +167,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             metrics::count(k, Event::Claimed);
             Outcome {
                 claimed: true,
-                state: "new",
+                state: State::New,
                 result: told,
                 first_claimed_at: Some(now),
                 expires_at: Some(expires_at),
@@ -161,7 +193,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             metrics::count(k, Event::Takeover);
             Outcome {
                 claimed: true,
-                state: "new",
+                state: State::New,
                 result: Some(next.for_owner(Some(&token))),
                 first_claimed_at: Some(row.claimed_at),
                 expires_at: Some(row.expires_at),
@@ -175,9 +207,10 @@ fn answered(k: &ClaimKey, o: Outcome) -> Outcome {
     metrics::count(
         k,
         match o.state {
-            "completed" => Event::DuplicateCompleted,
-            "failed" => Event::DuplicateFailed,
-            _ => Event::InProgress,
+            State::Completed => Event::DuplicateCompleted,
+            State::Failed => Event::DuplicateFailed,
+            // (A claim answered without claiming is never new or absent.)
+            State::InProgress | State::New | State::Absent => Event::InProgress,
         },
     );
     o
