@@ -73,7 +73,7 @@ pub enum Event {
     Checkpointed,
 }
 
-const NEVENTS: usize = Event::Checkpointed as usize + 1;
+pub const NEVENTS: usize = Event::Checkpointed as usize + 1;
 const WAIT_US: usize = NEVENTS;
 /// In a database's (other types) slot: counts that went there because the
 /// database's share was full (not because their type does not exist).

@@ -110,6 +110,12 @@ impl Statement {
         }
     }
 
+    /// The statement's text, for tests that check it against what it names.
+    #[cfg(any(test, feature = "pg_test"))]
+    pub fn text(&self) -> &'static std::ffi::CStr {
+        self.sql
+    }
+
     /// The statement's first words, for error messages.
     fn name(&self) -> String {
         let text = self.sql.to_string_lossy();

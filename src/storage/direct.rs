@@ -10,8 +10,9 @@
 //! is an ordinary partitioned table on this node.
 //!
 //! Tuples have the shape partitions.rs checks every partition for; the column
-//! numbers below follow sql/storage.sql.
+//! positions come from columns.rs.
 
+use super::columns::{self, Positions};
 use super::keylock::{self, KeyLock};
 use super::partitions::{self, PartitionList};
 use super::type_classes::{self, Registered};
@@ -30,46 +31,14 @@ use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
-/// Where each column is in a partition's tuple.
-pub struct Columns {
-    expires_at: usize,
-    claimed_at: usize,
-    ttl_class: Option<usize>,
-    state: usize,
-    biz_type: usize,
-    key: usize,
-    fingerprint: usize,
-    result: usize,
-    n: usize,
-}
-
-const COLUMNS: Columns = Columns {
-    expires_at: 0,
-    claimed_at: 1,
-    ttl_class: Some(2),
-    state: 3,
-    biz_type: 4,
-    key: 5,
-    fingerprint: 6,
-    result: 7,
-    n: 8,
-};
+/// Where each column is in a partition's tuple (columns.rs).
+const COLUMNS: Positions = Positions::of(false);
 
 /// 0.3.0's partitions (partitions::PartitionList::legacy): no ttl_class.
-const LEGACY_COLUMNS: Columns = Columns {
-    expires_at: 0,
-    claimed_at: 1,
-    ttl_class: None,
-    state: 2,
-    biz_type: 3,
-    key: 4,
-    fingerprint: 5,
-    result: 6,
-    n: 7,
-};
+const LEGACY_COLUMNS: Positions = Positions::of(true);
 
 /// The most columns a tuple has.
-const NCOLS: usize = 8;
+const NCOLS: usize = columns::CLAIMS.len();
 
 /// The target's partitioned table and the partitions a key's row can be in,
 /// locked and open. Partition `i` here is `list.parts[i]`.
@@ -88,7 +57,7 @@ pub struct Opened {
     registry: Option<pg_sys::Oid>,
     registered: RefCell<Registered>,
     /// The columns of the partitions' tuples.
-    cols: &'static Columns,
+    cols: &'static Positions,
 }
 
 impl Drop for Opened {
@@ -576,7 +545,7 @@ unsafe fn begin_key_scan(
 /// # Safety
 /// `values` and `nulls` are a deformed claims tuple (NCOLS columns).
 unsafe fn row_of(
-    cols: &Columns,
+    cols: &Positions,
     values: &[pg_sys::Datum],
     nulls: &[bool],
     k: &ClaimKey,
@@ -610,7 +579,7 @@ unsafe fn row_of(
 #[allow(clippy::too_many_arguments)]
 unsafe fn form(
     heap: pg_sys::Relation,
-    cols: &Columns,
+    cols: &Positions,
     k: &ClaimKey,
     ttl_class: i16,
     claimed_at: i64,

@@ -19,6 +19,7 @@
 //! the server's settings and the catalog.
 
 pub mod citus;
+mod columns;
 mod direct;
 pub mod keylock;
 pub mod partitions;

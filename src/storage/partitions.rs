@@ -17,6 +17,7 @@
 //! with every cached OID when idem.claims or idem.biz_types themselves are
 //! (DROP EXTENSION, CREATE EXTENSION, ALTER EXTENSION UPDATE).
 
+use super::columns;
 use crate::backend::BackendLocal;
 use crate::catalog::{self, relation_name};
 use crate::errors::{internal, IdemError};
@@ -279,19 +280,6 @@ unsafe fn range_datums(list: *mut pg_sys::List) -> (i16, i64) {
     }
 }
 
-/// The column types every partition of idem.claims must have, in order
-/// (sql/storage.sql; storage/direct.rs forms tuples of exactly this shape).
-const SHAPE: [(pg_sys::Oid, &str); 8] = [
-    (pg_sys::TIMESTAMPTZOID, "expires_at"),
-    (pg_sys::TIMESTAMPTZOID, "claimed_at"),
-    (pg_sys::INT2OID, "ttl_class"),
-    (pg_sys::CHAROID, "state"),
-    (pg_sys::TEXTOID, "biz_type"),
-    (pg_sys::TEXTOID, "key"),
-    (pg_sys::TEXTOID, "fingerprint"),
-    (pg_sys::JSONBOID, "result"),
-];
-
 fn unexpected_shape(relid: pg_sys::Oid, what: String) -> ! {
     IdemError::FeatureNotSupported(
         format!("partition {} of idem.claims {what}", relation_name(relid)),
@@ -346,17 +334,17 @@ pub fn check_replicable(list: &PartitionList) {
 /// `replication_gap` says of the partition.
 fn check_shape(relid: pg_sys::Oid, legacy: bool) -> (pg_sys::Oid, Option<&'static str>) {
     // 0.3.0's partitions lack ttl_class.
-    let shape: Vec<_> = SHAPE.iter().filter(|(_, name)| !(legacy && *name == "ttl_class")).collect();
+    let shape: Vec<_> = columns::layout(legacy).collect();
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
         let columns_ok = natts == shape.len()
-            && shape.iter().enumerate().all(|(i, (ty, name))| {
+            && shape.iter().enumerate().all(|(i, column)| {
                 let a = &*crate::compat::tuple_desc_attr(desc, i);
                 !a.attisdropped
-                    && a.atttypid == *ty
-                    && std::ffi::CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+                    && a.atttypid == column.type_oid
+                    && std::ffi::CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == column.name.as_bytes()
             });
         if !columns_ok {
             unexpected_shape(

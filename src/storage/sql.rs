@@ -14,6 +14,7 @@
 //! Values go in and come out as datums (spi.rs): keys keep their exact
 //! bytes in every database encoding.
 
+use super::columns;
 use super::keylock::{self, KeyLock};
 use super::type_classes::{self, Registered};
 use super::writer;
@@ -72,31 +73,16 @@ static PROBE_0_3: Statement = Statement::new(
 static INSERT_0_3: Statement = Statement::new(
     c"INSERT INTO idem.claims (expires_at, claimed_at, state, biz_type, key, fingerprint, result)
       VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    &[
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::CHAROID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-    ],
+    &INSERT_0_3_TYPES,
 );
+const INSERT_0_3_TYPES: [pg_sys::Oid; 7] = columns::types(true);
 
 static INSERT: Statement = Statement::new(
     c"INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
       VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-    &[
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::INT2OID,
-        pg_sys::CHAROID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-    ],
+    &INSERT_TYPES,
 );
+const INSERT_TYPES: [pg_sys::Oid; 8] = columns::types(false);
 
 static REWRITE: Statement = Statement::new(
     c"UPDATE idem.claims SET state = $1, result = $2
@@ -358,6 +344,25 @@ impl SqlStore {
         ]);
         if n != 1 {
             mixed(format!("the claim row to delete was found {n} times, not once"));
+        }
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// The INSERTs name idem.claims' columns in the order their parameter
+    /// types (columns.rs) follow.
+    #[pg_test]
+    fn inserts_name_the_columns_in_order() {
+        for (statement, legacy) in [(&super::INSERT, false), (&super::INSERT_0_3, true)] {
+            let text = statement.text().to_str().unwrap();
+            let list = text.split_once("idem.claims (").unwrap().1.split_once(')').unwrap().0;
+            let named: Vec<&str> = list.split(", ").collect();
+            let declared: Vec<&str> = super::columns::layout(legacy).map(|c| c.name).collect();
+            assert_eq!(named, declared, "{text}");
         }
     }
 }
