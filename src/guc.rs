@@ -23,9 +23,12 @@ static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(128);
 static HEALTH_MAINTENANCE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
 static HEALTH_LEASE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
 
-/// How claims reach idem.claims: by the partitions' heaps and indexes
-/// (direct, fast), or by SQL on the logical table (sql, which also works when
-/// the table is a Citus distributed table). auto: sql when Citus is loaded.
+/// How claims reach idem.claims while Citus does not distribute it: by the
+/// partitions' heaps and indexes (direct, fast), or by SQL on the logical
+/// table (sql). auto: sql when Citus is preloaded (idem.claims not
+/// distributed yet), else direct. Once Citus distributes idem.claims, every
+/// call takes the Citus path whatever this says: the direct path on the
+/// key's local shard, never SQL (storage/mod.rs, storage/citus.rs).
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum StorageAccess {
     #[name = c"auto"]
@@ -131,8 +134,8 @@ pub fn init() {
     );
     GucRegistry::define_enum_guc(
         c"idem.storage_access",
-        c"How claims reach their storage: direct (heap and index access), sql (SQL on idem.claims, Citus-safe), or auto.",
-        c"auto means sql when citus is in shared_preload_libraries, else direct. Every session of a database must use the same path: change it only with no claims running.",
+        c"How claims reach their storage: direct (heap and index access), sql (SQL on idem.claims), or auto.",
+        c"auto means sql when citus is in shared_preload_libraries, else direct. Once Citus distributes idem.claims, calls take the Citus path (direct access to the key's shard) whatever this says. Every session of a database must use the same path: change it only with no claims running.",
         &STORAGE_ACCESS,
         GucContext::Sighup,
         GucFlags::default(),
@@ -140,7 +143,9 @@ pub fn init() {
     unsafe { pg_sys::MarkGUCPrefixReserved(c"idem".as_ptr()) };
 }
 
-/// Whether claims go through SQL (storage/sql.rs) rather than direct access.
+/// Whether claims go through SQL (storage/sql.rs) rather than direct access,
+/// when Citus does not distribute idem.claims (storage::Path::now decides
+/// that first).
 pub fn sql_access() -> bool {
     match STORAGE_ACCESS.get() {
         StorageAccess::Direct => false,
