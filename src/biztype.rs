@@ -159,11 +159,15 @@ pub fn admit(k: &ClaimKey) -> BizType {
 /// onto) admits superusers only, until one names an owner again.
 fn require_owner_member(biz_type: &[u8], settings: &BizType) {
     let Some(owner) = settings.owner else { return };
+    // SAFETY: NameData is always NUL-terminated within its 64 bytes.
     let name = unsafe { std::ffi::CStr::from_ptr(owner.data.as_ptr()) };
+    // SAFETY: a catalog lookup by a NUL-terminated name; a missing role is InvalidOid.
     let role = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };
     let admitted = if role == pg_sys::InvalidOid {
+        // SAFETY: reads the current user's catalog entry; no precondition.
         unsafe { pg_sys::superuser() }
     } else {
+        // SAFETY: catalog lookups on two role OIDs; no pointer is involved.
         unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), role) }
     };
     if !admitted {
@@ -210,6 +214,8 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
         return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from));
     }
     let mut name = pg_sys::NameData::default();
+    // SAFETY: GetUserNameFromId raises for a missing role (regrole input checked it exists) and returns a
+    // NUL-terminated name; `name` outlives the datum's use below.
     let datum = owner.map(|role| unsafe {
         // (regrole input checked that the role exists.)
         pg_sys::namestrcpy(&mut name, pg_sys::GetUserNameFromId(role, false));
@@ -223,6 +229,7 @@ fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>) {
     // non-immutable functions in the DO UPDATE SET of a reference table.
     // It is SQL's now(), the transaction's start, not backend::now(): the
     // clock claims are judged by.
+    // SAFETY: reads the current transaction's start time; no precondition.
     let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     let (n, _) =
         upsert.execute_as_owner(&[Some(text_datum(biz_type.as_bytes())), value, Some(pg_sys::Datum::from(now))]);
@@ -258,7 +265,9 @@ fn read(name: &str) -> BizType {
     let rows = read.query_as_owner(&[Some(text_datum(name.as_bytes()))]);
     let Some(row) = rows.first() else { return BizType::default() };
     BizType {
+        // SAFETY: column 1 of READ is ttl, an interval datum (by reference) in this memory context.
         ttl_us: row[0].map(|d| guc::interval_us(unsafe { &*d.cast_mut_ptr::<pg_sys::Interval>() }) as i64),
+        // SAFETY: column 2 of READ is a name datum (by reference) in this memory context.
         owner: row[1].map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::NameData>() }),
     }
 }
@@ -266,20 +275,25 @@ fn read(name: &str) -> BizType {
 /// The type of the owner column of a table of idem.biz_types' shape (name
 /// since 0.4.0, regrole in 0.3.0); None without one (0.2.0).
 fn owner_column_type(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    // SAFETY: a catalog lookup by a static NUL-terminated name.
     let attnum = unsafe { pg_sys::get_attnum(relid, c"owner".as_ptr()) };
+    // SAFETY: a catalog lookup of an attribute that exists (checked).
     (attnum != pg_sys::InvalidAttrNumber as i16).then(|| unsafe { pg_sys::get_atttype(relid, attnum) })
 }
 
 /// A role's name as NameData (a role named by an OID that no longer exists
 /// reads as that number, which no role can be named).
 fn role_name_data(role: pg_sys::Oid) -> pg_sys::NameData {
+    // SAFETY: with noerr = true a missing role gives NULL, handled below.
     let found = unsafe { pg_sys::GetUserNameFromId(role, true) };
     let text = if found.is_null() {
         std::ffi::CString::new(role.to_u32().to_string()).expect("digits have no NUL")
     } else {
+        // SAFETY: `found` is a non-NULL, NUL-terminated palloc'd name.
         unsafe { std::ffi::CStr::from_ptr(found) }.to_owned()
     };
     let mut name = pg_sys::NameData::default();
+    // SAFETY: `text` is NUL-terminated; namestrcpy truncates to NAMEDATALEN.
     unsafe { pg_sys::namestrcpy(&mut name, text.as_ptr()) };
     name
 }
@@ -289,6 +303,9 @@ fn role_name_data(role: pg_sys::Oid) -> pg_sys::NameData {
 /// reference table: storage/citus.rs), through its primary key, with the
 /// caller's MVCC snapshot, as the SQL read would.
 fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
+    // SAFETY: the table and its primary key are opened and locked before the scan and closed after it; the
+    // zeroed ScanKeyData is fully initialised by ScanKeyEntryInitialize; the slot's values are read below
+    // `last`, which slot_getsomeattrs filled.
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let index_oid = crate::compat::primary_key_index(rel);
@@ -355,6 +372,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
 /// business type settings changed. Sent at commit, so a rolled-back change
 /// sends nothing.
 fn invalidate() {
+    // SAFETY: queues an invalidation of an existing relation inside a transaction.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::biz_types_oid()) };
     with_cache(|c| {
         c.settings.clear();
@@ -377,6 +395,7 @@ mod tests {
         ))
         .unwrap();
         // The reads below use the active snapshot: one that sees the rows.
+        // SAFETY: inside the test's transaction; popped below.
         unsafe {
             pgrx::pg_sys::CommandCounterIncrement();
             pgrx::pg_sys::PushActiveSnapshot(pgrx::pg_sys::GetTransactionSnapshot());
@@ -385,6 +404,7 @@ mod tests {
             let settings = super::cached(&format!("cache.{i}"));
             assert_eq!(settings.ttl_us, Some(i * 1_000_000), "cache.{i}");
         }
+        // SAFETY: pops the snapshot pushed above.
         unsafe { pgrx::pg_sys::PopActiveSnapshot() };
         let cached = super::with_cache(|c| c.settings.len());
         assert!(cached > 0 && cached <= super::CACHE_MAX, "{cached} types cached");

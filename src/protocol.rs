@@ -117,6 +117,7 @@ impl Outcome {
 /// through a PARALLEL SAFE wrapper, where no transaction id can be taken),
 /// before they touch anything, as INSERT does.
 pub fn require_writable(what: &'static str) {
+    // SAFETY: state checks of the current transaction, on the backend's only thread.
     unsafe {
         if pg_sys::IsInParallelMode() {
             IdemError::ParallelMode { what }.fail();
@@ -220,6 +221,7 @@ fn answered(k: &ClaimKey, o: Outcome) -> Outcome {
 /// cannot see must not be reported or written as if it could: 40001, as
 /// INSERT ... ON CONFLICT and UPDATE do.
 fn check_visible(k: &ClaimKey, row: &Row) {
+    // SAFETY: a backend global of the current transaction, read on the backend's only thread.
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         metrics::count(k, Event::SerializationFailure);
         IdemError::SerializationFailure { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();

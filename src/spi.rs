@@ -49,6 +49,9 @@ impl Statement {
 
     fn run(&self, args: &[Option<pg_sys::Datum>], read_only: bool) -> (u64, Vec<Row>) {
         assert_eq!(args.len(), self.argtypes.len(), "argument count of an idem statement");
+        // SAFETY: SPI is connected first and finished last; the plan is used between the two (plan's
+        // contract); arguments are as many as the plan's types (asserted above), and results are copied out
+        // before SPI_finish frees them.
         unsafe {
             if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
                 internal("SPI_connect failed");
@@ -91,6 +94,8 @@ impl Statement {
     /// # Safety
     /// Call between SPI_connect and SPI_finish.
     unsafe fn plan(&self) -> pg_sys::SPIPlanPtr {
+        // SAFETY: called between SPI_connect and SPI_finish (this function's contract); the kept plan lives
+        // in SPI's top memory context for the backend's life.
         unsafe {
             let kept = self.plan.0.get();
             if !kept.is_null() {
@@ -135,6 +140,7 @@ fn as_owner<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(pg_sys::Oid, i32, i32);
     impl Drop for Restore {
         fn drop(&mut self) {
+            // SAFETY: undoes exactly what `as_owner` set, with the nest level and user it saved.
             unsafe {
                 pg_sys::AtEOXact_GUC(true, self.2);
                 pg_sys::SetUserIdAndSecContext(self.0, self.1);
@@ -142,6 +148,8 @@ fn as_owner<R>(f: impl FnOnce() -> R) -> R {
         }
     }
     let owner = crate::catalog::extension_owner();
+    // SAFETY: the user and security context are saved before they change, and restored by `Restore` whatever
+    // `f` does; the GUC is set at a new nest level that `Restore` pops.
     let restore = unsafe {
         let (mut user, mut context) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);

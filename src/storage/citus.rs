@@ -128,6 +128,8 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
     scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", claims)], |r| {
         let bound = |col: &CStr| {
             r.get(col)
+                // SAFETY: shardminvalue is a text column, so a non-NULL value is a varlena datum valid inside
+                // `scan`'s closure.
                 .and_then(|d| std::str::from_utf8(unsafe { crate::datum::varlena_bytes(d) }).ok()?.parse::<i32>().ok())
                 .unwrap_or_else(|| internal("a shard of idem.claims in pg_dist_shard has no integer hash range"))
         };
@@ -139,6 +141,8 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
     scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", biz_types)], |r| {
         biz_types_shard = r.get(c"shardid").map(|d| d.value() as i64);
     });
+    // SAFETY: catalog lookups on idem.claims (open: the caller reads its OID from the catalog), writing into
+    // local variables.
     let collation = unsafe {
         let attnum = pg_sys::get_attnum(claims, c"key".as_ptr());
         let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
@@ -151,6 +155,8 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
 /// Citus's hash of a key: text's default hash function, under the key
 /// column's collation.
 fn hash(key: &[u8], collation: pg_sys::Oid) -> i32 {
+    // SAFETY: the type cache entry lives for the backend; its hash function is checked to exist before it is
+    // called on a text datum.
     unsafe {
         let tc = pg_sys::lookup_type_cache(pg_sys::TEXTOID, pg_sys::TYPECACHE_HASH_PROC_FINFO as i32);
         if tc.is_null() || (*tc).hash_proc_finfo.fn_oid == pg_sys::InvalidOid {
@@ -177,6 +183,7 @@ pub fn local_shard(k: &ClaimKey) -> Option<Target> {
         // The lock may have waited for a change of the metadata (a move, a
         // split): take its invalidations in, and look again if they dropped
         // what was just used.
+        // SAFETY: processes pending invalidations inside a transaction, as any lock acquisition does.
         unsafe { pg_sys::AcceptInvalidationMessages() };
         if !known().flatten().is_some_and(|d| Rc::ptr_eq(&d, &dist)) {
             continue;
@@ -213,6 +220,7 @@ fn lock_metadata(dist: &Distribution, index: usize, shard: i64) {
         (index as u32, dist.colocation, ADV_LOCKTAG_CLASS_CITUS_COLOCATED_SHARDS_METADATA)
     };
     let tag = pg_sys::LOCKTAG {
+        // SAFETY: a backend global, set once at connection, read on the backend's only thread.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
         locktag_field2: field2,
         locktag_field3: field3,
@@ -220,6 +228,7 @@ fn lock_metadata(dist: &Distribution, index: usize, shard: i64) {
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     };
+    // SAFETY: a transaction-level lock on a fully initialised tag, released by PostgreSQL at transaction end.
     unsafe { pg_sys::LockAcquire(&tag, pg_sys::ShareLock as _, false, false) };
 }
 
@@ -251,6 +260,8 @@ fn not_here(k: &ClaimKey, shard: i64, groups: &[i32]) -> ! {
         if group.is_some_and(|g| groups.contains(&g)) {
             let name = r
                 .get(c"nodename")
+                // SAFETY: nodename is a text column, so a non-NULL value is a varlena datum valid inside
+                // `scan`'s closure.
                 .map(|d| String::from_utf8_lossy(unsafe { crate::datum::varlena_bytes(d) }).into_owned());
             let port = r.get(c"nodeport").map_or(0, |d| d.value() as i32);
             nodes.push(format!("{}:{port}", name.unwrap_or_default()));
@@ -280,6 +291,7 @@ fn relation_in_idem(name: &str) -> Option<pg_sys::Oid> {
 }
 
 fn catalog_table(name: &CStr) -> Option<pg_sys::Oid> {
+    // SAFETY: a catalog lookup by a NUL-terminated name; a missing relation is InvalidOid.
     let relid = unsafe { pg_sys::get_relname_relid(name.as_ptr(), pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE)) };
     (relid != pg_sys::InvalidOid).then_some(relid)
 }
@@ -308,6 +320,7 @@ struct CatalogRow {
 
 impl CatalogRow {
     fn get(&self, column: &CStr) -> Option<pg_sys::Datum> {
+        // SAFETY: `tuple` and `desc` belong to the scan that is calling `each`, which is still open.
         unsafe {
             let attnum = pg_sys::get_attnum(self.relid, column.as_ptr());
             if attnum == pg_sys::InvalidAttrNumber as i16 {
@@ -327,6 +340,8 @@ fn scan(table: &CStr, index: &CStr, keys: &[Key], mut each: impl FnMut(&CatalogR
     let Some(relid) = catalog_table(table) else {
         internal(format!("Citus's catalog table pg_catalog.{} is missing", table.to_string_lossy()))
     };
+    // SAFETY: the table is opened and locked before the scan and closed after it; the scan keys outlive the
+    // scan; each tuple is used only inside `each`.
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let mut skeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());

@@ -63,6 +63,8 @@ pub struct Opened {
 impl Drop for Opened {
     fn drop(&mut self) {
         self.close_parts();
+        // SAFETY: the parent (and shell) were opened by `open`/`open_recent` and are closed once, here; their
+        // locks stay until the transaction ends.
         unsafe {
             pg_sys::table_close(self.parent, pg_sys::NoLock as _);
             if let Some(shell) = self.shell {
@@ -83,6 +85,7 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
     match target.shell {
         Some(_) => {
             let shell = catalog::open_claims(lockmode);
+            // SAFETY: inside a transaction (this function's contract); the caller closes what it gets.
             (Some(shell), unsafe { pg_sys::table_open(target.parent, lockmode) })
         }
         None => (None, catalog::open_claims(lockmode)),
@@ -123,6 +126,8 @@ impl Opened {
     /// (sql/maintenance.sql), so it never waits for a claim that waits for
     /// it.
     pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
+        // SAFETY: inside a transaction (every protocol call is); what is opened here is closed by Opened's
+        // Drop.
         unsafe {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
@@ -191,6 +196,7 @@ impl Opened {
     fn heap(&self, i: usize) -> pg_sys::Relation {
         let heap = &self.parts[i].0;
         if heap.get().is_null() {
+            // SAFETY: a partition of the list read under the parent's lock; closed by close_parts.
             heap.set(unsafe { pg_sys::table_open(self.list.parts[i].relid, self.lockmode) });
         }
         heap.get()
@@ -199,6 +205,8 @@ impl Opened {
     /// Locks stay until the end of the transaction (NoLock here).
     fn close_parts(&mut self) {
         for (heap, index) in self.parts.drain(..) {
+            // SAFETY: each non-NULL relation here was opened by this Opened and is closed once, as the
+            // entries are drained.
             unsafe {
                 if !index.get().is_null() {
                     pg_sys::index_close(index.get(), pg_sys::NoLock as _);
@@ -213,6 +221,7 @@ impl Opened {
     fn index(&self, i: usize) -> pg_sys::Relation {
         let index = &self.parts[i].1;
         if index.get().is_null() {
+            // SAFETY: the partition's digest index, checked by partitions.rs; closed by close_parts.
             index.set(unsafe { pg_sys::index_open(self.list.parts[i].index, self.lockmode) });
         }
         index.get()
@@ -280,6 +289,7 @@ impl Opened {
             // appear meanwhile.
             let p = &self.list.parts[i];
             if !p.seen_nonempty.get() {
+                // SAFETY: `heap` is open and locked.
                 if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
                     continue;
                 }
@@ -349,6 +359,7 @@ impl Opened {
     /// that SSI sees a reader of a key that another transaction then
     /// claims, exactly as with a SELECT on a unique index.
     fn predicate_lock(&self, k: &ClaimKey) {
+        // SAFETY: a backend global of the current transaction, read on the backend's only thread.
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_SERIALIZABLE as i32 {
             return;
         }
@@ -357,6 +368,7 @@ impl Opened {
             if heap.is_null() {
                 continue;
             }
+            // SAFETY: heap and index are open; the scan and slot are ended and dropped before the block ends.
             unsafe {
                 let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), k.hash);
                 let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
@@ -404,6 +416,8 @@ impl Opened {
                 .fail()
             });
         let heap = self.heap(target);
+        // SAFETY: `heap` is open and locked, the key is locked (Found::Absent), and the tuple is formed with
+        // the heap's own descriptor.
         unsafe {
             let tuple =
                 form(heap, self.cols, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
@@ -420,6 +434,8 @@ impl Opened {
     /// concurrent update can get in the way of the update.
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
         let heap = self.heap(row.part);
+        // SAFETY: the row was found (and its key locked) in this open partition; the new tuple is formed with
+        // its descriptor.
         unsafe {
             let fingerprint = row.fingerprint.as_deref();
             let tuple =
@@ -440,6 +456,7 @@ impl Opened {
     /// Delete a row (idem_forget), under the same rule as `rewrite`.
     pub fn delete(&self, row: &Row) {
         let mut tid = row.tid;
+        // SAFETY: the row was found (and its key locked) in this open partition, at `tid`.
         unsafe {
             pg_sys::CommandCounterIncrement();
             pg_sys::simple_heap_delete(self.heap(row.part), &mut tid);
@@ -449,7 +466,9 @@ impl Opened {
     /// Where this transaction's own row of a key now is (partition `i`).
     fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
         let target = Target {
+            // SAFETY: the shell relation is open for as long as `self` lives.
             shell: self.shell.map(|r| unsafe { (*r).rd_id }),
+            // SAFETY: the parent relation is open for as long as `self` lives.
             parent: unsafe { (*self.parent).rd_id },
             registry: self.registry,
         };
@@ -524,6 +543,8 @@ unsafe fn begin_key_scan(
     snapshot: pg_sys::Snapshot,
     hash: i64,
 ) -> pg_sys::IndexScanDesc {
+    // SAFETY: heap and index are open (this function's contract); the zeroed ScanKeyData is fully initialised
+    // by ScanKeyInit before use.
     unsafe {
         let mut skey: pg_sys::ScanKeyData = MaybeUninit::zeroed().assume_init();
         pg_sys::ScanKeyInit(
@@ -552,6 +573,7 @@ unsafe fn row_of(
     part: usize,
     tid: pg_sys::ItemPointerData,
 ) -> Option<Row> {
+    // SAFETY: `values` and `nulls` are a deformed claims tuple in `cols`' layout (this function's contract).
     unsafe {
         if varlena_bytes(values[cols.key]) != k.key || varlena_bytes(values[cols.biz_type]) != k.biz_type {
             return None;
@@ -606,6 +628,8 @@ unsafe fn form(
         Some(r) => values[cols.result] = r,
         None => nulls[cols.result] = true,
     }
+    // SAFETY: `heap` is open, and `values`/`nulls` have one entry per column of its descriptor (partitions.rs
+    // checked the shape).
     unsafe { pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
 }
 
@@ -633,8 +657,10 @@ static RECENT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 fn remember(hash: i64, target: Target, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
     if !RECENT_CALLBACK.get() {
         RECENT_CALLBACK.set(true);
+        // SAFETY: registers, once per backend, a callback that lives as long as the library.
         unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
     }
+    // SAFETY: reads the current transaction's state; no pointer is involved.
     let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
     RECENT.set(Some(Recent { xid, hash, target, relid, tid }));
 }
@@ -657,10 +683,13 @@ unsafe extern "C-unwind" fn forget_recent_on_abort(
 /// and both hold until this transaction ends.)
 pub fn open_recent(k: &ClaimKey) -> Option<(Opened, Row)> {
     let r = RECENT.get()?;
+    // SAFETY: reads the current transaction's state; no pointer is involved.
     let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
     if r.hash != k.hash || xid.value == 0 || r.xid.value != xid.value {
         return None;
     }
+    // SAFETY: inside the transaction that wrote the remembered row; what is opened is closed by Opened's
+    // Drop.
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);

@@ -79,6 +79,7 @@ pub struct PartitionList {
 
 impl Drop for PartitionList {
     fn drop(&mut self) {
+        // SAFETY: the list owns `mcx`, created for it in `load` and deleted once, here.
         unsafe { pg_sys::MemoryContextDelete(self.mcx) };
     }
 }
@@ -88,6 +89,8 @@ impl PartitionList {
     pub fn index_info(&self, i: usize, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
         let p = &self.parts[i];
         if p.index_info.get().is_null() {
+            // SAFETY: `index` is the open index of partition `i`; the IndexInfo is built in the list's own
+            // context, which is switched back at once.
             unsafe {
                 let old = pg_sys::MemoryContextSwitchTo(self.mcx);
                 p.index_info.set(pg_sys::BuildIndexInfo(index));
@@ -158,6 +161,7 @@ pub fn generation() -> u64 {
 }
 
 fn load(parent: pg_sys::Oid) -> PartitionList {
+    // SAFETY: a child of TopMemoryContext with a static name, owned by the PartitionList built next.
     let mcx = unsafe {
         pg_sys::AllocSetContextCreateInternal(
             pg_sys::TopMemoryContext,
@@ -169,6 +173,8 @@ fn load(parent: pg_sys::Oid) -> PartitionList {
     };
     // Owns mcx from here on, also if loading fails.
     let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, legacy: false, mcx };
+    // SAFETY: the parent is opened before its partition descriptor is read and closed after; the descriptor
+    // is read within its `nparts`.
     unsafe {
         let rel = pg_sys::table_open(parent, pg_sys::AccessShareLock as _);
         list.legacy = pg_sys::get_attnum(parent, c"ttl_class".as_ptr()) == pg_sys::InvalidAttrNumber as i16;
@@ -202,6 +208,8 @@ fn load(parent: pg_sys::Oid) -> PartitionList {
 /// A partition's bound from its `relpartbound`, in binary: `Some(None)` for
 /// the default partition, None if `relid` is not a partition.
 pub fn partition_bound(relid: pg_sys::Oid) -> Option<Option<Bound>> {
+    // SAFETY: the syscache tuple is checked for NULL and released before the block ends; the node tree is
+    // parsed from its own copy of the text.
     unsafe {
         let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(relid));
         if tup.is_null() {
@@ -242,6 +250,8 @@ pub fn partition_bound(relid: pg_sys::Oid) -> Option<Option<Bound>> {
 /// # Safety
 /// `list` is a bound list of a PartitionBoundSpec from `stringToNode`.
 unsafe fn range_datums(list: *mut pg_sys::List) -> (i16, i64) {
+    // SAFETY: `list` is a bound list from stringToNode (this function's contract); its length is checked
+    // before elements are read.
     unsafe {
         if list.is_null() || !(1..=2).contains(&(*list).length) {
             internal("a partition bound of idem.claims does not have the columns (ttl_class, expires_at)");
@@ -296,6 +306,7 @@ fn unexpected_shape(relid: pg_sys::Oid, what: String) -> ! {
 /// # Safety
 /// `rel` is open.
 unsafe fn replication_gap(rel: pg_sys::Relation) -> Option<&'static str> {
+    // SAFETY: `rel` is open (this function's contract).
     unsafe {
         let mut desc = pg_sys::PublicationDesc::default();
         pg_sys::RelationBuildPublicationDesc(rel, &mut desc);
@@ -335,6 +346,8 @@ pub fn check_replicable(list: &PartitionList) {
 fn check_shape(relid: pg_sys::Oid, legacy: bool) -> (pg_sys::Oid, Option<&'static str>) {
     // 0.3.0's partitions lack ttl_class.
     let shape: Vec<_> = columns::layout(legacy).collect();
+    // SAFETY: the partition and its index are opened and locked before they are read and closed before the
+    // block ends; attributes are read below `natts`, list elements below `length`.
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let desc = (*rel).rd_att;
@@ -395,6 +408,7 @@ fn check_shape(relid: pg_sys::Oid, legacy: bool) -> (pg_sys::Oid, Option<&'stati
 }
 
 fn is_key_hash(funcid: pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups; get_func_name's result is checked for NULL before it is read.
     unsafe {
         let name = pg_sys::get_func_name(funcid);
         let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);

@@ -32,6 +32,7 @@ use std::cell::RefCell;
 /// An int2[] datum of `values`, in the current memory context.
 fn int2_array(values: &[i16]) -> pg_sys::Datum {
     let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| pg_sys::Datum::from(*v)).collect();
+    // SAFETY: `datums` holds `values.len()` int2 datums, passed by value (int2's length and alignment).
     unsafe {
         let array = pg_sys::construct_array(
             datums.as_mut_ptr(),
@@ -133,6 +134,7 @@ struct FreshSnapshot;
 
 impl FreshSnapshot {
     fn push() -> FreshSnapshot {
+        // SAFETY: inside a transaction; popped by FreshSnapshot's Drop.
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
         FreshSnapshot
     }
@@ -140,6 +142,7 @@ impl FreshSnapshot {
 
 impl Drop for FreshSnapshot {
     fn drop(&mut self) {
+        // SAFETY: pops the snapshot `push` pushed.
         unsafe { pg_sys::PopActiveSnapshot() };
     }
 }
@@ -148,6 +151,7 @@ impl Drop for FreshSnapshot {
 /// lock wait could miss a claim committed after it, and nothing would
 /// tell: refuse.
 fn require_read_committed() {
+    // SAFETY: a backend global of the current transaction, read on the backend's only thread.
     if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         IdemError::FeatureNotSupported(
             "idem.storage_access = sql works under READ COMMITTED only: a REPEATABLE READ or SERIALIZABLE snapshot cannot see a claim committed after it was taken".into(),
@@ -246,6 +250,8 @@ impl SqlStore {
             let raw = r[5].map_or(pg_sys::InvalidTransactionId, |d| pg_sys::TransactionId::from(d.value() as u32));
             let xmin = if writer::is_own(raw) || expires_at <= now && writer::was_running_at(raw, arrival) {
                 let relid = r[6].map_or(pg_sys::InvalidOid, |d| pg_sys::Oid::from(d.value() as u32));
+                // SAFETY: column 8 of PROBE is ctid, a tid datum passed by reference and copied into the
+                // caller's context by spi.rs.
                 let tid = r[7].map(|d| unsafe { *(d.cast_mut_ptr::<pg_sys::ItemPointerData>()) }).unwrap_or_default();
                 writer::of_tuple(relid, tid)
             } else {
@@ -259,6 +265,7 @@ impl SqlStore {
                 ttl_class: r[8].map_or(0, |d| d.value() as i16),
                 claimed_at: r[1].map_or(0, |d| d.value() as i64),
                 expires_at,
+                // SAFETY: column 4 of PROBE is fingerprint, text: a non-NULL value is a varlena datum.
                 fingerprint: r[3].map(|d| unsafe { varlena_bytes(d) }.to_vec()),
                 result: r[4],
                 own,
