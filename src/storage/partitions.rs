@@ -139,7 +139,7 @@ pub fn relation_invalidated(relid: pg_sys::Oid, everything: bool) {
 /// list cannot change under the caller (every change to it needs a lock that
 /// conflicts with RowExclusiveLock).
 pub fn list(parent: pg_sys::Oid) -> (u64, Rc<PartitionList>) {
-    catalog::claims_oid(); // so that relcache_callback recognises idem.claims' invalidation
+    catalog::claims_oid(); // so that catalog.rs's relcache callback recognises idem.claims' invalidation
     if let Some(found) = with_cache(|c| c.lists.get(&parent).cloned().map(|l| (c.generation, l))) {
         return found;
     }
