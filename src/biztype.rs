@@ -31,7 +31,7 @@ pub struct BizType {
     /// every role. Kept by name, not OID: a dump restored onto a server
     /// where the role is missing (or has another OID) keeps every other
     /// setting, and the type stays closed until a superuser names an owner
-    /// again (biztype.rs).
+    /// again (`require_owner_member`).
     pub owner: Option<pg_sys::NameData>,
 }
 
