@@ -74,6 +74,12 @@ cluster_dir() {
   if [ -n "$IDEM_CLUSTER_DIR" ]; then echo "$IDEM_CLUSTER_DIR"; else cluster_dir_now; fi
 }
 
+# A scenario's own TCP port: BASE on 15, BASE + 100 per major above it
+# (5516 → 5616 on 16): scripts/test.sh runs the other majors' suites side
+# by side, and a private server that listens on 127.0.0.1 (tests/stress/pg.sh)
+# needs a port of its own there.
+major_port() { echo $(( $1 + 100 * (PG_MAJOR - 15) )); }
+
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 as_postgres() { (cd / && sudo -u postgres "$@"); }

@@ -26,7 +26,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
 dir="$(cluster_dir)/retention"
-port=5516
+port=$(major_port 5516)
 pgsh="$ROOT/tests/stress/pg.sh"
 trap 'bash "$pgsh" destroy "$dir"' EXIT
 

@@ -22,7 +22,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
 dir="$(cluster_dir)/wraparound"
-port=5515
+port=$(major_port 5515)
 pgsh="$ROOT/tests/stress/pg.sh"
 trap 'bash "$pgsh" destroy "$dir"' EXIT
 sql() { "$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres -d wrap "$@"; }
