@@ -4,7 +4,7 @@
 # reached as from the project), and empty caches for everything the
 # project's scripts cache or build:
 #   IDEM_CACHE    the PostgreSQL 18 and 15.18 trees, the Debian 12 and 13
-#                 roots, the Citus tree (scripts/pg/, tests/citus/)
+#                 roots, the Citus tree (tests/servers/, tests/citus/)
 #   CARGO_HOME    the rustup proxies only: no cargo-pgrx, no crates fetched
 #   PGRX_HOME     no `cargo pgrx init` yet
 #   target/       new with the clone (idem's builds for every major)
@@ -16,7 +16,7 @@
 # end (KEEP=1 keeps them; the cache can then replace /var/cache/idem).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/scripts/pg/common.sh"
+source "$ROOT/tests/servers/common.sh"
 OUT="$ROOT/bench/out/cold_test"
 work="/var/cache/idem-cold.$$"
 clone="$(dirname "$ROOT")/idem-cold-test.$$"

@@ -2,7 +2,7 @@
 # How long the README's demo command takes on a fresh Debian 12 machine,
 # measured as close to one as this machine gets: a new Debian 12 root
 # (debootstrap minbase, plus ca-certificates, as on any server), run on
-# this kernel through scripts/pg/in-trixie.sh, with only the prerequisite
+# this kernel through tests/servers/in-trixie.sh, with only the prerequisite
 # the README names: a Rust toolchain (this machine's rustup toolchains,
 # behind a fresh CARGO_HOME: no cargo-pgrx, no crates downloaded yet) and a
 # fresh cargo target folder. Then `bash scripts/demo.sh` twice (cold,
@@ -14,7 +14,7 @@
 # its root and caches at the end (KEEP=1 keeps them).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/scripts/pg/common.sh"
+source "$ROOT/tests/servers/common.sh"
 OUT="$ROOT/bench/out/first_run"
 work="$IDEM_CACHE/first-run.$$"
 # The demo in the root makes its cluster in the checkout's .cluster/ (owned
@@ -56,7 +56,7 @@ run() { # NAME: the demo in the root, timed
     env CARGO_HOME="$work/cargo" CARGO_TARGET_DIR=/tmp/idem-target IDEM_PORT="${IDEM_FIRST_RUN_PORT:-5479}" \
         IDEM_TRIXIE_ROOT="$work/root" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config \
         IDEM_TRIXIE_ENV="CARGO_TARGET_DIR" DEBIAN_FRONTEND=noninteractive \
-        bash "$ROOT/scripts/pg/in-trixie.sh" bash scripts/demo.sh > "$OUT/demo-$name.log" 2>&1 \
+        bash "$ROOT/tests/servers/in-trixie.sh" bash scripts/demo.sh > "$OUT/demo-$name.log" 2>&1 \
     || { tail -30 "$OUT/demo-$name.log"; die "the $name demo run failed"; }
   end=$(date +%s)
   echo "$name: $(cat "$OUT/demo-$name.time")"
@@ -66,6 +66,6 @@ run cold
 run warm
 # Stop the demo's cluster (it runs in the root, from the checkout's .cluster/).
 IDEM_TRIXIE_ROOT="$work/root" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config IDEM_PORT="${IDEM_FIRST_RUN_PORT:-5479}" \
-  bash "$ROOT/scripts/pg/in-trixie.sh" bash scripts/cluster.sh stop >/dev/null 2>&1 || true
+  bash "$ROOT/tests/servers/in-trixie.sh" bash scripts/cluster.sh stop >/dev/null 2>&1 || true
 { echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GB", $2/1048576}' /proc/meminfo), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "cold: $(cat "$OUT/demo-cold.time")"; echo "warm: $(cat "$OUT/demo-warm.time")"; } | tee "$OUT/summary.txt"

@@ -3,9 +3,9 @@
 #
 # Which PostgreSQL: the one whose pg_config is $PG_CONFIG, by default Debian
 # 12's PostgreSQL 15 (/usr/lib/postgresql/15/bin/pg_config). Others:
-#   PG_CONFIG=$(bash scripts/pg/pg18.sh) bash scripts/test.sh     18, built from source
-#   PG_CONFIG=$(bash scripts/pg/pg16.sh) bash scripts/test.sh     16.2, from PyPI's pgserver wheel
-#   bash scripts/pg/in-trixie.sh bash scripts/test.sh               17, in a Debian 13 root
+#   PG_CONFIG=$(bash tests/servers/pg18.sh) bash scripts/test.sh     18, built from source
+#   PG_CONFIG=$(bash tests/servers/pg16.sh) bash scripts/test.sh     16.2, from PyPI's pgserver wheel
+#   bash tests/servers/in-trixie.sh bash scripts/test.sh               17, in a Debian 13 root
 # Each major version has its own cluster (.cluster/ and port 5499 for 15,
 # .cluster-NN/ and port 54NN for the others), its own cargo target folder
 # (target/ for 15, target/pgNN/ for the others) and is built with
@@ -49,7 +49,7 @@ fi
 
 # Things built against the operating system's own libraries (a Python venv,
 # the Rust example's build scripts) are kept apart per system, so that the
-# Debian 13 root (scripts/pg/in-trixie.sh) and the Debian 12 host can share
+# Debian 13 root (tests/servers/in-trixie.sh) and the Debian 12 host can share
 # one checkout: no suffix on Debian 12, "-debian13" in the root.
 IDEM_OS_SUFFIX="$(. /etc/os-release && echo "-$ID$VERSION_ID")"
 [ "$IDEM_OS_SUFFIX" != "-debian12" ] || IDEM_OS_SUFFIX=""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Debian package of idem for a Debian-packaged PostgreSQL:
 #   bash scripts/package.sh                 Debian 12's PostgreSQL 15
-#   bash scripts/pg/in-trixie.sh bash scripts/package.sh   Debian 13's 17
+#   bash tests/servers/in-trixie.sh bash scripts/package.sh   Debian 13's 17
 #   → target/package/postgresql-NN-idem_<version>_amd64.deb
 # Install it with: apt-get install ./target/package/postgresql-NN-idem_<version>_amd64.deb
 #

@@ -52,7 +52,7 @@ step_done() { # step
 step_done setup-and-cluster
 
 # What the other majors and the package test need, built once and cached
-# (scripts/pg/): made in the background, at the lowest CPU priority, while
+# (tests/servers/): made in the background, at the lowest CPU priority, while
 # the PostgreSQL 15 suite runs, which leaves the CPU and the network idle
 # much of its time (lock waits, fsyncs, sessions that wait on each other).
 # Their host packages are installed first, in the foreground: apt lets one
@@ -66,11 +66,11 @@ if [ "$IDEM_SUITE" = full ]; then
     case "$major" in 16) prepare+=(pg16.sh) ;; 17) prepare+=(trixie.sh) ;; 18) prepare+=(pg18.sh pg15-upstream.sh) ;; esac
   done
   for script in "${prepare[@]}"; do
-    bash "$ROOT/scripts/pg/$script" --host-packages || say "$script: its host packages could not be installed now; its own call tries again"
+    bash "$ROOT/tests/servers/$script" --host-packages || say "$script: its host packages could not be installed now; its own call tries again"
   done
   (for script in "${prepare[@]}"; do
      echo "== $script"
-     nice -n 19 bash "$ROOT/scripts/pg/$script" || echo "== $script failed: its foreground call tries again"
+     nice -n 19 bash "$ROOT/tests/servers/$script" || echo "== $script failed: its foreground call tries again"
    done) > "$OUT/prepare-in-background.log" 2>&1 &
   prepare_pid=$!
 fi
@@ -139,29 +139,28 @@ run_major() { # label command...
 }
 
 if [ "$IDEM_SUITE" = full ]; then
-  say "#[pg_test] units (cargo pgrx test)"
-  PGRX_DATA="$(cluster_dir)/pgrx-test"
-  mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
-  if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
-  grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
-  while read -r line; do
-    name=$(echo "$line" | awk '{print $2}')
-    if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
-  done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
-  grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
-  # (cargo pgrx test installed a build with the test functions: put the
-  # plain build back for whatever runs next.)
-  bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
-  step_done "pg_test(build, run, reinstall)"
-
-  # The other majors run side by side (IDEM_MAJORS_SERIAL=1: one after
-  # another): each is a separate server and build, and most of a run is
-  # spent waiting (locks, fsyncs, sessions waiting on each other), which
-  # leaves the CPU to the others. Each job writes its output and records to
-  # files, shown and counted here in the order of IDEM_MAJORS.
+  # The #[pg_test] units install a build with the test functions into this
+  # PostgreSQL, and the plain build back after them: nothing else uses this
+  # PostgreSQL's files by then, so they run beside the other majors.
+  major_pg_test() {
+    say "#[pg_test] units (cargo pgrx test)"
+    PGRX_DATA="$(cluster_dir)/pgrx-test"
+    mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
+    if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+    grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
+    while read -r line; do
+      name=$(echo "$line" | awk '{print $2}')
+      if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+    done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
+    grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+    # (cargo pgrx test installed a build with the test functions: put the
+    # plain build back for whatever runs next.)
+    bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
+    step_done "pg_test(build, run, reinstall)"
+  }
   major_18() {
-    say "PostgreSQL 18: the core suite (scripts/pg/pg18.sh builds it once, cached)"
-    pg18=$(bash "$ROOT/scripts/pg/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
+    say "PostgreSQL 18: the core suite (tests/servers/pg18.sh builds it once, cached)"
+    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
     run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
     say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
     if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
@@ -170,19 +169,19 @@ if [ "$IDEM_SUITE" = full ]; then
     step_done "pg_upgrade"
   }
   major_17() {
-    say "PostgreSQL 17 on Debian 13: the core suite (scripts/pg/trixie.sh makes the root once, cached)"
-    bash "$ROOT/scripts/pg/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; return; }
-    run_major pg17 bash "$ROOT/scripts/pg/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
-    bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
+    say "PostgreSQL 17 on Debian 13: the core suite (tests/servers/trixie.sh makes the root once, cached)"
+    bash "$ROOT/tests/servers/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; return; }
+    run_major pg17 bash "$ROOT/tests/servers/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+    bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
     say "PostgreSQL 17 on Debian 13: the postgresql-17-idem package, built, installed, used and purged"
-    if bash "$ROOT/scripts/pg/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
+    if bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
       record "pg17/package_debian13" 0; tail -1 "$OUT/package_debian13.log"
     else record "pg17/package_debian13" 1; tail -30 "$OUT/package_debian13.log"; fi
     step_done "pg17/package_debian13"
   }
   major_16() {
-    say "PostgreSQL 16: the core suite (scripts/pg/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
-    pg16=$(bash "$ROOT/scripts/pg/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
+    say "PostgreSQL 16: the core suite (tests/servers/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
+    pg16=$(bash "$ROOT/tests/servers/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
     run_major pg16 env PG_CONFIG="$pg16" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
     # No compiler warning in idem's build for 16 (cargo repeats a cached
     # build's warnings, so this holds when nothing was recompiled too).
@@ -192,14 +191,20 @@ if [ "$IDEM_SUITE" = full ]; then
     # (Stopped, as 17's: pg16.sh does not swap in a new tree under a running server.)
     PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
   }
+  # The other majors run side by side (IDEM_MAJORS_SERIAL=1: one after
+  # another): each is a separate server and build, and most of a run is
+  # spent waiting (locks, fsyncs, sessions waiting on each other), which
+  # leaves the CPU to the others. Each job writes its output and records to
+  # files, shown and counted here in the order of IDEM_MAJORS (the
+  # units first).
   major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
     : > "$OUT/major-$1.records"
     (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
   }
   jobs_started=() job_pids=()
-  for major in $IDEM_MAJORS; do
+  for major in pg_test $IDEM_MAJORS; do
     declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
-    say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the other majors')"
+    [ "$major" = pg_test ] || say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the other majors')"
     if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
     jobs_started+=("$major")
   done

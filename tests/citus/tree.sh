@@ -9,7 +9,7 @@
 # its programs, so the unpacked tree works where it lies. Prints its
 # pg_config. Once: a stamp names the packages it was made from.
 #   PG_CONFIG=$(bash tests/citus/tree.sh)
-source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/pg/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../tests/servers/common.sh"
 
 PREFIX="$IDEM_CACHE/pg15-citus"
 STAMP="$PREFIX/.idem-stamp"

@@ -15,7 +15,7 @@
 #     glibc 2.38 (Debian 12 has 2.36), and no Debian suite has 16 any more.
 # Prints the private tree's pg_config. Built once: a stamp names what went in.
 #   PG_CONFIG=$(bash tests/portable/tree.sh)
-source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/pg/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../tests/servers/common.sh"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TLE_TARBALL="$ROOT/../shared/vendor/pg_tle-1.5.3-2f4b7b3.tar.gz"

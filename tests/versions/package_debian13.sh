@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Debian 13 package for PostgreSQL 17, built and installed for real in
-# the trixie root (scripts/pg/trixie.sh), which is Debian 13 with Debian's
+# the trixie root (tests/servers/trixie.sh), which is Debian 13 with Debian's
 # postgresql-17 installed, like a fresh server:
-#   bash scripts/pg/in-trixie.sh bash tests/versions/package_debian13.sh
+#   bash tests/servers/in-trixie.sh bash tests/versions/package_debian13.sh
 #   - scripts/package.sh builds target/pg17/…/postgresql-17-idem_<v>_<arch>.deb;
 #   - its control fields name postgresql-17 and Cargo.toml's version;
 #   - apt-get installs it (dependencies resolved by apt, not forced);
@@ -17,7 +17,7 @@
 # it, and the next core run installs it again.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 die() { echo "FAIL: $*"; exit 1; }
-[ "${IDEM_IN_TRIXIE:-}" = 1 ] || die "run this inside the trixie root: bash scripts/pg/in-trixie.sh bash $0"
+[ "${IDEM_IN_TRIXIE:-}" = 1 ] || die "run this inside the trixie root: bash tests/servers/in-trixie.sh bash $0"
 [ "$PG_MAJOR" = 17 ] || die "expected Debian 13's PostgreSQL 17, PG_CONFIG=$PG_CONFIG is $PG_MAJOR"
 cd "$ROOT"
 version=$(awk -F'"' '$1 == "version = " { print $2; exit }' Cargo.toml)

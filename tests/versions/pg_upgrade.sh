@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pg_upgrade from PostgreSQL 15 to 18 (scripts/pg/pg18.sh, with this build
+# pg_upgrade from PostgreSQL 15 to 18 (tests/servers/pg18.sh, with this build
 # of idem installed by a core run of scripts/test.sh), with live claims, a
 # running lease, a state machine and its guard, a one-time token and a
 # business type setting in the old cluster. After the upgrade every claim
@@ -8,13 +8,13 @@
 #   PG18_CONFIG=/path/to/18/bin/pg_config bash tests/versions/pg_upgrade.sh
 #
 # The old side is PostgreSQL 15 built from the upstream source
-# (scripts/pg/pg15-upstream.sh: the Debian 15.20 of this machine kind
+# (tests/servers/pg15-upstream.sh: the Debian 15.20 of this machine kind
 # stamps every column with an attribute option 18 rejects, so pg_upgrade
 # from it fails for any database), with idem copied from the build
 # installed into Debian's 15.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 : "${PG18_CONFIG:?PG18_CONFIG must point at the pg_config of PostgreSQL 18}"
-OLD_CONFIG="$(bash "$ROOT/scripts/pg/pg15-upstream.sh")"
+OLD_CONFIG="$(bash "$ROOT/tests/servers/pg15-upstream.sh")"
 OLD_BIN="$("$OLD_CONFIG" --bindir)"
 NEW_BIN="$("$PG18_CONFIG" --bindir)"
 # idem into the old tree: Debian's 15 has this build installed (lib.sh's

@@ -14,8 +14,8 @@
 # constants at load time), copied into the tree's pkglibdir and extension
 # folder.
 #
-#   PG_CONFIG=$(bash scripts/pg/pg16.sh)      ensure it, print its pg_config
-#   PG_CONFIG=$(bash scripts/pg/pg16.sh) IDEM_SUITE=core bash scripts/test.sh
+#   PG_CONFIG=$(bash tests/servers/pg16.sh)      ensure it, print its pg_config
+#   PG_CONFIG=$(bash tests/servers/pg16.sh) IDEM_SUITE=core bash scripts/test.sh
 #
 # The wheel is unpacked whole into $IDEM_CACHE/pg16 (default
 # /var/cache/idem/pg16), keeping its layout: the programs find libpq through

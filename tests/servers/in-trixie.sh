@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run a command as root inside the Debian 13 (trixie) root made by
-# scripts/pg/trixie.sh, where Debian's PostgreSQL 17 is installed:
-#   bash scripts/pg/in-trixie.sh bash scripts/test.sh          (PG_CONFIG is 17's there)
-#   bash scripts/pg/in-trixie.sh                                (a shell)
+# tests/servers/trixie.sh, where Debian's PostgreSQL 17 is installed:
+#   bash tests/servers/in-trixie.sh bash scripts/test.sh          (PG_CONFIG is 17's there)
+#   bash tests/servers/in-trixie.sh                                (a shell)
 # Why: Debian 12 has no PostgreSQL 17 package, and trixie's binaries must not
 # be installed on the host; a chroot runs them on the host's kernel.
 #

@@ -1,4 +1,4 @@
-# A Debian root for scripts/pg/in-trixie.sh to run commands in, shared by
+# A Debian root for tests/servers/in-trixie.sh to run commands in, shared by
 # bookworm.sh (Debian 12, PostgreSQL 15) and trixie.sh (Debian 13,
 # PostgreSQL 17). Source it after common.sh, set SUITE, PG_MAJOR, PACKAGES
 # (and STAMP_PACKAGES: packages whose versions the stamp records), then
@@ -47,6 +47,9 @@ build_root() { # DIR
   unshare --mount --propagation private -- \
     debootstrap --variant=minbase --include=ca-certificates "$SUITE" "$dir" "$MIRROR" \
     >"$dir.log" 2>&1 || { tail -30 "$dir.log" >&2; die "debootstrap failed (log: $dir.log)"; }
+  # (The comment written into the root still names the scripts' old folder:
+  # the recipe's hash covers this line, and a new text would rebuild every
+  # cached root for nothing.)
   printf '#!/bin/sh\n# scripts/pg/%s.sh: no service starts in this root\nexit 101\n' "$SUITE" > "$dir/usr/sbin/policy-rc.d"
   chmod 755 "$dir/usr/sbin/policy-rc.d"
   mkdir -p "$dir/etc/postgresql-common/createcluster.d"
@@ -95,12 +98,12 @@ ensure_debian_root() { # [--host-packages]
           echo "postgresql=$(chroot "$new" "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" --version | sed 's/^PostgreSQL //')"
           for p in "${STAMP_PACKAGES[@]}" libc6; do echo "$p=$(chroot "$new" dpkg-query -W -f='${Version}' "$p")"; done
           echo "packages=${PACKAGES[*]}"
-          echo "built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by scripts/pg/$SUITE.sh"
+          echo "built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by tests/servers/$SUITE.sh"
         } > "$new/.idem-stamp"
       fi
       if [ -e "$rootfs" ]; then
         busy=$(processes_in "$(readlink -f "$rootfs")" | tr '\n' ' ')
-        [ -z "$busy" ] || die "processes run in $rootfs (pids $busy; a test cluster? stop it with: IDEM_TRIXIE_ROOT=$rootfs bash scripts/pg/in-trixie.sh bash scripts/cluster.sh stop); the new root is kept in $new"
+        [ -z "$busy" ] || die "processes run in $rootfs (pids $busy; a test cluster? stop it with: IDEM_TRIXIE_ROOT=$rootfs bash tests/servers/in-trixie.sh bash scripts/cluster.sh stop); the new root is kept in $new"
         remove_tree "$rootfs.old"
         mv "$rootfs" "$rootfs.old"
       fi

@@ -3,13 +3,13 @@
 # a server as idem's Debian package meets it, for tests/scenarios/package.sh
 # to install the package into for real (apt-get install ./….deb, CREATE
 # EXTENSION, apt-get remove) without touching the host's PostgreSQL.
-# Commands run in it with scripts/pg/in-trixie.sh, pointed at it:
-#   IDEM_TRIXIE_ROOT=$(bash scripts/pg/bookworm.sh) \
-#     IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config bash scripts/pg/in-trixie.sh CMD...
+# Commands run in it with tests/servers/in-trixie.sh, pointed at it:
+#   IDEM_TRIXIE_ROOT=$(bash tests/servers/bookworm.sh) \
+#     IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config bash tests/servers/in-trixie.sh CMD...
 #
-#   bash scripts/pg/bookworm.sh       ensure it (in $IDEM_CACHE/bookworm), print its path
+#   bash tests/servers/bookworm.sh       ensure it (in $IDEM_CACHE/bookworm), print its path
 #
-# How it is made and cached: scripts/pg/debian-root.sh.
+# How it is made and cached: tests/servers/debian-root.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/debian-root.sh"
 

@@ -2,13 +2,13 @@
 # A Debian 13 (trixie) root with Debian's PostgreSQL 17 and what building
 # idem with pgrx and running its tests needs (clang, libclang, a C
 # toolchain, sudo, IPC::Run, Python with venv, procps, git, pg_cron,
-# PL/Proxy), for scripts/pg/in-trixie.sh to run commands in. Why: Debian 12
+# PL/Proxy), for tests/servers/in-trixie.sh to run commands in. Why: Debian 12
 # has no PostgreSQL 17 package, and trixie's packages must not be installed
 # on the host; a debootstrapped root keeps them apart.
 #
-#   bash scripts/pg/trixie.sh       ensure it (in $IDEM_CACHE/trixie), print its path
+#   bash tests/servers/trixie.sh       ensure it (in $IDEM_CACHE/trixie), print its path
 #
-# How it is made and cached: scripts/pg/debian-root.sh.
+# How it is made and cached: tests/servers/debian-root.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/debian-root.sh"
 

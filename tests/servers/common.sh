@@ -1,4 +1,4 @@
-# Shared by scripts/pg/*.sh (source it): the cache folder outside the clone,
+# Shared by tests/servers/*.sh (source it): the cache folder outside the clone,
 # a lock so that two runs never build the same thing at once, and the stamp
 # that makes a re-run a no-op. A stamp records the recipe's hash: the hash of
 # the build functions' code as bash prints it back (`declare -f` drops the
@@ -123,7 +123,7 @@ cached_tree() {
   {
     echo "recipe=$recipe"
     "$describe" "$work" "$stage"
-    echo "built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by scripts/pg/$name.sh"
+    echo "built=$(date -u +%FT%TZ) in $(( $(date +%s) - started )) s by tests/servers/$name.sh"
   } > "$stage$prefix/.idem-stamp"
   rm -rf "$prefix.old"
   [ ! -e "$prefix" ] || mv "$prefix" "$prefix.old"

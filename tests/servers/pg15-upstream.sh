@@ -10,7 +10,7 @@
 # pg_attver"), whatever is in it. A 15 built from the upstream source has
 # no such option.
 #
-#   PG_CONFIG=$(bash scripts/pg/pg15-upstream.sh)
+#   PG_CONFIG=$(bash tests/servers/pg15-upstream.sh)
 #
 # Cached under $IDEM_CACHE/pg15-upstream like pg18.sh's tree (stamp,
 # lock, swapped in whole). idem is not built for it: tests/versions/

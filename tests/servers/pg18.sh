@@ -7,8 +7,8 @@
 # are used by the tests), pg_isolation_regress/isolationtester and pg_regress
 # under pgxs, and pg_cron from sid's source package pg-cron when it builds.
 #
-#   PG_CONFIG=$(bash scripts/pg/pg18.sh)      ensure it, print its pg_config
-#   PG_CONFIG=$(bash scripts/pg/pg18.sh) bash scripts/test.sh
+#   PG_CONFIG=$(bash tests/servers/pg18.sh)      ensure it, print its pg_config
+#   PG_CONFIG=$(bash tests/servers/pg18.sh) bash scripts/test.sh
 #
 # Installed under $IDEM_CACHE/pg18 (default /var/cache/idem/pg18), outside
 # the clone, so that every checkout and worktree shares one build. The stamp
