@@ -6,16 +6,16 @@
 # the tree PG_CONFIG names: the native runs install idem there, and the
 # portable edition must be tested on a server without the idem library.
 #   Debian's packaged PostgreSQL (15 on the host, 17 in the Debian 13 root of
-#     scripts/pg/in-trixie.sh): the installed versions of its packages,
+#     tests/servers/in-trixie.sh): the installed versions of its packages,
 #     unpacked with dpkg-deb, plus Debian's postgresql-NN-cron.
-#   A tree of scripts/pg/ (18: pg18.sh, 16: pg16.sh): a copy (cp -a) of that
+#   A tree of tests/servers/ (18: pg18.sh, 16: pg16.sh): a copy (cp -a) of that
 #     tree, without idem's files, plus the tree's own pg_cron if it has one.
 #     pg_cron for these two cannot be had here: no pg-cron source package
 #     downloads from the archive mirror, sid's postgresql-18-cron binary needs
 #     glibc 2.38 (Debian 12 has 2.36), and no Debian suite has 16 any more.
 # Prints the private tree's pg_config. Built once: a stamp names what went in.
 #   PG_CONFIG=$(bash tests/portable/tree.sh)
-source "$(dirname "${BASH_SOURCE[0]}")/../../tests/servers/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../servers/common.sh"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TLE_TARBALL="$ROOT/../shared/vendor/pg_tle-1.5.3-2f4b7b3.tar.gz"
@@ -40,13 +40,13 @@ if [ "$PG_CONFIG" = "/usr/lib/postgresql/$MAJOR/bin/pg_config" ]; then
   TLE_CONFIG="$PREFIX/bin/pg_config"
 else
   DEBIAN=0
-  # The tree of scripts/pg/: the folder right under $IDEM_CACHE that holds
+  # The tree of tests/servers/: the folder right under $IDEM_CACHE that holds
   # pg_config (pg18/ for 18, pg16/ for 16, whose programs find libpq beside
   # the tree). Its stamp says which build it is.
   rel=${PG_CONFIG#"$IDEM_CACHE"/}
-  [ "$rel" != "$PG_CONFIG" ] || die "$PG_CONFIG is neither Debian's nor a tree of scripts/pg/ under $IDEM_CACHE"
+  [ "$rel" != "$PG_CONFIG" ] || die "$PG_CONFIG is neither Debian's nor a tree of tests/servers/ under $IDEM_CACHE"
   ORIG="$IDEM_CACHE/${rel%%/*}"
-  [ -f "$ORIG/.idem-stamp" ] || die "$ORIG has no stamp: build it with scripts/pg/"
+  [ -f "$ORIG/.idem-stamp" ] || die "$ORIG has no stamp: build it with tests/servers/"
   want+=" copy=$ORIG stamp=$(sha256sum < "$ORIG/.idem-stamp" | cut -c1-16)"
   TLE_CONFIG="$PREFIX/${rel#*/}"
 fi
