@@ -7,7 +7,11 @@
 # portable edition must be tested on a server without the idem library.
 #   Debian's packaged PostgreSQL (15 on the host, 17 in the Debian 13 root of
 #     tests/servers/in-trixie.sh): the installed versions of its packages,
-#     unpacked with dpkg-deb, plus Debian's postgresql-NN-cron.
+#     unpacked with dpkg-deb; Debian's postgresql-NN-cron is unpacked into
+#     the tree afterwards, in place, with a stamp of its own: adding files
+#     only, it never swaps the tree under a server running from it, and a
+#     tree built without pg_cron (by an older version of this script) keeps
+#     its stamp and is not rebuilt.
 #   A tree of tests/servers/ (18: pg18.sh, 16: pg16.sh): a copy (cp -a) of that
 #     tree, without idem's files, plus the tree's own pg_cron if it has one.
 #     pg_cron for these two cannot be had here: no pg-cron source package
@@ -29,14 +33,21 @@ STAMP="$PREFIX/.idem-stamp"
 want="tle=$(basename "$TLE_TARBALL")"
 if [ "$PG_CONFIG" = "/usr/lib/postgresql/$MAJOR/bin/pg_config" ]; then
   DEBIAN=1
-  PKGS=("postgresql-$MAJOR" "postgresql-client-$MAJOR" "postgresql-server-dev-$MAJOR" libpq5 libpq-dev
-        "postgresql-$MAJOR-cron")
+  PKGS=("postgresql-$MAJOR" "postgresql-client-$MAJOR" "postgresql-server-dev-$MAJOR" libpq5 libpq-dev)
+  CRON_PKG="postgresql-$MAJOR-cron"
+  # The installed version, else apt's candidate (the cron package need not
+  # be installed).
+  version_of() {
+    local v
+    v=$(dpkg-query -W -f='${Version}' "$1" 2>/dev/null) && [ -n "$v" ] \
+      || v=$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: *//p')
+    [ -n "$v" ] && [ "$v" != "(none)" ] || die "$1 is neither installed nor available here"
+    echo "$v"
+  }
   for p in "${PKGS[@]}"; do
-    v=$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null) && [ -n "$v" ] \
-      || v=$(apt-cache policy "$p" 2>/dev/null | sed -n 's/^ *Candidate: *//p')
-    [ -n "$v" ] && [ "$v" != "(none)" ] || die "$p is neither installed nor available here"
-    want+=" $p=$v"
+    want+=" $p=$(version_of "$p")"
   done
+  CRON_WANT="$CRON_PKG=$(version_of "$CRON_PKG")"
   TLE_CONFIG="$PREFIX/bin/pg_config"
 else
   DEBIAN=0
@@ -50,34 +61,46 @@ else
   want+=" copy=$ORIG stamp=$(sha256sum < "$ORIG/.idem-stamp" | cut -c1-16)"
   TLE_CONFIG="$PREFIX/${rel#*/}"
 fi
-ready() { [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$want" ] && [ -x "$TLE_CONFIG" ]; }
-if ready; then echo "$TLE_CONFIG"; exit 0; fi
+# download_deb PACKAGE=VERSION: into $debs (once), printing its path.
+download_deb() {
+  local p=${1%%=*} v=${1#*=}
+  mkdir -p "$debs"
+  if ! ls "$debs/${p}_${v//:/%3a}_"*.deb >/dev/null 2>&1; then
+    (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null 2>&1) ||
+      { apt-get update -qq && (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null); } ||
+      die "cannot download $p=$v"
+  fi
+  ls "$debs/${p}_${v//:/%3a}_"*.deb | head -1
+}
+debs="$IDEM_CACHE/build/pg$MAJOR-tle/debs"
+CRON_STAMP="$PREFIX/.idem-cron-stamp"
+ready() { [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$TLE_CONFIG" ]; }
+cron_ready() { [ $DEBIAN = 0 ] || { [ -f "$CRON_STAMP" ] && [ "$(cat "$CRON_STAMP")" = "$CRON_WANT" ]; }; }
+# add_cron: Debian's pg_cron unpacked into the finished tree, in place.
+add_cron() {
+  log "unpacking Debian's pg_cron ($CRON_WANT) into $PREFIX"
+  dpkg-deb -x "$(download_deb "$CRON_WANT")" "$PREFIX"
+  [ -f "$("$TLE_CONFIG" --pkglibdir)/pg_cron.so" ] || die "pg_cron.so is not where the private server looks"
+  echo "$CRON_WANT" > "$CRON_STAMP"
+}
+if ready && cron_ready; then echo "$TLE_CONFIG"; exit 0; fi
 
 take_lock "pg$MAJOR-tle"
-if ready; then echo "$TLE_CONFIG"; exit 0; fi
+if ready; then
+  cron_ready || add_cron
+  echo "$TLE_CONFIG"; exit 0
+fi
 host_packages flex libkrb5-dev build-essential
 new="$PREFIX.new"
 rm -rf "$new"
 mkdir -p "$new"
-cron="none"
 if [ $DEBIAN = 1 ]; then
-  log "unpacking Debian's PostgreSQL $MAJOR and pg_cron into $PREFIX and building pg_tle into it"
-  debs="$IDEM_CACHE/build/pg$MAJOR-tle/debs"
-  mkdir -p "$debs"
+  log "unpacking Debian's PostgreSQL $MAJOR into $PREFIX and building pg_tle into it"
   for p in "${PKGS[@]}"; do
-    v=$(sed -E "s/.* $p=([^ ]*).*/\1/" <<< "$want")
-    ls "$debs/${p}_${v//:/%3a}_"*.deb >/dev/null 2>&1 && continue
-    (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null 2>&1) ||
-      { apt-get update -qq && (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null); } ||
-      die "cannot download $p=$v"
-  done
-  for p in "${PKGS[@]}"; do
-    v=$(sed -E "s/.* $p=([^ ]*).*/\1/" <<< "$want")
-    dpkg-deb -x "$(ls "$debs/${p}_${v//:/%3a}_"*.deb | head -1)" "$new"
+    dpkg-deb -x "$(download_deb "$p=$(sed -E "s/.* $p=([^ ]*).*/\1/" <<< "$want")")" "$new"
   done
   ln -s "usr/lib/postgresql/$MAJOR/bin" "$new/bin"
   new_config="$new/bin/pg_config"
-  cron=$(sed -E "s/.* postgresql-$MAJOR-cron=([^ ]*).*/\1/" <<< "$want")
 else
   log "copying $ORIG into $PREFIX (without idem) and building pg_tle into the copy"
   cp -a "$ORIG/." "$new/"
@@ -85,7 +108,6 @@ else
   # The native runs installed idem into the original; this server must not have it.
   rm -f "$("$new_config" --pkglibdir)"/idem.so "$("$new_config" --sharedir)"/extension/idem.control \
         "$("$new_config" --sharedir)"/extension/idem--*.sql
-  [ ! -f "$("$new_config" --pkglibdir)/pg_cron.so" ] || cron="the tree's own"
 fi
 "$new_config" --version >/dev/null || die "the private pg_config does not run"
 src="$IDEM_CACHE/build/pg$MAJOR-tle/src"
@@ -100,11 +122,12 @@ tle_dir=$(ls -d "$src"/pg_tle-*/ | head -1)
 (cd "$tle_dir" && nice -n 10 make -s FLEX="$(command -v flex)" PG_CONFIG="$new_config" >"$src/build.log" 2>&1 &&
    make -s install FLEX="$(command -v flex)" PG_CONFIG="$new_config" >>"$src/build.log" 2>&1) || { tail -30 "$src/build.log" >&2; die "pg_tle did not build"; }
 ls "$("$new_config" --pkglibdir)/pg_tle.so" >/dev/null || die "pg_tle.so is not where the private server looks"
-printf '%s\npg_cron=%s\n' "$want" "$cron" > "$new/.idem-stamp"
+echo "$want" > "$new/.idem-stamp"
 # Swapped in whole (a server of the old tree keeps running on its open files).
 rm -rf "$PREFIX.old"
 [ ! -e "$PREFIX" ] || mv "$PREFIX" "$PREFIX.old"
 mv "$new" "$PREFIX"
 rm -rf "$PREFIX.old"
-log "PostgreSQL $MAJOR with pg_tle (pg_cron: $cron): $PREFIX"
+log "PostgreSQL $MAJOR with pg_tle: $PREFIX"
+cron_ready || add_cron
 echo "$TLE_CONFIG"
