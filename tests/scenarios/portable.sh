@@ -280,14 +280,18 @@ else
   # One-second partitions and a two-second TTL (database settings, which
   # pg_cron's sessions read too), so that a partition expires within the
   # minute; a completed claim of a type kept an hour must outlive its drop.
-  psql_as tle_admin $CRON_DB -f "$out/dist/idem_pg_tle.sql" >/dev/null
-  psql_as tle_admin $CRON_DB -c "ALTER DATABASE $CRON_DB SET idem.partition_width = '1 second'" \
+  # Stored by the administrator: without the library the server does not
+  # know these settings, and refuses to store an unknown one for a role
+  # without the privilege to set it (42501).
+  psql_as postgres $CRON_DB -c "ALTER DATABASE $CRON_DB SET idem.partition_width = '1 second'" \
     -c "ALTER DATABASE $CRON_DB SET idem.default_ttl = '2 seconds'"
+  psql_as tle_admin $CRON_DB -f "$out/dist/idem_pg_tle.sql" >/dev/null
   psql_as tle_admin $CRON_DB -c "CREATE EXTENSION idem" -c "SELECT idem_configure('cron.keep', '1 hour')" >/dev/null
   check "pg_cron: idem_schedule_maintenance by the owner; the job runs as the owner" "t|tle_admin|* * * * *" \
     "$(psql_as tle_admin $CRON_DB -At <<'SQL' | sed 's/^true/t/'
 SELECT idem_schedule_maintenance('*/5 * * * *') AS job \gset
-SELECT (idem_schedule_maintenance('* * * * *') = :job) || '|' || username || '|' || schedule FROM cron.job WHERE jobname = 'idem_maintain';
+SELECT idem_schedule_maintenance('* * * * *') = :job AS same_job \gset
+SELECT :'same_job' || '|' || username || '|' || schedule FROM cron.job WHERE jobname = 'idem_maintain';
 SQL
 )"
   scheduled=$(psql_as tle_admin $CRON_DB -Atc "SELECT now()")
@@ -295,7 +299,10 @@ SQL
     -c "BEGIN; SELECT idem_claim('order-2', 'cron.keep'); SELECT idem_complete('order-2', 'cron.keep', '{\"n\": 2}'); COMMIT;" >/dev/null
   # The partition that holds the claim that is about to expire (the first
   # maintenance run, by idem_schedule_maintenance, made it ahead).
-  part=$(psql_as tle_admin $CRON_DB -Atc "SELECT tableoid::regclass FROM idem.claims WHERE biz_type = 'cron.test' AND key = 'order-1'")
+  # (maintenance reports name partitions without their schema, idem)
+  part_name=$(psql_as tle_admin $CRON_DB -Atc "SELECT c.relname FROM idem.claims x JOIN pg_class c ON c.oid = x.tableoid
+                                                WHERE x.biz_type = 'cron.test' AND x.key = 'order-1'")
+  part="idem.$part_name"
   check "pg_cron: the expiring claim is in a partition made ahead" "t" \
     "$(psql_as tle_admin $CRON_DB -Atc "SELECT '$part' <> 'idem.claims_default' AND idem.partition_to('$part') IS NOT NULL" | sed 's/^true/t/')"
   # Wait for a run of pg_cron's that dropped it: pg_cron fires at the start
@@ -306,7 +313,7 @@ SQL
   dropped_by_cron="SELECT count(*) FROM idem.maintenance_runs m JOIN cron.job_run_details d
       ON m.started_at BETWEEN d.start_time AND coalesce(d.end_time, 'infinity')
       JOIN cron.job j ON j.jobid = d.jobid AND j.jobname = 'idem_maintain'
-    WHERE d.status = 'succeeded' AND d.start_time > '$scheduled' AND m.report->'partitions_dropped' ? '$part'"
+    WHERE d.status = 'succeeded' AND d.start_time > '$scheduled' AND m.report->'partitions_dropped' ? '$part_name'"
   due=$(psql_as tle_admin $CRON_DB -Atc "SELECT extract(epoch FROM date_trunc('minute', now()) + interval '1 minute')::bigint")
   registered_again=0
   for i in $(seq 1 200); do
