@@ -51,8 +51,9 @@
 # in this edition (settings without the library; SECURITY DEFINER API
 # functions), as patches of tests/pg_regress/expected.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-# The private server's port (another run of this scenario on the machine,
-# of another checkout or major, needs another one).
+# The private server's port. It listens on a socket in this major's cluster
+# folder only, so runs of other checkouts and majors do not clash;
+# IDEM_PORTABLE_PORT picks another all the same.
 PORT="${IDEM_PORTABLE_PORT:-5546}"
 # The private server is of the same major as PG_CONFIG's
 # (tests/portable/tree.sh), compared with the native edition on the suite's
@@ -282,7 +283,10 @@ else
   # minute; a completed claim of a type kept an hour must outlive its drop.
   # Stored by the administrator: without the library the server does not
   # know these settings, and refuses to store an unknown one for a role
-  # without the privilege to set it (42501).
+  # without the privilege to set it (docs/portable.md, Settings).
+  check "pg_cron: the owner may not store an idem setting for the database (42501)" "42501" \
+    "$(psql_as tle_admin $CRON_DB -At -c "DO \$\$ BEGIN ALTER DATABASE $CRON_DB SET idem.default_ttl = '2 seconds';
+         EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE: *//p')"
   psql_as postgres $CRON_DB -c "ALTER DATABASE $CRON_DB SET idem.partition_width = '1 second'" \
     -c "ALTER DATABASE $CRON_DB SET idem.default_ttl = '2 seconds'"
   psql_as tle_admin $CRON_DB -f "$out/dist/idem_pg_tle.sql" >/dev/null
