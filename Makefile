@@ -40,9 +40,10 @@ uninstall:
 	rm -f '$(DESTDIR)$(PKGLIBDIR)/idem.so' '$(DESTDIR)$(EXTDIR)/idem.control' '$(DESTDIR)$(EXTDIR)'/idem--*.sql
 
 # The portable edition (docs/portable.md): PL/pgSQL, no library, for managed
-# PostgreSQL. Writes dist/idem_pg_tle.sql, dist/idem_portable.sql and
-# dist/idem_portable_uninstall.sql; PORTABLE_SCHEMA is where the plain
-# script puts the API.
+# PostgreSQL. Writes dist/idem_pg_tle.sql, dist/idem_portable.sql,
+# dist/idem_portable_uninstall.sql and the updates (idem_pg_tle_update.sql,
+# idem_portable--A--B.sql); PORTABLE_SCHEMA is where the plain script puts
+# the API.
 PORTABLE_SCHEMA ?= public
 portable:
 	python3 scripts/portable.py --out dist --schema '$(PORTABLE_SCHEMA)'

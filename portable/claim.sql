@@ -163,14 +163,21 @@ COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xi
 
 -- The key's row as the protocol sees it (src/storage/sql.rs, probe): live
 -- (this transaction's, or committed and unexpired), else a committed row
--- whose writer was running when the call began (arrival), expired or not.
--- Only in the TTL classes registered for the type. own: this
--- transaction (or one of its subtransactions) wrote it: a visible row
--- whose writer is still in progress can only be ours.
-CREATE FUNCTION idem.probe(h bigint, biz_type text, key text, t_now timestamptz, arrival pg_snapshot,
+-- committed after the call arrived, expired or not. Only in the TTL
+-- classes registered for the type. own: this transaction (or one of its
+-- subtransactions) wrote it (idem.written_here).
+-- "Committed after the call arrived" (a duplicate that arrived while a
+-- claim was in progress gets that claim's outcome, even past its expiry:
+-- design.md §2) is not read from the raw xmin either (a frozen row's may
+-- map to a transaction that looks running at arrival): idem_claim's first
+-- probe, before the key lock, is its arrival; it returns in versions every
+-- version of the key it saw ("oid:ctid"), and the probe after the lock
+-- passes them as arrived: a version not among them was committed since.
+-- arrived NULL: this probe is the call's first look, nothing is late.
+CREATE FUNCTION idem.probe(h bigint, biz_type text, key text, t_now timestamptz, arrived text[],
                            OUT present boolean, OUT state "char", OUT claimed_at timestamptz, OUT expires_at timestamptz,
                            OUT fingerprint text, OUT result jsonb, OUT own boolean, OUT ttl_class smallint,
-                           OUT part regclass, OUT tid tid)
+                           OUT part regclass, OUT tid tid, OUT versions text[])
     VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     classes smallint[];
@@ -178,10 +185,11 @@ DECLARE
     live int := 0;
     late record;
     have_late boolean := false;
-    x xid8;
+    version text;
     mine boolean;
 BEGIN
     present := false;
+    versions := '{}';
     SELECT array_agg(DISTINCT tc.ttl_class) INTO classes FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type;
     IF classes IS NULL THEN
         RETURN;
@@ -195,8 +203,9 @@ BEGIN
            AND c.key = probe.key
            AND c.ttl_class = ANY (classes)
     LOOP
-        x := idem.xid8_of(r.x);
-        mine := coalesce(pg_xact_status(x) = 'in progress', false);
+        version := r.part::oid || ':' || r.tid;
+        versions := versions || version;
+        mine := idem.written_here(r.part, r.tid, r.claimed_at, r.x);
         IF mine OR r.expires_at > t_now THEN
             live := live + 1;
             IF live > 1 THEN
@@ -206,7 +215,7 @@ BEGIN
             state := r.state; claimed_at := r.claimed_at; expires_at := r.expires_at;
             fingerprint := r.fingerprint; result := r.result; own := mine; ttl_class := r.ttl_class;
             part := r.part; tid := r.tid;
-        ELSIF NOT pg_visible_in_snapshot(x, arrival) THEN
+        ELSIF arrived IS NOT NULL AND NOT version = ANY (arrived) THEN
             late := r;
             have_late := true;
         END IF;
@@ -223,7 +232,7 @@ BEGIN
     END IF;
 END
 $fn$;
-COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, pg_snapshot) IS 'The live row of (biz_type, key) among its type''s TTL classes (or the one committed since arrival), with whether this transaction wrote it.';
+COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, text[]) IS 'The live row of (biz_type, key) among its type''s TTL classes (or one committed since the versions arrived were seen), with whether this transaction wrote it, and every version seen.';
 
 -- What a call that found a row answers (src/protocol.rs, Outcome::of_row).
 CREATE FUNCTION idem.outcome_of_row(state "char", own boolean, result jsonb, claimed_at timestamptz, expires_at timestamptz)
@@ -245,6 +254,59 @@ CREATE FUNCTION idem.us_since_2000(t timestamptz) RETURNS bigint
     SELECT (extract(epoch FROM t - timestamptz '2000-01-01 00:00:00+00') * 1000000)::bigint
 $fn$;
 COMMENT ON FUNCTION idem.us_since_2000(timestamptz) IS 'A timestamp as microseconds since 2000-01-01 UTC (how the native edition stores lease times).';
+
+-- Which claim rows this transaction wrote, without their raw xmin. SQL
+-- shows only the raw xmin, which a frozen row keeps: after the xid counter
+-- wraps, a frozen claim can carry the very number of this transaction or
+-- of one of its subtransactions (it would read as ours: another worker's
+-- lease finished without its token, a duplicate answered in_progress), or
+-- a number that idem.xid8_of maps past the next xid (pg_xact_status then
+-- fails). So the raw xmin is asked only about a row this transaction may
+-- have written, known from two transaction-local settings (set_config(...,
+-- true): a ROLLBACK TO SAVEPOINT reverts them with the rows, and the
+-- transaction's end clears them):
+--   idem.xact_claimed_since_us: the earliest claimed_at (microseconds since
+--     2000) of the claims this transaction inserted. A claim it inserted
+--     was claimed then or later; a frozen claim whose number repeats was
+--     committed an epoch of xids (days at least) earlier.
+--   idem.xact_rewritten: the versions ("oid:ctid") this transaction wrote
+--     by rewriting a claim it did not insert (a lease taken over, finished
+--     or checkpointed with its token): those keep their first claimed_at.
+--     A version's ctid stays its own until the transaction ends (an
+--     in-progress version is never pruned).
+-- Either way the candidate's raw xmin is a recent xid, mapped right by
+-- idem.xid8_of, and pg_xact_status says whether its writer is this
+-- transaction (a visible row whose writer is in progress can only be ours).
+-- Recording only the inserts' earliest time keeps a transaction of many
+-- claims from growing a setting claim by claim. (A role that sets these
+-- settings by hand can make a call take another transaction's row for its
+-- own only while that row's writer is in progress, i.e. never for a
+-- committed row it can see.)
+CREATE FUNCTION idem.note_inserted(claimed_at timestamptz) RETURNS void
+    VOLATILE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT set_config('idem.xact_claimed_since_us',
+                      least(nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint,
+                            idem.us_since_2000(claimed_at))::text, true)
+$fn$;
+COMMENT ON FUNCTION idem.note_inserted(timestamptz) IS 'Remember, until the transaction (or savepoint) ends, that this transaction inserted a claim claimed at claimed_at.';
+
+CREATE FUNCTION idem.note_rewritten(part regclass, tid tid) RETURNS void
+    VOLATILE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT set_config('idem.xact_rewritten',
+                      concat_ws(' ', nullif(current_setting('idem.xact_rewritten', true), ''), part::oid || ':' || tid), true)
+$fn$;
+COMMENT ON FUNCTION idem.note_rewritten(regclass, tid) IS 'Remember, until the transaction (or savepoint) ends, that this transaction wrote the claim version at tid of partition part.';
+
+CREATE FUNCTION idem.written_here(part regclass, tid tid, claimed_at timestamptz, x xid) RETURNS boolean
+    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE
+        WHEN idem.us_since_2000(claimed_at) >= nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint
+          OR (part::oid || ':' || tid) = ANY (string_to_array(nullif(current_setting('idem.xact_rewritten', true), ''), ' '))
+        THEN coalesce(pg_xact_status(idem.xid8_of(x)) = 'in progress', false)
+        ELSE false
+    END
+$fn$;
+COMMENT ON FUNCTION idem.written_here(regclass, tid, timestamptz, xid) IS 'Whether this transaction (or one of its subtransactions) wrote the visible claim version at tid of part, claimed at claimed_at, raw xmin x; never decided by the raw xmin alone.';
 
 CREATE FUNCTION idem.iso_utc(t timestamptz) RETURNS text
     IMMUTABLE STRICT LANGUAGE sql AS $fn$
@@ -339,6 +401,7 @@ BEGIN
     END IF;
     INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
     VALUES (expires_at, claimed_at, k, state, biz_type, key, fingerprint, result);
+    PERFORM idem.note_inserted(claimed_at);
 END
 $fn$;
 COMMENT ON FUNCTION idem.insert_claim(text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed.';
@@ -347,15 +410,23 @@ CREATE FUNCTION idem.rewrite_claim(part regclass, tid tid, state "char", result 
     VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     n bigint;
+    new_tid tid;
+    claimed timestamptz;
 BEGIN
     -- The row the probe found, in its partition: the key lock keeps
     -- everyone else from changing it since. (An UPDATE of idem.claims by
     -- key would plan for every partition.)
-    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3', part) USING state, result, tid;
+    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3 RETURNING ctid, claimed_at', part)
+        INTO new_tid, claimed USING state, result, tid;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to update was found %s times, not once', n),
             'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
+    END IF;
+    -- The new version is this transaction's (idem.written_here): a claim it
+    -- inserted is known by its claimed_at, any other by its version.
+    IF NOT coalesce(idem.us_since_2000(claimed) >= nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint, false) THEN
+        PERFORM idem.note_rewritten(part, new_tid);
     END IF;
 END
 $fn$;
@@ -365,7 +436,6 @@ COMMENT ON FUNCTION idem.rewrite_claim(regclass, tid, "char", jsonb) IS 'Set the
 -- @body idem_claim
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    arrival pg_snapshot := pg_current_snapshot();
     ttl_us bigint;
     lease_us bigint;
     type_ttl_us bigint;
@@ -390,15 +460,16 @@ BEGIN
     PERFORM idem.require_read_committed();
     h := idem.key_hash(biz_type, key);
     -- A committed outcome other than a lease is final until it expires:
-    -- answered without the lock.
-    p := idem.probe(h, biz_type, key, clock_timestamp(), arrival);
+    -- answered without the lock. This first look is the call's arrival
+    -- (idem.probe).
+    p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT (p.present AND p.state <> 'l' AND NOT p.own) THEN
         IF coalesce(wait, true) THEN
             PERFORM pg_advisory_xact_lock(h);
         ELSIF NOT pg_try_advisory_xact_lock(h) THEN
             RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
         END IF;
-        p := idem.probe(h, biz_type, key, clock_timestamp(), arrival);
+        p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
     END IF;
     IF NOT p.present THEN
         t_now := clock_timestamp();
@@ -458,7 +529,7 @@ BEGIN
     PERFORM idem.require_read_committed();
     h := idem.key_hash(biz_type, key);
     PERFORM pg_advisory_xact_lock(h);
-    p := idem.probe(h, biz_type, key, clock_timestamp(), pg_current_snapshot());
+    p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.present THEN
         PERFORM idem.not_claimed(key, biz_type, 'is not claimed by this transaction, nor leased to the caller');
     END IF;
@@ -536,7 +607,7 @@ BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     PERFORM idem.admit(biz_type);
     h := idem.key_hash(biz_type, key);
-    p := idem.probe(h, biz_type, key, clock_timestamp(), pg_current_snapshot());
+    p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF p.present THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
@@ -567,7 +638,7 @@ BEGIN
     PERFORM idem.require_read_committed();
     h := idem.key_hash(biz_type, key);
     PERFORM pg_advisory_xact_lock(h);
-    p := idem.probe(h, biz_type, key, clock_timestamp(), pg_current_snapshot());
+    p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.present THEN
         RETURN false;
     END IF;

@@ -20,12 +20,14 @@
 #   5. a fault stress: sessions claiming the same keys at the same moment,
 #      some terminated mid-transaction (tests/portable/stress.py), and its
 #      negative control (no key locks: keys must be applied twice).
-#   6. maintenance scheduled with pg_cron (preloaded beside pg_tle) by the
+#   6. after transaction-id wraparound, on a throw-away cluster of the same
+#      tree (tests/portable/wraparound.sh);
+#   7. maintenance scheduled with pg_cron (preloaded beside pg_tle) by the
 #      database's owner, who is not a superuser: idem_schedule_maintenance,
 #      then a run of pg_cron's that drops the partition of an expired claim
 #      and makes partitions ahead; the claims still answer after it.
 #      pg_cron cannot be had for 16 and 18 here (tests/portable/tree.sh
-#      says why): there step 6 is skipped, and only it.
+#      says why): there step 7 is skipped, and only it.
 #
 # Tests that do not run here, and why (the one list; the schedules are
 # tests/portable/regress_schedule and tests/portable/isolation_schedule):
@@ -53,8 +55,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 # The private server's port. It listens on a socket in this major's cluster
 # folder only, so runs of other checkouts and majors do not clash;
-# IDEM_PORTABLE_PORT picks another all the same.
-PORT="${IDEM_PORTABLE_PORT:-5546}"
+# PORTABLE_PORT picks another all the same.
+PORT="${PORTABLE_PORT:-5546}"
 # The private server is of the same major as PG_CONFIG's
 # (tests/portable/tree.sh), compared with the native edition on the suite's
 # cluster of that major.
@@ -267,7 +269,10 @@ else
   echo "FAILED: negative control failed for another reason:"; tail -5 "$out/stress-neg.log"; fails=$((fails + 1))
 fi
 
-echo "== 6. maintenance scheduled with pg_cron, by the database's owner (not a superuser)"
+echo "== 6. after transaction-id wraparound"
+bash "$ROOT/tests/portable/wraparound.sh" || fails=$((fails + 1))
+
+echo "== 7. maintenance scheduled with pg_cron, by the database's owner (not a superuser)"
 if [ $CRON = 0 ]; then
   echo "skipped: no pg_cron for PostgreSQL $PG_MAJOR here (see tests/portable/tree.sh)"
 else
