@@ -161,9 +161,11 @@ DECLARE
     t bytea := convert_to(biz_type, getdatabaseencoding());
 BEGIN
     -- The bytes in the database's encoding, as the native function hashes
-    -- them: the type's length (one byte), the type, the key.
+    -- them: the type's length (one byte), the type, the key. (No backslash
+    -- in a literal: the body is parsed under the caller's
+    -- standard_conforming_strings.)
     RETURN idem.siphash13(7594306392080213369, 8516974794605867315,
-                          set_byte('\x00'::bytea, 0, octet_length(t) & 255) || t
+                          set_byte(decode('00', 'hex'), 0, octet_length(t) & 255) || t
                           || convert_to(key, getdatabaseencoding()));
 END
 $fn$;
@@ -226,7 +228,9 @@ BEGIN
     IF bound IS NULL OR bound = 'DEFAULT' THEN
         RETURN;
     END IF;
-    parts := regexp_match(bound, '^FOR VALUES FROM \(''(-?[0-9]+)'', ''([^'']+)''\) TO \(''(-?[0-9]+)'', ''([^'']+)''\)$');
+    -- An escape string: its backslashes mean the same whatever the
+    -- caller's standard_conforming_strings (the body is parsed under it).
+    parts := regexp_match(bound, E'^FOR VALUES FROM \\(''(-?[0-9]+)'', ''([^'']+)''\\) TO \\(''(-?[0-9]+)'', ''([^'']+)''\\)$');
     IF parts IS NULL THEN
         RAISE EXCEPTION 'idem: internal error: % is not a partition of idem.claims by (ttl_class, expires_at): %', partition, bound
             USING ERRCODE = 'XX000';

@@ -283,11 +283,13 @@ BEGIN
         RAISE EXCEPTION 'idem: arguments must not be NULL' USING ERRCODE = '22004';
     END IF;
     -- Found by what it runs rather than by its name: a name is cut to 63
-    -- bytes, so two long column names could share one.
+    -- bytes, so two long column names could share one. (The zero byte is
+    -- no literal with a backslash: the body is parsed under the caller's
+    -- standard_conforming_strings.)
     SELECT t.tgname INTO existing FROM pg_trigger t
      WHERE t.tgrelid = tbl AND NOT t.tgisinternal
        AND t.tgfoid = '@extschema@.idem_guard_trigger()'::regprocedure
-       AND position(convert_to(state_col, pg_catalog.getdatabaseencoding()) || '\x00'::bytea IN t.tgargs) = 1;
+       AND position(convert_to(state_col, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex') IN t.tgargs) = 1;
     IF existing IS NOT NULL THEN
         EXECUTE format('DROP TRIGGER %I ON %s', existing, tbl);
     END IF;

@@ -1058,3 +1058,30 @@ ALTER EXTENSION idem DROP TABLE idem.claims_0_3_default;
 DROP TABLE idem.claims_0_3;
 SELECT pg_catalog.pg_extension_config_dump('idem.claims_default', '');
 SELECT pg_catalog.pg_extension_config_dump('idem.type_classes', '');
+
+-- guards.sql: idem_unguard (and idem_guard, which calls it) under a
+-- session's standard_conforming_strings = off: the zero byte that ends a
+-- guarded column's name in the trigger's arguments is no longer a literal
+-- with a backslash (0.3.0: 22021, "invalid byte sequence", there).
+CREATE OR REPLACE FUNCTION idem_unguard(tbl regclass, state_col name) RETURNS void
+    VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    existing name;
+BEGIN
+    IF tbl IS NULL OR state_col IS NULL THEN
+        RAISE EXCEPTION 'idem: arguments must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    -- Found by what it runs rather than by its name: a name is cut to 63
+    -- bytes, so two long column names could share one. (The zero byte is
+    -- no literal with a backslash: the body is parsed under the caller's
+    -- standard_conforming_strings.)
+    SELECT t.tgname INTO existing FROM pg_trigger t
+     WHERE t.tgrelid = tbl AND NOT t.tgisinternal
+       AND t.tgfoid = '@extschema@.idem_guard_trigger()'::regprocedure
+       AND position(convert_to(state_col, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex') IN t.tgargs) = 1;
+    IF existing IS NOT NULL THEN
+        EXECUTE format('DROP TRIGGER %I ON %s', existing, tbl);
+    END IF;
+END
+$fn$;

@@ -53,10 +53,11 @@
 # in this edition (settings without the library; SECURITY DEFINER API
 # functions), as patches of tests/pg_regress/expected.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-# The private server's port. It listens on a socket in this major's cluster
-# folder only, so runs of other checkouts and majors do not clash;
-# PORTABLE_PORT picks another all the same.
-PORT="${PORTABLE_PORT:-5546}"
+# The private server's port: 5546 on 15, 56NN on major NN. The server
+# listens on a socket in this major's cluster folder only, but
+# tests/portable/pooler.sh puts PgBouncer on 127.0.0.1:PORT+1000, and
+# scripts/test.sh runs the majors side by side. PORTABLE_PORT picks another.
+if [ "$PG_MAJOR" = 15 ]; then PORT="${PORTABLE_PORT:-5546}"; else PORT="${PORTABLE_PORT:-56$PG_MAJOR}"; fi
 # The private server is of the same major as PG_CONFIG's
 # (tests/portable/tree.sh), compared with the native edition on the suite's
 # cluster of that major.
@@ -271,6 +272,12 @@ fi
 
 echo "== 6. after transaction-id wraparound"
 bash "$ROOT/tests/portable/wraparound.sh" || fails=$((fails + 1))
+
+# (PgBouncer: the Debian root of 17 may not have it yet)
+[ -x /usr/sbin/pgbouncer ] || bash "$ROOT/scripts/setup.d/50-pgbouncer.sh"
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/pooler.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/pooler.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/privileges.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/privileges.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/environments.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/environments.sh"; fails=$((fails + 1)); }
 
 echo "== 7. maintenance scheduled with pg_cron, by the database's owner (not a superuser)"
 if [ $CRON = 0 ]; then
