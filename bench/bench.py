@@ -22,6 +22,8 @@ Sections (README.md explains each):
               until steady state (sections/handwritten.py)
   kills       what each approach leaves behind when the client is killed
               between the dedup step and COMMIT (sections/kills.py)
+  portable    the portable edition (plain script) next to the native edition
+              and B1/B1r, two databases of one cluster (sections/portable.py)
 """
 import argparse
 import hashlib
@@ -39,6 +41,7 @@ import time
 from sections import common
 from sections import handwritten as section_handwritten_mod
 from sections import kills as section_kills_mod
+from sections import portable as section_portable_mod
 from sections import ttl as section_ttl_mod
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -83,7 +86,7 @@ PROFILES = {
                   parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
                   cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1,
                   **section_ttl_mod.PROFILES["smoke"], **section_handwritten_mod.PROFILES["smoke"],
-                  **section_kills_mod.PROFILES["smoke"]),
+                  **section_kills_mod.PROFILES["smoke"], **section_portable_mod.PROFILES["smoke"]),
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
@@ -96,7 +99,7 @@ PROFILES = {
                     parts_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
                     cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2,
                     **section_ttl_mod.PROFILES["default"], **section_handwritten_mod.PROFILES["default"],
-                    **section_kills_mod.PROFILES["default"]),
+                    **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"]),
     # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
                  latency_duration=10, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
@@ -108,12 +111,12 @@ PROFILES = {
                  parts_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
                  cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3,
                  **section_ttl_mod.PROFILES["full"], **section_handwritten_mod.PROFILES["full"],
-                 **section_kills_mod.PROFILES["full"]),
+                 **section_kills_mod.PROFILES["full"], **section_portable_mod.PROFILES["full"]),
 }
 
-SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod]
+SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod, section_portable_mod]
 ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup",
-                "ttl", "handwritten", "kills"]
+                "ttl", "handwritten", "kills", "portable"]
 
 # The benchmark's own partitions of idem.claims (partitions section, and the
 # expired partition of the cleanup section) get the index idem's partitions
@@ -217,7 +220,7 @@ class Bench:
         self.raw = {"meta": {}, "runs": [], "latency": [], "latency_pooled": [], "sustained": [],
                     "wal": [], "bytes": [], "scale": [], "partitions": [], "cleanup": {},
                     "loads": [], "errors": [], "notes": [], "ttl": {}, "handwritten": {},
-                    "kills": {}}
+                    "kills": {}, "portable": {}}
         self.t_start = time.time()
         self.redis_driver = None
         self.meter = CpuMeter(a.host, a.port, a.redis_pid)
@@ -1164,6 +1167,9 @@ class Bench:
     def section_kills(self):
         section_kills_mod.run(self)
 
+    def section_portable(self):
+        section_portable_mod.run(self)
+
     # ---- main -------------------------------------------------------------
     def run(self):
         a = self.a
@@ -1324,6 +1330,7 @@ def estimate(p, sections, redis, rates=None):
     e["ttl"] = section_ttl_mod.estimate(p, R)
     e["handwritten"] = section_handwritten_mod.estimate(p, R)
     e["kills"] = section_kills_mod.estimate(p, R, redis)
+    e["portable"] = section_portable_mod.estimate(p, R)
     e = {k: round(v) for k, v in e.items() if k in sections}
     e["total"] = sum(e.values()) + 15
     return e

@@ -14,6 +14,7 @@ import sys
 
 from sections import handwritten as section_handwritten
 from sections import kills as section_kills
+from sections import portable as section_portable
 from sections import ttl as section_ttl
 
 ORDER = ["B0", "B1", "B1r", "B2", "B3", "B0c", "I1", "I1c", "I1f", "I2", "I3"]
@@ -47,7 +48,7 @@ SUSTAINED_BASE = {"I1": "B1", "I1c": "B1", "I1f": "B1", "I3": "B1", "I2": "B1r"}
 # Targets in the order the benchmark states them, then the earlier ones
 TARGET_ORDER = ["I1c", "I1", "I2", "heap", "I3", "I3wal", "clean_time", "clean_wal", "clean_delete",
                 "clean_p99", "scale", "latency", "sustained", "bytes120", "ttl", "hw_tps", "hw_p99",
-                "kills"]
+                "kills", "portable_i1", "portable_i3"]
 
 
 def med(xs):
@@ -900,7 +901,7 @@ def main():
     r = Report(out)
     for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.partitions, r.cleanup):
         part()
-    for mod in (section_ttl, section_handwritten, section_kills):
+    for mod in (section_ttl, section_handwritten, section_kills, section_portable):
         mod.report(r)
     r.sort_targets()
     r.svg()

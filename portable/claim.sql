@@ -13,11 +13,26 @@
 -- until the transaction ends.
 
 -- @helpers after: CREATE TYPE idem_claim_result
+-- The helpers below run only inside the API functions of this file, which
+-- are SECURITY DEFINER with search_path pinned to pg_catalog, pg_temp (no
+-- role but the owner has USAGE on schema idem), so they run under that
+-- search_path and do not set it again: a function with a SET clause saves
+-- and restores the setting and recomputes the schema search path on every
+-- call, about 10 % of a claim's instructions over a dozen calls
+-- (docs/performance.md, "Portable edition").
+--
+-- The helpers a claim calls on every call are PL/pgSQL, not SQL: a SQL
+-- function PostgreSQL cannot inline (one with SET search_path, a FROM clause
+-- or a body more volatile than declared) is parsed and planned again in
+-- every transaction that calls it, 20-80 µs each; a PL/pgSQL function keeps
+-- its plans for the session (docs/performance.md, "Portable edition").
 CREATE FUNCTION idem.caller_role() RETURNS name
-    STABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE LANGUAGE plpgsql AS $fn$
+BEGIN
     -- SET ROLE's role, else the session's: SECURITY DEFINER changes neither.
-    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user
-                ELSE current_setting('role')::name END
+    RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
+                ELSE current_setting('role')::name END;
+END
 $fn$;
 COMMENT ON FUNCTION idem.caller_role() IS 'The role a call of the portable edition acts for: the role of SET ROLE, else the session''s user.';
 
@@ -34,7 +49,7 @@ COMMENT ON FUNCTION idem.fail_with(text, text, text) IS 'Raise an error with thi
 
 -- The checks of a (key, biz_type) argument pair, in the native order.
 CREATE FUNCTION idem.check_claim_key(key text, biz_type text) RETURNS void
-    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE LANGUAGE plpgsql AS $fn$
 DECLARE
     shown text;
 BEGIN
@@ -56,7 +71,7 @@ $fn$;
 COMMENT ON FUNCTION idem.check_claim_key(text, text) IS 'Raise 22004 or 22023 for a key or biz_type idem_claim refuses.';
 
 CREATE FUNCTION idem.check_biz_type(biz_type text) RETURNS void
-    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE LANGUAGE plpgsql AS $fn$
 DECLARE
     shown text := biz_type;
 BEGIN
@@ -75,7 +90,7 @@ $fn$;
 COMMENT ON FUNCTION idem.check_biz_type(text) IS 'Raise 22023 unless biz_type is valid (22004 for NULL), showing at most 80 bytes of it.';
 
 CREATE FUNCTION idem.checked_ttl_us(ttl interval, what text) RETURNS bigint
-    IMMUTABLE STRICT LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
 DECLARE
     us numeric := idem.interval_us(ttl);
 BEGIN
@@ -88,7 +103,7 @@ $fn$;
 COMMENT ON FUNCTION idem.checked_ttl_us(interval, text) IS 'A TTL or lease in microseconds; 22023 unless it is 1 second to 400 days.';
 
 CREATE FUNCTION idem.require_writable(what text) RETURNS void
-    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE LANGUAGE plpgsql AS $fn$
 BEGIN
     -- A parallel worker (a call from a function wrongly marked PARALLEL
     -- SAFE) can write nothing; the leader itself is refused by PostgreSQL
@@ -109,7 +124,7 @@ $fn$;
 COMMENT ON FUNCTION idem.require_writable(text) IS 'Raise 25006 in a read-only transaction or on a hot standby, 25000 in a parallel worker.';
 
 CREATE FUNCTION idem.require_read_committed() RETURNS void
-    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE LANGUAGE plpgsql AS $fn$
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM idem.fail_with('0A000',
@@ -123,7 +138,7 @@ COMMENT ON FUNCTION idem.require_read_committed() IS 'Raise 0A000 unless the tra
 -- The type's TTL (microseconds; NULL: none configured), after checking that
 -- the caller may use the type (42501).
 CREATE FUNCTION idem.admit(biz_type text) RETURNS bigint
-    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE LANGUAGE plpgsql AS $fn$
 DECLARE
     t interval;
     o name;
@@ -154,10 +169,13 @@ COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in micr
 -- xid8 within 2^31 of the current snapshot's xmax that has these low 32
 -- bits (this transaction's own xids may lie past that xmax).
 CREATE FUNCTION idem.xid8_of(x xid) RETURNS xid8
-    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT (n + CASE WHEN d >= 2147483648 THEN d - 4294967296 ELSE d END)::text::xid8
-      FROM (SELECT n, (x::text::bigint - (n & 4294967295)) & 4294967295 AS d
-              FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n) s) t
+    VOLATILE STRICT LANGUAGE plpgsql AS $fn$
+DECLARE
+    n bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+    d bigint := (x::text::bigint - (n & 4294967295)) & 4294967295;
+BEGIN
+    RETURN (n + CASE WHEN d >= 2147483648 THEN d - 4294967296 ELSE d END)::text::xid8;
+END
 $fn$;
 COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xid.';
 
@@ -178,7 +196,7 @@ CREATE FUNCTION idem.probe(h bigint, biz_type text, key text, t_now timestamptz,
                            OUT present boolean, OUT state "char", OUT claimed_at timestamptz, OUT expires_at timestamptz,
                            OUT fingerprint text, OUT result jsonb, OUT own boolean, OUT ttl_class smallint,
                            OUT part regclass, OUT tid tid, OUT versions text[])
-    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     classes smallint[];
     r record;
@@ -237,15 +255,17 @@ COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, text[]) IS 'The 
 -- What a call that found a row answers (src/protocol.rs, Outcome::of_row).
 CREATE FUNCTION idem.outcome_of_row(state "char", own boolean, result jsonb, claimed_at timestamptz, expires_at timestamptz)
     RETURNS @extschema@.idem_claim_result
-    IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT ROW(false,
+    IMMUTABLE LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN ROW(false,
                CASE WHEN state = 'l' THEN 'in_progress'
                     WHEN state = 'f' THEN 'failed'
                     WHEN state = 'c' THEN 'completed'
                     WHEN own THEN 'in_progress'
                     ELSE 'completed' END,
                CASE WHEN state = 'l' THEN NULL ELSE result END,
-               claimed_at, expires_at)::@extschema@.idem_claim_result
+               claimed_at, expires_at)::@extschema@.idem_claim_result;
+END
 $fn$;
 COMMENT ON FUNCTION idem.outcome_of_row("char", boolean, jsonb, timestamptz, timestamptz) IS 'The idem_claim_result of a call that found a claim row.';
 
@@ -283,28 +303,34 @@ COMMENT ON FUNCTION idem.us_since_2000(timestamptz) IS 'A timestamp as microseco
 -- own only while that row's writer is in progress, i.e. never for a
 -- committed row it can see.)
 CREATE FUNCTION idem.note_inserted(claimed_at timestamptz) RETURNS void
-    VOLATILE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT set_config('idem.xact_claimed_since_us',
-                      least(nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint,
-                            idem.us_since_2000(claimed_at))::text, true)
+    VOLATILE LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('idem.xact_claimed_since_us',
+                       least(nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint,
+                             idem.us_since_2000(claimed_at))::text, true);
+END
 $fn$;
 COMMENT ON FUNCTION idem.note_inserted(timestamptz) IS 'Remember, until the transaction (or savepoint) ends, that this transaction inserted a claim claimed at claimed_at.';
 
 CREATE FUNCTION idem.note_rewritten(part regclass, tid tid) RETURNS void
-    VOLATILE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT set_config('idem.xact_rewritten',
-                      concat_ws(' ', nullif(current_setting('idem.xact_rewritten', true), ''), part::oid || ':' || tid), true)
+    VOLATILE LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('idem.xact_rewritten',
+                       concat_ws(' ', nullif(current_setting('idem.xact_rewritten', true), ''), part::oid || ':' || tid), true);
+END
 $fn$;
 COMMENT ON FUNCTION idem.note_rewritten(regclass, tid) IS 'Remember, until the transaction (or savepoint) ends, that this transaction wrote the claim version at tid of partition part.';
 
 CREATE FUNCTION idem.written_here(part regclass, tid tid, claimed_at timestamptz, x xid) RETURNS boolean
-    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT CASE
+    VOLATILE STRICT LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN CASE
         WHEN idem.us_since_2000(claimed_at) >= nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint
           OR (part::oid || ':' || tid) = ANY (string_to_array(nullif(current_setting('idem.xact_rewritten', true), ''), ' '))
         THEN coalesce(pg_xact_status(idem.xid8_of(x)) = 'in progress', false)
         ELSE false
-    END
+    END;
+END
 $fn$;
 COMMENT ON FUNCTION idem.written_here(regclass, tid, timestamptz, xid) IS 'Whether this transaction (or one of its subtransactions) wrote the visible claim version at tid of part, claimed at claimed_at, raw xmin x; never decided by the raw xmin alone.';
 
@@ -315,7 +341,7 @@ $fn$;
 COMMENT ON FUNCTION idem.iso_utc(timestamptz) IS 'A timestamp as ISO 8601 in UTC with microseconds (lease_until).';
 
 CREATE FUNCTION idem.random_hex(n_bytes int) RETURNS text
-    VOLATILE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    VOLATILE STRICT LANGUAGE sql AS $fn$
     -- gen_random_uuid() draws from pg_strong_random, as the native edition;
     -- of a version 4 UUID's 32 hex digits, 30 are wholly random (the 13th
     -- is the version, the 17th carries the variant).
@@ -326,7 +352,7 @@ $fn$;
 COMMENT ON FUNCTION idem.random_hex(int) IS 'n_bytes random bytes from PostgreSQL''s CSPRNG as hex digits.';
 
 CREATE FUNCTION idem.sha256_hex(t text) RETURNS text
-    IMMUTABLE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
     SELECT encode(sha256(convert_to(t, getdatabaseencoding())), 'hex')
 $fn$;
 COMMENT ON FUNCTION idem.sha256_hex(text) IS 'SHA-256 of a text''s bytes, as hex (lease tokens are stored only so).';
@@ -334,19 +360,19 @@ COMMENT ON FUNCTION idem.sha256_hex(text) IS 'SHA-256 of a text''s bytes, as hex
 -- The lease document stored in result (src/lease.rs, Stored plus the
 -- recovery point and data) and the view of it its owner is given.
 CREATE FUNCTION idem.lease_doc(attempt bigint, lease_us bigint, until timestamptz, token_sha256 text, point jsonb, data jsonb)
-    RETURNS jsonb IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
     SELECT jsonb_build_object('attempt', attempt, 'lease_us', lease_us, 'lease_until_us', idem.us_since_2000(until),
                               'owner_token_sha256', token_sha256, 'recovery_point', point, 'recovery_data', data)
 $fn$;
 COMMENT ON FUNCTION idem.lease_doc(bigint, bigint, timestamptz, text, jsonb, jsonb) IS 'The lease document a leased claim stores in result.';
 CREATE FUNCTION idem.lease_view(attempt bigint, until timestamptz, token text, point jsonb, data jsonb)
-    RETURNS jsonb IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
     SELECT jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'lease_until', idem.iso_utc(until), 'lease_token', token))
            || jsonb_build_object('recovery_point', point, 'recovery_data', data)
 $fn$;
 COMMENT ON FUNCTION idem.lease_view(bigint, timestamptz, text, jsonb, jsonb) IS 'What the holder of a lease is told: attempt, lease_until, lease_token (when issued), recovery_point and recovery_data.';
 CREATE FUNCTION idem.check_lease(doc jsonb) RETURNS void
-    IMMUTABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE LANGUAGE plpgsql AS $fn$
 DECLARE
     field text;
 BEGIN
@@ -368,13 +394,13 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.check_lease(jsonb) IS 'Raise XX000 unless doc is a lease document (attempt, lease_us, lease_until_us, owner_token_sha256).';
 CREATE FUNCTION idem.lease_until(doc jsonb) RETURNS timestamptz
-    IMMUTABLE STRICT LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE STRICT LANGUAGE sql AS $fn$
     SELECT timestamptz '2000-01-01 00:00:00+00' + idem.us_interval((doc ->> 'lease_until_us')::numeric)
 $fn$;
 COMMENT ON FUNCTION idem.lease_until(jsonb) IS 'When the lease of a lease document runs out.';
 
 CREATE FUNCTION idem.not_claimed(key text, biz_type text, why text) RETURNS void
-    IMMUTABLE LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    IMMUTABLE LANGUAGE sql AS $fn$
     SELECT idem.fail_with('ID003', format('idem: key "%s" of biz_type "%s" %s', key, biz_type, why),
         'Finish a claim in the transaction that made it, or pass the lease_token that idem_claim returned with the lease.')
 $fn$;
@@ -386,7 +412,7 @@ COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a cal
 -- width the expiry falls in).
 CREATE FUNCTION idem.insert_claim(biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
                                   state "char", fingerprint text, result jsonb) RETURNS void
-    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     k smallint := idem.ttl_class(expires_at - claimed_at);
     span numeric;
@@ -407,7 +433,7 @@ $fn$;
 COMMENT ON FUNCTION idem.insert_claim(text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed.';
 
 CREATE FUNCTION idem.rewrite_claim(part regclass, tid tid, state "char", result jsonb) RETURNS void
-    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     n bigint;
     new_tid tid;
@@ -516,7 +542,7 @@ $fn$;
 -- transaction, or leased with the token passed).
 CREATE FUNCTION idem.finish(what text, key text, biz_type text, new_state "char", new_result jsonb,
                             point text, data jsonb, lease_token text) RETURNS void
-    VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     h bigint;
     p record;

@@ -8,8 +8,12 @@
 -- @helpers after: COMMENT ON SCHEMA idem
 -- SipHash-1-3 (src/key.rs): one compression round per 8-byte word, three
 -- finalization rounds, on bigint read as unsigned 64 bits: additions are
--- done in 32-bit halves (no overflow error), and << wraps. The rounds are
--- written out: this runs once per call on a key, so it is the hot path.
+-- done in 32-bit halves (no overflow error), and << wraps. This runs on
+-- every claim (and on every insert, for the index on the digest), so it is
+-- written for PL/pgSQL's cost, which is per statement: a word is read in one
+-- expression, and each addition and each rotate-and-xor of a round is one
+-- assignment (10 a round rather than 18; docs/performance.md, "Portable
+-- edition").
 CREATE FUNCTION idem.siphash13(k0 bigint, k1 bigint, msg bytea) RETURNS bigint
     IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -20,75 +24,47 @@ DECLARE
     n int := octet_length(msg);
     whole int := n - n % 8;
     m bigint;
-    lo bigint;
     i int := 0;
     j int;
-    r int;
-    rounds int;
-    last boolean := false;
 BEGIN
     LOOP
         IF i < whole THEN
-            m := 0;
-            FOR j IN 0..7 LOOP
-                m := m | (get_byte(msg, i + j)::bigint << (8 * j));
-            END LOOP;
-            rounds := 1;
-        ELSIF NOT last THEN
+            m := get_byte(msg, i)::bigint | (get_byte(msg, i + 1)::bigint << 8) | (get_byte(msg, i + 2)::bigint << 16) | (get_byte(msg, i + 3)::bigint << 24) | (get_byte(msg, i + 4)::bigint << 32) | (get_byte(msg, i + 5)::bigint << 40) | (get_byte(msg, i + 6)::bigint << 48) | (get_byte(msg, i + 7)::bigint << 56);
+        ELSIF i = whole THEN
             -- The last word: the remaining bytes and the length's low byte.
             m := (n & 255)::bigint << 56;
             FOR j IN 0..(n - whole - 1) LOOP
                 m := m | (get_byte(msg, whole + j)::bigint << (8 * j));
             END LOOP;
-            rounds := 1;
-            last := true;
         ELSE
             EXIT;
         END IF;
         v3 := v3 # m;
-        FOR r IN 1..rounds LOOP
-            lo := (v0 & 4294967295) + (v1 & 4294967295);
-            v0 := (((v0 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-            v1 := (v1 << 13) | ((v1 >> 51) & 8191);
-            v1 := v1 # v0;
-            v0 := (v0 << 32) | ((v0 >> 32) & 4294967295);
-            lo := (v2 & 4294967295) + (v3 & 4294967295);
-            v2 := (((v2 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-            v3 := (v3 << 16) | ((v3 >> 48) & 65535);
-            v3 := v3 # v2;
-            lo := (v0 & 4294967295) + (v3 & 4294967295);
-            v0 := (((v0 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-            v3 := (v3 << 21) | ((v3 >> 43) & 2097151);
-            v3 := v3 # v0;
-            lo := (v2 & 4294967295) + (v1 & 4294967295);
-            v2 := (((v2 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-            v1 := (v1 << 17) | ((v1 >> 47) & 131071);
-            v1 := v1 # v2;
-            v2 := (v2 << 32) | ((v2 >> 32) & 4294967295);
-        END LOOP;
+        v0 := (((((v0 >> 32) + (v1 >> 32) + (((v0 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
+        v1 := ((v1 << 13) | ((v1 >> 51) & 8191)) # v0;
+        v0 := ((v0 << 32) | ((v0 >> 32) & 4294967295));
+        v2 := (((((v2 >> 32) + (v3 >> 32) + (((v2 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
+        v3 := ((v3 << 16) | ((v3 >> 48) & 65535)) # v2;
+        v0 := (((((v0 >> 32) + (v3 >> 32) + (((v0 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
+        v3 := ((v3 << 21) | ((v3 >> 43) & 2097151)) # v0;
+        v2 := (((((v2 >> 32) + (v1 >> 32) + (((v2 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
+        v1 := ((v1 << 17) | ((v1 >> 47) & 131071)) # v2;
+        v2 := ((v2 << 32) | ((v2 >> 32) & 4294967295));
         v0 := v0 # m;
         i := i + 8;
     END LOOP;
     v2 := v2 # 255;
-    FOR r IN 1..3 LOOP
-        lo := (v0 & 4294967295) + (v1 & 4294967295);
-        v0 := (((v0 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-        v1 := (v1 << 13) | ((v1 >> 51) & 8191);
-        v1 := v1 # v0;
-        v0 := (v0 << 32) | ((v0 >> 32) & 4294967295);
-        lo := (v2 & 4294967295) + (v3 & 4294967295);
-        v2 := (((v2 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-        v3 := (v3 << 16) | ((v3 >> 48) & 65535);
-        v3 := v3 # v2;
-        lo := (v0 & 4294967295) + (v3 & 4294967295);
-        v0 := (((v0 >> 32) + (v3 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-        v3 := (v3 << 21) | ((v3 >> 43) & 2097151);
-        v3 := v3 # v0;
-        lo := (v2 & 4294967295) + (v1 & 4294967295);
-        v2 := (((v2 >> 32) + (v1 >> 32) + (lo >> 32)) << 32) | (lo & 4294967295);
-        v1 := (v1 << 17) | ((v1 >> 47) & 131071);
-        v1 := v1 # v2;
-        v2 := (v2 << 32) | ((v2 >> 32) & 4294967295);
+    FOR j IN 1..3 LOOP
+        v0 := (((((v0 >> 32) + (v1 >> 32) + (((v0 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
+        v1 := ((v1 << 13) | ((v1 >> 51) & 8191)) # v0;
+        v0 := ((v0 << 32) | ((v0 >> 32) & 4294967295));
+        v2 := (((((v2 >> 32) + (v3 >> 32) + (((v2 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
+        v3 := ((v3 << 16) | ((v3 >> 48) & 65535)) # v2;
+        v0 := (((((v0 >> 32) + (v3 >> 32) + (((v0 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
+        v3 := ((v3 << 21) | ((v3 >> 43) & 2097151)) # v0;
+        v2 := (((((v2 >> 32) + (v1 >> 32) + (((v2 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
+        v1 := ((v1 << 17) | ((v1 >> 47) & 131071)) # v2;
+        v2 := ((v2 << 32) | ((v2 >> 32) & 4294967295));
     END LOOP;
     RETURN v0 # v1 # v2 # v3;
 END
@@ -136,21 +112,26 @@ COMMENT ON FUNCTION idem.setting_us(text, interval, numeric, numeric) IS 'An int
 -- the native edition makes it; whole hours first, so that interval input
 -- never reads a number too long for exact parsing.
 CREATE FUNCTION idem.us_interval(us numeric) RETURNS interval
-    IMMUTABLE STRICT LANGUAGE sql AS $fn$
-    SELECT (div(us, 3600000000)::text || ' hours ' || mod(us, 3600000000)::text || ' microseconds')::interval
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN (div(us, 3600000000)::text || ' hours ' || mod(us, 3600000000)::text || ' microseconds')::interval;
+END
 $fn$;
 COMMENT ON FUNCTION idem.us_interval(numeric) IS 'A number of microseconds as an interval of hours and microseconds (no days or months).';
 
 -- The width of TTL class k for a class-0 width of unit microseconds
 -- (src/ttl_class.rs, width_at: round(unit * 2^(k/2)), saturating).
 CREATE FUNCTION idem.width_at(unit bigint, k int) RETURNS numeric
-    IMMUTABLE STRICT LANGUAGE sql AS $fn$
-    SELECT CASE WHEN w >= 9223372036854775807::float8 THEN 9223372036854775807::numeric
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
+DECLARE
+    w float8 := unit::float8 * power(2::float8, k::float8 / 2.0::float8);
+BEGIN
+    RETURN CASE WHEN w >= 9223372036854775807::float8 THEN 9223372036854775807::numeric
                 -- half away from zero, as Rust's f64::round; float8 to
                 -- bigint is exact, float8 to numeric is not
                 WHEN w - trunc(w) = 0.5 THEN (trunc(w) + 1)::bigint::numeric
-                ELSE round(w)::bigint::numeric END
-      FROM (SELECT unit::float8 * power(2::float8, k::float8 / 2.0::float8) AS w) f
+                ELSE round(w)::bigint::numeric END;
+END
 $fn$;
 COMMENT ON FUNCTION idem.width_at(bigint, int) IS 'The width in microseconds of TTL class k when class 0 is unit microseconds wide.';
 -- @end
@@ -176,12 +157,22 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
     us numeric := least(greatest(idem.interval_us(ttl), -9223372036854775808), 9223372036854775807);
-    k int := 0;
+    lo int := 0;
+    hi int := 80;
+    mid int;
 BEGIN
-    WHILE k < 80 AND least(idem.width_at(unit, k + 1) * 4, 9223372036854775807) <= us LOOP
-        k := k + 1;
+    -- The largest class k <= 80 whose classes 1..k all have 4 × width <= the
+    -- TTL (src/ttl_class.rs counts k up one by one). Widths grow with k, so
+    -- that is a binary search: 7 widths computed rather than up to 81.
+    WHILE lo < hi LOOP
+        mid := (lo + hi + 1) / 2;
+        IF least(idem.width_at(unit, mid) * 4, 9223372036854775807) <= us THEN
+            lo := mid;
+        ELSE
+            hi := mid - 1;
+        END IF;
     END LOOP;
-    RETURN k;
+    RETURN lo;
 END
 $fn$;
 -- @end

@@ -149,13 +149,16 @@ REVOKE EXECUTE ON FUNCTION idem.release_default_partition() FROM PUBLIC;
 -- text (an event trigger at ddl_command_start gets no parse tree). A
 -- statement it does not recognize is left to PostgreSQL and Citus, which
 -- then refuse as without the trigger.
+-- (The patterns are E'' strings: the body is parsed under the session's
+-- standard_conforming_strings, and a plain literal's backslashes would be
+-- escapes with it off.)
 CREATE FUNCTION idem.drops_idem(statement text) RETURNS boolean
     IMMUTABLE SET search_path = pg_catalog, pg_temp
     LANGUAGE sql AS $$
     SELECT EXISTS (
         SELECT 1
-          FROM regexp_matches(statement, '\mdrop\s+extension\s+(?:if\s+exists\s+)?([^;]*)', 'gi') m,
-               unnest(string_to_array(regexp_replace(m[1], '\s+(cascade|restrict)\s*$', '', 'i'), ',')) n
+          FROM regexp_matches(statement, E'\\mdrop\\s+extension\\s+(?:if\\s+exists\\s+)?([^;]*)', 'gi') m,
+               unnest(string_to_array(regexp_replace(m[1], E'\\s+(cascade|restrict)\\s*$', '', 'i'), ',')) n
          WHERE lower(btrim(btrim(n, E' \t\r\n'), '"')) = 'idem')
 $$;
 COMMENT ON FUNCTION idem.drops_idem(text) IS 'Whether a statement''s text drops the extension idem (DROP EXTENSION [IF EXISTS] ..., idem, ... [CASCADE | RESTRICT]).';

@@ -4,7 +4,6 @@
 //! calls the protocol, and turns the answer into a datum.
 
 use crate::biztype;
-use crate::catalog;
 use crate::datum::text_datum;
 use crate::errors::{invalid, IdemError};
 use crate::fmgr::Args;
@@ -13,6 +12,7 @@ use crate::key::{self, check_biz_type, ClaimKey};
 use crate::metrics;
 use crate::protocol::{self, ClaimRequest, Finish, Outcome};
 use crate::sql_function;
+use crate::storage::partitions;
 use pgrx::pg_sys;
 
 /// Argument positions of one SQL function, and their names as declared.
@@ -37,7 +37,7 @@ fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
     let (result, result_null) = opt(o.result);
     let (first, first_null) = ts(o.first_claimed_at);
     let (expires, expires_null) = ts(o.expires_at);
-    let mut values = [pg_sys::Datum::from(o.claimed), text_datum(o.state.as_bytes()), result, first, expires];
+    let mut values = [pg_sys::Datum::from(o.claimed), text_datum(o.state.as_str().as_bytes()), result, first, expires];
     let mut nulls = [false, false, result_null, first_null, expires_null];
     args.composite(&mut values, &mut nulls)
 }
@@ -169,9 +169,9 @@ sql_function!(idem_key_hash, pg_finfo_idem_key_hash, key_hash);
 // expires_at, read in binary as the claim path reads them; NULL for the
 // default partition and for a relation that is not a partition.
 arguments!(partition_bound_args: PARTITION = 0 "partition");
-fn partition_bound(args: Args) -> Option<catalog::Bound> {
+fn partition_bound(args: Args) -> Option<partitions::Bound> {
     let relid = args.oid(partition_bound_args::PARTITION).unwrap_or(pg_sys::InvalidOid);
-    catalog::partition_bound(relid).flatten()
+    partitions::partition_bound(relid).flatten()
 }
 fn partition_from(args: Args) -> pg_sys::Datum {
     match partition_bound(args) {
@@ -220,21 +220,64 @@ sql_function!(idem_ttl_class, pg_finfo_idem_ttl_class, ttl_class_of);
 sql_function!(idem_class_width, pg_finfo_idem_class_width, class_width);
 sql_function!(idem_class_max_ttl, pg_finfo_idem_class_max_ttl, class_max_ttl);
 
-// idem.metrics() RETURNS TABLE (biz_type text, claims bigint, takeovers bigint,
-//   duplicates_completed bigint, duplicates_failed bigint, in_progress bigint,
-//   waits bigint, wait_seconds double precision, fingerprint_mismatches bigint,
-//   not_held bigint, serialization_failures bigint, completes bigint,
-//   fails bigint, checkpoints bigint, stats_since timestamptz, note text)
-// The columns after biz_type follow metrics::Event, then the wait time.
-const METRICS_COLUMNS: usize = 16;
+/// The result columns of idem.metrics() (sql/metrics.sql's OUT arguments),
+/// in order: the columns after biz_type follow metrics::Event, then the
+/// wait time. A `#[pg_test]` checks them against the declaration.
+mod metrics_columns {
+    pub const NAMES: &[&str] = &[
+        "biz_type",
+        "claims",
+        "takeovers",
+        "duplicates_completed",
+        "duplicates_failed",
+        "in_progress",
+        "waits",
+        "wait_seconds",
+        "fingerprint_mismatches",
+        "not_held",
+        "serialization_failures",
+        "completes",
+        "fails",
+        "checkpoints",
+        "stats_since",
+        "note",
+    ];
+    pub const BIZ_TYPE: usize = position("biz_type");
+    /// claims .. waits: the first six counters.
+    pub const FIRST_COUNTERS: usize = position("claims");
+    pub const WAIT_SECONDS: usize = position("wait_seconds");
+    /// fingerprint_mismatches .. checkpoints: the other counters.
+    pub const LATER_COUNTERS: usize = position("fingerprint_mismatches");
+    pub const STATS_SINCE: usize = position("stats_since");
+    pub const NOTE: usize = position("note");
+
+    const fn position(name: &str) -> usize {
+        let mut i = 0;
+        while i < NAMES.len() {
+            let (a, b) = (NAMES[i].as_bytes(), name.as_bytes());
+            if a.len() == b.len() {
+                let mut j = 0;
+                while j < a.len() && a[j] == b[j] {
+                    j += 1;
+                }
+                if j == a.len() {
+                    return i;
+                }
+            }
+            i += 1;
+        }
+        panic!("not a column of idem.metrics()")
+    }
+}
+const METRICS_COLUMNS: usize = metrics_columns::NAMES.len();
 pub const METRICS_OFF: &str = "counters are off: idem is not in shared_preload_libraries. Add it (shared_preload_libraries = 'idem', or append it to the list there) and restart the server to count claims, duplicates, waits and errors per business type";
 fn metrics(args: Args) -> pg_sys::Datum {
     let nothing = || (vec![pg_sys::Datum::from(0); METRICS_COLUMNS], vec![true; METRICS_COLUMNS]);
     let rows = match metrics::rows() {
         None => {
             let (mut values, mut nulls) = nothing();
-            values[METRICS_COLUMNS - 1] = text_datum(METRICS_OFF.as_bytes());
-            nulls[METRICS_COLUMNS - 1] = false;
+            values[metrics_columns::NOTE] = text_datum(METRICS_OFF.as_bytes());
+            nulls[metrics_columns::NOTE] = false;
             vec![(values, nulls)]
         }
         Some(rows) => rows
@@ -246,21 +289,20 @@ fn metrics(args: Args) -> pg_sys::Datum {
                     nulls[i] = false;
                 };
                 if let Some(b) = &r.biz_type {
-                    put(0, text_datum(b));
+                    put(metrics_columns::BIZ_TYPE, text_datum(b));
                 }
                 if let Some(note) = &r.note {
-                    put(METRICS_COLUMNS - 1, text_datum(note.as_bytes()));
+                    put(metrics_columns::NOTE, text_datum(note.as_bytes()));
                 }
-                // claims .. in_progress, waits
-                for (i, v) in r.counters[..6].iter().enumerate() {
-                    put(1 + i, pg_sys::Datum::from(*v as i64));
+                let first = metrics_columns::WAIT_SECONDS - metrics_columns::FIRST_COUNTERS;
+                for (i, v) in r.counters[..first].iter().enumerate() {
+                    put(metrics_columns::FIRST_COUNTERS + i, pg_sys::Datum::from(*v as i64));
                 }
-                put(7, pg_sys::Datum::from((r.wait_us as f64 / 1e6).to_bits()));
-                // fingerprint_mismatches .. checkpoints
-                for (i, v) in r.counters[6..].iter().enumerate() {
-                    put(8 + i, pg_sys::Datum::from(*v as i64));
+                put(metrics_columns::WAIT_SECONDS, pg_sys::Datum::from((r.wait_us as f64 / 1e6).to_bits()));
+                for (i, v) in r.counters[first..].iter().enumerate() {
+                    put(metrics_columns::LATER_COUNTERS + i, pg_sys::Datum::from(*v as i64));
                 }
-                put(14, pg_sys::Datum::from(r.since));
+                put(metrics_columns::STATS_SINCE, pg_sys::Datum::from(r.since));
                 (values, nulls)
             })
             .collect(),
@@ -367,6 +409,25 @@ mod tests {
             .unwrap_or_default();
             assert_eq!(sql, names.iter().map(|n| n.to_string()).collect::<Vec<_>>(), "{signature}");
         }
+    }
+
+    /// The positions idem_metrics fills are the OUT columns sql/metrics.sql
+    /// declares, in the same order, and the counters between them are as
+    /// many as metrics::Event has (the wait time sits between two runs).
+    #[pg_test]
+    fn metrics_columns_match_the_sql_declaration() {
+        let declared = Spi::get_one::<Vec<String>>(
+            "SELECT array_agg(n ORDER BY i)
+               FROM pg_proc p, unnest(p.proargnames, p.proargmodes::text[]) WITH ORDINALITY AS a(n, m, i)
+              WHERE p.oid = 'idem.metrics()'::regprocedure AND m IN ('o', 't')",
+        )
+        .unwrap()
+        .unwrap_or_default();
+        assert_eq!(declared, super::metrics_columns::NAMES.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+        use super::metrics_columns::*;
+        let counters = (WAIT_SECONDS - FIRST_COUNTERS) + (STATS_SINCE - LATER_COUNTERS);
+        assert_eq!(counters, crate::metrics::NEVENTS, "one column per counter");
+        assert_eq!(LATER_COUNTERS, WAIT_SECONDS + 1);
     }
 
     #[pg_test(error = "idem: key must not be empty")]

@@ -11,6 +11,7 @@ use pgrx::pg_sys;
 /// `rel` is open and locked, `otid` is a live tuple of it that no other
 /// transaction is updating, `tup` is formed with `rel`'s descriptor.
 pub unsafe fn heap_update(rel: pg_sys::Relation, otid: &mut pg_sys::ItemPointerData, tup: pg_sys::HeapTuple) -> bool {
+    // SAFETY: the caller's contract (above) is simple_heap_update's.
     unsafe {
         #[cfg(feature = "pg15")]
         {
@@ -36,6 +37,7 @@ pub unsafe fn index_beginscan(
     snapshot: pg_sys::Snapshot,
     nkeys: i32,
 ) -> pg_sys::IndexScanDesc {
+    // SAFETY: the caller's contract (above) is index_beginscan's.
     unsafe {
         #[cfg(not(feature = "pg18"))]
         {
@@ -54,6 +56,7 @@ pub unsafe fn index_beginscan(
 /// # Safety
 /// `desc` is a valid tuple descriptor and `i < natts`.
 pub unsafe fn tuple_desc_attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys::FormData_pg_attribute {
+    // SAFETY: `desc` is valid and `i < natts` (the caller's contract).
     unsafe {
         #[cfg(not(feature = "pg18"))]
         {
@@ -72,6 +75,7 @@ pub unsafe fn tuple_desc_attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys:
 /// # Safety
 /// `rel` is open.
 pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    // SAFETY: `rel` is open (the caller's contract).
     unsafe {
         #[cfg(not(feature = "pg18"))]
         {

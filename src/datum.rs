@@ -12,6 +12,7 @@ use pgrx::pg_sys;
 
 /// A palloc'd text datum holding exactly `bytes`.
 pub fn text_datum(bytes: &[u8]) -> pg_sys::Datum {
+    // SAFETY: the palloc'd block is `len` bytes: the header, then exactly `bytes.len()` copied bytes.
     unsafe {
         let len = bytes.len() + pg_sys::VARHDRSZ;
         let p = pg_sys::palloc(len) as *mut pg_sys::varlena;
@@ -27,6 +28,7 @@ pub fn text_datum(bytes: &[u8]) -> pg_sys::Datum {
 /// `d` must be a valid varlena datum; the slice lives as long as the current
 /// memory context (or the datum, if it was not toasted).
 pub unsafe fn varlena_bytes<'a>(d: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: `d` is a valid varlena datum (this function's contract).
     unsafe {
         let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
         pgrx::varlena::varlena_to_byte_slice(v)
@@ -38,16 +40,19 @@ pub unsafe fn varlena_bytes<'a>(d: pg_sys::Datum) -> &'a [u8] {
 /// # Safety
 /// `d` must be a valid varlena datum.
 pub unsafe fn varlena_copy(d: pg_sys::Datum) -> pg_sys::Datum {
+    // SAFETY: `d` is a valid varlena datum (this function's contract).
     unsafe { pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(d.cast_mut_ptr())) }
 }
 
 fn call2(f: u32, a: pg_sys::Datum, b: pg_sys::Datum) -> pg_sys::Datum {
+    // SAFETY: callers pass a built-in function's OID with datums of its argument types.
     unsafe { pg_sys::OidFunctionCall2Coll(pg_sys::Oid::from(f), pg_sys::InvalidOid, a, b) }
 }
 
 /// `doc -> key`, or None when the object has no such key.
 /// An interval datum of `us` microseconds (no days or months), palloc'd.
 pub fn interval_datum(us: i64) -> pg_sys::Datum {
+    // SAFETY: the palloc'd block has Interval's size and is fully written before use.
     unsafe {
         let iv = pg_sys::palloc(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
         *iv = pg_sys::Interval { time: us, day: 0, month: 0 };
@@ -77,6 +82,8 @@ pub fn jsonb_object1(key: &str, value: Option<pg_sys::Datum>) -> pg_sys::Datum {
     let value = value.unwrap_or_else(|| jsonb_from_utf8(b"null"));
     // {"key": null}, then jsonb_set puts the value in as it is.
     let template = format!("{{{}:null}}", serde_json::to_string(key).expect("a str serializes"));
+    // SAFETY: the array is built from text datums of its declared element type; the functions are called with
+    // datums of their argument types.
     unsafe {
         let elems = [text_datum(key.as_bytes())];
         let path =
@@ -98,6 +105,7 @@ pub fn jsonb_string(bytes: &[u8]) -> pg_sys::Datum {
     let mut owned = bytes.to_vec();
     owned.retain(|&b| b != 0); // text holds no NUL
     owned.push(0);
+    // SAFETY: `owned` is NUL-terminated (pushed above); the StringInfo's data holds `len` bytes.
     unsafe {
         let buf = pg_sys::makeStringInfo();
         pg_sys::escape_json(buf, owned.as_ptr().cast());
@@ -111,6 +119,7 @@ pub fn jsonb_from_utf8(utf8: &[u8]) -> pg_sys::Datum {
     let mut owned = utf8.to_vec();
     owned.retain(|&b| b != 0);
     owned.push(0);
+    // SAFETY: `owned` is NUL-terminated, its length excluding the NUL passed; the result is NUL-terminated.
     unsafe {
         let server =
             pg_sys::pg_any_to_server(owned.as_ptr().cast(), (owned.len() - 1) as i32, pg_sys::pg_enc::PG_UTF8 as i32);
@@ -120,6 +129,7 @@ pub fn jsonb_from_utf8(utf8: &[u8]) -> pg_sys::Datum {
 
 /// A jsonb datum as JSON text in UTF-8 (for serde).
 pub fn jsonb_to_utf8(d: pg_sys::Datum) -> Vec<u8> {
+    // SAFETY: `d` is a jsonb datum; jsonb_out returns a NUL-terminated string in the server encoding.
     unsafe {
         let out = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d);
         let len = std::ffi::CStr::from_ptr(out).to_bytes().len();

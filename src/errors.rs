@@ -194,6 +194,8 @@ impl IdemError {
         let msg = palloc_cstr(&self.message());
         let hint = self.hint().map(|h| palloc_cstr(h.as_bytes()));
         drop(self);
+        // SAFETY: called at the C entry point (this function's contract): every Rust value was dropped above,
+        // so the longjmp skips no destructor; the strings are palloc'd and outlive the report.
         unsafe {
             if errstart(pgrx::PgLogLevel::ERROR as _, std::ptr::null()) {
                 errcode(code);
@@ -210,6 +212,7 @@ impl IdemError {
 
 /// A NUL-terminated palloc'd copy (text cannot hold NUL bytes; none get in).
 fn palloc_cstr(s: &[u8]) -> *const std::ffi::c_char {
+    // SAFETY: the palloc'd block has `s.len() + 1` bytes: at most `s.len()` copied and the NUL.
     unsafe {
         let p = pg_sys::palloc(s.len() + 1) as *mut u8;
         let mut n = 0;

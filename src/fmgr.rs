@@ -27,6 +27,8 @@ macro_rules! sql_function {
         #[no_mangle]
         #[doc(hidden)]
         pub unsafe extern "C-unwind" fn $symbol(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+            // SAFETY: the function manager calls this symbol with a live call record, which is entry's
+            // contract.
             unsafe { $crate::fmgr::entry(fcinfo, $body) }
         }
     };
@@ -39,6 +41,8 @@ macro_rules! sql_function {
 /// # Safety
 /// `fcinfo` is the live call record the function manager passed.
 pub unsafe fn entry(fcinfo: pg_sys::FunctionCallInfo, body: fn(Args) -> pg_sys::Datum) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is live for the whole call (this function's contract); the guard turns a PostgreSQL
+    // error inside `body` into a Rust unwind and back.
     let outcome: Result<pg_sys::Datum, IdemError> = unsafe {
         pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| body(Args(fcinfo)))) {
             Ok(d) => Ok(d),
@@ -50,6 +54,8 @@ pub unsafe fn entry(fcinfo: pg_sys::FunctionCallInfo, body: fn(Args) -> pg_sys::
     };
     match outcome {
         Ok(d) => d,
+        // SAFETY: we are at the C entry point, outside pgrx's guard, where raising a PostgreSQL error (a
+        // longjmp) skips no Rust frame with a destructor.
         Err(e) => unsafe { e.raise_from_entry() },
     }
 }
@@ -61,17 +67,20 @@ pub struct Args(pg_sys::FunctionCallInfo);
 
 impl Args {
     fn nargs(&self) -> usize {
+        // SAFETY: `self.0` is the live call record `entry` was given.
         unsafe { (*self.0).nargs as usize }
     }
 
     pub fn is_null(&self, n: usize) -> bool {
         // A C function declared with fewer arguments than asked for (an old
         // SQL definition) reads as NULL rather than past the record.
+        // SAFETY: `n < nargs` (checked first), and `self.0` is the live call record.
         n >= self.nargs() || unsafe { pgrx::fcinfo::pg_arg_is_null(self.0, n) }
     }
 
     /// An argument's raw datum (to pass on as it is), or None if NULL.
     pub fn datum(&self, n: usize) -> Option<pg_sys::Datum> {
+        // SAFETY: argument `n` exists and is not NULL (checked), in the live call record.
         (!self.is_null(n)).then(|| unsafe { pgrx::fcinfo::pg_getarg_datum_raw(self.0, n) })
     }
 
@@ -88,6 +97,7 @@ impl Args {
 
     /// A jsonb argument as a (detoasted) datum.
     pub fn jsonb(&self, n: usize) -> Option<pg_sys::Datum> {
+        // SAFETY: a non-NULL argument declared jsonb is a varlena datum.
         self.datum(n).map(|d| unsafe { pg_sys::Datum::from(pg_sys::pg_detoast_datum(d.cast_mut_ptr())) })
     }
 
@@ -109,6 +119,7 @@ impl Args {
     }
 
     pub fn return_null(&self) -> pg_sys::Datum {
+        // SAFETY: `self.0` is the live call record.
         unsafe { pgrx::fcinfo::pg_return_null(self.0) }
     }
 

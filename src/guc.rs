@@ -23,9 +23,12 @@ static PREMAKE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(128);
 static HEALTH_MAINTENANCE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
 static HEALTH_LEASE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"15 minutes"));
 
-/// How claims reach idem.claims: by the partitions' heaps and indexes
-/// (direct, fast), or by SQL on the logical table (sql, which also works when
-/// the table is a Citus distributed table). auto: sql when Citus is loaded.
+/// How claims reach idem.claims while Citus does not distribute it: by the
+/// partitions' heaps and indexes (direct, fast), or by SQL on the logical
+/// table (sql). auto: sql when Citus is preloaded (idem.claims not
+/// distributed yet), else direct. Once Citus distributes idem.claims, every
+/// call takes the Citus path whatever this says: the direct path on the
+/// key's local shard, never SQL (storage/mod.rs, storage/citus.rs).
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum StorageAccess {
     #[name = c"auto"]
@@ -41,6 +44,8 @@ static STORAGE_ACCESS: GucSetting<StorageAccess> = GucSetting::<StorageAccess>::
 pub fn init() {
     // Interval settings are checked when set, so that a bad value is refused
     // by SET (22023) rather than by the next claim.
+    // SAFETY: called once, from _PG_init, with hooks that live as long as the library and static names and
+    // values.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"idem.default_ttl",
@@ -131,16 +136,19 @@ pub fn init() {
     );
     GucRegistry::define_enum_guc(
         c"idem.storage_access",
-        c"How claims reach their storage: direct (heap and index access), sql (SQL on idem.claims, Citus-safe), or auto.",
-        c"auto means sql when citus is in shared_preload_libraries, else direct. Every session of a database must use the same path: change it only with no claims running.",
+        c"How claims reach their storage: direct (heap and index access), sql (SQL on idem.claims), or auto.",
+        c"auto means sql when citus is in shared_preload_libraries, else direct. Once Citus distributes idem.claims, calls take the Citus path (direct access to the key's shard) whatever this says. Every session of a database must use the same path: change it only with no claims running.",
         &STORAGE_ACCESS,
         GucContext::Sighup,
         GucFlags::default(),
     );
+    // SAFETY: called from _PG_init with a static NUL-terminated prefix.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"idem".as_ptr()) };
 }
 
-/// Whether claims go through SQL (storage/sql.rs) rather than direct access.
+/// Whether claims go through SQL (storage/sql.rs) rather than direct access,
+/// when Citus does not distribute idem.claims (storage::Path::now decides
+/// that first).
 pub fn sql_access() -> bool {
     match STORAGE_ACCESS.get() {
         StorageAccess::Direct => false,
@@ -156,6 +164,8 @@ pub fn citus_preloaded() -> bool {
     if let Some(c) = CITUS_PRELOADED.get() {
         return c;
     }
+    // SAFETY: GetConfigOption returns NULL or a NUL-terminated string owned by the GUC machinery, copied
+    // before anything can change it.
     let list = unsafe {
         let raw = pg_sys::GetConfigOption(c"shared_preload_libraries".as_ptr(), true, false);
         if raw.is_null() {
@@ -194,6 +204,8 @@ pub fn checked_ttl(iv: &pg_sys::Interval, what: &str) -> i64 {
 pub fn parse_interval(text: &std::ffi::CStr) -> Option<pg_sys::Interval> {
     use std::mem::zeroed;
     const MAXF: usize = pg_sys::MAXDATEFIELDS as usize;
+    // SAFETY: ParseDateTime and DecodeInterval write only into the local buffers whose sizes they are given
+    // (MAXDATEFIELDS fields, 256 bytes); the input is NUL-terminated.
     unsafe {
         let mut workbuf = [0 as std::ffi::c_char; 256];
         let mut field = [std::ptr::null_mut(); MAXF];
@@ -242,6 +254,8 @@ unsafe fn check_interval(
     max_us: i128,
     range: &std::ffi::CStr,
 ) -> bool {
+    // SAFETY: a GUC check hook's `newval` points at the proposed value (this function's contract), which the
+    // hook may replace with a guc_malloc'd string.
     unsafe {
         if (*newval).is_null() {
             return true;
@@ -265,6 +279,7 @@ macro_rules! interval_check_hook {
             _extra: *mut *mut std::ffi::c_void,
             _source: pg_sys::GucSource::Type,
         ) -> bool {
+            // SAFETY: called by the GUC machinery as a check hook, with `v` pointing at the proposed value.
             unsafe { check_interval(v, $min_us, $max_us, $detail) }
         }
     };
@@ -292,6 +307,8 @@ interval_check_hook!(check_default_ttl, MIN_TTL_US, MAX_TTL_US, c"It must be an 
 /// raises), else `fallback`.
 fn assigned_us(newval: *const std::ffi::c_char, fallback: i64) -> i64 {
     (!newval.is_null())
+        // SAFETY: an assign hook's non-NULL value is a NUL-terminated string the GUC machinery owns for the
+        // call.
         .then(|| parse_interval(unsafe { std::ffi::CStr::from_ptr(newval) }))
         .flatten()
         .map_or(fallback, |iv| interval_us(&iv) as i64)

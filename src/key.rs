@@ -42,6 +42,7 @@ pub fn check_biz_type(b: &[u8]) {
     if !valid_biz_type(b) {
         // At most 80 bytes are shown, cut at a character boundary of the
         // database's encoding (a cut character would not be text).
+        // SAFETY: reads at most `b.len()` bytes of `b`, a live slice.
         let shown = unsafe { pg_sys::pg_mbcliplen(b.as_ptr().cast(), b.len() as i32, 80) } as usize;
         IdemError::InvalidValue {
             what: "biz_type",

@@ -57,6 +57,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// `bytes` bytes from PostgreSQL's CSPRNG, as hex digits.
 pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
+    // SAFETY: writes exactly `buf.len()` bytes into `buf`.
     if !unsafe { pg_sys::pg_strong_random(buf.as_mut_ptr().cast(), buf.len()) } {
         IdemError::Internal("could not generate random bytes (pg_strong_random failed)".into()).fail();
     }

@@ -6,13 +6,18 @@
 //! * protocol.rs: claim, lookup, finish, forget; with key.rs (what a claim
 //!   is of), biztype.rs (settings and who may use a type), lease.rs;
 //! * storage/: how a key's row is found, locked, waited for and written
-//!   (direct.rs: heaps and indexes; sql.rs: SQL; citus.rs: the shard of a
-//!   distributed idem.claims; keylock.rs; type_classes.rs: which TTL
-//!   classes hold a type's claims), with ttl_class.rs (the classes);
+//!   (direct.rs: heaps and indexes; sql.rs: SQL, when idem.storage_access
+//!   says so and Citus does not distribute idem.claims; citus.rs: the shard
+//!   of a distributed idem.claims, reached with direct.rs, never SQL;
+//!   partitions.rs: the partition lists and their checks; columns.rs:
+//!   idem.claims' columns; keylock.rs; type_classes.rs: which TTL classes
+//!   hold a type's claims), with ttl_class.rs (the classes);
 //! * metrics.rs: counters of the protocol's outcomes in shared memory
 //!   (with shared_preload_libraries = 'idem'), read by idem_metrics;
-//! * catalog.rs (caches of catalog facts), spi.rs (the SQL idem runs),
-//!   datum.rs, guc.rs, errors.rs, backend.rs, compat.rs (PostgreSQL majors).
+//! * catalog.rs (OIDs of idem's relations, the relcache callback), spi.rs
+//!   (the SQL idem runs, as the extension owner), datum.rs, guc.rs,
+//!   errors.rs, backend.rs (backend-local state, the clock, the caller's
+//!   snapshot), compat.rs (PostgreSQL majors).
 
 use pgrx::prelude::*;
 

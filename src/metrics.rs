@@ -73,7 +73,7 @@ pub enum Event {
     Checkpointed,
 }
 
-const NEVENTS: usize = Event::Checkpointed as usize + 1;
+pub const NEVENTS: usize = Event::Checkpointed as usize + 1;
 const WAIT_US: usize = NEVENTS;
 /// In a database's (other types) slot: counts that went there because the
 /// database's share was full (not because their type does not exist).
@@ -149,7 +149,14 @@ impl Slot {
     }
 
     /// (Re)write the slot's identity, under the table's lock.
+    ///
+    /// # Safety
+    /// The caller holds the table's lock exclusively: no other writer, and
+    /// readers detect the write through the generation (`holds`).
     unsafe fn write(&self, db: u32, name: &[u8]) {
+        // SAFETY: the caller holds the table's lock (this function's contract), so no other backend writes
+        // the slot; `name` fits (MAX_NAME is checked by every caller), and readers see the generation odd
+        // while it changes.
         unsafe {
             let this = (self as *const Slot).cast_mut();
             self.generation.fetch_add(1, Ordering::Relaxed); // odd: being written
@@ -189,6 +196,8 @@ const TRANCHE: &std::ffi::CStr = c"idem_metrics";
 
 /// From _PG_init: reserve the table when the library is being preloaded.
 pub fn init() {
+    // SAFETY: _PG_init runs on the backend's (or postmaster's) only thread; the previous hooks are saved
+    // before ours replace them.
     unsafe {
         if !pg_sys::process_shared_preload_libraries_in_progress {
             return;
@@ -205,6 +214,8 @@ pub fn init() {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shmem_request() {
+    // SAFETY: called by the postmaster while shared memory is requested, the only time RequestAddinShmemSpace
+    // and RequestNamedLWLockTranche are allowed.
     unsafe {
         if let Some(prev) = PREV_SHMEM_REQUEST_HOOK.get().copied().flatten() {
             prev();
@@ -216,6 +227,8 @@ unsafe extern "C-unwind" fn shmem_request() {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shmem_startup() {
+    // SAFETY: called once per process at shared memory startup, under AddinShmemInitLock as ShmemInitStruct
+    // requires; the segment is sized by shmem_request.
     unsafe {
         if let Some(prev) = PREV_SHMEM_STARTUP_HOOK.get().copied().flatten() {
             prev();
@@ -230,7 +243,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
             // All-zero is a valid empty table (atomics at 0, every slot free).
             std::ptr::write_bytes(sh.cast::<u8>(), 0, std::mem::size_of::<Shared>());
             addr_of_mut!((*sh).lock).write(addr_of_mut!((*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock));
-            (*sh).overflow.since.store(pg_sys::GetCurrentTimestamp(), Ordering::Relaxed);
+            (*sh).overflow.since.store(crate::backend::now(), Ordering::Relaxed);
         }
         pg_sys::LWLockRelease(init_lock);
         SHARED.store(sh, Ordering::Release);
@@ -249,6 +262,7 @@ pub fn on() -> bool {
 }
 
 fn database() -> u32 {
+    // SAFETY: a backend global, set once at connection, read on the backend's only thread.
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
@@ -363,6 +377,7 @@ fn known_slot(sh: &'static Shared, biz_type: &[u8]) -> Option<&'static Slot> {
 /// row. Returns that row's slot when it was used.
 fn count_unplaced(sh: &'static Shared, biz_type: &[u8], counter: usize, n: u64) -> Option<&'static Slot> {
     register_callbacks();
+    // SAFETY: called inside a transaction (a counted protocol call).
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     let kept = PENDING.with(|p| {
         let i = match p.iter().position(|e| *e.name == *biz_type) {
@@ -409,6 +424,8 @@ static CALLBACKS: BackendLocal<bool> = BackendLocal::new(false);
 
 fn register_callbacks() {
     if !CALLBACKS.get() {
+        // SAFETY: registers callbacks that live as long as the library (a loaded library is never unloaded),
+        // once per backend.
         unsafe {
             pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
             pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
@@ -424,6 +441,7 @@ static ANY_PENDING: AtomicBool = AtomicBool::new(false);
 
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *mut std::ffi::c_void) {
     if ANY_PENDING.load(Ordering::Relaxed) {
+        // SAFETY: forwarded from PostgreSQL's transaction callback, with its arguments.
         unsafe { flush_pending(event, arg) }
     }
 }
@@ -435,6 +453,7 @@ unsafe extern "C-unwind" fn subxact_callback(
     arg: *mut std::ffi::c_void,
 ) {
     if ANY_PENDING.load(Ordering::Relaxed) {
+        // SAFETY: forwarded from PostgreSQL's subtransaction callback, with its arguments.
         unsafe { forget_rolled_back(event, my_subid, parent, arg) }
     }
 }
@@ -529,9 +548,11 @@ fn lookup(sh: &Shared, db: u32, name: &[u8]) -> Result<(u32, u32), usize> {
 }
 
 fn with_lock<R>(sh: &'static Shared, f: impl FnOnce(&'static Shared) -> R) -> R {
+    // SAFETY: `sh.lock` is the named tranche's lock, set up in shmem_startup.
     unsafe { pg_sys::LWLockAcquire(sh.lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
     // Nothing in `f` raises an error: the lock is released below.
     let r = f(sh);
+    // SAFETY: this backend acquired `sh.lock` just above.
     unsafe { pg_sys::LWLockRelease(sh.lock) };
     r
 }
@@ -589,8 +610,9 @@ fn add(sh: &'static Shared, db: u32, name: &[u8], catalog: bool) -> Option<u32> 
     }
     let Err(pos) = lookup(sh, db, name) else { unreachable!("the caller checked that (db, name) has no slot") };
     let slot = &sh.slots[s as usize];
+    // SAFETY: called under the table's lock (with_lock).
     unsafe { slot.write(db, name) };
-    slot.reset(unsafe { pg_sys::GetCurrentTimestamp() });
+    slot.reset(crate::backend::now());
     if sh.index[pos].swap(s + 1, Ordering::Release) == TOMBSTONE {
         sh.tombstones.fetch_sub(1, Ordering::Relaxed);
     }
@@ -611,6 +633,7 @@ fn release(sh: &'static Shared, s: u32, fold_into: Option<u32>) {
         sh.index[pos].store(TOMBSTONE, Ordering::Release);
         sh.tombstones.fetch_add(1, Ordering::Relaxed);
     }
+    // SAFETY: called under the table's lock (with_lock).
     unsafe { slot.write(0, b"") };
     slot.reset(0);
     sh.used.fetch_sub(1, Ordering::Relaxed);
@@ -648,6 +671,7 @@ fn release_dropped_databases(sh: &'static Shared) -> usize {
         let exists = match alive.iter().find(|(d, _)| *d == db) {
             Some((_, e)) => *e,
             None => {
+                // SAFETY: a syscache existence check by OID: no pointer is kept.
                 let e = unsafe {
                     pg_sys::SearchSysCacheExists(
                         pg_sys::SysCacheIdentifier::DATABASEOID as _,
@@ -764,7 +788,7 @@ pub fn database_usage() -> Option<(usize, u64)> {
 pub fn reset() -> bool {
     let Some(sh) = shared() else { return false };
     let db = database();
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let now = crate::backend::now();
     with_lock(sh, |sh| {
         for s in sh.slots.iter().filter(|s| s.dboid.load(Ordering::Relaxed) == db) {
             s.reset(now);

@@ -18,6 +18,7 @@
 //! Each outcome is counted where it is decided (metrics.rs: one call per
 //! outcome; nothing when the counters are off).
 
+use crate::backend::now;
 use crate::biztype;
 use crate::errors::{invalid, IdemError};
 use crate::guc;
@@ -29,14 +30,38 @@ use crate::storage::{
 };
 use pgrx::pg_sys;
 
-fn now() -> i64 {
-    unsafe { pg_sys::GetCurrentTimestamp() }
+/// The state a caller is told a key is in: the `state` column of
+/// idem_claim's and idem_lookup's results (sql/claim.sql).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum State {
+    /// This call claimed the key.
+    New,
+    /// No live claim of the key (idem_lookup only).
+    Absent,
+    /// Another transaction is writing the key, a lease on it runs, or this
+    /// transaction's own claim is not finished yet.
+    InProgress,
+    Completed,
+    Failed,
+}
+
+impl State {
+    /// The state's name in SQL results.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::New => "new",
+            State::Absent => "absent",
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Failed => "failed",
+        }
+    }
 }
 
 /// What a caller is told about a key.
 pub struct Outcome {
     pub claimed: bool,
-    pub state: &'static str,
+    pub state: State,
     pub result: Option<pg_sys::Datum>,
     pub first_claimed_at: Option<i64>,
     pub expires_at: Option<i64>,
@@ -44,7 +69,7 @@ pub struct Outcome {
 
 impl Outcome {
     fn absent() -> Outcome {
-        Outcome { claimed: false, state: "absent", result: None, first_claimed_at: None, expires_at: None }
+        Outcome { claimed: false, state: State::Absent, result: None, first_claimed_at: None, expires_at: None }
     }
 
     /// Another transaction is writing the key and the caller would not wait;
@@ -52,9 +77,13 @@ impl Outcome {
     fn in_progress(row: Option<&Row>) -> Outcome {
         match row {
             Some(row) => Outcome::of_row(row),
-            None => {
-                Outcome { claimed: false, state: "in_progress", result: None, first_claimed_at: None, expires_at: None }
-            }
+            None => Outcome {
+                claimed: false,
+                state: State::InProgress,
+                result: None,
+                first_claimed_at: None,
+                expires_at: None,
+            },
         }
     }
 
@@ -62,15 +91,15 @@ impl Outcome {
     fn of_row(row: &Row) -> Outcome {
         let running = row.busy.is_some() || row.state == STATE_LEASED;
         let state = if running {
-            "in_progress"
+            State::InProgress
         } else {
             match row.state {
-                STATE_FAILED => "failed",
-                STATE_COMPLETED => "completed",
+                STATE_FAILED => State::Failed,
+                STATE_COMPLETED => State::Completed,
                 // Claimed and committed without idem_complete: completed,
                 // no result. Still pending in this very transaction: ours.
-                _ if row.own => "in_progress",
-                _ => "completed",
+                _ if row.own => State::InProgress,
+                _ => State::Completed,
             }
         };
         Outcome {
@@ -88,6 +117,7 @@ impl Outcome {
 /// through a PARALLEL SAFE wrapper, where no transaction id can be taken),
 /// before they touch anything, as INSERT does.
 pub fn require_writable(what: &'static str) {
+    // SAFETY: state checks of the current transaction, on the backend's only thread.
     unsafe {
         if pg_sys::IsInParallelMode() {
             IdemError::ParallelMode { what }.fail();
@@ -119,7 +149,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
         // running lease and a second worker would claim the key.
         invalid("lease must not be longer than the claim's ttl");
     }
-    let (store, found) = Storage::find(k, now(), Intent::Claim { wait: req.wait });
+    let (store, found) = Storage::find(k, Intent::Claim { wait: req.wait });
     match found {
         Found::Busy(row) => answered(k, Outcome::in_progress(row.as_ref())),
         Found::Absent(held) => {
@@ -138,7 +168,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             metrics::count(k, Event::Claimed);
             Outcome {
                 claimed: true,
-                state: "new",
+                state: State::New,
                 result: told,
                 first_claimed_at: Some(now),
                 expires_at: Some(expires_at),
@@ -164,7 +194,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             metrics::count(k, Event::Takeover);
             Outcome {
                 claimed: true,
-                state: "new",
+                state: State::New,
                 result: Some(next.for_owner(Some(&token))),
                 first_claimed_at: Some(row.claimed_at),
                 expires_at: Some(row.expires_at),
@@ -178,9 +208,10 @@ fn answered(k: &ClaimKey, o: Outcome) -> Outcome {
     metrics::count(
         k,
         match o.state {
-            "completed" => Event::DuplicateCompleted,
-            "failed" => Event::DuplicateFailed,
-            _ => Event::InProgress,
+            State::Completed => Event::DuplicateCompleted,
+            State::Failed => Event::DuplicateFailed,
+            // (A claim answered without claiming is never new or absent.)
+            State::InProgress | State::New | State::Absent => Event::InProgress,
         },
     );
     o
@@ -190,6 +221,7 @@ fn answered(k: &ClaimKey, o: Outcome) -> Outcome {
 /// cannot see must not be reported or written as if it could: 40001, as
 /// INSERT ... ON CONFLICT and UPDATE do.
 fn check_visible(k: &ClaimKey, row: &Row) {
+    // SAFETY: a backend global of the current transaction, read on the backend's only thread.
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         metrics::count(k, Event::SerializationFailure);
         IdemError::SerializationFailure { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
@@ -241,7 +273,7 @@ impl Finish<'_> {
 pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     require_writable(what.function());
     biztype::admit(k);
-    let (store, found) = Storage::find(k, now(), Intent::Update);
+    let (store, found) = Storage::find(k, Intent::Update);
     let (row, held) = match found {
         Found::Row(row, held) => (row, held),
         Found::Absent(_) | Found::Busy(_) => {
@@ -300,7 +332,7 @@ fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
 pub fn forget(k: &ClaimKey) -> bool {
     require_writable("idem_forget");
     biztype::admit(k);
-    let (store, found) = Storage::find(k, now(), Intent::Forget);
+    let (store, found) = Storage::find(k, Intent::Forget);
     match found {
         Found::Row(row, held) => {
             store.delete(&row, k);

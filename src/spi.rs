@@ -3,7 +3,8 @@
 //! passed as datums, so that text keeps its exact bytes in every database
 //! encoding and no value goes through a text form.
 //!
-//! Call `query` / `execute` inside `catalog::as_owner`.
+//! Every statement runs as the extension's owner (`as_owner`), which the
+//! names of its two entries, `query_as_owner` and `execute_as_owner`, say.
 
 use crate::errors::internal;
 use pgrx::pg_sys;
@@ -33,19 +34,24 @@ impl Statement {
         Statement { sql, argtypes, plan: PlanSlot(Cell::new(std::ptr::null_mut())) }
     }
 
-    /// Run a read-only statement with the active snapshot; every row.
-    pub fn query(&self, args: &[Option<pg_sys::Datum>]) -> Vec<Row> {
-        self.run(args, true).1
+    /// Run a read-only statement as the extension's owner, with the active
+    /// snapshot; every row.
+    pub fn query_as_owner(&self, args: &[Option<pg_sys::Datum>]) -> Vec<Row> {
+        as_owner(|| self.run(args, true).1)
     }
 
-    /// Run a statement that writes (with a snapshot of its own, as any
-    /// statement); the number of rows it processed and the rows it returned.
-    pub fn execute(&self, args: &[Option<pg_sys::Datum>]) -> (u64, Vec<Row>) {
-        self.run(args, false)
+    /// Run a statement that writes as the extension's owner (with a
+    /// snapshot of its own, as any statement); the number of rows it
+    /// processed and the rows it returned.
+    pub fn execute_as_owner(&self, args: &[Option<pg_sys::Datum>]) -> (u64, Vec<Row>) {
+        as_owner(|| self.run(args, false))
     }
 
     fn run(&self, args: &[Option<pg_sys::Datum>], read_only: bool) -> (u64, Vec<Row>) {
         assert_eq!(args.len(), self.argtypes.len(), "argument count of an idem statement");
+        // SAFETY: SPI is connected first and finished last; the plan is used between the two (plan's
+        // contract); arguments are as many as the plan's types (asserted above), and results are copied out
+        // before SPI_finish frees them.
         unsafe {
             if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
                 internal("SPI_connect failed");
@@ -88,6 +94,8 @@ impl Statement {
     /// # Safety
     /// Call between SPI_connect and SPI_finish.
     unsafe fn plan(&self) -> pg_sys::SPIPlanPtr {
+        // SAFETY: called between SPI_connect and SPI_finish (this function's contract); the kept plan lives
+        // in SPI's top memory context for the backend's life.
         unsafe {
             let kept = self.plan.0.get();
             if !kept.is_null() {
@@ -107,10 +115,60 @@ impl Statement {
         }
     }
 
+    /// The statement's text, for tests that check it against what it names.
+    #[cfg(any(test, feature = "pg_test"))]
+    pub fn text(&self) -> &'static std::ffi::CStr {
+        self.sql
+    }
+
     /// The statement's first words, for error messages.
     fn name(&self) -> String {
         let text = self.sql.to_string_lossy();
         let words: Vec<&str> = text.split_whitespace().take(4).collect();
         format!("idem's statement \"{} ...\"", words.join(" "))
     }
+}
+
+/// Run SQL for the extension: as the owner of schema idem (the API's C
+/// functions are SECURITY INVOKER: their direct storage access needs no
+/// rights, only the SQL they run does), with `search_path = pg_catalog,
+/// pg_temp` set at a new GUC nest level (objects in pg_temp never resolve
+/// functions or operators, and idem's SQL names its relations with their
+/// schema), so that nothing the caller planted resolves. Both are undone
+/// when `f` returns or fails.
+fn as_owner<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(pg_sys::Oid, i32, i32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: undoes exactly what `as_owner` set, with the nest level and user it saved.
+            unsafe {
+                pg_sys::AtEOXact_GUC(true, self.2);
+                pg_sys::SetUserIdAndSecContext(self.0, self.1);
+            }
+        }
+    }
+    let owner = crate::catalog::extension_owner();
+    // SAFETY: the user and security context are saved before they change, and restored by `Restore` whatever
+    // `f` does; the GUC is set at a new nest level that `Restore` pops.
+    let restore = unsafe {
+        let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        let level = pg_sys::NewGUCNestLevel();
+        let restore = Restore(user, context, level);
+        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        restore
+    };
+    let r = f();
+    drop(restore);
+    r
 }

@@ -35,7 +35,7 @@
 
 use super::Target;
 use crate::backend::BackendLocal;
-use crate::catalog::{self, BizType};
+use crate::catalog;
 use crate::datum::text_datum;
 use crate::errors::{internal, IdemError};
 use crate::key::ClaimKey;
@@ -61,46 +61,37 @@ struct Distribution {
     biz_types_shard: Option<i64>,
 }
 
-/// The answer for the idem.claims of OID `claims` (None: not distributed).
+/// The answer read at catalog epoch `epoch` (None: not distributed).
 struct Known {
-    claims: pg_sys::Oid,
-    biz_types: pg_sys::Oid,
+    epoch: u64,
     dist: Option<Rc<Distribution>>,
 }
 
+/// Current while catalog::epoch() is `Known::epoch`: the epoch moves on
+/// whenever idem.claims' or idem.biz_types' relcache entry is invalidated
+/// (catalog.rs), which is what every change of Citus's metadata for them
+/// sends.
 static KNOWN: BackendLocal<Option<Known>> = BackendLocal::new(None);
-/// Bumped by every invalidation that could concern `KNOWN`, so that an
-/// answer read while one arrived is not kept.
-static GENERATION: BackendLocal<u64> = BackendLocal::new(0);
-static CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    let drop = KNOWN.with(|k| match k {
-        Some(known) => relid == pg_sys::InvalidOid || relid == known.claims || relid == known.biz_types,
-        None => true,
-    });
-    if drop {
-        KNOWN.with(|k| *k = None);
-        GENERATION.set(GENERATION.get() + 1);
-    }
+/// The cached answer, if it is current.
+fn known() -> Option<Option<Rc<Distribution>>> {
+    let epoch = catalog::epoch();
+    KNOWN.with(|k| k.as_ref().filter(|k| k.epoch == epoch).map(|k| k.dist.clone()))
 }
 
 /// The distribution of idem.claims, if Citus distributes it in this database.
 fn distribution() -> Option<Rc<Distribution>> {
     let claims = catalog::claims_oid();
-    if let Some(found) = KNOWN.with(|k| k.as_ref().filter(|k| k.claims == claims).map(|k| k.dist.clone())) {
+    if let Some(found) = known() {
         return found;
     }
-    if !CALLBACK.get() {
-        CALLBACK.set(true);
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0)) };
-    }
     let biz_types = catalog::biz_types_oid();
-    let generation = GENERATION.get();
+    // The epoch before reading: an answer read while an invalidation
+    // arrived is not kept.
+    let epoch = catalog::epoch();
     let dist = load(claims, biz_types).map(Rc::new);
-    if GENERATION.get() == generation {
-        KNOWN.with(|k| *k = Some(Known { claims, biz_types, dist: dist.clone() }));
+    if catalog::epoch() == epoch {
+        KNOWN.with(|k| *k = Some(Known { epoch, dist: dist.clone() }));
     }
     dist
 }
@@ -137,6 +128,8 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
     scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", claims)], |r| {
         let bound = |col: &CStr| {
             r.get(col)
+                // SAFETY: shardminvalue is a text column, so a non-NULL value is a varlena datum valid inside
+                // `scan`'s closure.
                 .and_then(|d| std::str::from_utf8(unsafe { crate::datum::varlena_bytes(d) }).ok()?.parse::<i32>().ok())
                 .unwrap_or_else(|| internal("a shard of idem.claims in pg_dist_shard has no integer hash range"))
         };
@@ -148,6 +141,8 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
     scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", biz_types)], |r| {
         biz_types_shard = r.get(c"shardid").map(|d| d.value() as i64);
     });
+    // SAFETY: catalog lookups on idem.claims (open: the caller reads its OID from the catalog), writing into
+    // local variables.
     let collation = unsafe {
         let attnum = pg_sys::get_attnum(claims, c"key".as_ptr());
         let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
@@ -160,6 +155,8 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
 /// Citus's hash of a key: text's default hash function, under the key
 /// column's collation.
 fn hash(key: &[u8], collation: pg_sys::Oid) -> i32 {
+    // SAFETY: the type cache entry lives for the backend; its hash function is checked to exist before it is
+    // called on a text datum.
     unsafe {
         let tc = pg_sys::lookup_type_cache(pg_sys::TEXTOID, pg_sys::TYPECACHE_HASH_PROC_FINFO as i32);
         if tc.is_null() || (*tc).hash_proc_finfo.fn_oid == pg_sys::InvalidOid {
@@ -186,8 +183,9 @@ pub fn local_shard(k: &ClaimKey) -> Option<Target> {
         // The lock may have waited for a change of the metadata (a move, a
         // split): take its invalidations in, and look again if they dropped
         // what was just used.
+        // SAFETY: processes pending invalidations inside a transaction, as any lock acquisition does.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        if !KNOWN.with(|known| known.as_ref().and_then(|k| k.dist.as_ref()).is_some_and(|d| Rc::ptr_eq(d, &dist))) {
+        if !known().flatten().is_some_and(|d| Rc::ptr_eq(&d, &dist)) {
             continue;
         }
         let groups = placement_groups(shard.id);
@@ -222,6 +220,7 @@ fn lock_metadata(dist: &Distribution, index: usize, shard: i64) {
         (index as u32, dist.colocation, ADV_LOCKTAG_CLASS_CITUS_COLOCATED_SHARDS_METADATA)
     };
     let tag = pg_sys::LOCKTAG {
+        // SAFETY: a backend global, set once at connection, read on the backend's only thread.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
         locktag_field2: field2,
         locktag_field3: field3,
@@ -229,6 +228,7 @@ fn lock_metadata(dist: &Distribution, index: usize, shard: i64) {
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     };
+    // SAFETY: a transaction-level lock on a fully initialised tag, released by PostgreSQL at transaction end.
     unsafe { pg_sys::LockAcquire(&tag, pg_sys::ShareLock as _, false, false) };
 }
 
@@ -260,6 +260,8 @@ fn not_here(k: &ClaimKey, shard: i64, groups: &[i32]) -> ! {
         if group.is_some_and(|g| groups.contains(&g)) {
             let name = r
                 .get(c"nodename")
+                // SAFETY: nodename is a text column, so a non-NULL value is a varlena datum valid inside
+                // `scan`'s closure.
                 .map(|d| String::from_utf8_lossy(unsafe { crate::datum::varlena_bytes(d) }).into_owned());
             let port = r.get(c"nodeport").map_or(0, |d| d.value() as i32);
             nodes.push(format!("{}:{port}", name.unwrap_or_default()));
@@ -269,37 +271,27 @@ fn not_here(k: &ClaimKey, shard: i64, groups: &[i32]) -> ! {
     IdemError::NotOnShardNode { biz_type: k.biz_type.to_vec(), key: k.key.to_vec(), shard, node }.fail()
 }
 
-/// `k`'s business type settings as a claim on this node must see them:
-/// read now from this node's placement of the reference table
-/// idem.biz_types. (idem_configure writes every placement, but its cache
-/// invalidation reaches only the backends of the node it ran on; a read per
-/// call needs none.) None when idem.claims is not distributed.
-pub fn read_biz_type(name: &str) -> Option<BizType> {
+/// Where this node reads business type settings under Citus (biztype.rs
+/// reads them per call): its placement of the reference table
+/// idem.biz_types, or Some(None) without one. None when idem.claims is not
+/// distributed.
+pub fn biz_types_placement() -> Option<Option<pg_sys::Oid>> {
     let dist = distribution()?;
-    let local = dist.biz_types_shard.and_then(|shard| {
+    Some(dist.biz_types_shard.and_then(|shard| {
         if !placement_groups(shard).contains(&local_group()) {
             return None;
         }
         relation_in_idem(&format!("biz_types_{shard}"))
-    });
-    Some(match local {
-        Some(relid) => catalog::read_biz_type_in(relid, name),
-        // No local placement (not expected: Citus copies reference tables
-        // to every node): through Citus.
-        None => catalog::read_biz_type(name),
-    })
+    }))
 }
 
+/// A shard's relation in schema idem, by its name.
 fn relation_in_idem(name: &str) -> Option<pg_sys::Oid> {
-    let name = std::ffi::CString::new(name).expect("no NUL in a relation name");
-    unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"idem".as_ptr(), true);
-        let relid = pg_sys::get_relname_relid(name.as_ptr(), nsp);
-        (relid != pg_sys::InvalidOid).then_some(relid)
-    }
+    catalog::relation_in_idem(&std::ffi::CString::new(name).expect("no NUL in a relation name"))
 }
 
 fn catalog_table(name: &CStr) -> Option<pg_sys::Oid> {
+    // SAFETY: a catalog lookup by a NUL-terminated name; a missing relation is InvalidOid.
     let relid = unsafe { pg_sys::get_relname_relid(name.as_ptr(), pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE)) };
     (relid != pg_sys::InvalidOid).then_some(relid)
 }
@@ -328,6 +320,7 @@ struct CatalogRow {
 
 impl CatalogRow {
     fn get(&self, column: &CStr) -> Option<pg_sys::Datum> {
+        // SAFETY: `tuple` and `desc` belong to the scan that is calling `each`, which is still open.
         unsafe {
             let attnum = pg_sys::get_attnum(self.relid, column.as_ptr());
             if attnum == pg_sys::InvalidAttrNumber as i16 {
@@ -347,6 +340,8 @@ fn scan(table: &CStr, index: &CStr, keys: &[Key], mut each: impl FnMut(&CatalogR
     let Some(relid) = catalog_table(table) else {
         internal(format!("Citus's catalog table pg_catalog.{} is missing", table.to_string_lossy()))
     };
+    // SAFETY: the table is opened and locked before the scan and closed after it; the scan keys outlive the
+    // scan; each tuple is used only inside `each`.
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
         let mut skeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());

@@ -9,15 +9,17 @@
 //! Citus the local shard of it that holds the key (storage/citus.rs), which
 //! is an ordinary partitioned table on this node.
 //!
-//! Tuples have the shape catalog.rs checks every partition for; the column
-//! numbers below follow sql/storage.sql.
+//! Tuples have the shape partitions.rs checks every partition for; the column
+//! positions come from columns.rs.
 
+use super::columns::{self, Positions};
 use super::keylock::{self, KeyLock};
+use super::partitions::{self, PartitionList};
 use super::type_classes::{self, Registered};
 use super::writer;
-use super::{now, Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
+use super::{Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
 use crate::backend::BackendLocal;
-use crate::catalog::{self, PartitionList};
+use crate::catalog;
 use crate::compat;
 use crate::datum::{text_datum, varlena_bytes, varlena_copy};
 use crate::errors::IdemError;
@@ -29,46 +31,14 @@ use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
-/// Where each column is in a partition's tuple.
-pub struct Columns {
-    expires_at: usize,
-    claimed_at: usize,
-    ttl_class: Option<usize>,
-    state: usize,
-    biz_type: usize,
-    key: usize,
-    fingerprint: usize,
-    result: usize,
-    n: usize,
-}
+/// Where each column is in a partition's tuple (columns.rs).
+const COLUMNS: Positions = Positions::of(false);
 
-const COLUMNS: Columns = Columns {
-    expires_at: 0,
-    claimed_at: 1,
-    ttl_class: Some(2),
-    state: 3,
-    biz_type: 4,
-    key: 5,
-    fingerprint: 6,
-    result: 7,
-    n: 8,
-};
-
-/// 0.3.0's partitions (catalog::PartitionList::legacy): no ttl_class.
-const LEGACY_COLUMNS: Columns = Columns {
-    expires_at: 0,
-    claimed_at: 1,
-    ttl_class: None,
-    state: 2,
-    biz_type: 3,
-    key: 4,
-    fingerprint: 5,
-    result: 6,
-    n: 7,
-};
+/// 0.3.0's partitions (partitions::PartitionList::legacy): no ttl_class.
+const LEGACY_COLUMNS: Positions = Positions::of(true);
 
 /// The most columns a tuple has.
-const NCOLS: usize = 8;
+const NCOLS: usize = columns::CLAIMS.len();
 
 /// The target's partitioned table and the partitions a key's row can be in,
 /// locked and open. Partition `i` here is `list.parts[i]`.
@@ -87,12 +57,14 @@ pub struct Opened {
     registry: Option<pg_sys::Oid>,
     registered: RefCell<Registered>,
     /// The columns of the partitions' tuples.
-    cols: &'static Columns,
+    cols: &'static Positions,
 }
 
 impl Drop for Opened {
     fn drop(&mut self) {
         self.close_parts();
+        // SAFETY: the parent (and shell) were opened by `open`/`open_recent` and are closed once, here; their
+        // locks stay until the transaction ends.
         unsafe {
             pg_sys::table_close(self.parent, pg_sys::NoLock as _);
             if let Some(shell) = self.shell {
@@ -113,6 +85,7 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
     match target.shell {
         Some(_) => {
             let shell = catalog::open_claims(lockmode);
+            // SAFETY: inside a transaction (this function's contract); the caller closes what it gets.
             (Some(shell), unsafe { pg_sys::table_open(target.parent, lockmode) })
         }
         None => (None, catalog::open_claims(lockmode)),
@@ -153,13 +126,15 @@ impl Opened {
     /// (sql/maintenance.sql), so it never waits for a claim that waits for
     /// it.
     pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
+        // SAFETY: inside a transaction (every protocol call is); what is opened here is closed by Opened's
+        // Drop.
         unsafe {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
-            let (_, list) = catalog::partitions(parent_oid);
+            let (_, list) = partitions::list(parent_oid);
             let mut opened = Opened::new(shell, parent, lockmode, list, target.registry);
             loop {
-                let (generation, list) = catalog::partitions(parent_oid);
+                let (generation, list) = partitions::list(parent_oid);
                 opened.close_parts();
                 opened.list = list;
                 // In 0.3.0's layout, every partition (as 0.3.0 did).
@@ -170,9 +145,9 @@ impl Opened {
                     let heap = if open { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
                     opened.parts.push((Cell::new(heap), Cell::new(std::ptr::null_mut())));
                 }
-                if catalog::partitions_generation() == generation {
+                if partitions::generation() == generation {
                     if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
-                        catalog::check_replicable(&opened.list);
+                        partitions::check_replicable(&opened.list);
                     }
                     return opened;
                 }
@@ -221,6 +196,7 @@ impl Opened {
     fn heap(&self, i: usize) -> pg_sys::Relation {
         let heap = &self.parts[i].0;
         if heap.get().is_null() {
+            // SAFETY: a partition of the list read under the parent's lock; closed by close_parts.
             heap.set(unsafe { pg_sys::table_open(self.list.parts[i].relid, self.lockmode) });
         }
         heap.get()
@@ -229,6 +205,8 @@ impl Opened {
     /// Locks stay until the end of the transaction (NoLock here).
     fn close_parts(&mut self) {
         for (heap, index) in self.parts.drain(..) {
+            // SAFETY: each non-NULL relation here was opened by this Opened and is closed once, as the
+            // entries are drained.
             unsafe {
                 if !index.get().is_null() {
                     pg_sys::index_close(index.get(), pg_sys::NoLock as _);
@@ -243,6 +221,7 @@ impl Opened {
     fn index(&self, i: usize) -> pg_sys::Relation {
         let index = &self.parts[i].1;
         if index.get().is_null() {
+            // SAFETY: the partition's digest index, checked by partitions.rs; closed by close_parts.
             index.set(unsafe { pg_sys::index_open(self.list.parts[i].index, self.lockmode) });
         }
         index.get()
@@ -254,7 +233,7 @@ impl Opened {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
             let lock = KeyLock::acquire(k.hash);
-            let now = now();
+            let now = crate::backend::now();
             self.look_into_classes(k, now);
             let row = self.probe(k, now);
             self.predicate_lock(k);
@@ -298,7 +277,7 @@ impl Opened {
     fn probe(&self, k: &ClaimKey, now: i64) -> Option<Row> {
         // A key has at most one live row (that is what the protocol
         // guarantees), so the first one found is the answer.
-        let arrival = writer::caller_snapshot();
+        let arrival = crate::backend::caller_snapshot();
         for (i, (heap, _)) in self.parts.iter().enumerate() {
             let heap = heap.get();
             if heap.is_null() {
@@ -310,6 +289,7 @@ impl Opened {
             // appear meanwhile.
             let p = &self.list.parts[i];
             if !p.seen_nonempty.get() {
+                // SAFETY: `heap` is open and locked.
                 if unsafe { pg_sys::RelationGetNumberOfBlocksInFork(heap, pg_sys::ForkNumber::MAIN_FORKNUM) } == 0 {
                     continue;
                 }
@@ -379,6 +359,7 @@ impl Opened {
     /// that SSI sees a reader of a key that another transaction then
     /// claims, exactly as with a SELECT on a unique index.
     fn predicate_lock(&self, k: &ClaimKey) {
+        // SAFETY: a backend global of the current transaction, read on the backend's only thread.
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_SERIALIZABLE as i32 {
             return;
         }
@@ -387,8 +368,9 @@ impl Opened {
             if heap.is_null() {
                 continue;
             }
+            // SAFETY: heap and index are open; the scan and slot are ended and dropped before the block ends.
             unsafe {
-                let scan = begin_key_scan(heap, self.index(i), writer::caller_snapshot(), k.hash);
+                let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), k.hash);
                 let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
@@ -407,8 +389,11 @@ impl Opened {
     /// registered in that class first. The key is locked, so no other claim
     /// of the key can probe between our probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        let class =
-            if self.list.legacy { catalog::LEGACY_CLASS } else { ttl_class::of_ttl(new.expires_at - new.claimed_at) };
+        let class = if self.list.legacy {
+            partitions::LEGACY_CLASS
+        } else {
+            ttl_class::of_ttl(new.expires_at - new.claimed_at)
+        };
         if !self.list.legacy && self.registry.is_some() {
             let mut registered = self.registered.borrow_mut();
             if !registered.covers(class, new.expires_at) {
@@ -431,6 +416,8 @@ impl Opened {
                 .fail()
             });
         let heap = self.heap(target);
+        // SAFETY: `heap` is open and locked, the key is locked (Found::Absent), and the tuple is formed with
+        // the heap's own descriptor.
         unsafe {
             let tuple =
                 form(heap, self.cols, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
@@ -447,6 +434,8 @@ impl Opened {
     /// concurrent update can get in the way of the update.
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
         let heap = self.heap(row.part);
+        // SAFETY: the row was found (and its key locked) in this open partition; the new tuple is formed with
+        // its descriptor.
         unsafe {
             let fingerprint = row.fingerprint.as_deref();
             let tuple =
@@ -467,6 +456,7 @@ impl Opened {
     /// Delete a row (idem_forget), under the same rule as `rewrite`.
     pub fn delete(&self, row: &Row) {
         let mut tid = row.tid;
+        // SAFETY: the row was found (and its key locked) in this open partition, at `tid`.
         unsafe {
             pg_sys::CommandCounterIncrement();
             pg_sys::simple_heap_delete(self.heap(row.part), &mut tid);
@@ -476,7 +466,9 @@ impl Opened {
     /// Where this transaction's own row of a key now is (partition `i`).
     fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
         let target = Target {
+            // SAFETY: the shell relation is open for as long as `self` lives.
             shell: self.shell.map(|r| unsafe { (*r).rd_id }),
+            // SAFETY: the parent relation is open for as long as `self` lives.
             parent: unsafe { (*self.parent).rd_id },
             registry: self.registry,
         };
@@ -551,6 +543,8 @@ unsafe fn begin_key_scan(
     snapshot: pg_sys::Snapshot,
     hash: i64,
 ) -> pg_sys::IndexScanDesc {
+    // SAFETY: heap and index are open (this function's contract); the zeroed ScanKeyData is fully initialised
+    // by ScanKeyInit before use.
     unsafe {
         let mut skey: pg_sys::ScanKeyData = MaybeUninit::zeroed().assume_init();
         pg_sys::ScanKeyInit(
@@ -572,13 +566,14 @@ unsafe fn begin_key_scan(
 /// # Safety
 /// `values` and `nulls` are a deformed claims tuple (NCOLS columns).
 unsafe fn row_of(
-    cols: &Columns,
+    cols: &Positions,
     values: &[pg_sys::Datum],
     nulls: &[bool],
     k: &ClaimKey,
     part: usize,
     tid: pg_sys::ItemPointerData,
 ) -> Option<Row> {
+    // SAFETY: `values` and `nulls` are a deformed claims tuple in `cols`' layout (this function's contract).
     unsafe {
         if varlena_bytes(values[cols.key]) != k.key || varlena_bytes(values[cols.biz_type]) != k.biz_type {
             return None;
@@ -587,7 +582,7 @@ unsafe fn row_of(
             part,
             tid,
             state: values[cols.state].value() as u8,
-            ttl_class: cols.ttl_class.map_or(catalog::LEGACY_CLASS, |c| values[c].value() as i16),
+            ttl_class: cols.ttl_class.map_or(partitions::LEGACY_CLASS, |c| values[c].value() as i16),
             claimed_at: values[cols.claimed_at].value() as i64,
             expires_at: values[cols.expires_at].value() as i64,
             fingerprint: (!nulls[cols.fingerprint]).then(|| varlena_bytes(values[cols.fingerprint]).to_vec()),
@@ -606,7 +601,7 @@ unsafe fn row_of(
 #[allow(clippy::too_many_arguments)]
 unsafe fn form(
     heap: pg_sys::Relation,
-    cols: &Columns,
+    cols: &Positions,
     k: &ClaimKey,
     ttl_class: i16,
     claimed_at: i64,
@@ -633,6 +628,8 @@ unsafe fn form(
         Some(r) => values[cols.result] = r,
         None => nulls[cols.result] = true,
     }
+    // SAFETY: `heap` is open, and `values`/`nulls` have one entry per column of its descriptor (partitions.rs
+    // checked the shape).
     unsafe { pg_sys::heap_form_tuple((*heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
 }
 
@@ -660,8 +657,10 @@ static RECENT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 fn remember(hash: i64, target: Target, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
     if !RECENT_CALLBACK.get() {
         RECENT_CALLBACK.set(true);
+        // SAFETY: registers, once per backend, a callback that lives as long as the library.
         unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
     }
+    // SAFETY: reads the current transaction's state; no pointer is involved.
     let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
     RECENT.set(Some(Recent { xid, hash, target, relid, tid }));
 }
@@ -682,16 +681,19 @@ unsafe extern "C-unwind" fn forget_recent_on_abort(
 /// with its table and partition locked and open. (Under Citus: the claim
 /// that wrote it took the shard's metadata lock and checked the placement,
 /// and both hold until this transaction ends.)
-pub fn open_recent(k: &ClaimKey, _now: i64) -> Option<(Opened, Row)> {
+pub fn open_recent(k: &ClaimKey) -> Option<(Opened, Row)> {
     let r = RECENT.get()?;
+    // SAFETY: reads the current transaction's state; no pointer is involved.
     let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
     if r.hash != k.hash || xid.value == 0 || r.xid.value != xid.value {
         return None;
     }
+    // SAFETY: inside the transaction that wrote the remembered row; what is opened is closed by Opened's
+    // Drop.
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
-        let (_, list) = catalog::partitions((*parent).rd_id);
+        let (_, list) = partitions::list((*parent).rd_id);
         let mut opened = Opened::new(shell, parent, lockmode, list, r.target.registry);
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay

@@ -16,6 +16,7 @@ const KEYLOCK_FIELD4: u16 = 0x4944;
 
 fn tag(hash: i64) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
+        // SAFETY: a backend global, set once at connection, read on the backend's only thread.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
         locktag_field2: ((hash as u64) >> 32) as u32,
         locktag_field3: hash as u32,
@@ -38,6 +39,7 @@ impl KeyLock {
     /// None if `wait` is off and another transaction holds it.
     pub fn try_acquire(hash: i64, wait: bool) -> Option<KeyLock> {
         let tag = tag(hash);
+        // SAFETY: a transaction-level lock on a fully initialised tag; KeyLock's Drop releases it.
         let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
         // (A closure: `then_some` would build the guard, whose drop releases
         // the lock, even when it was not granted.)
@@ -50,11 +52,13 @@ impl KeyLock {
 /// once it has written the key's row).
 pub fn hold_until_end(hash: i64) {
     let tag = tag(hash);
+    // SAFETY: a transaction-level lock on a fully initialised tag, released by PostgreSQL at transaction end.
     unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
 }
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
+        // SAFETY: releases the acquisition this guard stands for, once.
         unsafe { pg_sys::LockRelease(&self.0, pg_sys::ExclusiveLock as _, false) };
     }
 }
@@ -63,10 +67,12 @@ impl Drop for KeyLock {
 /// of a claim in progress, which no statement can see yet).
 pub fn held_elsewhere(hash: i64) -> bool {
     // No claim runs on a hot standby, so nobody can hold it there.
+    // SAFETY: reads shared state under PostgreSQL's own locking; no precondition.
     if unsafe { pg_sys::RecoveryInProgress() } {
         return false;
     }
     let tag = tag(hash);
+    // SAFETY: a conditional acquisition that, when granted, is released at once.
     unsafe {
         if pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, true)
             == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
@@ -86,6 +92,8 @@ pub fn held_elsewhere(hash: i64) -> bool {
 pub fn contended(hash: i64) -> bool {
     let tag = tag(hash);
     let mut holders = 0;
+    // SAFETY: GetLockConflicts returns a palloc'd array of `holders` valid entries (or NULL), read within
+    // bounds and freed.
     unsafe {
         let vxids = pg_sys::GetLockConflicts(&tag, pg_sys::ExclusiveLock as _, &mut holders);
         if !vxids.is_null() {
@@ -98,5 +106,7 @@ pub fn contended(hash: i64) -> bool {
 /// Wait for another transaction to end (honours lock_timeout and
 /// statement_timeout, and takes part in deadlock detection).
 pub fn wait_for(xid: pg_sys::TransactionId) {
+    // SAFETY: waits on a transaction id's lock inside a transaction; NULL relation and tid are allowed with
+    // XLTW_None.
     unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
 }

@@ -18,14 +18,16 @@
 //! (of a node, under Citus) must take the same path: `path` depends only on
 //! the server's settings and the catalog.
 
-mod citus;
+pub mod citus;
+mod columns;
 mod direct;
 pub mod keylock;
+pub mod partitions;
 mod sql;
 mod type_classes;
 mod writer;
 
-use crate::catalog::{self, BizType};
+use crate::catalog;
 use crate::guc;
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
@@ -113,7 +115,7 @@ pub struct Target {
     pub shell: Option<pg_sys::Oid>,
     pub parent: pg_sys::Oid,
     /// idem.type_classes, or under Citus this node's placement of it; None
-    /// in 0.3.0's schema (catalog::PartitionList::legacy).
+    /// in 0.3.0's schema (partitions::PartitionList::legacy).
     pub registry: Option<pg_sys::Oid>,
 }
 
@@ -157,18 +159,6 @@ impl Path {
     }
 }
 
-/// A business type's settings as a call must see them: cached until
-/// idem_configure invalidates them, except under Citus, where they are read
-/// per call from this node's copy of idem.biz_types (citus.rs says why).
-pub fn biz_type(name: &str) -> BizType {
-    if guc::citus_preloaded() {
-        if let Some(found) = citus::read_biz_type(name) {
-            return found;
-        }
-    }
-    catalog::biz_type(name)
-}
-
 /// idem.claims, opened the way this server reaches it.
 pub enum Storage {
     Direct(direct::Opened),
@@ -177,10 +167,10 @@ pub enum Storage {
 
 impl Storage {
     /// Find `k`'s row for `intent`, opening storage for writing.
-    pub fn find(k: &ClaimKey, now: i64, intent: Intent) -> (Storage, Found) {
+    pub fn find(k: &ClaimKey, intent: Intent) -> (Storage, Found) {
         let path = Path::now();
         if path == Path::Sql {
-            let store = sql::SqlStore::open();
+            let store = sql::SqlStore::default();
             let found = store.find(k, intent);
             return (Storage::Sql(store), found);
         }
@@ -188,7 +178,7 @@ impl Storage {
             // The claim this transaction just made: found without a probe
             // (under Citus, where the claim found it: on this node, under
             // the metadata lock it took).
-            if let Some((opened, row)) = direct::open_recent(k, now) {
+            if let Some((opened, row)) = direct::open_recent(k) {
                 return (Storage::Direct(opened), Found::Row(row, Held(None)));
             }
         }
@@ -201,7 +191,7 @@ impl Storage {
     /// What a lookup sees of `k` now.
     pub fn peek(k: &ClaimKey, now: i64) -> Seen {
         match Path::now().target(k) {
-            None => sql::SqlStore::open().peek(k, now),
+            None => sql::SqlStore::default().peek(k, now),
             Some(target) => direct::Opened::open(target, pg_sys::AccessShareLock as _).peek(k, now),
         }
     }
@@ -238,8 +228,4 @@ pub struct NewRow<'a> {
     pub state: u8,
     pub fingerprint: Option<&'a [u8]>,
     pub result: Option<pg_sys::Datum>,
-}
-
-fn now() -> i64 {
-    unsafe { pg_sys::GetCurrentTimestamp() }
 }

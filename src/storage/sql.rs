@@ -14,6 +14,7 @@
 //! Values go in and come out as datums (spi.rs): keys keep their exact
 //! bytes in every database encoding.
 
+use super::columns;
 use super::keylock::{self, KeyLock};
 use super::type_classes::{self, Registered};
 use super::writer;
@@ -31,6 +32,7 @@ use std::cell::RefCell;
 /// An int2[] datum of `values`, in the current memory context.
 fn int2_array(values: &[i16]) -> pg_sys::Datum {
     let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| pg_sys::Datum::from(*v)).collect();
+    // SAFETY: `datums` holds `values.len()` int2 datums, passed by value (int2's length and alignment).
     unsafe {
         let array = pg_sys::construct_array(
             datums.as_mut_ptr(),
@@ -72,31 +74,16 @@ static PROBE_0_3: Statement = Statement::new(
 static INSERT_0_3: Statement = Statement::new(
     c"INSERT INTO idem.claims (expires_at, claimed_at, state, biz_type, key, fingerprint, result)
       VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    &[
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::CHAROID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-    ],
+    &INSERT_0_3_TYPES,
 );
+const INSERT_0_3_TYPES: [pg_sys::Oid; 7] = columns::types(true);
 
 static INSERT: Statement = Statement::new(
     c"INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
       VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-    &[
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::INT2OID,
-        pg_sys::CHAROID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-    ],
+    &INSERT_TYPES,
 );
+const INSERT_TYPES: [pg_sys::Oid; 8] = columns::types(false);
 
 static REWRITE: Statement = Statement::new(
     c"UPDATE idem.claims SET state = $1, result = $2
@@ -126,7 +113,10 @@ static DELETE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID],
 );
 
-/// What was read of the registry of TTL classes for the key's type.
+/// The SQL path for one call: nothing to open (the statements name the
+/// logical idem.claims), only what was read of the registry of TTL classes
+/// for the key's type.
+#[derive(Default)]
 pub struct SqlStore {
     registered: RefCell<Registered>,
 }
@@ -144,6 +134,7 @@ struct FreshSnapshot;
 
 impl FreshSnapshot {
     fn push() -> FreshSnapshot {
+        // SAFETY: inside a transaction; popped by FreshSnapshot's Drop.
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
         FreshSnapshot
     }
@@ -151,6 +142,7 @@ impl FreshSnapshot {
 
 impl Drop for FreshSnapshot {
     fn drop(&mut self) {
+        // SAFETY: pops the snapshot `push` pushed.
         unsafe { pg_sys::PopActiveSnapshot() };
     }
 }
@@ -159,6 +151,7 @@ impl Drop for FreshSnapshot {
 /// lock wait could miss a claim committed after it, and nothing would
 /// tell: refuse.
 fn require_read_committed() {
+    // SAFETY: a backend global of the current transaction, read on the backend's only thread.
     if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         IdemError::FeatureNotSupported(
             "idem.storage_access = sql works under READ COMMITTED only: a REPEATABLE READ or SERIALIZABLE snapshot cannot see a claim committed after it was taken".into(),
@@ -183,10 +176,6 @@ fn ts(us: i64) -> Option<pg_sys::Datum> {
 }
 
 impl SqlStore {
-    pub fn open() -> SqlStore {
-        SqlStore { registered: RefCell::new(Registered::default()) }
-    }
-
     /// A committed outcome other than a lease is final until it expires: a
     /// claim that finds one is answered without the lock, so duplicates of
     /// a committed claim never queue behind each other. Otherwise the key
@@ -195,7 +184,7 @@ impl SqlStore {
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         require_read_committed();
         if let Intent::Claim { .. } = intent {
-            if let Some(row) = self.probe(k, super::now()) {
+            if let Some(row) = self.probe(k, crate::backend::now()) {
                 if row.state != STATE_LEASED && !row.own {
                     return Found::Row(row, Held(None));
                 }
@@ -211,7 +200,7 @@ impl SqlStore {
         let Some(lock) = lock else {
             return Found::Busy(None);
         };
-        match self.probe(k, super::now()) {
+        match self.probe(k, crate::backend::now()) {
             Some(row) => Found::Row(row, Held(Some(lock))),
             None => Found::Absent(Held(Some(lock))),
         }
@@ -234,22 +223,20 @@ impl SqlStore {
         // new one instead (READ COMMITTED: it sees the claim the lock holder
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
-        let arrival = writer::caller_snapshot();
+        let arrival = crate::backend::caller_snapshot();
         let key = [Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
         let rows = match catalog::type_classes_oid() {
             Some(registry) => {
                 let registered = type_classes::read(registry, k.biz_type);
                 let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
                 *self.registered.borrow_mut() = registered;
-                catalog::as_owner(|| {
-                    let _fresh = FreshSnapshot::push();
-                    PROBE.query(&[key[0], key[1], key[2], Some(classes)])
-                })
-            }
-            None => catalog::as_owner(|| {
                 let _fresh = FreshSnapshot::push();
-                PROBE_0_3.query(&key)
-            }),
+                PROBE.query_as_owner(&[key[0], key[1], key[2], Some(classes)])
+            }
+            None => {
+                let _fresh = FreshSnapshot::push();
+                PROBE_0_3.query_as_owner(&key)
+            }
         };
         // Rows that are live by their expiry (or ours), and expired rows
         // whose writer was running when the caller arrived: the answer when
@@ -263,6 +250,8 @@ impl SqlStore {
             let raw = r[5].map_or(pg_sys::InvalidTransactionId, |d| pg_sys::TransactionId::from(d.value() as u32));
             let xmin = if writer::is_own(raw) || expires_at <= now && writer::was_running_at(raw, arrival) {
                 let relid = r[6].map_or(pg_sys::InvalidOid, |d| pg_sys::Oid::from(d.value() as u32));
+                // SAFETY: column 8 of PROBE is ctid, a tid datum passed by reference and copied into the
+                // caller's context by spi.rs.
                 let tid = r[7].map(|d| unsafe { *(d.cast_mut_ptr::<pg_sys::ItemPointerData>()) }).unwrap_or_default();
                 writer::of_tuple(relid, tid)
             } else {
@@ -276,6 +265,7 @@ impl SqlStore {
                 ttl_class: r[8].map_or(0, |d| d.value() as i16),
                 claimed_at: r[1].map_or(0, |d| d.value() as i64),
                 expires_at,
+                // SAFETY: column 4 of PROBE is fingerprint, text: a non-NULL value is a varlena datum.
                 fingerprint: r[3].map(|d| unsafe { varlena_bytes(d) }.to_vec()),
                 result: r[4],
                 own,
@@ -304,17 +294,15 @@ impl SqlStore {
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         keep_locked(k);
         if catalog::type_classes_oid().is_none() {
-            catalog::as_owner(|| {
-                INSERT_0_3.execute(&[
-                    ts(new.expires_at),
-                    ts(new.claimed_at),
-                    Some(pg_sys::Datum::from(new.state as i8)),
-                    Some(text_datum(k.biz_type)),
-                    Some(text_datum(k.key)),
-                    new.fingerprint.map(text_datum),
-                    new.result,
-                ])
-            });
+            INSERT_0_3.execute_as_owner(&[
+                ts(new.expires_at),
+                ts(new.claimed_at),
+                Some(pg_sys::Datum::from(new.state as i8)),
+                Some(text_datum(k.biz_type)),
+                Some(text_datum(k.key)),
+                new.fingerprint.map(text_datum),
+                new.result,
+            ]);
             return;
         }
         let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
@@ -324,33 +312,29 @@ impl SqlStore {
                 type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
             }
         }
-        catalog::as_owner(|| {
-            INSERT.execute(&[
-                ts(new.expires_at),
-                ts(new.claimed_at),
-                Some(pg_sys::Datum::from(class)),
-                Some(pg_sys::Datum::from(new.state as i8)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                new.fingerprint.map(text_datum),
-                new.result,
-            ])
-        });
+        INSERT.execute_as_owner(&[
+            ts(new.expires_at),
+            ts(new.claimed_at),
+            Some(pg_sys::Datum::from(class)),
+            Some(pg_sys::Datum::from(new.state as i8)),
+            Some(text_datum(k.biz_type)),
+            Some(text_datum(k.key)),
+            new.fingerprint.map(text_datum),
+            new.result,
+        ]);
     }
 
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
         keep_locked(k);
-        let (n, _) = catalog::as_owner(|| {
-            REWRITE.execute(&[
-                Some(pg_sys::Datum::from(state as i8)),
-                result,
-                Some(pg_sys::Datum::from(k.hash)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                ts(row.expires_at),
-                ts(row.claimed_at),
-            ])
-        });
+        let (n, _) = REWRITE.execute_as_owner(&[
+            Some(pg_sys::Datum::from(state as i8)),
+            result,
+            Some(pg_sys::Datum::from(k.hash)),
+            Some(text_datum(k.biz_type)),
+            Some(text_datum(k.key)),
+            ts(row.expires_at),
+            ts(row.claimed_at),
+        ]);
         if n != 1 {
             mixed(format!("the claim row to update was found {n} times, not once"));
         }
@@ -358,17 +342,34 @@ impl SqlStore {
 
     pub fn delete(&self, row: &Row, k: &ClaimKey) {
         keep_locked(k);
-        let (n, _) = catalog::as_owner(|| {
-            DELETE.execute(&[
-                Some(pg_sys::Datum::from(k.hash)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
-                ts(row.expires_at),
-                ts(row.claimed_at),
-            ])
-        });
+        let (n, _) = DELETE.execute_as_owner(&[
+            Some(pg_sys::Datum::from(k.hash)),
+            Some(text_datum(k.biz_type)),
+            Some(text_datum(k.key)),
+            ts(row.expires_at),
+            ts(row.claimed_at),
+        ]);
         if n != 1 {
             mixed(format!("the claim row to delete was found {n} times, not once"));
+        }
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// The INSERTs name idem.claims' columns in the order their parameter
+    /// types (columns.rs) follow.
+    #[pg_test]
+    fn inserts_name_the_columns_in_order() {
+        for (statement, legacy) in [(&super::INSERT, false), (&super::INSERT_0_3, true)] {
+            let text = statement.text().to_str().unwrap();
+            let list = text.split_once("idem.claims (").unwrap().1.split_once(')').unwrap().0;
+            let named: Vec<&str> = list.split(", ").collect();
+            let declared: Vec<&str> = super::columns::layout(legacy).map(|c| c.name).collect();
+            assert_eq!(named, declared, "{text}");
         }
     }
 }

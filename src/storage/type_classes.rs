@@ -11,7 +11,6 @@
 //! Reading more classes than needed costs a probe; missing one would let a
 //! key be claimed twice.
 
-use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
 use crate::errors::internal;
 use crate::spi::Statement;
@@ -43,7 +42,7 @@ impl Registered {
 /// that registers the type in another class (to claim a key this caller
 /// looked for) is a read-write conflict SSI sees.
 pub fn predicate_lock(relid: pg_sys::Oid, biz_type: &[u8]) {
-    scan(relid, biz_type, super::writer::caller_snapshot(), |_, _, _| {});
+    scan(relid, biz_type, crate::backend::caller_snapshot(), |_, _, _| {});
 }
 
 /// Read the registrations of `biz_type` in the registry table `relid`
@@ -138,9 +137,11 @@ pub fn register(registered: &mut Registered, biz_type: &[u8], k: i16, expires_at
     );
     let span = ttl_class::width(k).expect("a class that exists").max(1);
     let until = expires_at.div_euclid(span).saturating_add(1).saturating_mul(span);
-    catalog::as_owner(|| {
-        INSERT.execute(&[Some(text_datum(biz_type)), Some(pg_sys::Datum::from(k)), Some(pg_sys::Datum::from(until))])
-    });
+    INSERT.execute_as_owner(&[
+        Some(text_datum(biz_type)),
+        Some(pg_sys::Datum::from(k)),
+        Some(pg_sys::Datum::from(until)),
+    ]);
     registered.settled.push((k, until));
     add(&mut registered.classes, k, until);
 }

@@ -23,6 +23,7 @@ use std::mem::MaybeUninit;
 pub unsafe fn of_header(header: pg_sys::HeapTupleHeader) -> pg_sys::TransactionId {
     // (Named by its module: PostgreSQL 18's bindings also export a C shim of
     // the same name, which makes the short name ambiguous.)
+    // SAFETY: `header` is a valid tuple header (this function's contract).
     unsafe { pg_sys::submodules::htup::HeapTupleHeaderGetXmin(header) }
 }
 
@@ -57,21 +58,8 @@ pub fn of_tuple(relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) -> pg_sys::Tra
 /// Written by this transaction or one of its live subtransactions. `xmin`
 /// must come from `of_header` / `of_tuple`, never a raw `xmin`.
 pub fn is_own(xmin: pg_sys::TransactionId) -> bool {
+    // SAFETY: reads the current transaction's state; no pointer is involved.
     unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) }
-}
-
-/// The caller's MVCC snapshot: the statement's, else the transaction's.
-/// Taken before the call started, so it also marks the caller's arrival: a
-/// writer it shows as running was running when the caller arrived (or
-/// started since).
-pub fn caller_snapshot() -> pg_sys::Snapshot {
-    unsafe {
-        if pg_sys::ActiveSnapshotSet() {
-            pg_sys::GetActiveSnapshot()
-        } else {
-            pg_sys::GetTransactionSnapshot()
-        }
-    }
 }
 
 /// Whether the row's writer had not committed when the caller arrived: a
@@ -83,5 +71,6 @@ pub fn was_running_at(xmin: pg_sys::TransactionId, arrival: pg_sys::Snapshot) ->
     if !pg_sys::TransactionIdIsNormal(xmin) {
         return false; // frozen or bootstrap: committed before every snapshot
     }
+    // SAFETY: `arrival` is the caller's snapshot, live for the call.
     unsafe { pg_sys::XidInMVCCSnapshot(xmin, arrival) }
 }

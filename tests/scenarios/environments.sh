@@ -15,13 +15,17 @@
 # broke 0.2.0 (Asia/Kolkata with Postgres style, the Australia abbreviation
 # set) are among them:
 #
-#   name     DateStyle      TimeZone          abbreviations  IntervalStyle     isolation (*)    path
-#   kolkata  Postgres, MDY  Asia/Kolkata      Default        sql_standard      read committed   direct
-#   sydney   SQL, DMY       Australia/Sydney  Australia      iso_8601          repeatable read  direct
-#   chatham  German         Pacific/Chatham   Default        postgres          serializable     direct
-#   posix    ISO, DMY       IST-1 (POSIX)     Australia      postgres_verbose  read committed   sql
+#   name     DateStyle      TimeZone          abbreviations  IntervalStyle     isolation (*)    path    strings (**)
+#   kolkata  Postgres, MDY  Asia/Kolkata      Default        sql_standard      read committed   direct  on
+#   sydney   SQL, DMY       Australia/Sydney  Australia      iso_8601          repeatable read  direct  on
+#   chatham  German         Pacific/Chatham   Default        postgres          serializable     direct  off
+#   posix    ISO, DMY       IST-1 (POSIX)     Australia      postgres_verbose  read committed   sql     off
 #
 # (*) default_transaction_isolation, for the pg_regress schedule (see below).
+# (**) standard_conforming_strings: SQL and PL/pgSQL bodies are parsed
+# under the caller's setting, so with it off a plain literal's backslashes
+# are escapes (idem_unguard, and the Citus uninstall trigger's patterns,
+# once read '\x00' and '\s' so).
 #
 # Every environment also has search_path = public, idem_lookalike: a schema
 # with tables and functions named like idem's own (claims, biz_types,
@@ -37,16 +41,16 @@ restore() {
 trap restore EXIT
 
 environments=(
-  "kolkata|Postgres, MDY|Asia/Kolkata|Default|sql_standard|read committed|direct"
-  "sydney|SQL, DMY|Australia/Sydney|Australia|iso_8601|repeatable read|direct"
-  "chatham|German|Pacific/Chatham|Default|postgres|serializable|direct"
-  "posix|ISO, DMY|IST-1|Australia|postgres_verbose|read committed|sql"
+  "kolkata|Postgres, MDY|Asia/Kolkata|Default|sql_standard|read committed|direct|on"
+  "sydney|SQL, DMY|Australia/Sydney|Australia|iso_8601|repeatable read|direct|on"
+  "chatham|German|Pacific/Chatham|Default|postgres|serializable|direct|off"
+  "posix|ISO, DMY|IST-1|Australia|postgres_verbose|read committed|sql|off"
 )
 
 fails=0
 passed=0
 for env in "${environments[@]}"; do
-  IFS='|' read -r name datestyle tz abbrevs intervalstyle isolation path <<<"$env"
+  IFS='|' read -r name datestyle tz abbrevs intervalstyle isolation path strings <<<"$env"
   if [ "$path" = sql ]; then set_path="ALTER SYSTEM SET idem.storage_access = 'sql'"; else set_path="ALTER SYSTEM RESET idem.storage_access"; fi
   psql_idem -q -d postgres -c "LOAD 'idem'" -c "$set_path" -c "SELECT pg_reload_conf()" >/dev/null
   # PGOPTIONS: backslash-escaped spaces inside a value.
@@ -55,7 +59,7 @@ for env in "${environments[@]}"; do
     cat > "$1" <<SH
 #!/bin/sh
 unset PGTZ PGDATESTYLE
-export PGOPTIONS="-c DateStyle=$(esc "$datestyle") -c TimeZone=$(esc "$tz") -c timezone_abbreviations=$abbrevs -c IntervalStyle=$intervalstyle -c default_transaction_isolation=$(esc "$2") -c search_path=public,idem_lookalike"
+export PGOPTIONS="-c DateStyle=$(esc "$datestyle") -c TimeZone=$(esc "$tz") -c timezone_abbreviations=$abbrevs -c IntervalStyle=$intervalstyle -c default_transaction_isolation=$(esc "$2") -c standard_conforming_strings=$strings -c search_path=public,idem_lookalike"
 exec "\$@"
 SH
     chmod 755 "$1"
@@ -96,14 +100,25 @@ SQL
     bad=$( (grep -v ' ok$' "$out/$name-$kind.results" || true) | cut -d' ' -f1 | tr '\n' ' ')
     passed=$((passed + ok))
     if [ -n "$bad" ] || [ "$ok" = 0 ]; then
-      echo "FAIL: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path) $kind: ${bad:-nothing ran}"
+      echo "FAIL: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path; strings $strings) $kind: ${bad:-nothing ran}"
       [ -f "$out/$name-$kind/regression.diffs" ] && head -60 "$out/$name-$kind/regression.diffs"
       fails=$((fails + 1))
     else
-      echo "ok: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path) $kind: $ok tests"
+      echo "ok: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path; strings $strings) $kind: $ok tests"
     fi
     psql_idem -q -d postgres -c "DROP DATABASE $db WITH (FORCE)"
   done
 done
+# The Citus uninstall trigger's reading of DROP EXTENSION (it runs in the
+# dropping session, under its settings), without Citus: its patterns alone.
+psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS idem_env_strings WITH (FORCE)" -c "CREATE DATABASE idem_env_strings"
+psql_idem -q -d idem_env_strings -c "SET client_min_messages = warning" -c "CREATE EXTENSION idem"
+for strings in on off; do
+  got=$(PGOPTIONS="-c standard_conforming_strings=$strings -c escape_string_warning=off" psql_idem -At -d idem_env_strings -c \
+    "SELECT idem.drops_idem('DROP EXTENSION idem CASCADE') AND idem.drops_idem('drop  extension if exists pg_x, idem') AND NOT idem.drops_idem('DROP EXTENSION idem_other')")
+  if [ "$got" = t ]; then echo "ok: standard_conforming_strings=$strings: DROP EXTENSION idem is recognized"
+  else echo "FAIL: standard_conforming_strings=$strings: DROP EXTENSION idem recognized: '$got', want t"; fails=$((fails + 1)); fi
+done
+psql_idem -q -d postgres -c "DROP DATABASE idem_env_strings WITH (FORCE)"
 echo "environments: $passed test runs passed, $fails suites failed"
 [ "$fails" = 0 ]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # idem.storage_access = sql: the claim path that reaches idem.claims through
-# SQL on the logical table (the Citus-safe path, src/storage/sql.rs), run
+# SQL on the logical table (src/storage/sql.rs; a Citus-distributed
+# idem.claims never takes it: storage/citus.rs reaches the shard directly), run
 # against its own small cluster configured with it. The pg_regress and
 # isolation tests listed in tests/sql_access/*schedule run unchanged against
 # their usual expected output (tests/pg_regress, tests/isolation), so both
