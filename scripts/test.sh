@@ -20,8 +20,10 @@ IDEM_SUITE="${IDEM_SUITE:-full}"
 IDEM_MAJORS="${IDEM_MAJORS-16 17 18}"
 # The core: both storage paths' suites (storage_sql), the hardening matrix
 # (environments, encodings, catalog_events, two_phase), the upgrade from
-# every shipped version, and the stress scenario at the suite's size.
-CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress wraparound retention)
+# every shipped version, the stress scenario at the suite's size, and the
+# portable edition on a pg_tle server of the same major, compared with the
+# native edition (portable).
+CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress wraparound retention portable)
 
 bash "$ROOT/scripts/setup.sh" --tests
 idem_locate_cluster

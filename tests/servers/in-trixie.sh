@@ -7,7 +7,8 @@
 # be installed on the host; a chroot runs them on the host's kernel.
 #
 # Inside: /proc, /sys, /dev (with /dev/pts and /dev/shm), this checkout at
-# the same absolute path (and, for a git worktree, its main repository), and
+# the same absolute path (and, for a git worktree, its main repository),
+# ../shared beside it (read-only: the vendored sources), and
 # the host's Rust toolchain ($CARGO_HOME, $RUSTUP_HOME, at the same paths;
 # cargo-pgrx built on Debian 12 runs on trixie's newer glibc). HOME is the
 # root's own /root (its ~/.pgrx/config.toml names PostgreSQL 17), PATH has
@@ -99,6 +100,13 @@ if [ "${1:-}" = --in-namespace ]; then
   common=$(git -C "$PROJECT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
   if [ -n "$common" ] && [ -d "$common" ]; then
     case "$common/" in "$PROJECT"/*) ;; *) mount_at bind "$ROOTFS$common" "$common" ;; esac
+  fi
+  # The vendored sources beside the checkout (../shared/vendor: pg_tle for
+  # tests/portable/tree.sh), read-only.
+  shared=$(readlink -f "$PROJECT/../shared" 2>/dev/null || true)
+  if [ -n "$shared" ] && [ -d "$shared" ]; then
+    mount_at bind "$ROOTFS$shared" "$shared"
+    mount -o remount,bind,ro "$ROOTFS$shared"
   fi
   cp -L /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
   # The host's local certificate authorities (a TLS-inspecting proxy's,
