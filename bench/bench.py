@@ -26,9 +26,7 @@ Sections (README.md explains each):
               and B1/B1r, two databases of one cluster (sections/portable.py)
 """
 import argparse
-import hashlib
 import json
-import math
 import os
 import platform
 import re
@@ -38,38 +36,19 @@ import subprocess
 import sys
 import time
 
+import drivers
+from drivers import build_redis_driver, idem_build, idem_so_digest
+from measure import NOISY_CORES, QUIET_CORES, CpuMeter, hist_stats, lat_stats, noise, pct
 from sections import common
 from sections import handwritten as section_handwritten_mod
 from sections import kills as section_kills_mod
 from sections import portable as section_portable_mod
 from sections import ttl as section_ttl_mod
+from variants import (LATENCY_VARIANTS, MATRIX_VARIANTS, STORE, SUSTAINED_VARIANTS, VARIANTS,
+                      WAL_VARIANTS)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 SQL = os.path.join(BENCH, "sql")
-
-# Variant id -> (driver, script or mode, description). The order is the
-# first round's order; later rounds rotate it.
-VARIANTS = {
-    "B0": ("pgbench", "b0.sql", "business insert only"),
-    "B1": ("pgbench", "b1.sql", "+ INSERT ... ON CONFLICT DO NOTHING (hand-written table)"),
-    "B1r": ("pgbench", "b1r.sql", "+ ON CONFLICT DO NOTHING, then UPDATE of the stored result"),
-    "B2": ("pgbench", "b2.sql", "+ PL/pgSQL EXCEPTION WHEN unique_violation"),
-    "B3": ("redis", "b3", "+ Redis SET NX EX round trip before the transaction (C driver)"),
-    "B0c": ("redis", "b0", "B0 through the C driver of B3 (calibration)"),
-    "I1": ("pgbench", "i1.sql", "+ SELECT idem_claim(...) on a new key (plain form)"),
-    "I1c": ("pgbench", "i1c.sql", "+ SELECT claimed FROM idem_claim(...) on a new key (recommended form)"),
-    "I1f": ("pgbench", "i1f.sql", "+ SELECT (idem_claim(...)).claimed on a new key"),
-    "I2": ("pgbench", "i2.sql", "+ idem_claim + idem_complete with a small result"),
-    "I3": ("pgbench", "i3.sql", "idem_claim on an already claimed key (duplicate path, no business insert)"),
-    "B1d": ("pgbench", "b1d.sql", "hand-written duplicate path: ON CONFLICT DO NOTHING on an existing key"),
-}
-MATRIX_VARIANTS = ["B0", "B1", "B1r", "B2", "I1", "I1c", "I1f", "I2", "I3"]  # + B3, B0c with redis
-WAL_VARIANTS = ["B0", "B1", "B1d", "B1r", "B2", "I1", "I1c", "I2", "I3"]
-LATENCY_VARIANTS = ["B1", "B1r", "I1", "I1c", "I2", "I3"]
-SUSTAINED_VARIANTS = ["B1", "B1r", "I1c", "I2", "I3"]
-# The table each variant's dedup step writes (sustained section: its growth)
-STORE = {"B1": "dedup", "B1r": "dedup_r", "B2": "dedup_exc", "I1": "idem.claims",
-         "I1c": "idem.claims", "I1f": "idem.claims", "I2": "idem.claims", "I3": "idem.claims"}
 
 PROFILES = {
     # tiny: proves every code path runs; numbers mean nothing. Kept under ~3
@@ -1336,194 +1315,6 @@ def estimate(p, sections, redis, rates=None):
     return e
 
 
-QUIET_CORES = 0.15   # "quiet": other processes use less than this many cores
-NOISY_CORES = 0.25   # a run during which they used more is measured again
-
-
-class CpuMeter:
-    """CPU time used during a run by processes that are not the benchmark's
-    (everything except this script and its children -- pgbench, psql, the C
-    driver --, the benchmark cluster's postmaster and its backends, and
-    redis-server), from /proc/<pid>/stat, plus the hypervisor's steal time.
-    Processes that start and exit within one run are missed; the compiler
-    check in noise() covers the usual case of those (a build)."""
-
-    def __init__(self, host, port, redis_pid):
-        self.lockfile = os.path.join(host, f".s.PGSQL.{port}.lock")
-        self.redis_pid = redis_pid
-        self.hz = os.sysconf("SC_CLK_TCK")
-
-    def snap(self):
-        procs = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parts = f.read().rsplit(")", 1)[1].split()
-                procs[int(d)] = (int(parts[1]), int(parts[11]) + int(parts[12]))
-            except (OSError, IndexError, ValueError):
-                pass
-        try:
-            with open(self.lockfile) as f:
-                pm = int(f.readline())
-        except (OSError, ValueError):
-            pm = None
-        roots = {os.getpid(), pm, self.redis_pid} - {None, 0}
-        ours = set()
-        for pid in procs:
-            p, seen = pid, 0
-            while p and p not in roots and p in procs and seen < 64:
-                p, seen = procs[p][0], seen + 1
-            if p in roots:
-                ours.add(pid)
-        with open("/proc/stat") as f:
-            v = f.readline().split()
-        steal = int(v[8]) if len(v) > 8 else 0
-        return time.time(), {pid: cpu for pid, (pp, cpu) in procs.items() if pid not in ours}, steal
-
-    def foreign(self, a, b):
-        el = max(b[0] - a[0], 1e-3)
-        ticks = sum(cpu - a[1].get(pid, 0) for pid, cpu in b[1].items() if cpu >= a[1].get(pid, 0))
-        return max(0.0, (ticks + b[2] - a[2]) / self.hz / el)
-
-
-def noise():
-    """What else was running: the 1-minute load average and any compiler or
-    cargo process (a build next to the benchmark skews it)."""
-    out = {}
-    try:
-        with open("/proc/loadavg") as f:
-            out["loadavg"] = float(f.read().split()[0])
-    except OSError:
-        pass
-    try:
-        ps = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout.split()
-        busy = sorted(set(c for c in ps if c in ("cargo", "rustc", "cc1", "cc1plus", "ld", "clang",
-                                                  "make", "pg_regress", "postgres_fdw")))
-        if busy:
-            out["foreign"] = busy
-    except OSError:
-        pass
-    return out
-
-
-def lat_stats(lats_us):
-    """p50/p99/p99.9/max/mean in ms of a list of latencies in µs (exact,
-    nearest-rank percentiles)."""
-    if not lats_us:
-        return {"txns": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None,
-                "mean_ms": None}
-    return {"txns": len(lats_us), "p50_ms": pct(lats_us, 50), "p99_ms": pct(lats_us, 99),
-            "p999_ms": pct(lats_us, 99.9), "max_ms": max(lats_us) / 1000,
-            "mean_ms": sum(lats_us) / len(lats_us) / 1000}
-
-
-def hist_stats(h):
-    """The same from a histogram {latency µs: count}: exact too."""
-    n = sum(h.values())
-    if not n:
-        return lat_stats([])
-    keys = sorted(h)
-    out = {"txns": n, "max_ms": keys[-1] / 1000, "mean_ms": sum(k * c for k, c in h.items()) / n / 1000}
-    for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p999_ms", 99.9)):
-        rank = max(1, min(n, math.ceil(q / 100 * n)))
-        acc = 0
-        for k in keys:
-            acc += h[k]
-            if acc >= rank:
-                out[name] = k / 1000
-                break
-    return out
-
-
-def pct(values, q):
-    if not values:
-        return None
-    # nearest rank: the smallest value with at least q % of them at or below
-    v = sorted(values)
-    k = max(1, min(len(v), math.ceil(q / 100 * len(v)))) - 1
-    return v[k] / 1000.0
-
-
-PG_CONFIG = "/usr/lib/postgresql/15/bin/pg_config"   # main() sets it from --pg-bin
-
-
-def idem_so_digest():
-    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
-                            capture_output=True, text=True).stdout.strip()
-    try:
-        with open(os.path.join(pkglib, "idem.so"), "rb") as f:
-            return hashlib.md5(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
-def idem_build():
-    """Is the installed idem.so an optimized build? Compare it with the
-    project's target/{debug,release}/libidem.so, else guess from its size."""
-    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
-                            capture_output=True, text=True).stdout.strip()
-    so = os.path.join(pkglib, "idem.so")
-    if not os.path.exists(so):
-        return "unknown (idem.so not found)"
-
-    def digest(path):
-        h = hashlib.md5()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-
-    d = digest(so)
-    root = os.path.dirname(BENCH)
-    for kind in ("release", "debug"):
-        cand = os.path.join(root, "target", kind, "libidem.so")
-        if os.path.exists(cand) and digest(cand) == d:
-            return f"{kind} (identical to target/{kind}/libidem.so)"
-    size_mb = os.path.getsize(so) / 1e6
-    # A release build (profile.release, cargo pgrx install --release) carries
-    # no DWARF; a debug build does, and is several times larger.
-    has_dwarf = b".debug_info" in elf_section_names(so)
-    guess = "probably debug (unoptimized)" if has_dwarf and size_mb > 20 else "probably release"
-    return f"{guess}: {size_mb:.0f} MB{', with debug info' if has_dwarf else ''}"
-
-
-def elf_section_names(path):
-    import struct
-    try:
-        with open(path, "rb") as f:
-            h = f.read(64)
-            if h[:4] != b"\x7fELF" or h[4] != 2:
-                return b""
-            shoff, = struct.unpack_from("<Q", h, 0x28)
-            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", h, 0x3A)
-            f.seek(shoff + shstrndx * shentsize)
-            sh = f.read(shentsize)
-            off, size = struct.unpack_from("<QQ", sh, 0x18)
-            f.seek(off)
-            return f.read(size)
-    except (OSError, struct.error):
-        return b""
-
-
-def build_redis_driver(out, pg_bin):
-    src = os.path.join(BENCH, "redis_txn.c")
-    exe = os.path.join(out, "redis_txn")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
-    inc = subprocess.run([os.path.join(pg_bin, "pg_config"), "--includedir"], capture_output=True,
-                         text=True).stdout.strip()
-    libdir = subprocess.run([os.path.join(pg_bin, "pg_config"), "--libdir"], capture_output=True,
-                            text=True).stdout.strip()
-    p = subprocess.run([cc, "-O2", "-o", exe, src, f"-I{inc}", f"-L{libdir}", "-lpq", "-lpthread"],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.stderr.write(p.stderr)
-        return None
-    return exe
-
 
 def main():
     ap = argparse.ArgumentParser(
@@ -1589,8 +1380,7 @@ def main():
                          "a measurement it disturbed (default 1800; 0 with --smoke)")
     ap.add_argument("--command", default="bash bench/run.sh")
     a = ap.parse_args()
-    global PG_CONFIG
-    PG_CONFIG = os.path.join(a.pg_bin, "pg_config")
+    drivers.PG_CONFIG = os.path.join(a.pg_bin, "pg_config")
     b = Bench(a)
     ok = b.run()
     if not ok:
