@@ -3,7 +3,7 @@
 (and redis) and calls this with --host/--port; it writes OUT/raw.json, which
 bench/report.py turns into the tables, CSV/JSON, report.md and tps.svg.
 
-Sections (README.md explains each):
+Sections (README.md explains each; each is bench/sections/<name>.py):
   matrix      TPS of every variant, interleaved, per synchronous_commit and
               client count
   latency     p50/p99 per transaction at 2 clients, from per-transaction logs
@@ -16,14 +16,13 @@ Sections (README.md explains each):
   cleanup     idem_maintain() vs DELETE ... WHERE expires_at < now()
   ttl         claim cost per business type TTL (1 h .. 400 days) in one
               database, against a database with only a 1-day type
-              (sections/ttl.py)
   handwritten a hand-written dedup table with a periodic DELETE job vs idem
               with idem_maintain() on the same schedule, at a short TTL,
-              until steady state (sections/handwritten.py)
+              until steady state
   kills       what each approach leaves behind when the client is killed
-              between the dedup step and COMMIT (sections/kills.py)
+              between the dedup step and COMMIT
   portable    the portable edition (plain script) next to the native edition
-              and B1/B1r, two databases of one cluster (sections/portable.py)
+              and B1/B1r, two databases of one cluster
 """
 import argparse
 import json
