@@ -3,7 +3,7 @@
 (and redis) and calls this with --host/--port; it writes OUT/raw.json, which
 bench/report.py turns into the tables, CSV/JSON, report.md and tps.svg.
 
-Sections (README.md explains each):
+Sections (README.md explains each; each is bench/sections/<name>.py):
   matrix      TPS of every variant, interleaved, per synchronous_commit and
               client count
   latency     p50/p99 per transaction at 2 clients, from per-transaction logs
@@ -16,19 +16,16 @@ Sections (README.md explains each):
   cleanup     idem_maintain() vs DELETE ... WHERE expires_at < now()
   ttl         claim cost per business type TTL (1 h .. 400 days) in one
               database, against a database with only a 1-day type
-              (sections/ttl.py)
   handwritten a hand-written dedup table with a periodic DELETE job vs idem
               with idem_maintain() on the same schedule, at a short TTL,
-              until steady state (sections/handwritten.py)
+              until steady state
   kills       what each approach leaves behind when the client is killed
-              between the dedup step and COMMIT (sections/kills.py)
+              between the dedup step and COMMIT
   portable    the portable edition (plain script) next to the native edition
-              and B1/B1r, two databases of one cluster (sections/portable.py)
+              and B1/B1r, two databases of one cluster
 """
 import argparse
-import hashlib
 import json
-import math
 import os
 import platform
 import re
@@ -38,38 +35,27 @@ import subprocess
 import sys
 import time
 
+import drivers
+from drivers import build_redis_driver, idem_build, idem_so_digest
+from measure import NOISY_CORES, QUIET_CORES, CpuMeter, noise
+from sections import bytes as section_bytes_mod
+from sections import cleanup as section_cleanup_mod
 from sections import common
 from sections import handwritten as section_handwritten_mod
 from sections import kills as section_kills_mod
+from sections import latency as section_latency_mod
+from sections import matrix as section_matrix_mod
+from sections import partitions as section_partitions_mod
 from sections import portable as section_portable_mod
+from sections import scale as section_scale_mod
+from sections import sustained as section_sustained_mod
 from sections import ttl as section_ttl_mod
+from sections import wal as section_wal_mod
+from variants import (LATENCY_VARIANTS, MATRIX_VARIANTS, STORE, SUSTAINED_VARIANTS, VARIANTS,
+                      WAL_VARIANTS)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 SQL = os.path.join(BENCH, "sql")
-
-# Variant id -> (driver, script or mode, description). The order is the
-# first round's order; later rounds rotate it.
-VARIANTS = {
-    "B0": ("pgbench", "b0.sql", "business insert only"),
-    "B1": ("pgbench", "b1.sql", "+ INSERT ... ON CONFLICT DO NOTHING (hand-written table)"),
-    "B1r": ("pgbench", "b1r.sql", "+ ON CONFLICT DO NOTHING, then UPDATE of the stored result"),
-    "B2": ("pgbench", "b2.sql", "+ PL/pgSQL EXCEPTION WHEN unique_violation"),
-    "B3": ("redis", "b3", "+ Redis SET NX EX round trip before the transaction (C driver)"),
-    "B0c": ("redis", "b0", "B0 through the C driver of B3 (calibration)"),
-    "I1": ("pgbench", "i1.sql", "+ SELECT idem_claim(...) on a new key (plain form)"),
-    "I1c": ("pgbench", "i1c.sql", "+ SELECT claimed FROM idem_claim(...) on a new key (recommended form)"),
-    "I1f": ("pgbench", "i1f.sql", "+ SELECT (idem_claim(...)).claimed on a new key"),
-    "I2": ("pgbench", "i2.sql", "+ idem_claim + idem_complete with a small result"),
-    "I3": ("pgbench", "i3.sql", "idem_claim on an already claimed key (duplicate path, no business insert)"),
-    "B1d": ("pgbench", "b1d.sql", "hand-written duplicate path: ON CONFLICT DO NOTHING on an existing key"),
-}
-MATRIX_VARIANTS = ["B0", "B1", "B1r", "B2", "I1", "I1c", "I1f", "I2", "I3"]  # + B3, B0c with redis
-WAL_VARIANTS = ["B0", "B1", "B1d", "B1r", "B2", "I1", "I1c", "I2", "I3"]
-LATENCY_VARIANTS = ["B1", "B1r", "I1", "I1c", "I2", "I3"]
-SUSTAINED_VARIANTS = ["B1", "B1r", "I1c", "I2", "I3"]
-# The table each variant's dedup step writes (sustained section: its growth)
-STORE = {"B1": "dedup", "B1r": "dedup_r", "B2": "dedup_exc", "I1": "idem.claims",
-         "I1c": "idem.claims", "I1f": "idem.claims", "I2": "idem.claims", "I3": "idem.claims"}
 
 PROFILES = {
     # tiny: proves every code path runs; numbers mean nothing. Kept under ~3
@@ -481,683 +467,32 @@ class Bench:
         m["redis"] = bool(self.redis_driver)
         self.save()
 
+    # Each section lives in its own module (bench/sections/), whose run(b)
+    # gets this Bench.
     def section_matrix(self):
-        p = self.p
-        db = "bench"
-        variants = list(MATRIX_VARIANTS)
-        if self.redis_driver:
-            variants[4:4] = ["B3", "B0c"]
-        if p.get("matrix_variants"):
-            variants = [v for v in variants if v in p["matrix_variants"]]
-        configs = [(s, c) for s in p["sync"] for c in p["clients"]]
-        total = len(configs) * p["rounds"] * len(variants)
-        k = 0
-        for sync, clients in configs:
-            for r in range(p["rounds"]):
-                off = (r * len(variants)) // p["rounds"]
-                order = variants[off:] + variants[:off]
-                for pos, v in enumerate(order):
-                    k += 1
-                    res = self.measured(
-                        lambda: self.reset_main(db, p["prefill"], checkpoint=True),
-                        lambda: self.run_variant(db, v, clients, sync, p["duration"], p["prefill"]))
-                    res.update(section="matrix", variant=v, sync=sync, clients=clients,
-                               round=r, position=pos)
-                    self.raw["runs"].append(res)
-                    self.log(f"matrix {k}/{total}: sync={sync} c={clients} round={r} "
-                             f"{v:4s} tps={res['tps']:9.1f}")
-                self.save()
-
-    # ---- latency -----------------------------------------------------------
-    def read_latency_logs(self, prefix, keep=True):
-        """Per-transaction latencies (µs) from pgbench's --log files of one
-        run (one file per thread); the files are then gzipped into one."""
-        import gzip
-        lats = []
-        files = sorted(f for f in os.listdir(self.logs) if f.startswith(prefix + "."))
-        out = gzip.open(os.path.join(self.logs, prefix + ".log.gz"), "wt") if keep else None
-        for f in files:
-            path = os.path.join(self.logs, f)
-            with open(path) as fh:
-                for line in fh:
-                    if out:
-                        out.write(line)
-                    parts = line.split()
-                    if len(parts) >= 6 and parts[2].isdigit():
-                        lats.append(int(parts[2]))
-            os.remove(path)
-        if out:
-            out.close()
-        return lats
+        section_matrix_mod.run(self)
 
     def section_latency(self):
-        """p50/p99 of a whole transaction at 2 clients, computed exactly from
-        pgbench's per-transaction logs; interleaved rounds like the matrix."""
-        p = self.p
-        db = "bench"
-        variants = list(LATENCY_VARIANTS)
-        c = p["latency_clients"]
-        hist = {}
-        total = len(p["latency_sync"]) * p["latency_rounds"] * len(variants)
-        k = 0
-        for sync in p["latency_sync"]:
-            for r in range(p["latency_rounds"]):
-                off = (r * len(variants)) // p["latency_rounds"]
-                order = variants[off:] + variants[:off]
-                for v in order:
-                    k += 1
-                    tag = f"lat-{sync}-{v}-r{r}"
-                    res = self.measured(
-                        lambda: self.reset_main(db, p["prefill"], checkpoint=True),
-                        lambda: self.pgbench(db, VARIANTS[v][1], c, sync, duration=p["latency_duration"],
-                                             prefill=p["prefill"], log_prefix=tag, tag=tag))
-                    lats = self.read_latency_logs(tag)
-                    h = hist.setdefault((sync, v), {})
-                    for x in lats:
-                        h[x] = h.get(x, 0) + 1
-                    res.update(section="latency", variant=v, sync=sync, clients=c, round=r,
-                               logged=len(lats), **lat_stats(lats))
-                    self.raw["latency"].append(res)
-                    self.log(f"latency {k}/{total}: sync={sync} c={c} round={r} {v:4s} "
-                             f"p50={res['p50_ms']:.3f} ms p99={res['p99_ms']:.3f} ms "
-                             f"({len(lats)} txns)")
-                self.save()
-        # Over all rounds: exact percentiles of every logged transaction.
-        for (sync, v), h in hist.items():
-            self.raw["latency_pooled"].append(dict(sync=sync, variant=v, clients=c,
-                                                   rounds=p["latency_rounds"], **hist_stats(h)))
-        self.save()
-
-    # ---- sustained ---------------------------------------------------------
-    def store_stats(self, db, v):
-        """Size and tuple counts of the table variant v writes (all leaf
-        partitions for idem.claims)."""
-        store = STORE.get(v, "orders")
-        rels = ("SELECT relid FROM pg_partition_tree('idem.claims') WHERE isleaf"
-                if store == "idem.claims" else f"SELECT '{store}'::regclass")
-        row = self.val(db, f"""
-            SELECT (SELECT count(*) FROM {store}),
-                   coalesce(sum(pg_relation_size(c.oid)), 0), coalesce(sum(pg_indexes_size(c.oid)), 0),
-                   coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
-                   coalesce(sum(s.autovacuum_count), 0), coalesce(sum(s.autoanalyze_count), 0),
-                   coalesce(sum(s.n_tup_hot_upd), 0), coalesce(sum(s.n_tup_upd), 0)
-              FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-             WHERE c.oid IN ({rels})""")
-        keys = ("rows", "heap", "indexes", "n_live_tup", "n_dead_tup", "autovacuums",
-                "autoanalyzes", "hot_updates", "updates")
-        return dict(zip(keys, (int(x) for x in row.split("|"))), store=store)
-
-    def section_sustained(self):
-        """Each variant for sustained_seconds on one growing table: no
-        CHECKPOINT or VACUUM during the run (autovacuum as configured); TPS
-        per window from pgbench -P."""
-        p = self.p
-        db = "bench"
-        secs, win, c = p["sustained_seconds"], p["sustained_window"], p["sustained_clients"]
-        for i, v in enumerate(p["sustained_variants"]):
-            self.wait_quiet()
-            self.reset_main(db, p["prefill"], checkpoint=True)
-            # (not pg_stat_reset(): autovacuum schedules from those counters)
-            st0 = self.store_stats(db, v)
-            run = self.next_run()
-            # pgbench prints no progress line for the interval that ends with
-            # the run: run a second longer and keep the full windows only.
-            cmd = self.pgbench_cmd(db, VARIANTS[v][1], c, run, p["prefill"]) + \
-                ["-T", str(secs + 1), "-P", str(win), db]
-            env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
-            logf = os.path.join(self.logs, f"run{run:05d}-sustained-{v}.log")
-            self.log(f"sustained {i + 1}/{len(p['sustained_variants'])}: {v}, {c} clients, "
-                     f"{secs} s, windows of {win} s")
-            with open(logf, "w") as fh:
-                fh.write(" ".join(cmd) + "\n")
-                fh.flush()
-                t0 = time.time()
-                snaps = [self.meter.snap()]
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=self.logs)
-                while proc.poll() is None:
-                    nxt = t0 + len(snaps) * win
-                    time.sleep(max(0.05, min(0.5, nxt - time.time())))
-                    if time.time() >= nxt and len(snaps) <= secs // win:
-                        snaps.append(self.meter.snap())
-            with open(logf) as fh:
-                out = fh.read()
-            windows = []
-            for m in re.finditer(r"^progress: ([\d.]+) s, ([\d.]+) tps, lat ([\d.]+) ms", out, re.M):
-                t, tps, lat = float(m.group(1)), float(m.group(2)), float(m.group(3))
-                if t <= secs + 0.5:
-                    windows.append({"end_s": t, "tps": tps, "lat_ms": lat})
-            for j, w in enumerate(windows):
-                if j + 1 < len(snaps):
-                    w["foreign_cores"] = round(self.meter.foreign(snaps[j], snaps[j + 1]), 3)
-            failed = re.search(r"number of failed transactions: (\d+)", out)
-            tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
-            if proc.returncode != 0 or not tps or (failed and int(failed.group(1)) > 0) or not windows:
-                raise BenchError(f"pgbench sustained {v} failed (exit {proc.returncode}):\n{out[-1500:]}")
-            time.sleep(1.0)   # the backends' last statistics reach the shared counters
-            st = self.store_stats(db, v)
-            for k in ("autovacuums", "autoanalyzes", "hot_updates", "updates"):
-                st[k] -= st0[k]
-            res = {"variant": v, "clients": c, "sync": "off", "seconds": secs, "window": win,
-                   "tps": float(tps.group(1)), "windows": windows, "end": st, "run": run}
-            res.update(noise())
-            self.raw["sustained"].append(res)
-            first, last = windows[0]["tps"], windows[-1]["tps"]
-            self.log(f"sustained {v}: " + " ".join(f"{w['tps']:.0f}" for w in windows)
-                     + f" TPS per window (last/first {last / first:.2f}); {st['store']}: "
-                       f"{st['rows']} rows, {st['n_dead_tup']} dead, {st['autovacuums']} autovacuums")
-            self.save()
+        section_latency_mod.run(self)
 
     def section_wal(self):
-        """WAL bytes and xids per transaction, 1 client, a fixed number of
-        transactions, autovacuum off (it writes WAL and takes xids)."""
-        p = self.p
-        db = "bench"
-        variants = WAL_VARIANTS
-        self.set_autovacuum(False)
-        try:
-            for v in variants:
-                self.checkpoint(db)
-                self.reset_main(db, p["prefill"])
-                n = p["wal_txns"]
-                x0 = int(self.val(db, "SELECT txid_current()"))
-                l0 = self.val(db, "SELECT pg_current_wal_insert_lsn()")
-                res = self.pgbench(db, VARIANTS[v][1], 1, "off", txns=n, prefill=p["prefill"],
-                                   tag=f"wal-{v}")
-                l1 = self.val(db, "SELECT pg_current_wal_insert_lsn()")
-                x1 = int(self.val(db, "SELECT txid_current()"))
-                # pg_walinspect reads only flushed WAL; with synchronous_commit
-                # off (and txid_current()'s commit, which wrote nothing before
-                # it, is asynchronous too) the WAL writer gets there within
-                # wal_writer_delay.
-                for _ in range(200):
-                    if self.val(db, f"SELECT pg_current_wal_flush_lsn() >= '{l1}'::pg_lsn") == "t":
-                        break
-                    time.sleep(0.05)
-                # txid_current() assigns an xid itself: x1 is its own, so the
-                # transactions between took x1 - x0 - 1.
-                wal = int(self.val(db, f"SELECT '{l1}'::pg_lsn - '{l0}'::pg_lsn"))
-                stats = []
-                for line in [] if wal == 0 else self.psql(db, f"""
-                        SELECT "resource_manager/record_type", count, record_size, fpi_size, combined_size
-                          FROM pg_get_wal_stats('{l0}', '{l1}', false) WHERE count > 0""").splitlines():
-                    rm, cnt, rs, fs, cs = line.split("|")
-                    stats.append({"rmgr": rm, "count": int(cnt), "record": int(rs),
-                                  "fpi": int(fs), "combined": int(cs)})
-                # Records no transaction of the run wrote: the background
-                # writer's running-xacts snapshot (Standby) and checkpoint
-                # records (XLOG), so that "0 WAL" means 0 for the workload.
-                # Their LSN span, not their size: each record is padded to 8
-                # bytes (a 50-byte running-xacts record takes 56), and the
-                # padding is no workload's either.
-                background = 0 if wal == 0 else int(self.val(db, f"""
-                        SELECT coalesce(sum(end_lsn - start_lsn), 0)
-                          FROM pg_get_wal_records_info('{l0}', '{l1}')
-                         WHERE resource_manager IN ('Standby', 'XLOG')"""))
-                fpi = sum(s["fpi"] for s in stats)
-                row = {"variant": v, "txns": n, "wal_bytes": wal, "background_bytes": background,
-                       "fpi_bytes": fpi, "xids": x1 - x0 - 1, "tps": res["tps"],
-                       "wal_per_txn": (wal - background) / n, "wal_total_per_txn": wal / n,
-                       "xids_per_txn": (x1 - x0 - 1) / n, "rmgr": stats}
-                self.raw["wal"].append(row)
-                self.log(f"wal {v:4s}: {row['wal_per_txn']:7.1f} B/txn, "
-                         f"{row['xids_per_txn']:.2f} xid/txn")
-                self.save()
-        finally:
-            self.set_autovacuum(True)
+        section_wal_mod.run(self)
 
     def section_bytes(self):
-        """Bytes per claim: N claims without a result (bulk through
-        idem_claim); then N transactions of I2's pattern (claim + business
-        insert + idem_complete with a small result, pgbench) against N of
-        B1r's (ON CONFLICT + business insert + UPDATE of the result); the
-        plain hand-written tables for comparison. Autovacuum is off for the
-        section: what the write pattern itself leaves behind (page pruning
-        included), not what a vacuum later reclaims."""
-        p = self.p
-        db = "bench_bytes"
-        n = p["bytes_claims"]
-        c = p["bytes_clients"]
-        self.create_db(db)
-        pgst = self.ensure_pgstattuple(db)
-        self.set_autovacuum(False)
-        try:
-            self.psql(db, "TRUNCATE idem.claims")
-            t0 = time.time()
-            self.claim_keys(db, "b", n)
-            el = time.time() - t0
-            row = self.measure_store(db, "idem.claims", pgst)
-            row.update(store="idem.claims", pattern="bulk", result=False, load_seconds=el,
-                       load_per_s=n / el if el else None)
-            self.add_bytes_row(row)
-            # one transaction per claim, as the application writes them
-            for v, store in (("I2", "idem.claims"), ("B1r", "dedup_r")):
-                self.psql(db, "TRUNCATE orders, dedup_r; TRUNCATE idem.claims; CHECKPOINT")
-                res = self.pgbench(db, VARIANTS[v][1], c, "off", txns=max(1, n // c),
-                                   tag=f"bytes-{v}")
-                row = self.measure_store(db, store, pgst)
-                row.update(store=store, pattern=v, result=True, tps=res["tps"], clients=c,
-                           load_per_s=res["tps"])
-                self.add_bytes_row(row)
-                self.load_rate(f"pgbench {v} {c} clients", row["rows"], row["rows"] / res["tps"])
-            self.psql(db, "TRUNCATE orders, dedup_r; TRUNCATE idem.claims")
-            # The plain hand-written tables (INSERT ... SELECT, no result).
-            for table in ("dedup", "dedup_ttl"):
-                t0 = time.time()
-                self.psql(db, f"TRUNCATE {table}; INSERT INTO {table} (key) "
-                              f"SELECT md5('b' || g::text) FROM generate_series(1, {n}) g")
-                if table == "dedup" and n >= 100000:
-                    self.load_rate("INSERT ... SELECT into dedup", n, time.time() - t0)
-                row = self.measure_store(db, table, pgst)
-                row.update(store=table, pattern="bulk", result=False)
-                self.add_bytes_row(row)
-                self.psql(db, f"TRUNCATE {table}")
-        finally:
-            self.set_autovacuum(True)
-        self.save()
-        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+        section_bytes_mod.run(self)
 
-    def measure_store(self, db, store, pgst):
-        """Rows, heap (main fork), index and total bytes of a table (summed
-        over the leaf partitions of idem.claims), with pgstattuple's live /
-        dead tuples and free space."""
-        rels = ("SELECT relid FROM pg_partition_tree('idem.claims') WHERE isleaf"
-                if store == "idem.claims" else f"SELECT '{store}'::regclass")
-        row = self.val(db, f"""
-            SELECT (SELECT count(*) FROM {store}), count(*),
-                   coalesce(sum(pg_relation_size(oid)), 0), coalesce(sum(pg_indexes_size(oid)), 0),
-                   coalesce(sum(pg_total_relation_size(oid)), 0)
-              FROM pg_class WHERE oid IN ({rels})""")
-        rows, parts, heap, idx, total = [int(x) for x in row.split("|")]
-        r = {"rows": rows, "partitions": parts, "heap": heap, "indexes": idx, "total": total,
-             "bytes_per_row": total / rows if rows else None,
-             "heap_per_row": heap / rows if rows else None,
-             "heap_index_per_row": (heap + idx) / rows if rows else None}
-        if pgst:
-            st = self.val(db, f"""
-                SELECT coalesce(sum(s.tuple_count), 0), coalesce(sum(s.tuple_len), 0),
-                       coalesce(sum(s.dead_tuple_count), 0), coalesce(sum(s.dead_tuple_len), 0),
-                       coalesce(sum(s.free_space), 0)
-                  FROM pg_class c, LATERAL pgstattuple(c.oid) s WHERE c.oid IN ({rels})""")
-            tc, tl, dc, dl, fs = [int(x) for x in st.split("|")]
-            r.update(live_tuples=tc, live_tuple_bytes=tl, dead_tuples=dc, dead_tuple_bytes=dl,
-                     free_bytes=fs)
-        return r
-
-    def add_bytes_row(self, row):
-        self.raw["bytes"].append(row)
-        self.log(f"bytes {row['store']} ({row['pattern']}): {row['rows']} rows, "
-                 f"heap {row['heap_per_row']:.1f} B/row, heap+index {row['heap_index_per_row']:.1f}, "
-                 f"total {row['bytes_per_row']:.1f}; dead tuples {row.get('dead_tuples')}")
-        self.save()
-
-    def ensure_pgstattuple(self, db):
-        try:
-            self.psql(db, "CREATE EXTENSION IF NOT EXISTS pgstattuple")
-            return True
-        except BenchError:
-            return False
+    def section_sustained(self):
+        section_sustained_mod.run(self)
 
     def section_scale(self):
-        """I1 (and B1, for context) with few vs many live keys: two
-        databases, runs alternating between them."""
-        p = self.p
-        sizes = {"small": p["scale_small"], "big": p["scale_big"]}
-        for label, n in sizes.items():
-            db = f"bench_{label}"
-            self.create_db(db)
-            t0 = time.time()
-            self.claim_keys(db, "p", n)
-            self.psql(db, f"INSERT INTO dedup (key) SELECT md5('p' || g::text) FROM generate_series(1, {n}) g")
-            self.psql(db, "VACUUM ANALYZE")
-            self.log(f"scale: {db} prefilled with {n} keys in {time.time() - t0:.0f}s")
-        combos = [(v, label) for v in ("I1", "B1") for label in sizes]
-        for r in range(p["scale_rounds"]):
-            off = r % len(combos)
-            order = combos[off:] + combos[:off]
-            for v, label in order:
-                db = f"bench_{label}"
-                if label == "small":
-                    # keep "small" small: back to exactly scale_small keys
-                    self.psql(db, "TRUNCATE idem.claims, dedup")
-                    self.claim_keys(db, "p", sizes[label])
-                    self.psql(db, f"INSERT INTO dedup (key) SELECT md5('p' || g::text) "
-                                  f"FROM generate_series(1, {sizes[label]}) g")
-                    self.psql(db, "VACUUM ANALYZE idem.claims, dedup")
-                self.psql(db, "TRUNCATE orders")
-                store = "idem.claims" if v == "I1" else "dedup"
-                live = int(self.val(db, f"SELECT count(*) FROM {store}"))
-                res = self.measured(
-                    lambda: self.checkpoint(db),
-                    lambda: self.pgbench(db, VARIANTS[v][1], 1, "off", duration=p["scale_duration"],
-                                         tag=f"scale-{v}-{label}"))
-                res.update(variant=v, size=label, keys=sizes[label], live_at_start=live, round=r)
-                self.raw["scale"].append(res)
-                self.log(f"scale round={r} {v} {label} ({live} live keys): tps={res['tps']:.1f}")
-                self.save()
-        self.raw["scale_sizes"] = {l: self.claims_size_db(f"bench_{l}") for l in sizes}
-        for label in sizes:
-            self.psql("postgres", f"DROP DATABASE bench_{label} WITH (FORCE)")
-        self.save()
-
-    def claims_size_db(self, db):
-        s = self.claims_size(db)
-        s["rows"] = int(self.val(db, "SELECT count(*) FROM idem.claims"))
-        return s
+        section_scale_mod.run(self)
 
     def section_partitions(self):
-        """I1 with extra live range partitions of idem.claims (as premade
-        by maintenance): every claim locks and probes each live partition."""
-        p = self.p
-        dbs = {}
-        for n in p["parts"]:
-            db = f"bench_parts{n}"
-            dbs[n] = db
-            self.create_db(db)
-            if n:
-                # n hourly partitions 401 days out (past the longest TTL, so
-                # that they collide with nothing maintenance makes): live
-                # (upper bound in the future), hence locked and probed by
-                # every claim, but empty: a lower bound on what populated
-                # premade partitions cost.
-                self.psql(db, f"""
-                  DO $$
-                  DECLARE t0 timestamptz := date_trunc('hour', now()) + interval '401 days';
-                  BEGIN
-                    FOR i IN 0..{n - 1} LOOP
-                      PERFORM bench_make_partition('bench_part_' || i,
-                                     t0 + i * interval '1 hour', t0 + (i + 1) * interval '1 hour');
-                    END LOOP;
-                  END $$""")
-            self.claim_keys(db, "p", p["prefill"])
-            self.psql(db, "VACUUM ANALYZE")
-        counts = {n: self.claims_size(db)["partitions"] for n, db in dbs.items()}
-        for r in range(p["parts_rounds"]):
-            order = list(dbs.items())
-            off = r % len(order)
-            order = order[off:] + order[:off]
-            for n, db in order:
-                res = self.measured(
-                    lambda: (self.psql(db, "TRUNCATE orders"), self.checkpoint(db)),
-                    lambda: self.pgbench(db, "i1.sql", 1, "off", duration=p["parts_duration"],
-                                         tag=f"parts{n}"))
-                res.update(extra_partitions=n, partitions=counts[n], round=r)
-                self.raw["partitions"].append(res)
-                self.log(f"partitions round={r}: {counts[n]} live partitions: tps={res['tps']:.1f}")
-                self.save()
-        for db in dbs.values():
-            self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
-
-    # -- cleanup --
-    def timed(self, db, sql, pre=""):
-        """Run one statement, after `pre` in the same session (so that the
-        session is warm); return (ms, wal_bytes, start_epoch, end_epoch,
-        output of the statement)."""
-        script = (
-            (pre.rstrip() + "\n" if pre else "") +
-            "\\echo __TIMED__\n"
-            "SELECT pg_current_wal_insert_lsn() AS l0 \\gset\n"
-            "SELECT extract(epoch FROM clock_timestamp()) AS e0 \\gset\n"
-            "\\timing on\n" + sql.rstrip(";") + ";\n\\timing off\n"
-            "SELECT 'WAL=' || (pg_current_wal_insert_lsn() - :'l0'::pg_lsn);\n"
-            "SELECT 'E0=' || :'e0';\n"
-            "SELECT 'E1=' || extract(epoch FROM clock_timestamp());\n")
-        self.last_pre, _, out = self.psql(db, script).rpartition("__TIMED__")
-        ms = float(re.findall(r"^Time: ([\d.]+) ms", out, re.M)[-1])
-        wal = int(re.search(r"^WAL=(\d+)", out, re.M).group(1))
-        e0 = float(re.search(r"^E0=([\d.]+)", out, re.M).group(1))
-        e1 = float(re.search(r"^E1=([\d.]+)", out, re.M).group(1))
-        body = "\n".join(l for l in out.splitlines()
-                         if l.strip() and not re.match(r"^(Time:|WAL=|E0=|E1=)", l))
-        return ms, wal, e0, e1, body
-
-    def load_expired_handwritten(self, db, rows, live):
-        """dedup_ttl with `rows` expired rows (in expiry order, as a table
-        fills) and `live` current ones. Loaded without its indexes, which are
-        built afterwards: 10 M rows in a minute or two, not twenty."""
-        t0 = time.time()
-        self.psql(db, f"""
-            TRUNCATE dedup_ttl;
-            ALTER TABLE dedup_ttl DROP CONSTRAINT dedup_ttl_pkey;
-            DROP INDEX dedup_ttl_expires_at;
-            INSERT INTO dedup_ttl (key, created_at, expires_at)
-              SELECT md5('x' || g::text), now() - interval '30 days',
-                     now() - interval '29 days' + g * interval '1 ms'
-                FROM generate_series(1, {rows}) g;
-            INSERT INTO dedup_ttl (key) SELECT md5('l' || g::text) FROM generate_series(1, {live}) g;
-            ALTER TABLE dedup_ttl ADD CONSTRAINT dedup_ttl_pkey PRIMARY KEY (key);
-            CREATE INDEX dedup_ttl_expires_at ON dedup_ttl (expires_at);
-            VACUUM ANALYZE dedup_ttl;
-            CHECKPOINT;""")
-        if rows >= 100000:
-            self.load_rate("expired rows into dedup_ttl (+ indexes, VACUUM, CHECKPOINT)", rows,
-                           time.time() - t0)
-
-    def expired_idem_sql(self, db, rows, live):
-        """SQL that fills idem.claims with `rows` claims that expired long
-        ago, in a partition whose upper bound is past, plus `live` current
-        claims through idem_claim, then ANALYZE and CHECKPOINT. The clock
-        cannot be moved, so the benchmark makes that partition itself (as
-        maintenance would have, a month ago): a standalone table filled by
-        INSERT ... SELECT in the extension's row format, then its index, a
-        CHECK of its range (so that ATTACH scans nothing), then ATTACH.
-        Autovacuum is off for that partition: a month-old partition has long
-        been vacuumed, and an autovacuum of the freshly loaded one would hold
-        a lock the measured DROP waits for (a full VACUUM pass instead would
-        double the load's writes)."""
-        # The row format follows whatever idem.claims looks like: the type is
-        # a type_id (early versions) or the biz_type name.
-        cols = self.psql(db, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass "
-                             "AND attnum > 0 AND NOT attisdropped").split()
-        if "type_id" in cols:
-            tcol, tval = "type_id", "(SELECT type_id FROM idem.biz_types WHERE biz_type = 'bench')"
-        else:
-            tcol, tval = "biz_type", "'bench'"
-        # With a storage by TTL class, the rows (a 1-day TTL, the type's) go
-        # into that class's range: (class, lo) to (class, hi).
-        if "ttl_class" in cols:
-            tcol, tval = tcol + ", ttl_class", tval + ", :cls"
-            check, lo, hi = "ttl_class = :cls AND ", "(:cls, :'lo')", "(:cls, :'hi')"
-        else:
-            check, lo, hi = "", "(:'lo')", "(:'hi')"
-        return f"""
-            TRUNCATE idem.claims;
-            DROP TABLE IF EXISTS idem.bench_expired;
-            SELECT date_trunc('hour', now()) - interval '31 days' AS lo,
-                   date_trunc('hour', now()) - interval '28 days' AS hi,
-                   bench_class() AS cls \gset
-            CREATE TABLE idem.bench_expired (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-            INSERT INTO idem.bench_expired (expires_at, claimed_at, {tcol}, state, key)
-              SELECT now() - interval '29 days' + g * interval '1 ms', now() - interval '30 days',
-                     {tval}, 'c', md5('x' || g::text)
-                FROM generate_series(1, {rows}) g;
-            SELECT bench_index_like_default('bench_expired');
-            ALTER TABLE idem.bench_expired ADD CONSTRAINT bench_expired_range
-              CHECK ({check}expires_at >= :'lo' AND expires_at < :'hi');
-            ALTER TABLE idem.bench_expired SET (autovacuum_enabled = off);
-            ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM {lo} TO {hi};
-            SELECT bench_claim('l', 1, {live});
-            ANALYZE idem.claims;
-            CHECKPOINT;
-        """
-
-    def load_expired_idem(self, db, rows, live):
-        t0 = time.time()
-        self.psql(db, self.expired_idem_sql(db, rows, live))
-        if rows >= 100000:
-            self.load_rate("expired claims into a past partition (+ index, ANALYZE, CHECKPOINT)", rows,
-                           time.time() - t0)
-
-    def maintain_result(self, db, rows, ms, wal, out, before, kind, rep):
-        after = self.claims_size(db)
-        left = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at < now()"))
-        live_after = int(self.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at >= now()"))
-        r = {"rows": rows, "session": kind, "rep": rep, "ms": ms, "wal": wal,
-             "size_before": before["total"], "size_after": after["total"],
-             "partitions_before": before["partitions"], "partitions_after": after["partitions"],
-             "expired_left": left, "live_left": live_after, "report": out[-2000:]}
-        m = re.search(r'"duration_ms": ([\d.]+)', out)
-        if m:
-            # what idem_maintain() measured itself: without its commit,
-            # where DROP TABLE unlinks the files and drops the buffers
-            r["own_duration_ms"] = float(m.group(1))
-        m = re.search(r'"partitions_created": \[([^\]]*)\]', out)
-        r["partitions_created"] = len([x for x in (m.group(1) if m else "").split(",") if x.strip()])
-        self.log(f"cleanup idem_maintain ({kind} session) {rows} rows: {ms:.1f} ms, {wal} B WAL, "
-                 f"size {before['total'] / 1e6:.1f} -> {after['total'] / 1e6:.1f} MB, "
-                 f"{left} expired rows left")
-        return r
+        section_partitions_mod.run(self)
 
     def section_cleanup(self):
-        p = self.p
-        db = "bench_cleanup"
-        self.create_db(db)
-        sizes = sorted(p["cleanup_rows"])
-        live = p["cleanup_live"]
-        res = {"rows": sizes, "live": live, "reps": p["cleanup_reps"], "p99_rows": p["p99_rows"],
-               "delete": [], "idem": [], "idem_cold": [], "p99": {}}
-        self.raw["cleanup"] = res
-        # hand-written: DELETE ... WHERE expires_at < now()
-        for rows in sizes:
-            self.load_expired_handwritten(db, rows, live)
-            before = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-            ms, wal, _, _, _ = self.timed(db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
-            after = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-            t0 = time.time()
-            self.psql(db, "VACUUM dedup_ttl")
-            vac_s = time.time() - t0
-            after_vac = int(self.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-            left = int(self.val(db, "SELECT count(*) FROM dedup_ttl WHERE expires_at < now()"))
-            r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before, "size_after": after,
-                 "size_after_vacuum": after_vac, "vacuum_s": vac_s, "expired_left": left}
-            res["delete"].append(r)
-            self.log(f"cleanup DELETE {rows} rows: {ms:.0f} ms, {wal / 1e6:.1f} MB WAL, "
-                     f"size {before / 1e6:.1f} -> {after / 1e6:.1f} MB "
-                     f"({after_vac / 1e6:.1f} MB after VACUUM, which took {vac_s:.1f}s)")
-            self.save()
-        # latency of hand-written claims without / during the DELETE
-        self.p99_rounds(db, "delete", "b1ttl.sql", "DELETE FROM dedup_ttl WHERE expires_at < now()",
-                        lambda: self.load_expired_handwritten(db, p["p99_rows"], live))
-        self.psql(db, "TRUNCATE dedup_ttl")
+        section_cleanup_mod.run(self)
 
-        if not self.has_maintain(db):
-            res["idem_skipped"] = "skipped: idem_maintain not available"
-            self.log("cleanup idem: skipped: idem_maintain not available")
-            self.save()
-            self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
-            return
-        # Warm: one session per measurement, whose first idem_maintain()
-        # call (nothing to drop yet: it compiles the function and fills the
-        # caches) comes before the load; the measured call is its second.
-        for rep in range(p["cleanup_reps"]):
-            order = sizes[rep % len(sizes):] + sizes[:rep % len(sizes)]
-            for rows in order:
-                self.wait_quiet()
-                t0 = time.time()
-                ms, wal, _, _, out = self.timed(
-                    db, "SELECT idem_maintain()",
-                    pre="SELECT idem_maintain();\n" + self.expired_idem_sql(db, rows, live) +
-                        "SELECT 'SIZE=' || sum(pg_total_relation_size(relid)) || '/' || count(*)"
-                        "  FROM pg_partition_tree('idem.claims') WHERE isleaf;")
-                if rows >= 100000:
-                    self.load_rate("expired claims into a past partition (+ index, ANALYZE, CHECKPOINT)",
-                                   rows, time.time() - t0 - ms / 1000)
-                m = re.search(r"^SIZE=(\d+)/(\d+)", self.last_pre, re.M)
-                before = {"total": int(m.group(1)), "partitions": int(m.group(2))}
-                res["idem"].append(self.maintain_result(db, rows, ms, wal, out, before, "warm", rep))
-                self.save()
-        # Cold: the first call of a fresh session (as a cron job's psql or a
-        # pg_cron run makes it), once per size.
-        for rows in sizes:
-            self.wait_quiet()
-            self.load_expired_idem(db, rows, live)
-            before = self.claims_size(db)
-            ms, wal, _, _, out = self.timed(db, "SELECT idem_maintain()")
-            res["idem_cold"].append(self.maintain_result(db, rows, ms, wal, out, before, "cold", 0))
-            self.save()
-        self.p99_rounds(db, "idem", "i1.sql", "SELECT idem_maintain()",
-                        lambda: self.load_expired_idem(db, p["p99_rows"], live))
-        self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
-
-    def p99_run(self, db, script, during_sql, tag):
-        """pgbench (1 client, sync off) for p99_duration seconds with
-        per-transaction logging; with during_sql, that statement starts 1 s
-        in. Returns latency stats overall and within the cleanup window."""
-        p = self.p
-        prefix = f"lat-{tag}"
-        for f in os.listdir(self.logs):
-            if f.startswith(prefix + "."):
-                os.remove(os.path.join(self.logs, f))
-        run = self.next_run()
-        cmd = [os.path.join(self.pg_bin, "pgbench"), "-n", "-M", "prepared", "-c", "1", "-j", "1",
-               "-D", "n=0", "-D", f"run={run}", "-D", "prefill=1", "-T", str(p["p99_duration"]),
-               "--log", "--log-prefix", prefix, "-f", os.path.join(SQL, script)] + \
-            self.conn_args(db)[:-2] + [db]
-        env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
-        proc = subprocess.Popen(cmd, cwd=self.logs, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        window = None
-        cleanup = None
-        if during_sql:
-            time.sleep(1.0)
-            ms, wal, e0, e1, body = self.timed(db, during_sql)
-            window = (e0, max(e1, e0 + 1.0))
-            cleanup = {"ms": ms, "wal": wal, "output": body}
-        out, _ = proc.communicate()
-        with open(os.path.join(self.logs, f"run{run:05d}-{tag}.log"), "w") as f:
-            f.write(" ".join(cmd) + "\n" + out)
-        errors = re.findall(r"aborted in command \d+ query \d+: (.*)", out)
-        if proc.returncode != 0 and not (during_sql and errors):
-            raise BenchError(f"pgbench {script} ({tag}) failed: {out[-1500:]}")
-        lats, win = [], []
-        for f in os.listdir(self.logs):
-            if not f.startswith(prefix + "."):
-                continue
-            with open(os.path.join(self.logs, f)) as fh:
-                for line in fh:
-                    parts = line.split()
-                    if len(parts) < 6:
-                        continue
-                    lat_us = int(parts[2])
-                    end = int(parts[4]) + int(parts[5]) / 1e6
-                    lats.append(lat_us)
-                    if window and end >= window[0] and end - lat_us / 1e6 <= window[1]:
-                        win.append(lat_us)
-        res = {"tag": tag, "txns": len(lats), "p50_ms": pct(lats, 50), "p99_ms": pct(lats, 99),
-               "max_ms": max(lats) / 1000 if lats else None, "client_errors": errors}
-        if errors:
-            self.log(f"  claims FAILED while {during_sql} ran: {errors[0]}")
-        if window:
-            res.update(window_txns=len(win), window_p99_ms=pct(win, 99),
-                       window_max_ms=max(win) / 1000 if win else None,
-                       window_s=window[1] - window[0], cleanup=cleanup)
-        return res
-
-    def p99_rounds(self, db, name, script, cleanup_sql, load):
-        """Per round: load the expired rows, CHECKPOINT, a run without
-        cleanup, CHECKPOINT, a run with the cleanup starting 1 s in."""
-        res = self.raw["cleanup"]["p99"]
-        for r in range(self.p["p99_rounds"]):
-            self.wait_quiet()
-            load()
-            self.psql(db, "TRUNCATE orders")
-            base = self.measured(lambda: self.checkpoint(db),
-                                 lambda: self.p99_run(db, script, None, f"{name}-base-{r}"))
-            # the cleanup cannot be re-run on the same rows: no retry here
-            self.wait_quiet()
-            self.checkpoint(db)
-            a = self.meter.snap()
-            during = self.p99_run(db, script, cleanup_sql, f"{name}-during-{r}")
-            during["foreign_cores"] = round(self.meter.foreign(a, self.meter.snap()), 3)
-            during.update(noise())
-            res.setdefault(f"{name}_base", []).append(base)
-            res.setdefault(f"{name}_during", []).append(during)
-            self.log(f"cleanup p99 round {r}, {script}: {base['p99_ms']:.2f} ms without, "
-                     f"{during.get('window_p99_ms') or 0:.2f} ms during {cleanup_sql} "
-                     f"({during.get('window_txns')} claims in the window, cleanup "
-                     f"{during['cleanup']['ms']:.0f} ms)")
-            self.save()
-
-    # The retention sections live in their own modules (bench/sections/).
     def section_ttl(self):
         section_ttl_mod.run(self)
 
@@ -1336,194 +671,6 @@ def estimate(p, sections, redis, rates=None):
     return e
 
 
-QUIET_CORES = 0.15   # "quiet": other processes use less than this many cores
-NOISY_CORES = 0.25   # a run during which they used more is measured again
-
-
-class CpuMeter:
-    """CPU time used during a run by processes that are not the benchmark's
-    (everything except this script and its children -- pgbench, psql, the C
-    driver --, the benchmark cluster's postmaster and its backends, and
-    redis-server), from /proc/<pid>/stat, plus the hypervisor's steal time.
-    Processes that start and exit within one run are missed; the compiler
-    check in noise() covers the usual case of those (a build)."""
-
-    def __init__(self, host, port, redis_pid):
-        self.lockfile = os.path.join(host, f".s.PGSQL.{port}.lock")
-        self.redis_pid = redis_pid
-        self.hz = os.sysconf("SC_CLK_TCK")
-
-    def snap(self):
-        procs = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parts = f.read().rsplit(")", 1)[1].split()
-                procs[int(d)] = (int(parts[1]), int(parts[11]) + int(parts[12]))
-            except (OSError, IndexError, ValueError):
-                pass
-        try:
-            with open(self.lockfile) as f:
-                pm = int(f.readline())
-        except (OSError, ValueError):
-            pm = None
-        roots = {os.getpid(), pm, self.redis_pid} - {None, 0}
-        ours = set()
-        for pid in procs:
-            p, seen = pid, 0
-            while p and p not in roots and p in procs and seen < 64:
-                p, seen = procs[p][0], seen + 1
-            if p in roots:
-                ours.add(pid)
-        with open("/proc/stat") as f:
-            v = f.readline().split()
-        steal = int(v[8]) if len(v) > 8 else 0
-        return time.time(), {pid: cpu for pid, (pp, cpu) in procs.items() if pid not in ours}, steal
-
-    def foreign(self, a, b):
-        el = max(b[0] - a[0], 1e-3)
-        ticks = sum(cpu - a[1].get(pid, 0) for pid, cpu in b[1].items() if cpu >= a[1].get(pid, 0))
-        return max(0.0, (ticks + b[2] - a[2]) / self.hz / el)
-
-
-def noise():
-    """What else was running: the 1-minute load average and any compiler or
-    cargo process (a build next to the benchmark skews it)."""
-    out = {}
-    try:
-        with open("/proc/loadavg") as f:
-            out["loadavg"] = float(f.read().split()[0])
-    except OSError:
-        pass
-    try:
-        ps = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout.split()
-        busy = sorted(set(c for c in ps if c in ("cargo", "rustc", "cc1", "cc1plus", "ld", "clang",
-                                                  "make", "pg_regress", "postgres_fdw")))
-        if busy:
-            out["foreign"] = busy
-    except OSError:
-        pass
-    return out
-
-
-def lat_stats(lats_us):
-    """p50/p99/p99.9/max/mean in ms of a list of latencies in µs (exact,
-    nearest-rank percentiles)."""
-    if not lats_us:
-        return {"txns": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None,
-                "mean_ms": None}
-    return {"txns": len(lats_us), "p50_ms": pct(lats_us, 50), "p99_ms": pct(lats_us, 99),
-            "p999_ms": pct(lats_us, 99.9), "max_ms": max(lats_us) / 1000,
-            "mean_ms": sum(lats_us) / len(lats_us) / 1000}
-
-
-def hist_stats(h):
-    """The same from a histogram {latency µs: count}: exact too."""
-    n = sum(h.values())
-    if not n:
-        return lat_stats([])
-    keys = sorted(h)
-    out = {"txns": n, "max_ms": keys[-1] / 1000, "mean_ms": sum(k * c for k, c in h.items()) / n / 1000}
-    for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p999_ms", 99.9)):
-        rank = max(1, min(n, math.ceil(q / 100 * n)))
-        acc = 0
-        for k in keys:
-            acc += h[k]
-            if acc >= rank:
-                out[name] = k / 1000
-                break
-    return out
-
-
-def pct(values, q):
-    if not values:
-        return None
-    # nearest rank: the smallest value with at least q % of them at or below
-    v = sorted(values)
-    k = max(1, min(len(v), math.ceil(q / 100 * len(v)))) - 1
-    return v[k] / 1000.0
-
-
-PG_CONFIG = "/usr/lib/postgresql/15/bin/pg_config"   # main() sets it from --pg-bin
-
-
-def idem_so_digest():
-    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
-                            capture_output=True, text=True).stdout.strip()
-    try:
-        with open(os.path.join(pkglib, "idem.so"), "rb") as f:
-            return hashlib.md5(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
-def idem_build():
-    """Is the installed idem.so an optimized build? Compare it with the
-    project's target/{debug,release}/libidem.so, else guess from its size."""
-    pkglib = subprocess.run([PG_CONFIG, "--pkglibdir"],
-                            capture_output=True, text=True).stdout.strip()
-    so = os.path.join(pkglib, "idem.so")
-    if not os.path.exists(so):
-        return "unknown (idem.so not found)"
-
-    def digest(path):
-        h = hashlib.md5()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-
-    d = digest(so)
-    root = os.path.dirname(BENCH)
-    for kind in ("release", "debug"):
-        cand = os.path.join(root, "target", kind, "libidem.so")
-        if os.path.exists(cand) and digest(cand) == d:
-            return f"{kind} (identical to target/{kind}/libidem.so)"
-    size_mb = os.path.getsize(so) / 1e6
-    # A release build (profile.release, cargo pgrx install --release) carries
-    # no DWARF; a debug build does, and is several times larger.
-    has_dwarf = b".debug_info" in elf_section_names(so)
-    guess = "probably debug (unoptimized)" if has_dwarf and size_mb > 20 else "probably release"
-    return f"{guess}: {size_mb:.0f} MB{', with debug info' if has_dwarf else ''}"
-
-
-def elf_section_names(path):
-    import struct
-    try:
-        with open(path, "rb") as f:
-            h = f.read(64)
-            if h[:4] != b"\x7fELF" or h[4] != 2:
-                return b""
-            shoff, = struct.unpack_from("<Q", h, 0x28)
-            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", h, 0x3A)
-            f.seek(shoff + shstrndx * shentsize)
-            sh = f.read(shentsize)
-            off, size = struct.unpack_from("<QQ", sh, 0x18)
-            f.seek(off)
-            return f.read(size)
-    except (OSError, struct.error):
-        return b""
-
-
-def build_redis_driver(out, pg_bin):
-    src = os.path.join(BENCH, "redis_txn.c")
-    exe = os.path.join(out, "redis_txn")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
-    inc = subprocess.run([os.path.join(pg_bin, "pg_config"), "--includedir"], capture_output=True,
-                         text=True).stdout.strip()
-    libdir = subprocess.run([os.path.join(pg_bin, "pg_config"), "--libdir"], capture_output=True,
-                            text=True).stdout.strip()
-    p = subprocess.run([cc, "-O2", "-o", exe, src, f"-I{inc}", f"-L{libdir}", "-lpq", "-lpthread"],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.stderr.write(p.stderr)
-        return None
-    return exe
-
 
 def main():
     ap = argparse.ArgumentParser(
@@ -1589,8 +736,7 @@ def main():
                          "a measurement it disturbed (default 1800; 0 with --smoke)")
     ap.add_argument("--command", default="bash bench/run.sh")
     a = ap.parse_args()
-    global PG_CONFIG
-    PG_CONFIG = os.path.join(a.pg_bin, "pg_config")
+    drivers.PG_CONFIG = os.path.join(a.pg_bin, "pg_config")
     b = Bench(a)
     ok = b.run()
     if not ok:

@@ -20,6 +20,8 @@ import re
 import subprocess
 import time
 
+import measure
+
 from . import common
 
 DB = "bench_hw"
@@ -142,9 +144,7 @@ def one_run(b, approach, rnd):
 
 
 def common_noise(b):
-    import sys
-    main = sys.modules.get("__main__")
-    return main.noise() if main and hasattr(main, "noise") else {}
+    return measure.noise()
 
 
 def analyse(txns, cleanups, t0, ttl):

@@ -1,0 +1,288 @@
+"""cleanup section: idem_maintain() against the hand-written DELETE ... WHERE
+expires_at < now(), at several numbers of expired rows (time, WAL, size),
+and the claim latency while each cleanup runs."""
+import os
+import re
+import subprocess
+import time
+
+from measure import noise, pct
+
+from .common import SQL, BenchError
+
+
+def timed(b, db, sql, pre=""):
+    """Run one statement, after `pre` in the same session (so that the
+    session is warm); return (ms, wal_bytes, start_epoch, end_epoch,
+    output of the statement)."""
+    script = (
+        (pre.rstrip() + "\n" if pre else "") +
+        "\\echo __TIMED__\n"
+        "SELECT pg_current_wal_insert_lsn() AS l0 \\gset\n"
+        "SELECT extract(epoch FROM clock_timestamp()) AS e0 \\gset\n"
+        "\\timing on\n" + sql.rstrip(";") + ";\n\\timing off\n"
+        "SELECT 'WAL=' || (pg_current_wal_insert_lsn() - :'l0'::pg_lsn);\n"
+        "SELECT 'E0=' || :'e0';\n"
+        "SELECT 'E1=' || extract(epoch FROM clock_timestamp());\n")
+    b.last_pre, _, out = b.psql(db, script).rpartition("__TIMED__")
+    ms = float(re.findall(r"^Time: ([\d.]+) ms", out, re.M)[-1])
+    wal = int(re.search(r"^WAL=(\d+)", out, re.M).group(1))
+    e0 = float(re.search(r"^E0=([\d.]+)", out, re.M).group(1))
+    e1 = float(re.search(r"^E1=([\d.]+)", out, re.M).group(1))
+    body = "\n".join(l for l in out.splitlines()
+                     if l.strip() and not re.match(r"^(Time:|WAL=|E0=|E1=)", l))
+    return ms, wal, e0, e1, body
+
+
+def load_expired_handwritten(b, db, rows, live):
+    """dedup_ttl with `rows` expired rows (in expiry order, as a table
+    fills) and `live` current ones. Loaded without its indexes, which are
+    built afterwards: 10 M rows in a minute or two, not twenty."""
+    t0 = time.time()
+    b.psql(db, f"""
+        TRUNCATE dedup_ttl;
+        ALTER TABLE dedup_ttl DROP CONSTRAINT dedup_ttl_pkey;
+        DROP INDEX dedup_ttl_expires_at;
+        INSERT INTO dedup_ttl (key, created_at, expires_at)
+          SELECT md5('x' || g::text), now() - interval '30 days',
+                 now() - interval '29 days' + g * interval '1 ms'
+            FROM generate_series(1, {rows}) g;
+        INSERT INTO dedup_ttl (key) SELECT md5('l' || g::text) FROM generate_series(1, {live}) g;
+        ALTER TABLE dedup_ttl ADD CONSTRAINT dedup_ttl_pkey PRIMARY KEY (key);
+        CREATE INDEX dedup_ttl_expires_at ON dedup_ttl (expires_at);
+        VACUUM ANALYZE dedup_ttl;
+        CHECKPOINT;""")
+    if rows >= 100000:
+        b.load_rate("expired rows into dedup_ttl (+ indexes, VACUUM, CHECKPOINT)", rows,
+                    time.time() - t0)
+
+
+def expired_idem_sql(b, db, rows, live):
+    """SQL that fills idem.claims with `rows` claims that expired long
+    ago, in a partition whose upper bound is past, plus `live` current
+    claims through idem_claim, then ANALYZE and CHECKPOINT. The clock
+    cannot be moved, so the benchmark makes that partition itself (as
+    maintenance would have, a month ago): a standalone table filled by
+    INSERT ... SELECT in the extension's row format, then its index, a
+    CHECK of its range (so that ATTACH scans nothing), then ATTACH.
+    Autovacuum is off for that partition: a month-old partition has long
+    been vacuumed, and an autovacuum of the freshly loaded one would hold
+    a lock the measured DROP waits for (a full VACUUM pass instead would
+    double the load's writes)."""
+    # The row format follows whatever idem.claims looks like: the type is
+    # a type_id (early versions) or the biz_type name.
+    cols = b.psql(db, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.claims'::regclass "
+                         "AND attnum > 0 AND NOT attisdropped").split()
+    if "type_id" in cols:
+        tcol, tval = "type_id", "(SELECT type_id FROM idem.biz_types WHERE biz_type = 'bench')"
+    else:
+        tcol, tval = "biz_type", "'bench'"
+    # With a storage by TTL class, the rows (a 1-day TTL, the type's) go
+    # into that class's range: (class, lo) to (class, hi).
+    if "ttl_class" in cols:
+        tcol, tval = tcol + ", ttl_class", tval + ", :cls"
+        check, lo, hi = "ttl_class = :cls AND ", "(:cls, :'lo')", "(:cls, :'hi')"
+    else:
+        check, lo, hi = "", "(:'lo')", "(:'hi')"
+    return f"""
+        TRUNCATE idem.claims;
+        DROP TABLE IF EXISTS idem.bench_expired;
+        SELECT date_trunc('hour', now()) - interval '31 days' AS lo,
+               date_trunc('hour', now()) - interval '28 days' AS hi,
+               bench_class() AS cls \gset
+        CREATE TABLE idem.bench_expired (LIKE idem.claims INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+        INSERT INTO idem.bench_expired (expires_at, claimed_at, {tcol}, state, key)
+          SELECT now() - interval '29 days' + g * interval '1 ms', now() - interval '30 days',
+                 {tval}, 'c', md5('x' || g::text)
+            FROM generate_series(1, {rows}) g;
+        SELECT bench_index_like_default('bench_expired');
+        ALTER TABLE idem.bench_expired ADD CONSTRAINT bench_expired_range
+          CHECK ({check}expires_at >= :'lo' AND expires_at < :'hi');
+        ALTER TABLE idem.bench_expired SET (autovacuum_enabled = off);
+        ALTER TABLE idem.claims ATTACH PARTITION idem.bench_expired FOR VALUES FROM {lo} TO {hi};
+        SELECT bench_claim('l', 1, {live});
+        ANALYZE idem.claims;
+        CHECKPOINT;
+    """
+
+
+def load_expired_idem(b, db, rows, live):
+    t0 = time.time()
+    b.psql(db, expired_idem_sql(b, db, rows, live))
+    if rows >= 100000:
+        b.load_rate("expired claims into a past partition (+ index, ANALYZE, CHECKPOINT)", rows,
+                    time.time() - t0)
+
+
+def maintain_result(b, db, rows, ms, wal, out, before, kind, rep):
+    after = b.claims_size(db)
+    left = int(b.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at < now()"))
+    live_after = int(b.val(db, "SELECT count(*) FROM idem.claims WHERE expires_at >= now()"))
+    r = {"rows": rows, "session": kind, "rep": rep, "ms": ms, "wal": wal,
+         "size_before": before["total"], "size_after": after["total"],
+         "partitions_before": before["partitions"], "partitions_after": after["partitions"],
+         "expired_left": left, "live_left": live_after, "report": out[-2000:]}
+    m = re.search(r'"duration_ms": ([\d.]+)', out)
+    if m:
+        # what idem_maintain() measured itself: without its commit,
+        # where DROP TABLE unlinks the files and drops the buffers
+        r["own_duration_ms"] = float(m.group(1))
+    m = re.search(r'"partitions_created": \[([^\]]*)\]', out)
+    r["partitions_created"] = len([x for x in (m.group(1) if m else "").split(",") if x.strip()])
+    b.log(f"cleanup idem_maintain ({kind} session) {rows} rows: {ms:.1f} ms, {wal} B WAL, "
+          f"size {before['total'] / 1e6:.1f} -> {after['total'] / 1e6:.1f} MB, "
+          f"{left} expired rows left")
+    return r
+
+
+def run(b):
+    p = b.p
+    db = "bench_cleanup"
+    b.create_db(db)
+    sizes = sorted(p["cleanup_rows"])
+    live = p["cleanup_live"]
+    res = {"rows": sizes, "live": live, "reps": p["cleanup_reps"], "p99_rows": p["p99_rows"],
+           "delete": [], "idem": [], "idem_cold": [], "p99": {}}
+    b.raw["cleanup"] = res
+    # hand-written: DELETE ... WHERE expires_at < now()
+    for rows in sizes:
+        load_expired_handwritten(b, db, rows, live)
+        before = int(b.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+        ms, wal, _, _, _ = timed(b, db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
+        after = int(b.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+        t0 = time.time()
+        b.psql(db, "VACUUM dedup_ttl")
+        vac_s = time.time() - t0
+        after_vac = int(b.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
+        left = int(b.val(db, "SELECT count(*) FROM dedup_ttl WHERE expires_at < now()"))
+        r = {"rows": rows, "ms": ms, "wal": wal, "size_before": before, "size_after": after,
+             "size_after_vacuum": after_vac, "vacuum_s": vac_s, "expired_left": left}
+        res["delete"].append(r)
+        b.log(f"cleanup DELETE {rows} rows: {ms:.0f} ms, {wal / 1e6:.1f} MB WAL, "
+              f"size {before / 1e6:.1f} -> {after / 1e6:.1f} MB "
+              f"({after_vac / 1e6:.1f} MB after VACUUM, which took {vac_s:.1f}s)")
+        b.save()
+    # latency of hand-written claims without / during the DELETE
+    p99_rounds(b, db, "delete", "b1ttl.sql", "DELETE FROM dedup_ttl WHERE expires_at < now()",
+               lambda: load_expired_handwritten(b, db, p["p99_rows"], live))
+    b.psql(db, "TRUNCATE dedup_ttl")
+
+    if not b.has_maintain(db):
+        res["idem_skipped"] = "skipped: idem_maintain not available"
+        b.log("cleanup idem: skipped: idem_maintain not available")
+        b.save()
+        b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+        return
+    # Warm: one session per measurement, whose first idem_maintain()
+    # call (nothing to drop yet: it compiles the function and fills the
+    # caches) comes before the load; the measured call is its second.
+    for rep in range(p["cleanup_reps"]):
+        order = sizes[rep % len(sizes):] + sizes[:rep % len(sizes)]
+        for rows in order:
+            b.wait_quiet()
+            t0 = time.time()
+            ms, wal, _, _, out = timed(b, 
+                db, "SELECT idem_maintain()",
+                pre="SELECT idem_maintain();\n" + expired_idem_sql(b, db, rows, live) +
+                    "SELECT 'SIZE=' || sum(pg_total_relation_size(relid)) || '/' || count(*)"
+                    "  FROM pg_partition_tree('idem.claims') WHERE isleaf;")
+            if rows >= 100000:
+                b.load_rate("expired claims into a past partition (+ index, ANALYZE, CHECKPOINT)",
+                            rows, time.time() - t0 - ms / 1000)
+            m = re.search(r"^SIZE=(\d+)/(\d+)", b.last_pre, re.M)
+            before = {"total": int(m.group(1)), "partitions": int(m.group(2))}
+            res["idem"].append(maintain_result(b, db, rows, ms, wal, out, before, "warm", rep))
+            b.save()
+    # Cold: the first call of a fresh session (as a cron job's psql or a
+    # pg_cron run makes it), once per size.
+    for rows in sizes:
+        b.wait_quiet()
+        load_expired_idem(b, db, rows, live)
+        before = b.claims_size(db)
+        ms, wal, _, _, out = timed(b, db, "SELECT idem_maintain()")
+        res["idem_cold"].append(maintain_result(b, db, rows, ms, wal, out, before, "cold", 0))
+        b.save()
+    p99_rounds(b, db, "idem", "i1.sql", "SELECT idem_maintain()",
+               lambda: load_expired_idem(b, db, p["p99_rows"], live))
+    b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
+
+
+def p99_run(b, db, script, during_sql, tag):
+    """pgbench (1 client, sync off) for p99_duration seconds with
+    per-transaction logging; with during_sql, that statement starts 1 s
+    in. Returns latency stats overall and within the cleanup window."""
+    p = b.p
+    prefix = f"lat-{tag}"
+    for f in os.listdir(b.logs):
+        if f.startswith(prefix + "."):
+            os.remove(os.path.join(b.logs, f))
+    run = b.next_run()
+    cmd = [os.path.join(b.pg_bin, "pgbench"), "-n", "-M", "prepared", "-c", "1", "-j", "1",
+           "-D", "n=0", "-D", f"run={run}", "-D", "prefill=1", "-T", str(p["p99_duration"]),
+           "--log", "--log-prefix", prefix, "-f", os.path.join(SQL, script)] + \
+        b.conn_args(db)[:-2] + [db]
+    env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
+    proc = subprocess.Popen(cmd, cwd=b.logs, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    window = None
+    cleanup = None
+    if during_sql:
+        time.sleep(1.0)
+        ms, wal, e0, e1, body = timed(b, db, during_sql)
+        window = (e0, max(e1, e0 + 1.0))
+        cleanup = {"ms": ms, "wal": wal, "output": body}
+    out, _ = proc.communicate()
+    with open(os.path.join(b.logs, f"run{run:05d}-{tag}.log"), "w") as f:
+        f.write(" ".join(cmd) + "\n" + out)
+    errors = re.findall(r"aborted in command \d+ query \d+: (.*)", out)
+    if proc.returncode != 0 and not (during_sql and errors):
+        raise BenchError(f"pgbench {script} ({tag}) failed: {out[-1500:]}")
+    lats, win = [], []
+    for f in os.listdir(b.logs):
+        if not f.startswith(prefix + "."):
+            continue
+        with open(os.path.join(b.logs, f)) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 6:
+                    continue
+                lat_us = int(parts[2])
+                end = int(parts[4]) + int(parts[5]) / 1e6
+                lats.append(lat_us)
+                if window and end >= window[0] and end - lat_us / 1e6 <= window[1]:
+                    win.append(lat_us)
+    res = {"tag": tag, "txns": len(lats), "p50_ms": pct(lats, 50), "p99_ms": pct(lats, 99),
+           "max_ms": max(lats) / 1000 if lats else None, "client_errors": errors}
+    if errors:
+        b.log(f"  claims FAILED while {during_sql} ran: {errors[0]}")
+    if window:
+        res.update(window_txns=len(win), window_p99_ms=pct(win, 99),
+                   window_max_ms=max(win) / 1000 if win else None,
+                   window_s=window[1] - window[0], cleanup=cleanup)
+    return res
+
+
+def p99_rounds(b, db, name, script, cleanup_sql, load):
+    """Per round: load the expired rows, CHECKPOINT, a run without
+    cleanup, CHECKPOINT, a run with the cleanup starting 1 s in."""
+    res = b.raw["cleanup"]["p99"]
+    for r in range(b.p["p99_rounds"]):
+        b.wait_quiet()
+        load()
+        b.psql(db, "TRUNCATE orders")
+        base = b.measured(lambda: b.checkpoint(db),
+                          lambda: p99_run(b, db, script, None, f"{name}-base-{r}"))
+        # the cleanup cannot be re-run on the same rows: no retry here
+        b.wait_quiet()
+        b.checkpoint(db)
+        a = b.meter.snap()
+        during = p99_run(b, db, script, cleanup_sql, f"{name}-during-{r}")
+        during["foreign_cores"] = round(b.meter.foreign(a, b.meter.snap()), 3)
+        during.update(noise())
+        res.setdefault(f"{name}_base", []).append(base)
+        res.setdefault(f"{name}_during", []).append(during)
+        b.log(f"cleanup p99 round {r}, {script}: {base['p99_ms']:.2f} ms without, "
+              f"{during.get('window_p99_ms') or 0:.2f} ms during {cleanup_sql} "
+              f"({during.get('window_txns')} claims in the window, cleanup "
+              f"{during['cleanup']['ms']:.0f} ms)")
+        b.save()
