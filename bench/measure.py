@@ -109,6 +109,7 @@ def hist_stats(h):
 
 
 def pct(values, q):
+    """Nearest-rank percentile, in ms, of latencies in µs."""
     if not values:
         return None
     # nearest rank: the smallest value with at least q % of them at or below

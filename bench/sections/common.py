@@ -1,7 +1,6 @@
 """Helpers the retention sections share: a database with chosen idem
 settings, and pgbench's per-transaction logs read with their timestamps."""
 import gzip
-import math
 import os
 
 
@@ -75,10 +74,3 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def pct(values_us, q):
-    """Nearest-rank percentile, in ms, of latencies in µs."""
-    if not values_us:
-        return None
-    v = sorted(values_us)
-    k = max(1, min(len(v), math.ceil(q / 100 * len(v)))) - 1
-    return v[k] / 1000.0

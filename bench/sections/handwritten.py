@@ -182,12 +182,12 @@ def analyse(txns, cleanups, t0, ttl):
         w0 += ttl
     return {"txns_logged": len(txns), "tps_overall": len(txns) / max(1e-3, t_last - t0),
             "tps_steady": len(steady) / max(1e-3, t_last - warm), "steady_from_s": warm - t0,
-            "p50_ms": common.pct(lats, 50), "p99_ms": common.pct(lats, 99),
-            "p999_ms": common.pct(lats, 99.9), "max_ms": max(lats) / 1000,
-            "steady_p99_ms": common.pct(steady, 99),
-            "during_txns": len(during), "during_p99_ms": common.pct(during, 99),
+            "p50_ms": measure.pct(lats, 50), "p99_ms": measure.pct(lats, 99),
+            "p999_ms": measure.pct(lats, 99.9), "max_ms": max(lats) / 1000,
+            "steady_p99_ms": measure.pct(steady, 99),
+            "during_txns": len(during), "during_p99_ms": measure.pct(during, 99),
             "during_max_ms": max(during) / 1000 if during else None,
-            "steady_during_p99_ms": common.pct(steady_during, 99),
+            "steady_during_p99_ms": measure.pct(steady_during, 99),
             "tps_per_ttl_window": windows}
 
 
