@@ -299,9 +299,10 @@ COMMENT ON FUNCTION idem.us_since_2000(timestamptz) IS 'A timestamp as microseco
 -- transaction (a visible row whose writer is in progress can only be ours).
 -- Recording only the inserts' earliest time keeps a transaction of many
 -- claims from growing a setting claim by claim. (A role that sets these
--- settings by hand can make a call take another transaction's row for its
--- own only while that row's writer is in progress, i.e. never for a
--- committed row it can see.)
+-- settings by hand only widens the candidates: a committed row it can see
+-- has no writer in progress, except a frozen row whose number a wrapped
+-- counter has just given to the role's own transaction, some four billion
+-- transactions away.)
 CREATE FUNCTION idem.note_inserted(claimed_at timestamptz) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 BEGIN
