@@ -2,8 +2,9 @@
 # Long retention at the price of short: business types at 1 hour, 1 day,
 # 30 days and 400 days live in one database, each with claims spread over
 # 90% of its TTL (as a database that has been claiming for that long holds
-# them; the last tenth kept so that none expires before it is checked), on a throw-away cluster with PostgreSQL's default
-# max_locks_per_transaction (64) and 120 connections.
+# them; the last tenth kept so that none expires before it is checked), on
+# a throw-away cluster with PostgreSQL's default max_locks_per_transaction
+# (64) and 120 connections.
 #
 # Checks, per type:
 #   * a claim locks a bounded number of relations, the same for 1 hour as
