@@ -2,7 +2,13 @@
 # after scripts/lib.sh). The cluster listens on a Unix socket in its folder
 # (and on 127.0.0.1 when asked), trust authentication, user postgres.
 #
-#   pc_init DIR PORT [CONF-LINE...]   initdb into DIR/data with these settings
+#   pc_initdb BIN DIR PORT [CONF-LINE...]
+#                                     initdb (of the server in BIN) into DIR/data,
+#                                     listening on a socket in DIR only, with
+#                                     these settings too; DIR must exist. For a
+#                                     scenario that runs servers of its own
+#                                     (another tree, or two at once)
+#   pc_init DIR PORT [CONF-LINE...]   DIR made anew, then pc_initdb with $PG_BIN
 #   pc_start / pc_restart / pc_stop   (DIR as set by pc_init; pc_stop is immediate)
 #   pc_psql ARGS...                   psql to it (ON_ERROR_STOP, no psqlrc)
 #   pc_until DB SQL [WHAT]            poll until SQL returns t (a safety limit
@@ -26,16 +32,21 @@ pc_init() {
   mkdir -p "$PC_DIR"
   chown postgres:postgres "$PC_DIR"
   chmod 700 "$PC_DIR"
-  as_postgres "$PG_BIN/initdb" -D "$PC_DIR/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+  pc_initdb "$PG_BIN" "$PC_DIR" "$PC_PORT" "log_min_messages = warning" "$@"
+}
+
+pc_initdb() { # BIN DIR PORT [CONF-LINE...]
+  local bin=$1 dir=$2 port=$3
+  shift 3
+  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
   {
     echo "listen_addresses = ''"
-    echo "unix_socket_directories = '$PC_DIR'"
-    echo "port = $PC_PORT"
+    echo "unix_socket_directories = '$dir'"
+    echo "port = $port"
     echo "shared_buffers = 32MB"
     echo "fsync = off"
-    echo "log_min_messages = warning"
     printf '%s\n' "$@"
-  } >> "$PC_DIR/data/postgresql.conf"
+  } >> "$dir/data/postgresql.conf"
 }
 
 pc_start() { as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -w start >/dev/null; }

@@ -18,6 +18,7 @@
 # Synchronization is by observation (pg_stat_activity, SHOW POOLS, a probe's
 # "ready" line), never by sleeping. Ends with a summary; exits 1 on any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 PG_PORT=5460
 TX_PORT=5461
 SESSION_PORT=5462
@@ -64,15 +65,8 @@ rm -rf "$dir" "$out"
 mkdir -p "$dir" "$out"
 chown postgres:postgres "$dir"
 chmod 700 "$dir"
-as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $PG_PORT
-shared_buffers = 32MB
-fsync = off
-max_connections = 50
-CONF
+pc_initdb "$PG_BIN" "$dir" "$PG_PORT" \
+  "max_connections = 50"
 as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 direct() { "$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres "$@"; }
 direct -d postgres -c "CREATE DATABASE pgb" \

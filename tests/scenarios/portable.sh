@@ -53,6 +53,7 @@
 # in this edition (settings without the library; SECURITY DEFINER API
 # functions), as patches of tests/pg_regress/expected.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 # The private server's port: 5546 on 15, 56NN on major NN. The server
 # listens on a socket in this major's cluster folder only, but
 # tests/portable/pooler.sh puts PgBouncer on 127.0.0.1:PORT+1000, and
@@ -90,16 +91,9 @@ else
     || { echo "FAILED: generator: $(cat "$out/gen_check/err")"; fails=$((fails + 1)); }
 fi
 
-as_postgres "$TLE_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $PORT
-shared_buffers = 32MB
-fsync = off
-max_prepared_transactions = 10
-max_connections = 60
-CONF
+pc_initdb "$TLE_BIN" "$dir" "$PORT" \
+  "max_prepared_transactions = 10" \
+  "max_connections = 60"
 # pg_cron where the private tree has it; its jobs run in background workers
 # (no connection over the network, which this server does not listen on).
 CRON_DB=portable_cron

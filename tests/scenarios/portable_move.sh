@@ -28,6 +28,7 @@
 # Debian 12's PostgreSQL 15, and a move between majors is pg_dump's
 # business, not this test's.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/lib/assert.sh"
 if [ "$PG_MAJOR" != 15 ]; then
   echo "skipped: moving between editions is tested on PostgreSQL 15 (this run is $PG_MAJOR)"
@@ -62,16 +63,9 @@ python3 "$ROOT/scripts/portable.py" --out "$out/dist"
 chmod -R a+rX "$out"
 
 start_cluster() { # bindir dir port preload
-  as_postgres "$1/initdb" -D "$2/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-  cat >> "$2/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$2'
-port = $3
-shared_buffers = 32MB
-fsync = off
-max_connections = 40
-shared_preload_libraries = '$4'
-CONF
+  pc_initdb "$1" "$2" "$3" \
+    "max_connections = 40" \
+    "shared_preload_libraries = '$4'"
   as_postgres "$1/pg_ctl" -D "$2/data" -l "$2/server.log" -w start >/dev/null
 }
 start_cluster "$TLE_BIN" "$tle_dir" $TLE_PORT pg_tle

@@ -24,6 +24,7 @@
 #     database at another version (55000).
 # PostgreSQL 15 only: the pg_tle tree is Debian 12's PostgreSQL 15.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/lib/assert.sh"
 if [ "$PG_MAJOR" != 15 ]; then
   echo "skipped: the portable edition's update path is tested on PostgreSQL 15 (this run is $PG_MAJOR)"
@@ -108,16 +109,9 @@ else
 fi
 chmod -R a+rX "$out"
 
-as_postgres "$TLE_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $PORT
-shared_buffers = 32MB
-fsync = off
-max_connections = 30
-shared_preload_libraries = 'pg_tle'
-CONF
+pc_initdb "$TLE_BIN" "$dir" "$PORT" \
+  "max_connections = 30" \
+  "shared_preload_libraries = 'pg_tle'"
 as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 psql_as() { local role=$1 db=$2; shift 2; "$TLE_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U "$role" -d "$db" "$@"; }
 psql_as postgres postgres -c "CREATE ROLE tle_admin LOGIN NOSUPERUSER" -c "CREATE ROLE plain_owner LOGIN NOSUPERUSER"

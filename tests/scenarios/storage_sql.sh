@@ -8,6 +8,7 @@
 # paths must answer alike; tests/sql_access/ adds what differs (REPEATABLE
 # READ is refused with 0A000; the key lock is held to the end).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 PORT=5541
 dir="$(cluster_dir)/sqlpath"
 out="$IDEM_TARGET/test-out/sql_access"
@@ -18,16 +19,9 @@ rm -rf "$dir" "$out"
 mkdir -p "$dir" "$out"
 chown postgres:postgres "$dir"
 chmod 700 "$dir"
-as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $PORT
-shared_buffers = 32MB
-fsync = off
-max_prepared_transactions = 10
-idem.storage_access = sql
-CONF
+pc_initdb "$PG_BIN" "$dir" "$PORT" \
+  "max_prepared_transactions = 10" \
+  "idem.storage_access = sql"
 as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 psql_sql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U postgres "$@"; }
 
