@@ -17,6 +17,7 @@ seen waiting in pg_stat_activity, a queued client in PgBouncer's SHOW POOLS,
 a lease that ran out in idem_leases; never by sleeping a fixed time.
 """
 
+import os
 import random
 import sys
 import threading
@@ -25,6 +26,9 @@ import uuid
 
 import psycopg
 from psycopg.types.json import Jsonb
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sessions import in_thread, pid, wait_until  # noqa: E402
 
 MODE, BPORT, SOCKDIR, PGPORT = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 TX = MODE == "transaction"
@@ -58,15 +62,6 @@ def admin():
     return psycopg.connect(host="127.0.0.1", port=BPORT, dbname="pgbouncer", user="postgres", autocommit=True)
 
 
-def wait_until(what, cond, timeout=15.0):
-    """Poll an observable condition; False if it never held."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.005)
-    print(f"     (gave up waiting for: {what})")
-    return False
 
 
 def sqlstate_of(conn, sql, params=()):
@@ -77,8 +72,6 @@ def sqlstate_of(conn, sql, params=()):
         return e.sqlstate
 
 
-def pid(conn):
-    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
 
 def waiting_on_claim(obs):
@@ -100,17 +93,6 @@ def cl_waiting(db):
     return -1
 
 
-def in_thread(fn):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except Exception as e:  # reported by the caller
-            box["error"] = e
-    t = threading.Thread(target=run)
-    t.start()
-    return t, box
 
 
 class Clients:

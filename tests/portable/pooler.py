@@ -33,14 +33,17 @@ fixed time. Exit status: the number of failed checks (capped).
 """
 
 import argparse
+import os
 import random
 import sys
 import threading
-import time
 import uuid
 
 import psycopg
 from psycopg.types.json import Jsonb
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sessions import in_thread, pid, wait_until  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bouncer_port", type=int)
@@ -77,18 +80,8 @@ def direct():
     return psycopg.connect(host=args.sockdir, port=args.pg_port, dbname=args.db, user="postgres", autocommit=True)
 
 
-def wait_until(what, cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.005)
-    print(f"     (gave up waiting for: {what})")
-    return False
 
 
-def pid(conn):
-    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
 
 def advisory_locks(conn, backend):
@@ -96,17 +89,6 @@ def advisory_locks(conn, backend):
                         (backend,)).fetchone()[0]
 
 
-def in_thread(fn):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except Exception as e:  # reported by the caller
-            box["error"] = e
-    t = threading.Thread(target=run)
-    t.start()
-    return t, box
 
 
 def sabotage(obs, what):
@@ -210,7 +192,7 @@ def waiting_duplicates(obs):
         b.execute("SET lock_timeout = '20s'")  # a broken key lock fails the check, not the run
         t, box = in_thread(lambda: b.execute("SELECT pg_backend_pid(), claimed, state, result FROM idem_claim(%s, %s)",
                                              (key, BIZ)).fetchone())
-        seen = wait_until("the duplicate waits on the key lock", lambda: obs.execute(
+        seen = wait_until("the duplicate waits on the key lock", timeout=30.0, cond=lambda: obs.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'"
             " AND wait_event = 'advisory' AND query LIKE '%%idem_claim%%' AND pid <> %s",
             (args.db, a_pid)).fetchone()[0] == 1)

@@ -1,0 +1,36 @@
+"""What the Python test drivers that run concurrent sessions share (import
+it with tests/lib on sys.path): waiting for an observable state, a call in
+a thread of its own, a connection's backend."""
+import threading
+import time
+
+
+def wait_until(what, cond, timeout=15.0):
+    """Poll an observable condition; False if it never held (the caller's
+    check then fails: the limit is a safety net, never the verdict)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.005)
+    print(f"     (gave up waiting for: {what})")
+    return False
+
+
+def in_thread(fn):
+    """Run fn in a thread; returns the thread and a box that gets its
+    "value" or its "error" (reported by the caller)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except Exception as e:  # reported by the caller
+            box["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def pid(conn):
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
