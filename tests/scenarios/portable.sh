@@ -54,11 +54,12 @@
 # functions), as patches of tests/pg_regress/expected.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
-# The private server's port: 5546 on 15, 56NN on major NN. The server
+# The private server's port: 5546 on 15, and a port of its own on each other
+# major (major_port in scripts/lib.sh: 5646 on 16). The server
 # listens on a socket in this major's cluster folder only, but
 # tests/portable/pooler.sh puts PgBouncer on 127.0.0.1:PORT+1000, and
 # scripts/test.sh runs the majors side by side. PORTABLE_PORT picks another.
-if [ "$PG_MAJOR" = 15 ]; then PORT="${PORTABLE_PORT:-5546}"; else PORT="${PORTABLE_PORT:-56$PG_MAJOR}"; fi
+PORT="${PORTABLE_PORT:-$(major_port 5546)}"
 # The private server is of the same major as PG_CONFIG's
 # (tests/portable/tree.sh), compared with the native edition on the suite's
 # cluster of that major.
