@@ -152,19 +152,6 @@ BEGIN
   END IF;
 END $f$;
 
--- n new keys md5(prefix || i), i = lo..hi, claimed through idem_claim in one
--- statement; an error unless every one was claimed.
-CREATE FUNCTION public.bench_claim(prefix text, lo bigint, hi bigint) RETURNS bigint
-LANGUAGE plpgsql AS $f$
-DECLARE n bigint;
-BEGIN
-  SELECT count(*) INTO n FROM generate_series(lo, hi) g,
-         LATERAL idem_claim(md5(prefix || g::text), 'bench') c WHERE c.claimed;
-  IF n <> hi - lo + 1 THEN
-    RAISE EXCEPTION 'bench_claim: % of % keys claimed', n, hi - lo + 1;
-  END IF;
-  RETURN n;
-END $f$;
 """
 
 FAKE_MAINTAIN_SQL = r"""
@@ -368,6 +355,7 @@ class Bench:
             self.psql(db, f.read())
         self.psql(db, "CREATE EXTENSION idem; CREATE EXTENSION pg_walinspect;")
         self.psql(db, MAKE_PARTITION_SQL)
+        self.psql(db, common.BENCH_CLAIM_SQL)
         if self.fake_maintain and not self.has_maintain(db):
             self.psql(db, FAKE_MAINTAIN_SQL)
             self.raw["meta"]["fake_maintain_used"] = True

@@ -116,3 +116,30 @@ def pct(values, q):
     v = sorted(values)
     k = max(1, min(len(v), math.ceil(q / 100 * len(v)))) - 1
     return v[k] / 1000.0
+
+
+def wal_and_xids(b, db, run):
+    """Run run() (a pgbench run) between two readings of the WAL insert
+    position and of txid_current(), and once the WAL is flushed (what
+    pg_walinspect reads; with synchronous_commit off the WAL writer gets
+    there within wal_writer_delay) measure what it wrote. txid_current()
+    assigns an xid itself: the second reading is its own, so the run took
+    x1 - x0 - 1. background: the LSN span of the records no transaction of
+    the run wrote (the background writer's running-xacts snapshots,
+    Standby; checkpoints, XLOG), padding included, so that "0 WAL" means 0
+    for the workload. Returns (run()'s result, l0, l1, wal, background,
+    xids)."""
+    x0 = int(b.val(db, "SELECT txid_current()"))
+    l0 = b.val(db, "SELECT pg_current_wal_insert_lsn()")
+    res = run()
+    l1 = b.val(db, "SELECT pg_current_wal_insert_lsn()")
+    x1 = int(b.val(db, "SELECT txid_current()"))
+    for _ in range(200):
+        if b.val(db, f"SELECT pg_current_wal_flush_lsn() >= '{l1}'::pg_lsn") == "t":
+            break
+        time.sleep(0.05)
+    wal = int(b.val(db, f"SELECT '{l1}'::pg_lsn - '{l0}'::pg_lsn"))
+    background = 0 if wal == 0 else int(b.val(db, f"""
+        SELECT coalesce(sum(end_lsn - start_lsn), 0) FROM pg_get_wal_records_info('{l0}', '{l1}')
+         WHERE resource_manager IN ('Standby', 'XLOG')"""))
+    return res, l0, l1, wal, background, x1 - x0 - 1

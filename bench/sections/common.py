@@ -13,6 +13,23 @@ BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SQL = os.path.join(BENCH, "sql")
 
 
+# n new keys md5(prefix || i), i = lo..hi, claimed through idem_claim in one
+# statement; an error unless every one was claimed.
+BENCH_CLAIM_SQL = r"""
+CREATE OR REPLACE FUNCTION public.bench_claim(prefix text, lo bigint, hi bigint) RETURNS bigint
+LANGUAGE plpgsql AS $f$
+DECLARE n bigint;
+BEGIN
+  SELECT count(*) INTO n FROM generate_series(lo, hi) g,
+         LATERAL idem_claim(md5(prefix || g::text), 'bench') c WHERE c.claimed;
+  IF n <> hi - lo + 1 THEN
+    RAISE EXCEPTION 'bench_claim: % of % keys claimed', n, hi - lo + 1;
+  END IF;
+  RETURN n;
+END $f$;
+"""
+
+
 def create_db(b, db, settings=None, sql=""):
     """A fresh database with the benchmark's tables (sql/schema.sql) and idem.
     settings (idem.* GUCs) are set on the database before the extension is

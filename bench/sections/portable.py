@@ -14,7 +14,8 @@ Beside it, I3's WAL bytes and xids per call in each edition (the duplicate
 path must write nothing), measured as the wal section measures them."""
 import os
 import subprocess
-import time
+
+import measure
 
 from . import common
 
@@ -71,18 +72,7 @@ def setup(b, db):
     # the business type registered and its partitions made, as a deployment has them
     b.psql(db, "SELECT idem_claim('bench-setup', 'bench')")
     b.psql(db, "SELECT idem_maintain()")
-    b.psql(db, """
-        CREATE OR REPLACE FUNCTION public.bench_claim(prefix text, lo bigint, hi bigint) RETURNS bigint
-        LANGUAGE plpgsql AS $f$
-        DECLARE n bigint;
-        BEGIN
-          SELECT count(*) INTO n FROM generate_series(lo, hi) g,
-                 LATERAL idem_claim(md5(prefix || g::text), 'bench') c WHERE c.claimed;
-          IF n <> hi - lo + 1 THEN
-            RAISE EXCEPTION 'bench_claim: % of % keys claimed', n, hi - lo + 1;
-          END IF;
-          RETURN n;
-        END $f$""")
+    b.psql(db, common.BENCH_CLAIM_SQL)
 
 
 def reset(b, db, prefill):
@@ -103,22 +93,11 @@ def wal_of_duplicates(b, db, n, prefill):
     """WAL bytes (minus the background's Standby/XLOG records) and xids of n
     duplicate claims (I3), 1 client, autovacuum off: as the wal section."""
     reset(b, db, prefill)
-    x0 = int(b.val(db, "SELECT txid_current()"))
-    l0 = b.val(db, "SELECT pg_current_wal_insert_lsn()")
-    res = b.pgbench(db, "i3.sql", 1, "off", txns=n, prefill=prefill, tag=f"pt-wal-{db}")
-    l1 = b.val(db, "SELECT pg_current_wal_insert_lsn()")
-    x1 = int(b.val(db, "SELECT txid_current()"))
-    for _ in range(200):
-        if b.val(db, f"SELECT pg_current_wal_flush_lsn() >= '{l1}'::pg_lsn") == "t":
-            break
-        time.sleep(0.05)
-    wal = int(b.val(db, f"SELECT '{l1}'::pg_lsn - '{l0}'::pg_lsn"))
-    background = 0 if wal == 0 else int(b.val(db, f"""
-        SELECT coalesce(sum(end_lsn - start_lsn), 0) FROM pg_get_wal_records_info('{l0}', '{l1}')
-         WHERE resource_manager IN ('Standby', 'XLOG')"""))
+    res, _, _, wal, background, xids = measure.wal_and_xids(
+        b, db, lambda: b.pgbench(db, "i3.sql", 1, "off", txns=n, prefill=prefill, tag=f"pt-wal-{db}"))
     return {"txns": n, "wal_bytes": wal, "background_bytes": background,
-            "wal_per_txn": (wal - background) / n, "xids": x1 - x0 - 1,
-            "xids_per_txn": (x1 - x0 - 1) / n, "tps": res["tps"]}
+            "wal_per_txn": (wal - background) / n, "xids": xids,
+            "xids_per_txn": xids / n, "tps": res["tps"]}
 
 
 def run(b):
