@@ -280,19 +280,31 @@ def maintainer(run):
     conn.add_notice_handler(lambda d: None)
     rnd = random.Random(args.seed + 31)
     n = 0
+    long_pause_done = False
     while not run.stop.is_set():
         n += 1
-        # (the 10th run always pauses, so that every phase long enough sends
-        # claims to the default partition at least once)
-        if n == 10 or rnd.random() < args.maintain_pause:
+        # No pause before the first partition was dropped: every run is
+        # checked for rotation, and a pause of up to two TTLs before the
+        # first claims expire could outlast a short run (a failover run of
+        # 13 s once saw none). After it, pauses as configured, and one long
+        # one (the first run from the 10th on), so that every phase long
+        # enough sends claims to the default partition at least once.
+        with run.lock:
+            rotated = run.maint.get("partitions_dropped", 0) > 0
+        long_pause = rotated and n >= 10 and not long_pause_done
+        if long_pause or (rotated and rnd.random() < args.maintain_pause):
             with run.lock:
                 run.maint["pauses"] += 1
             # (Up to two TTLs: a claim's TTL class premakes partitions for
             # TTLs up to 4·√2 widths, so a pause must outlast that, less the
             # TTL, to leave live claims beyond the partitions.)
-            # The 10th run's pause is the longest, so that it surely
-            # outlasts the premade reach while claims are live.
-            pause = 2 * args.ttl if n == 10 else rnd.uniform(2 * args.width, 2 * args.ttl)
+            # The long pause is the longest, so that it surely outlasts the
+            # premade reach while claims are live.
+            if long_pause:
+                long_pause_done = True
+                pause = 2 * args.ttl
+            else:
+                pause = rnd.uniform(2 * args.width, 2 * args.ttl)
             if run.stop.wait(pause):
                 break
         try:
