@@ -4,7 +4,7 @@
 # Installs what is missing (scripts/setup.sh --tests: also the tests' own
 # tools), builds, starts the private cluster and runs every
 # level on PostgreSQL 15: #[pg_test] units, pg_regress, pg_isolation_regress,
-# every scenario in tests/scenarios/. Beside it, the core of the suite again on
+# every scenario in tests/scenarios/. Then the core of the suite again on
 # PostgreSQL 18 (built from Debian sid's source, cached), on PostgreSQL 17
 # in a Debian 13 root (cached) and on PostgreSQL 16.2 (PyPI's pgserver
 # wheel, cached), and pg_upgrade from 15 to 18. Ends with "N passed, N failed".
@@ -127,7 +127,7 @@ if [ "$IDEM_SUITE" = full ]; then
   # 15, whose idem.so this copies) and after 18's (which installs idem there).
   major_pg_upgrade() {
     say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
-    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2>> "$OUT/pg18-build.log") || { record "pg_upgrade/15-to-18" 1; return; }
+    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2>> "$OUT/pg18-build.log") || { record "pg18/build" 1; return; }
     if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
       record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
     else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
