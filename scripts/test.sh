@@ -161,7 +161,7 @@ if [ "$IDEM_SUITE" = full ]; then
   # suite): each is a separate server, build, cluster and set of ports
   # (major_port), and most of a run is spent waiting (locks, fsyncs,
   # sessions waiting on each other; the CPU was idle two thirds of the 15
-  # suite's middle ten minutes when it ran alone), which leaves the CPU to the others.
+  # suite's time when it ran alone), which leaves the CPU to the others.
   # Each job writes its output and records to files, shown and counted at
   # the end in the order of IDEM_MAJORS (the units first). The units wait
   # for the 15 suite: they install a test build into this PostgreSQL.
