@@ -77,6 +77,48 @@ if [ "$IDEM_SUITE" = full ]; then
   prepare_pid=$!
 fi
 
+fresh_db() {
+  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
+}
+
+source "$ROOT/tests/lib/regress.sh"
+
+# run_suite NAME KIND DB INPUTDIR [psql setup...]: the schedule of
+# INPUTDIR against a fresh database of the private cluster (tests/lib/regress.sh).
+run_suite() {
+  local name=$1 kind=$2 db=$3 dir=$4
+  shift 4
+  fresh_db "$db"
+  [ $# -gt 0 ] && psql_idem -q -d "$db" "$@"
+  regress_run "$kind" "$(cluster_dir)" "$IDEM_PORT" "$db" "$dir" "$OUT/$name" "$OUT/$name.log" \
+    --schedule="$dir/schedule" || true
+  while read -r test result; do
+    echo "$name/$test ... $result"
+    if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
+  done < <(regress_results "$OUT/$name.log")
+  regress_diffs "$OUT/$name"
+  step_done "$name"
+}
+
+say "pg_regress: SQL API"
+run_suite regress regress idem_regress "$ROOT/tests/pg_regress"
+
+say "pg_isolation_regress: concurrency"
+run_suite isolation isolation idem_isolation "$ROOT/tests/isolation" \
+  -c "CREATE EXTENSION idem"
+
+# Scenario scripts: each is a bash script that exits 0 on success.
+for t in "$ROOT"/tests/scenarios/*.sh; do
+  [ -e "$t" ] || continue
+  name=$(basename "$t" .sh)
+  if [ "$IDEM_SUITE" = core ] && ! printf '%s\n' "${CORE_SCENARIOS[@]}" | grep -qx "$name"; then continue; fi
+  say "scenario: $name"
+  step_started=$SECONDS
+  if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok ($((SECONDS - step_started)) s)"
+  else record "scenario/$name" 1; tail -30 "$OUT/scenario-$name.log"; fi
+  step_done "scenario/$name"
+done
+
 # Another major's run of this script (IDEM_SUITE=core): its tests count
 # here as pgNN/<test>.
 run_major() { # label command...
@@ -122,12 +164,7 @@ if [ "$IDEM_SUITE" = full ]; then
     say "PostgreSQL 18: the core suite (tests/servers/pg18.sh builds it once, cached)"
     pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
     run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
-  }
-  # After the 15 suite (which installs and removes builds of idem in Debian's
-  # 15, whose idem.so this copies) and after 18's (which installs idem there).
-  major_pg_upgrade() {
     say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
-    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2>> "$OUT/pg18-build.log") || { record "pg18/build" 1; return; }
     if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
       record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
     else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
@@ -156,82 +193,23 @@ if [ "$IDEM_SUITE" = full ]; then
     # (Stopped, as 17's: pg16.sh does not swap in a new tree under a running server.)
     PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
   }
-  # The other majors run side by side with the PostgreSQL 15 suite and with
-  # each other (IDEM_MAJORS_SERIAL=1: one after another, before the 15
-  # suite): each is a separate server, build, cluster and set of ports
-  # (major_port), and most of a run is spent waiting (locks, fsyncs,
-  # sessions waiting on each other; the CPU was idle two thirds of the 15
-  # suite's time when it ran alone), which leaves the CPU to the others.
-  # Each job writes its output and records to files, shown and counted at
-  # the end in the order of IDEM_MAJORS (the units first). The units wait
-  # for the 15 suite: they install a test build into this PostgreSQL.
+  # The other majors run side by side (IDEM_MAJORS_SERIAL=1: one after
+  # another): each is a separate server and build, and most of a run is
+  # spent waiting (locks, fsyncs, sessions waiting on each other), which
+  # leaves the CPU to the others. Each job writes its output and records to
+  # files, shown and counted here in the order of IDEM_MAJORS (the
+  # units first).
   major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
     : > "$OUT/major-$1.records"
     (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
   }
-  jobs_started=() job_pids=() pid_18=
-  for major in $IDEM_MAJORS; do
+  jobs_started=() job_pids=()
+  for major in pg_test $IDEM_MAJORS; do
     declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
-    say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the PostgreSQL 15 suite')"
+    [ "$major" = pg_test ] || say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the other majors')"
     if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
-    [ "$major" != 18 ] || [ ${#job_pids[@]} = 0 ] || pid_18=${job_pids[-1]}
     jobs_started+=("$major")
   done
-fi
-
-fresh_db() {
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
-}
-
-source "$ROOT/tests/lib/regress.sh"
-
-# run_suite NAME KIND DB INPUTDIR [psql setup...]: the schedule of
-# INPUTDIR against a fresh database of the private cluster (tests/lib/regress.sh).
-run_suite() {
-  local name=$1 kind=$2 db=$3 dir=$4
-  shift 4
-  fresh_db "$db"
-  [ $# -gt 0 ] && psql_idem -q -d "$db" "$@"
-  regress_run "$kind" "$(cluster_dir)" "$IDEM_PORT" "$db" "$dir" "$OUT/$name" "$OUT/$name.log" \
-    --schedule="$dir/schedule" || true
-  while read -r test result; do
-    echo "$name/$test ... $result"
-    if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
-  done < <(regress_results "$OUT/$name.log")
-  regress_diffs "$OUT/$name"
-  step_done "$name"
-}
-
-say "pg_regress: SQL API"
-run_suite regress regress idem_regress "$ROOT/tests/pg_regress"
-
-say "pg_isolation_regress: concurrency"
-run_suite isolation isolation idem_isolation "$ROOT/tests/isolation" \
-  -c "CREATE EXTENSION idem"
-
-# Scenario scripts: each is a bash script that exits 0 on success.
-for t in "$ROOT"/tests/scenarios/*.sh; do
-  [ -e "$t" ] || continue
-  name=$(basename "$t" .sh)
-  if [ "$IDEM_SUITE" = core ] && ! printf '%s\n' "${CORE_SCENARIOS[@]}" | grep -qx "$name"; then continue; fi
-  say "scenario: $name"
-  step_started=$SECONDS
-  if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok ($((SECONDS - step_started)) s)"
-  else record "scenario/$name" 1; tail -30 "$OUT/scenario-$name.log"; fi
-  step_done "scenario/$name"
-done
-
-if [ "$IDEM_SUITE" = full ]; then
-  # The #[pg_test] units, now that no scenario uses this PostgreSQL's
-  # installed files, beside the other majors still running.
-  say "#[pg_test] units (beside the other majors)"
-  major_job pg_test & job_pids+=($!)
-  jobs_started=(pg_test "${jobs_started[@]}")
-  if printf '%s\n' $IDEM_MAJORS | grep -qx 18; then
-    [ -z "$pid_18" ] || wait "$pid_18" || true
-    major_job pg_upgrade & job_pids+=($!)
-    jobs_started+=(pg_upgrade)
-  fi
   for pid in "${job_pids[@]}"; do wait "$pid" || true; done
   for major in "${jobs_started[@]}"; do
     cat "$OUT/major-$major.out"
