@@ -3,8 +3,8 @@
 # already used) against the shared cluster, each transaction committing,
 # rolling back, failing mid-way, claiming with wait => false or inside a
 # rolled-back savepoint, while idem_maintain() rotates 1-second partitions
-# under a 3-second TTL (with pauses that send claims to the default
-# partition). Checks, and prints as counts: one committed claim per key per
+# under a 3-second TTL (with random pauses, and one hold that lasts until
+# the default partition holds a live claim, which the next run moves out). Checks, and prints as counts: one committed claim per key per
 # TTL window, claims against business rows both ways, no claim gone before
 # its expiry, the client's acknowledged commits against the server's rows,
 # no unexpected SQLSTATE, amcheck on every index and heap. Then a negative

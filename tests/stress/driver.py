@@ -280,32 +280,44 @@ def maintainer(run):
     conn.add_notice_handler(lambda d: None)
     rnd = random.Random(args.seed + 31)
     n = 0
-    long_pause_done = False
+    hold_done = False
     while not run.stop.is_set():
         n += 1
         # No pause before the first partition was dropped: every run is
         # checked for rotation, and a pause of up to two TTLs before the
         # first claims expire could outlast a short run (a failover run of
-        # 13 s once saw none). After it, pauses as configured, and one long
-        # one (the first run from the 10th on), so that every phase long
-        # enough sends claims to the default partition at least once.
+        # 13 s once saw none). After it, random pauses as configured, and
+        # one hold (from the 10th run on, again until a run has moved a
+        # claim out of the default partition): maintenance waits until the
+        # default partition holds a claim with half its TTL still to live,
+        # so that every phase long enough moves claims out of it. The hold
+        # ends on that state, read from the table, not on a timer: under
+        # load, a fixed pause once ended with no claim there.
         with run.lock:
             rotated = run.maint.get("partitions_dropped", 0) > 0
-        long_pause = rotated and n >= 10 and not long_pause_done
-        if long_pause or (rotated and rnd.random() < args.maintain_pause):
+            hold_done = hold_done or run.maint.get("rows_moved_from_default", 0) > 0
+        if rotated and n >= 10 and not hold_done:
+            with run.lock:
+                run.maint["holds"] += 1
+            try:
+                landed = hold_until_default_has_live_claim(run, conn)
+            except Exception as exc:  # noqa: BLE001
+                if run.fault_started.is_set() and is_fault_error(exc):
+                    return
+                run.note_unexpected("maintain-hold", exc)
+                landed = False
+            if run.stop.is_set():
+                break
+            if not landed:
+                with run.lock:
+                    run.maint["holds_without_default_claim"] += 1
+        elif rotated and rnd.random() < args.maintain_pause:
             with run.lock:
                 run.maint["pauses"] += 1
             # (Up to two TTLs: a claim's TTL class premakes partitions for
             # TTLs up to 4·√2 widths, so a pause must outlast that, less the
             # TTL, to leave live claims beyond the partitions.)
-            # The long pause is the longest, so that it surely outlasts the
-            # premade reach while claims are live.
-            if long_pause:
-                long_pause_done = True
-                pause = 2 * args.ttl
-            else:
-                pause = rnd.uniform(2 * args.width, 2 * args.ttl)
-            if run.stop.wait(pause):
+            if run.stop.wait(rnd.uniform(2 * args.width, 2 * args.ttl)):
                 break
         try:
             rep = conn.execute("SELECT idem_maintain()").fetchone()[0]
@@ -327,6 +339,24 @@ def maintainer(run):
             m["expired_rows_deleted_from_default"] += rep.get("expired_rows_deleted_from_default") or 0
         run.stop.wait(args.maintain_every)
     conn.close()
+
+
+def hold_until_default_has_live_claim(run, conn):
+    """Wait, maintenance held off, until idem.claims_default holds a claim
+    with at least half its TTL left (so the next idem_maintain() moves it
+    out rather than deleting it expired). Polls the table; gives up after
+    ten TTLs (returns False) so that a phase with no clients left ends."""
+    args = run.args
+    deadline = time.monotonic() + 10 * args.ttl
+    while time.monotonic() < deadline:
+        live = conn.execute(
+            "SELECT EXISTS (SELECT FROM idem.claims_default"
+            " WHERE expires_at > now() + make_interval(secs => %s))", (args.ttl / 2,)).fetchone()[0]
+        if live:
+            return True
+        if run.stop.wait(0.1):
+            return False
+    return False
 
 
 def live_acked(run, margin, full=True):
