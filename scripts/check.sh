@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 
 if [ "$build" = 1 ]; then
-  (cd "$ROOT" && cargo pgrx install --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" 2>&1 |
+  (cd "$ROOT" && idem_build "$ROOT" cargo pgrx install --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" 2>&1 |
     grep -E "^(error|warning)|Finished|-->" || true)
 fi
 bash "$ROOT/scripts/cluster.sh" start

@@ -7,9 +7,10 @@
 #   PG_CONFIG=$(bash tests/servers/pg16.sh) bash scripts/test.sh     16.2, from PyPI's pgserver wheel
 #   bash tests/servers/in-trixie.sh bash scripts/test.sh               17, in a Debian 13 root
 # Each major version has its own cluster (.cluster/ and port 5499 for 15,
-# .cluster-NN/ and port 54NN for the others), its own cargo target folder
-# (target/ for 15, target/pgNN/ for the others) and is built with
-# --no-default-features --features pgNN when it is not 15.
+# .cluster-NN/ and port 54NN for the others), its own folder for test
+# outputs (target/ for 15, target/pgNN/ for the others), its own cargo
+# target folder (idem_build, below) and is built with --no-default-features
+# --features pgNN when it is not 15.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,7 +45,6 @@ else
   IDEM_PORT="${IDEM_PORT:-54$PG_MAJOR}"
   IDEM_TARGET="$ROOT/target/pg$PG_MAJOR"
   PG_FEATURE_ARGS=(--no-default-features --features "pg$PG_MAJOR")
-  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$IDEM_TARGET}"
 fi
 
 # Things built against the operating system's own libraries (a Python venv,
@@ -53,6 +53,42 @@ fi
 # one checkout: no suffix on Debian 12, "-debian13" in the root.
 IDEM_OS_SUFFIX="$(. /etc/os-release && echo "-$ID$VERSION_ID")"
 [ "$IDEM_OS_SUFFIX" != "-debian12" ] || IDEM_OS_SUFFIX=""
+
+# Where cargo builds idem: one target folder per major and system under
+# $IDEM_CACHE/cargo-target (IDEM_CACHE is /var/cache/idem unless set, where
+# tests/servers/ keeps its trees), shared by every checkout on the machine,
+# so that a new clone compiles idem itself (about 15 s) and not its
+# dependencies again (about a minute of CPU per major). A CARGO_TARGET_DIR
+# set by the caller wins; a user who cannot write the cache builds in
+# target/ as cargo would.
+IDEM_CACHE="${IDEM_CACHE:-/var/cache/idem}"
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg$PG_MAJOR$IDEM_OS_SUFFIX"
+  mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null && [ -w "$CARGO_TARGET_DIR" ] || CARGO_TARGET_DIR="$IDEM_TARGET"
+fi
+export CARGO_TARGET_DIR
+
+# idem_build SOURCE COMMAND...: run a command that builds idem from the
+# source folder SOURCE and uses what it built (cargo pgrx install, package,
+# test; make) holding the target folder's lock, so that another checkout's
+# build cannot replace the library between the two. First, when the last
+# build there came from another checkout, idem's own artifacts are removed
+# (its dependencies stay): cargo judges them fresh by file times, and an
+# older checkout's sources would look fresh against a newer one's build.
+idem_build() {
+  local source=$1
+  shift
+  mkdir -p "$CARGO_TARGET_DIR"
+  (
+    flock 8
+    local stamp="$CARGO_TARGET_DIR/.idem-built-from"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$source" ]; then
+      (cd "$ROOT" && cargo clean --quiet -p idem && cargo clean --quiet --release -p idem) 2>/dev/null || true
+      echo "$source" > "$stamp"
+    fi
+    "$@"
+  ) 8> "$CARGO_TARGET_DIR/.idem-build.lock"
+}
 
 # The cluster lives under the project folder, unless the postgres user cannot
 # reach that folder (a checkout under /root, say): then under /tmp.

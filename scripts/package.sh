@@ -6,7 +6,7 @@
 # Install it with: apt-get install ./target/package/postgresql-NN-idem_<version>_amd64.deb
 #
 # `cargo pgrx package` builds the release library and the install script into
-# target/release/idem-pgNN/ (target/pgNN/release/… for NN != 15) under the paths pg_config reports; this adds the
+# target/package/cargo-pgrx-pgNN/, under the paths pg_config reports; this adds the
 # hand-written upgrade scripts (sql/idem--*.sql), the documentation and the
 # package metadata, and runs dpkg-deb. The version is Cargo.toml's.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -27,11 +27,12 @@ pkglibdir=$("$PG_CONFIG" --pkglibdir)
 extdir="$("$PG_CONFIG" --sharedir)/extension"
 
 # A tree left by an earlier version would carry its idem--<old>.sql along.
-built="$IDEM_TARGET/release/idem-pg$PG_MAJOR"
+built="$ROOT/target/package/cargo-pgrx-pg$PG_MAJOR"
 rm -rf "$built"
-say "cargo pgrx package for PostgreSQL $PG_MAJOR (release build, in $IDEM_TARGET)"
+say "cargo pgrx package for PostgreSQL $PG_MAJOR (release build, in $CARGO_TARGET_DIR)"
 mkdir -p target/package
-if ! cargo pgrx package --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" > target/package/build.log 2>&1; then
+if ! idem_build "$ROOT" cargo pgrx package --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" --out-dir "$built" \
+     > target/package/build.log 2>&1; then
   grep -E -A8 "^error" target/package/build.log | head -60 >&2
   echo "cargo pgrx package failed (log: target/package/build.log)" >&2
   exit 1

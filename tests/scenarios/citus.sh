@@ -16,9 +16,9 @@
 # with the same key, and DROP EXTENSION / reinstall in a fresh database. Without ../shared/vendor/ it fails (Citus is not in
 # Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/citus.sh    leave the cluster running
-#   IDEM_STAGE=target/release/idem-pg15 bash tests/scenarios/citus.sh
+#   IDEM_STAGE=target/stage bash tests/scenarios/citus.sh
 #       take idem from a staging folder made by `cargo pgrx package
-#       --pg-config /usr/lib/postgresql/15/bin/pg_config` instead of the
+#       --pg-config /usr/lib/postgresql/15/bin/pg_config --out-dir target/stage` instead of the
 #       build installed into $PG_CONFIG's server (which then needs no install)
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 started=$(date +%s)

@@ -7,7 +7,8 @@
 # that the installed server is never touched. Then a cluster of that copy
 # (port ${IDEM_PGXN_PORT:-5474}) runs CREATE EXTENSION idem and claims.
 # Builds a release build in a fresh source folder (cargo's target folder is
-# reused for the dependencies).
+# reused for the dependencies; idem itself is compiled from the zip's
+# sources: idem_build in scripts/lib.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 command -v pgxn >/dev/null || { echo "FAIL: no pgxn (bash scripts/setup.sh --tests installs pgxnclient)"; exit 1; }
@@ -52,7 +53,7 @@ unzip -l "$scratch/idem-$version.zip" | grep -E " idem-$version/(Makefile|META.j
 
 say "pgxn install (make, then make install)"
 t0=$(date +%s)
-(cd "$scratch" && CARGO_TARGET_DIR="$IDEM_TARGET" pgxn install --pg_config "$pg_config" "./idem-$version.zip") > "$scratch/pgxn.log" 2>&1 \
+(cd "$scratch" && idem_build "$scratch" pgxn install --pg_config "$pg_config" "./idem-$version.zip") > "$scratch/pgxn.log" 2>&1 \
   || { tail -40 "$scratch/pgxn.log"; fail "pgxn install failed"; }
 grep -E "^(INFO|WARNING|ERROR)" "$scratch/pgxn.log" | head -10
 echo "pgxn install: $(( $(date +%s) - t0 )) s"

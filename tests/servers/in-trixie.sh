@@ -8,7 +8,8 @@
 #
 # Inside: /proc, /sys, /dev (with /dev/pts and /dev/shm), this checkout at
 # the same absolute path (and, for a git worktree, its main repository),
-# ../shared beside it (read-only: the vendored sources), and
+# ../shared beside it (read-only: the vendored sources), idem's cargo
+# target folders ($IDEM_CACHE/cargo-target, see scripts/lib.sh), and
 # the host's Rust toolchain ($CARGO_HOME, $RUSTUP_HOME, at the same paths;
 # cargo-pgrx built on Debian 12 runs on trixie's newer glibc). HOME is the
 # root's own /root (its ~/.pgrx/config.toml names PostgreSQL 17), PATH has
@@ -108,6 +109,11 @@ if [ "${1:-}" = --in-namespace ]; then
     mount_at bind "$ROOTFS$shared" "$shared"
     mount -o remount,bind,ro "$ROOTFS$shared"
   fi
+  # idem's cargo target folders (scripts/lib.sh, idem_build), at the same
+  # path: the root's builds (pgNN-debian13) are kept with the host's.
+  targets="${IDEM_CACHE:-/var/cache/idem}/cargo-target"
+  mkdir -p "$targets"
+  mount_at bind "$ROOTFS$targets" "$targets"
   cp -L /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
   # The host's local certificate authorities (a TLS-inspecting proxy's,
   # say) are trusted inside too, so that pip, npm and cargo reach their

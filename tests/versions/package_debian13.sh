@@ -3,7 +3,7 @@
 # the trixie root (tests/servers/trixie.sh), which is Debian 13 with Debian's
 # postgresql-17 installed, like a fresh server:
 #   bash tests/servers/in-trixie.sh bash tests/versions/package_debian13.sh
-#   - scripts/package.sh builds target/pg17/…/postgresql-17-idem_<v>_<arch>.deb;
+#   - scripts/package.sh builds target/package/postgresql-17-idem_<v>_<arch>.deb;
 #   - its control fields name postgresql-17 and Cargo.toml's version;
 #   - apt-get installs it (dependencies resolved by apt, not forced);
 #   - every file it owns is where PostgreSQL 17's pg_config says;
