@@ -4,7 +4,7 @@
 # Installs what is missing (scripts/setup.sh --tests: also the tests' own
 # tools), builds, starts the private cluster and runs every
 # level on PostgreSQL 15: #[pg_test] units, pg_regress, pg_isolation_regress,
-# every scenario in tests/scenarios/. Then the core of the suite again on
+# every scenario in tests/scenarios/. Beside it, the core of the suite again on
 # PostgreSQL 18 (built from Debian sid's source, cached), on PostgreSQL 17
 # in a Debian 13 root (cached) and on PostgreSQL 16.2 (PyPI's pgserver
 # wheel, cached), and pg_upgrade from 15 to 18. Ends with "N passed, N failed".
@@ -77,6 +77,108 @@ if [ "$IDEM_SUITE" = full ]; then
   prepare_pid=$!
 fi
 
+# Another major's run of this script (IDEM_SUITE=core): its tests count
+# here as pgNN/<test>.
+run_major() { # label command...
+  local label=$1 log="$OUT/$1.log"
+  shift
+  local t0=$SECONDS
+  "$@" > "$log" 2>&1 || true
+  local summary
+  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1 || true)
+  if [ -z "$summary" ]; then
+    record "$label/suite" 1; tail -40 "$log"; return
+  fi
+  record_passed "${summary%% passed*}"
+  while read -r f; do record "$label/$f" 1; done < <(sed -n 's/^failed: //p' "$log")
+  echo "$label: $summary ($((SECONDS - t0)) s; log: $log)"
+  # That major's own steps, prefixed with its label.
+  local times="$ROOT/target/$label/test-out/times.tsv"
+  [ ! -f "$times" ] || sed "s|\t|\t$label/|" "$times" >> "$OUT/times.tsv"
+  step_done "$label(whole)"
+}
+
+if [ "$IDEM_SUITE" = full ]; then
+  # The #[pg_test] units install a build with the test functions into this
+  # PostgreSQL, and the plain build back after them: nothing else uses this
+  # PostgreSQL's files by then, so they run beside the other majors.
+  major_pg_test() {
+    say "#[pg_test] units (cargo pgrx test)"
+    PGRX_DATA="$(cluster_dir)/pgrx-test"
+    mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
+    if (cd "$ROOT" && idem_build "$ROOT" cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+    grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
+    while read -r line; do
+      name=$(echo "$line" | awk '{print $2}')
+      if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+    done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
+    grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+    # (cargo pgrx test installed a build with the test functions: put the
+    # plain build back for whatever runs next.)
+    bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
+    step_done "pg_test(build, run, reinstall)"
+  }
+  major_18() {
+    say "PostgreSQL 18: the core suite (tests/servers/pg18.sh builds it once, cached)"
+    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
+    run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+  }
+  # After the 15 suite (which installs and removes builds of idem in Debian's
+  # 15, whose idem.so this copies) and after 18's (which installs idem there).
+  major_pg_upgrade() {
+    say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
+    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2>> "$OUT/pg18-build.log") || { record "pg_upgrade/15-to-18" 1; return; }
+    if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
+      record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
+    else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
+    step_done "pg_upgrade"
+  }
+  major_17() {
+    say "PostgreSQL 17 on Debian 13: the core suite (tests/servers/trixie.sh makes the root once, cached)"
+    bash "$ROOT/tests/servers/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; return; }
+    run_major pg17 bash "$ROOT/tests/servers/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+    bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
+    say "PostgreSQL 17 on Debian 13: the postgresql-17-idem package, built, installed, used and purged"
+    if bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
+      record "pg17/package_debian13" 0; tail -1 "$OUT/package_debian13.log"
+    else record "pg17/package_debian13" 1; tail -30 "$OUT/package_debian13.log"; fi
+    step_done "pg17/package_debian13"
+  }
+  major_16() {
+    say "PostgreSQL 16: the core suite (tests/servers/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
+    pg16=$(bash "$ROOT/tests/servers/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
+    run_major pg16 env PG_CONFIG="$pg16" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+    # No compiler warning in idem's build for 16 (cargo repeats a cached
+    # build's warnings, so this holds when nothing was recompiled too).
+    if grep -q "^warning" "$OUT/pg16.log"; then
+      record "pg16/no_build_warnings" 1; grep "^warning" "$OUT/pg16.log" | head -20
+    else record "pg16/no_build_warnings" 0; fi
+    # (Stopped, as 17's: pg16.sh does not swap in a new tree under a running server.)
+    PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
+  }
+  # The other majors run side by side with the PostgreSQL 15 suite and with
+  # each other (IDEM_MAJORS_SERIAL=1: one after another, before the 15
+  # suite): each is a separate server, build, cluster and set of ports
+  # (major_port), and most of a run is spent waiting (locks, fsyncs,
+  # sessions waiting on each other; the CPU was idle two thirds of the 15
+  # suite's middle ten minutes when it ran alone), which leaves the CPU to the others.
+  # Each job writes its output and records to files, shown and counted at
+  # the end in the order of IDEM_MAJORS (the units first). The units wait
+  # for the 15 suite: they install a test build into this PostgreSQL.
+  major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
+    : > "$OUT/major-$1.records"
+    (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
+  }
+  jobs_started=() job_pids=() pid_18=
+  for major in $IDEM_MAJORS; do
+    declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
+    say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the PostgreSQL 15 suite')"
+    if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
+    [ "$major" != 18 ] || [ ${#job_pids[@]} = 0 ] || pid_18=${job_pids[-1]}
+    jobs_started+=("$major")
+  done
+fi
+
 fresh_db() {
   psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
 }
@@ -119,97 +221,17 @@ for t in "$ROOT"/tests/scenarios/*.sh; do
   step_done "scenario/$name"
 done
 
-# Another major's run of this script (IDEM_SUITE=core): its tests count
-# here as pgNN/<test>.
-run_major() { # label command...
-  local label=$1 log="$OUT/$1.log"
-  shift
-  local t0=$SECONDS
-  "$@" > "$log" 2>&1 || true
-  local summary
-  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1 || true)
-  if [ -z "$summary" ]; then
-    record "$label/suite" 1; tail -40 "$log"; return
-  fi
-  record_passed "${summary%% passed*}"
-  while read -r f; do record "$label/$f" 1; done < <(sed -n 's/^failed: //p' "$log")
-  echo "$label: $summary ($((SECONDS - t0)) s; log: $log)"
-  # That major's own steps, prefixed with its label.
-  local times="$ROOT/target/$label/test-out/times.tsv"
-  [ ! -f "$times" ] || sed "s|\t|\t$label/|" "$times" >> "$OUT/times.tsv"
-  step_done "$label(whole)"
-}
-
 if [ "$IDEM_SUITE" = full ]; then
-  # The #[pg_test] units install a build with the test functions into this
-  # PostgreSQL, and the plain build back after them: nothing else uses this
-  # PostgreSQL's files by then, so they run beside the other majors.
-  major_pg_test() {
-    say "#[pg_test] units (cargo pgrx test)"
-    PGRX_DATA="$(cluster_dir)/pgrx-test"
-    mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
-    if (cd "$ROOT" && cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
-    grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
-    while read -r line; do
-      name=$(echo "$line" | awk '{print $2}')
-      if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
-    done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
-    grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
-    # (cargo pgrx test installed a build with the test functions: put the
-    # plain build back for whatever runs next.)
-    bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
-    step_done "pg_test(build, run, reinstall)"
-  }
-  major_18() {
-    say "PostgreSQL 18: the core suite (tests/servers/pg18.sh builds it once, cached)"
-    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
-    run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
-    say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
-    if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
-      record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
-    else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
-    step_done "pg_upgrade"
-  }
-  major_17() {
-    say "PostgreSQL 17 on Debian 13: the core suite (tests/servers/trixie.sh makes the root once, cached)"
-    bash "$ROOT/tests/servers/trixie.sh" > "$OUT/trixie-build.log" 2>&1 || { record "pg17/root" 1; tail -20 "$OUT/trixie-build.log"; return; }
-    run_major pg17 bash "$ROOT/tests/servers/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
-    bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
-    say "PostgreSQL 17 on Debian 13: the postgresql-17-idem package, built, installed, used and purged"
-    if bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh" > "$OUT/package_debian13.log" 2>&1; then
-      record "pg17/package_debian13" 0; tail -1 "$OUT/package_debian13.log"
-    else record "pg17/package_debian13" 1; tail -30 "$OUT/package_debian13.log"; fi
-    step_done "pg17/package_debian13"
-  }
-  major_16() {
-    say "PostgreSQL 16: the core suite (tests/servers/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"
-    pg16=$(bash "$ROOT/tests/servers/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
-    run_major pg16 env PG_CONFIG="$pg16" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
-    # No compiler warning in idem's build for 16 (cargo repeats a cached
-    # build's warnings, so this holds when nothing was recompiled too).
-    if grep -q "^warning" "$OUT/pg16.log"; then
-      record "pg16/no_build_warnings" 1; grep "^warning" "$OUT/pg16.log" | head -20
-    else record "pg16/no_build_warnings" 0; fi
-    # (Stopped, as 17's: pg16.sh does not swap in a new tree under a running server.)
-    PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
-  }
-  # The other majors run side by side (IDEM_MAJORS_SERIAL=1: one after
-  # another): each is a separate server and build, and most of a run is
-  # spent waiting (locks, fsyncs, sessions waiting on each other), which
-  # leaves the CPU to the others. Each job writes its output and records to
-  # files, shown and counted here in the order of IDEM_MAJORS (the
-  # units first).
-  major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
-    : > "$OUT/major-$1.records"
-    (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
-  }
-  jobs_started=() job_pids=()
-  for major in pg_test $IDEM_MAJORS; do
-    declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
-    [ "$major" = pg_test ] || say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the other majors')"
-    if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
-    jobs_started+=("$major")
-  done
+  # The #[pg_test] units, now that no scenario uses this PostgreSQL's
+  # installed files, beside the other majors still running.
+  say "#[pg_test] units (beside the other majors)"
+  major_job pg_test & job_pids+=($!)
+  jobs_started=(pg_test "${jobs_started[@]}")
+  if printf '%s\n' $IDEM_MAJORS | grep -qx 18; then
+    [ -z "$pid_18" ] || wait "$pid_18" || true
+    major_job pg_upgrade & job_pids+=($!)
+    jobs_started+=(pg_upgrade)
+  fi
   for pid in "${job_pids[@]}"; do wait "$pid" || true; done
   for major in "${jobs_started[@]}"; do
     cat "$OUT/major-$major.out"
