@@ -18,7 +18,7 @@ dir="$(cluster_dir)/stress/crash"
 port=5510
 faults=${CRASH_FAULTS:-3}
 every=${CRASH_EVERY:-7}
-out="${STRESS_OUT:-/tmp/idem-stress}"
+out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
 mkdir -p "$out" "$(dirname "$dir")"
 trap 'bash "$ROOT/tests/stress/pg.sh" destroy "$dir"' EXIT
 

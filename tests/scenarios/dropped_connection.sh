@@ -4,6 +4,8 @@
 # a retry that was waiting for it gets the claim. Each step waits for the
 # state it needs (as the server reports it); the loops' bounds only stop a hang.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+retry_out="$IDEM_TARGET/test-out/dropped_connection.out"   # (per checkout and major, not /tmp: runs go side by side)
+mkdir -p "$(dirname "$retry_out")"
 db=idem_dropped
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"
@@ -18,13 +20,13 @@ for i in $(seq 1 1200); do
 done
 [ "$state" = in_progress ] || { echo "FAIL: the first claim never showed up ($state)"; exit 1; }
 # The retry waits for it...
-PGAPPNAME=idem_dropped_retry psql_idem -d $db -Atc "SELECT claimed || '/' || state FROM idem_claim('order-9', 'drop')" > /tmp/idem-dropped.out 2>&1 &
+PGAPPNAME=idem_dropped_retry psql_idem -d $db -Atc "SELECT claimed || '/' || state FROM idem_claim('order-9', 'drop')" > "$retry_out" 2>&1 &
 retry=$!
 for i in $(seq 1 1200); do
   waiting=$(psql_idem -d $db -Atc "SELECT count(*) FROM pg_stat_activity
                                    WHERE application_name = 'idem_dropped_retry' AND wait_event_type = 'Lock'")
   [ "$waiting" = 1 ] && break
-  kill -0 $retry 2>/dev/null || { echo "FAIL: the retry did not wait"; cat /tmp/idem-dropped.out; exit 1; }
+  kill -0 $retry 2>/dev/null || { echo "FAIL: the retry did not wait"; cat "$retry_out"; exit 1; }
   sleep 0.1
 done
 [ "$waiting" = 1 ] || { echo "FAIL: the retry never waited for the first claim"; exit 1; }
@@ -34,6 +36,6 @@ psql_idem -d $db -Atc "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 wait $retry
 wait $first 2>/dev/null || true
 # ... and the retry claims: the dropped claim left nothing.
-echo "retry: $(cat /tmp/idem-dropped.out)"
-[ "$(cat /tmp/idem-dropped.out)" = "true/new" ] || { echo "FAIL"; exit 1; }
+echo "retry: $(cat "$retry_out")"
+[ "$(cat "$retry_out")" = "true/new" ] || { echo "FAIL"; exit 1; }
 echo ok

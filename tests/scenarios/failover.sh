@@ -17,7 +17,7 @@ rport=${FAILOVER_REPLICA_PORT:-5512}
 at=${FAILOVER_AT:-12}
 ttl=${FAILOVER_TTL:-8}
 claims=${FAILOVER_TAIL_CLAIMS:-400}
-out="${STRESS_OUT:-/tmp/idem-stress}"
+out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
 mkdir -p "$out" "$(dirname "$pdir")"
 pgsh="$ROOT/tests/stress/pg.sh"
 trap 'bash "$pgsh" destroy "$pdir" "$rdir"' EXIT

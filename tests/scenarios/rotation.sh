@@ -4,6 +4,8 @@
 # Proves: no live claim is lost across rotations, storage stays bounded and
 # the catalog does not grow.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+report="$IDEM_TARGET/test-out/rotation.out"   # (per checkout and major, not /tmp: runs go side by side)
+mkdir -p "$(dirname "$report")"
 db=idem_rotation
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db <<'SQL'
@@ -48,7 +50,7 @@ SQL
 start=$(date +%s.%N)
 psql_idem -q -d $db -c "SET idem.partition_width = '100 milliseconds'" -c "CALL rotate(250, 3000)"
 end=$(date +%s.%N)
-psql_idem -d $db -At -F ' ' <<'SQL' > /tmp/idem-rotation.out
+psql_idem -d $db -At -F ' ' <<'SQL' > "$report"
 SELECT 'iterations', count(*) FROM rot_log;
 SELECT 'lost', sum(lost) FROM rot_log;
 SELECT 'checked', sum(live_checked) FROM rot_log;
@@ -61,10 +63,10 @@ SELECT 'bytes_max_second_half', max(idem_bytes) FROM rot_log WHERE it > (SELECT 
 SELECT 'live_keys', count(*) FROM idem.claims WHERE expires_at > now();
 SELECT 'all_rows', count(*) FROM idem.claims;
 SQL
-cat /tmp/idem-rotation.out
+cat "$report"
 echo "elapsed: $(echo "$end - $start" | bc) s"
-val() { awk -v k="$1" '$1 == k { print $2 }' /tmp/idem-rotation.out; }
-val2() { awk -v k="$1" '$1 == k { print $3 }' /tmp/idem-rotation.out; }
+val() { awk -v k="$1" '$1 == k { print $2 }' "$report"; }
+val2() { awk -v k="$1" '$1 == k { print $3 }' "$report"; }
 fail=0
 [ "$(val iterations)" -ge 200 ] || { echo "FAIL: too few iterations ran"; fail=1; }
 [ "$(val lost)" = 0 ] || { echo "FAIL: live claims were lost across rotations"; fail=1; }

@@ -13,7 +13,7 @@
 # Full size (8 x 100,000): bash scripts/stress.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 db=stress_suite
-out="${STRESS_OUT:-/tmp/idem-stress}"
+out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
 mkdir -p "$out"
 psql_idem -q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 trap 'psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true' EXIT
