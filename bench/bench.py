@@ -61,10 +61,10 @@ PROFILES = {
     # tiny: proves every code path runs; numbers mean nothing. Kept under ~3
     # minutes: one matrix configuration (synchronous_commit off, 2 clients;
     # the latency runs use on, so both modes run), and the sustained section
-    # on the pair the issue is about (B1r, I2) for 20 s each.
+    # on the pair that matters most (B1r, I2) for 6 s each, in windows of 2 s.
     "smoke": dict(duration=1, rounds=1, clients=[2], sync=["off"], prefill=1000,
                   latency_duration=1, latency_rounds=1, latency_sync=["on"], latency_clients=2,
-                  sustained_seconds=20, sustained_window=5, sustained_clients=2,
+                  sustained_seconds=6, sustained_window=2, sustained_clients=2,
                   sustained_variants=["B1r", "I2"],
                   wal_txns=200, bytes_claims=4000, bytes_clients=2,
                   scale_small=2000, scale_big=10000,
@@ -702,9 +702,9 @@ def main():
     ap.add_argument("--latency-sync", dest="latency_sync",
                     help="comma list of synchronous_commit values for the latency section (off,on)")
     ap.add_argument("--sustained-seconds", dest="sustained_seconds", type=int,
-                    help="length of each sustained run (default 300; 20 with --smoke)")
+                    help="length of each sustained run (default 300; 6 with --smoke)")
     ap.add_argument("--sustained-window", dest="sustained_window", type=int,
-                    help="TPS window of the sustained runs (default 30; 5 with --smoke)")
+                    help="TPS window of the sustained runs (default 30; 2 with --smoke)")
     ap.add_argument("--sustained-variants", dest="sustained_variants",
                     help="comma list (default " + ",".join(SUSTAINED_VARIANTS) + ")")
     for mod in SECTION_MODULES:

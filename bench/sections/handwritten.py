@@ -36,7 +36,7 @@ TARGET_TPS = 1.2
 TARGET_P99 = 0.5
 
 PROFILES = {
-    "smoke": dict(hw_ttl=3, hw_interval=1, hw_seconds=12, hw_clients=2, hw_rounds=1),
+    "smoke": dict(hw_ttl=3, hw_interval=1, hw_seconds=6, hw_clients=2, hw_rounds=1),
     "default": dict(hw_ttl=60, hw_interval=5, hw_seconds=300, hw_clients=2, hw_rounds=1),
     "full": dict(hw_ttl=60, hw_interval=5, hw_seconds=600, hw_clients=2, hw_rounds=2),
 }
