@@ -202,6 +202,42 @@ run_suite() {
   step_done "$name"
 }
 
+in_list() { # word list...
+  local w=$1
+  shift
+  printf '%s\n' "$@" | grep -qx -- "$w"
+}
+
+run_scenario() { # name
+  say "scenario: $1"
+  step_started=$SECONDS
+  if bash "$ROOT/tests/scenarios/$1.sh" > "$OUT/scenario-$1.log" 2>&1; then
+    record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s)"
+  else record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
+  step_done "scenario/$1"
+}
+
+# The scenarios that use only servers of their own (no database of the
+# shared cluster, no write into this PostgreSQL's installed files) run in a
+# second lane, one after another, beside pg_regress, isolation and the
+# other scenarios, which share the private cluster and change its settings
+# (the storage path, roles, pg_cron's database) and so stay in one line.
+# Only in the full run (the other majors' core suites run beside it
+# already); IDEM_LANES_SERIAL=1 runs everything in one line. The lane's
+# output is shown, and its records counted, when it is done.
+LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby logical metrics middleware_node
+        middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
+        sql_exporter sqlstates storage_sql wraparound)
+lane_b_pid=
+if [ "$IDEM_SUITE" = full ] && [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
+  : > "$OUT/lane-b.records"
+  (RECORDS="$OUT/lane-b.records"
+   step_started=$SECONDS
+   for name in "${LANE_B[@]}"; do [ ! -e "$ROOT/tests/scenarios/$name.sh" ] || run_scenario "$name"; done
+  ) > "$OUT/lane-b.out" 2>&1 &
+  lane_b_pid=$!
+fi
+
 say "pg_regress: SQL API"
 run_suite regress regress idem_regress "$ROOT/tests/pg_regress"
 
@@ -213,13 +249,16 @@ run_suite isolation isolation idem_isolation "$ROOT/tests/isolation" \
 for t in "$ROOT"/tests/scenarios/*.sh; do
   [ -e "$t" ] || continue
   name=$(basename "$t" .sh)
-  if [ "$IDEM_SUITE" = core ] && ! printf '%s\n' "${CORE_SCENARIOS[@]}" | grep -qx "$name"; then continue; fi
-  say "scenario: $name"
-  step_started=$SECONDS
-  if bash "$t" > "$OUT/scenario-$name.log" 2>&1; then record "scenario/$name" 0; echo "ok ($((SECONDS - step_started)) s)"
-  else record "scenario/$name" 1; tail -30 "$OUT/scenario-$name.log"; fi
-  step_done "scenario/$name"
+  if [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; then continue; fi
+  if [ -n "$lane_b_pid" ] && in_list "$name" "${LANE_B[@]}"; then continue; fi
+  run_scenario "$name"
 done
+
+if [ -n "$lane_b_pid" ]; then
+  wait "$lane_b_pid" || true
+  cat "$OUT/lane-b.out"
+  while read -r kind a b; do record "$a" "$b"; done < "$OUT/lane-b.records"
+fi
 
 if [ "$IDEM_SUITE" = full ]; then
   # The #[pg_test] units, now that no scenario uses this PostgreSQL's
