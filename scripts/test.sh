@@ -4,7 +4,8 @@
 # Installs what is missing (scripts/setup.sh --tests: also the tests' own
 # tools), builds, starts the private cluster and runs every
 # level on PostgreSQL 15: #[pg_test] units, pg_regress, pg_isolation_regress,
-# every scenario in tests/scenarios/. Beside it, the core of the suite again on
+# every scenario in tests/scenarios/ (in two lanes: LANE_B below). Beside it,
+# the core of the suite again on
 # PostgreSQL 18 (built from Debian sid's source, cached), on PostgreSQL 17
 # in a Debian 13 root (cached) and on PostgreSQL 16.2 (PyPI's pgserver
 # wheel, cached), and pg_upgrade from 15 to 18. Ends with "N passed, N failed".
@@ -13,6 +14,7 @@
 #                     and isolation, the scenarios in CORE_SCENARIOS below
 #   IDEM_MAJORS="16 17 18" (default) / "" : which other majors a full run covers
 #                     (side by side; IDEM_MAJORS_SERIAL=1: one after another)
+#   IDEM_LANES_SERIAL=1  the 15 suite's scenarios in one lane
 # Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/test.sh
 # (see lib.sh; its own cluster, port and target/pgNN/test-out).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
