@@ -101,35 +101,42 @@ run_major() { # label command...
 }
 
 if [ "$IDEM_SUITE" = full ]; then
-  # The #[pg_test] units install a build with the test functions into this
-  # PostgreSQL, and the plain build back after them: nothing else uses this
-  # PostgreSQL's files by then, so they run beside the other majors.
+  # The #[pg_test] units: `cargo pgrx test` installs a build with the test
+  # functions into the server it runs, here a private copy of Debian's 15
+  # (tests/servers/pg15-copy.sh; its own pgrx configuration and cargo target
+  # folder), so that they run beside the suite, whose scenarios use the
+  # build installed into Debian's 15.
   major_pg_test() {
-    say "#[pg_test] units (cargo pgrx test)"
+    say "#[pg_test] units (cargo pgrx test, on a private copy of PostgreSQL 15)"
+    local copy units_home
+    copy=$(bash "$ROOT/tests/servers/pg15-copy.sh" 2> "$OUT/pg15-copy.log") \
+      || { record "pg_test/copy" 1; tail -20 "$OUT/pg15-copy.log"; return; }
+    units_home="$IDEM_CACHE/pgrx-units"
+    mkdir -p "$units_home"
+    printf '[configs]\npg15 = "%s"\n' "$copy" > "$units_home/config.toml"
     PGRX_DATA="$(cluster_dir)/pgrx-test"
     mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
-    if (cd "$ROOT" && idem_build "$ROOT" cargo pgrx test "pg$PG_MAJOR" "${PG_FEATURE_ARGS[@]}" --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+    if (cd "$ROOT" && export PGRX_HOME="$units_home" CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg15-units" &&
+        idem_build "$ROOT" cargo pgrx test pg15 --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
     grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
     while read -r line; do
       name=$(echo "$line" | awk '{print $2}')
       if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
     done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
     grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
-    # (cargo pgrx test installed a build with the test functions: put the
-    # plain build back for whatever runs next.)
-    bash "$ROOT/scripts/setup.sh" > "$OUT/setup-after-pg_test.log" 2>&1 || record "setup/after-pg_test" 1
-    step_done "pg_test(build, run, reinstall)"
+    step_done "pg_test(build, run)"
   }
   major_18() {
     say "PostgreSQL 18: the core suite (tests/servers/pg18.sh builds it once, cached)"
-    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") || { record "pg18/build" 1; tail -20 "$OUT/pg18-build.log"; return; }
+    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2> "$OUT/pg18-build.log") \
+      || { record "pg18/build" 1; record "pg_upgrade/15-to-18" 1; tail -20 "$OUT/pg18-build.log"; return; }
     run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
+    major_pg_upgrade
   }
-  # After the 15 suite (which installs and removes builds of idem in Debian's
-  # 15, whose idem.so this copies) and after 18's (which installs idem there).
+  # After 18's core suite, which installs idem into 18 (the 15 side copies
+  # the build installed into Debian's 15, which no scenario replaces).
   major_pg_upgrade() {
     say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
-    pg18=$(bash "$ROOT/tests/servers/pg18.sh" 2>> "$OUT/pg18-build.log") || { record "pg_upgrade/15-to-18" 1; return; }
     if PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh" > "$OUT/pg_upgrade.log" 2>&1; then
       record "pg_upgrade/15-to-18" 0; tail -3 "$OUT/pg_upgrade.log"
     else record "pg_upgrade/15-to-18" 1; tail -30 "$OUT/pg_upgrade.log"; fi
@@ -158,25 +165,25 @@ if [ "$IDEM_SUITE" = full ]; then
     # (Stopped, as 17's: pg16.sh does not swap in a new tree under a running server.)
     PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
   }
-  # The other majors run side by side with the PostgreSQL 15 suite and with
-  # each other (IDEM_MAJORS_SERIAL=1: one after another, before the 15
-  # suite): each is a separate server, build, cluster and set of ports
-  # (major_port), and most of a run is spent waiting (locks, fsyncs,
-  # sessions waiting on each other; the CPU was idle two thirds of the 15
-  # suite's middle ten minutes when it ran alone), which leaves the CPU to the others.
-  # Each job writes its output and records to files, shown and counted at
-  # the end in the order of IDEM_MAJORS (the units first). The units wait
-  # for the 15 suite: they install a test build into this PostgreSQL.
+  # The units and the other majors run side by side with the PostgreSQL 15
+  # suite and with each other (IDEM_MAJORS_SERIAL=1: one after another,
+  # before the 15 suite): each is a separate server, build, cluster and set
+  # of ports (major_port), and most of a run is spent waiting (locks,
+  # fsyncs, sessions waiting on each other; the CPU was idle two thirds of
+  # the 15 suite's middle ten minutes when it ran alone), which leaves the
+  # CPU to the others. Each job writes its output and records to files,
+  # shown and counted at the end in the order of IDEM_MAJORS (the units
+  # first).
   major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
     : > "$OUT/major-$1.records"
     (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
   }
-  jobs_started=() job_pids=() pid_18=
-  for major in $IDEM_MAJORS; do
+  jobs_started=() job_pids=()
+  for major in pg_test $IDEM_MAJORS; do
     declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
-    say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the PostgreSQL 15 suite')"
+    if [ "$major" = pg_test ]; then say "#[pg_test] units$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the PostgreSQL 15 suite')"
+    else say "PostgreSQL $major: the core suite$([ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || echo ', beside the PostgreSQL 15 suite')"; fi
     if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
-    [ "$major" != 18 ] || [ ${#job_pids[@]} = 0 ] || pid_18=${job_pids[-1]}
     jobs_started+=("$major")
   done
 fi
@@ -263,16 +270,6 @@ if [ -n "$lane_b_pid" ]; then
 fi
 
 if [ "$IDEM_SUITE" = full ]; then
-  # The #[pg_test] units, now that no scenario uses this PostgreSQL's
-  # installed files, beside the other majors still running.
-  say "#[pg_test] units (beside the other majors)"
-  major_job pg_test & job_pids+=($!)
-  jobs_started=(pg_test "${jobs_started[@]}")
-  if printf '%s\n' $IDEM_MAJORS | grep -qx 18; then
-    [ -z "$pid_18" ] || wait "$pid_18" || true
-    major_job pg_upgrade & job_pids+=($!)
-    jobs_started+=(pg_upgrade)
-  fi
   for pid in "${job_pids[@]}"; do wait "$pid" || true; done
   for major in "${jobs_started[@]}"; do
     cat "$OUT/major-$major.out"
