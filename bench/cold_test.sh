@@ -3,11 +3,13 @@
 # cached: a fresh clone of this checkout beside it (so that ../shared/ is
 # reached as from the project), and empty caches for everything the
 # project's scripts cache or build:
-#   IDEM_CACHE    the PostgreSQL 18 and 15.18 trees, the Debian 12 and 13
-#                 roots, the Citus tree (tests/servers/, tests/citus/)
+#   IDEM_CACHE    the PostgreSQL 18 and 15.18 trees, 16.2, the copy of 15
+#                 for the units, the Debian 12 and 13 roots, the Citus and
+#                 pg_tle trees (tests/servers/, tests/citus/, tests/portable/),
+#                 and idem's cargo target folders (cargo-target/)
 #   CARGO_HOME    the rustup proxies only: no cargo-pgrx, no crates fetched
 #   PGRX_HOME     no `cargo pgrx init` yet
-#   target/       new with the clone (idem's builds for every major)
+#   target/       new with the clone (the tests' outputs)
 # What it cannot make cold: Debian packages this host already has (the
 # scripts install what is missing with apt; bench/first_run.sh measures
 # the demo's share of that on a new Debian 12 root).
