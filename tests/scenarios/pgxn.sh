@@ -11,6 +11,7 @@
 # sources: idem_build in scripts/lib.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
+source "$ROOT/tests/servers/common.sh"   # (copy_pg_install)
 command -v pgxn >/dev/null || { echo "FAIL: no pgxn (bash scripts/setup.sh --tests installs pgxnclient)"; exit 1; }
 version=$(awk -F'"' '$1 == "version = " { print $2; exit }' "$ROOT/Cargo.toml")
 scratch=$(mktemp -d /tmp/idem-pgxn.XXXXXX)
@@ -20,12 +21,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 say "a private copy of PostgreSQL $PG_MAJOR under $scratch"
-for d in "$PG_BIN/.." "$("$PG_CONFIG" --sharedir)" "$("$PG_CONFIG" --includedir-server)" "$("$PG_CONFIG" --pkglibdir)"; do
-  d=$(readlink -f "$d")
-  [ -e "$scratch$d" ] && continue
-  mkdir -p "$scratch$(dirname "$d")"
-  cp -a "$d" "$scratch$(dirname "$d")/"
-done
+copy_pg_install "$PG_CONFIG" "$scratch"
 pg_config="$scratch$(readlink -f "$PG_CONFIG")"
 libdir=$("$pg_config" --pkglibdir)
 extdir="$("$pg_config" --sharedir)/extension"

@@ -103,6 +103,31 @@ empty_cargo_home() {
   [ -x "$1/bin/cargo" ] || die "no rustup proxies in ${CARGO_HOME:-$HOME/.cargo}/bin"
 }
 
+# processes_from DIR: the pids of programs running from DIR (a test
+# cluster's server): a new tree is not swapped in under them.
+processes_from() {
+  local p
+  for p in /proc/[0-9]*; do
+    case "$(readlink "$p/exe" 2>/dev/null)" in "$1"/*) echo "${p#/proc/}" ;; esac
+  done
+  return 0
+}
+
+# copy_pg_install PG_CONFIG DEST: the folders of an installed PostgreSQL
+# that PG_CONFIG names (programs, modules, share folder, server headers),
+# copied under DEST at their own paths. PostgreSQL finds its folders
+# relative to its programs, so the copy's pg_config names the copy's.
+copy_pg_install() {
+  local pg_config=$1 dest=$2 d
+  for d in "$("$pg_config" --bindir)/.." "$("$pg_config" --sharedir)" \
+           "$("$pg_config" --includedir-server)" "$("$pg_config" --pkglibdir)"; do
+    d=$(readlink -f "$d")
+    [ -e "$dest$d" ] && continue
+    mkdir -p "$dest$(dirname "$d")"
+    cp -a "$d" "$dest$(dirname "$d")/"
+  done
+}
+
 # cached_tree NAME PREFIX RECIPE MAKE DESCRIBE: a PostgreSQL tree at PREFIX
 # built by the recipe RECIPE, or built now: under the lock NAME, in
 # $IDEM_CACHE/build/NAME, by `MAKE WORK STAGE` (which installs into

@@ -24,17 +24,8 @@ PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron postgresql-1
 
 [ -x "$PG_CONFIG_15" ] || die "no $PG_CONFIG_15 (bash scripts/setup.sh installs Debian's PostgreSQL 15)"
 versions=$(dpkg-query -W -f='${Package}=${Version}\n' "${PACKAGES[@]}" 2>/dev/null | sort | paste -sd' ')
-copy_pg15() { # STAGE -> the installed folders, under STAGE at their own paths
-  local stage=$1 d
-  for d in "$("$PG_CONFIG_15" --bindir)/.." "$("$PG_CONFIG_15" --sharedir)" \
-           "$("$PG_CONFIG_15" --includedir-server)" "$("$PG_CONFIG_15" --pkglibdir)"; do
-    d=$(readlink -f "$d")
-    [ -e "$stage$d" ] && continue
-    mkdir -p "$stage$(dirname "$d")"
-    cp -a "$d" "$stage$(dirname "$d")/"
-  done
-}
-RECIPE="$(recipe_hash copy_pg15 -- PREFIX PG_CONFIG_15)-$(echo "$versions" | sha256sum | cut -c1-16)"
+copy_pg15() { copy_pg_install "$PG_CONFIG_15" "$1"; } # STAGE
+RECIPE="$(recipe_hash copy_pg15 copy_pg_install -- PREFIX PG_CONFIG_15)-$(echo "$versions" | sha256sum | cut -c1-16)"
 copied_config="$PREFIX$(readlink -f "$PG_CONFIG_15")"
 if ! stamp_ok "$PREFIX/.idem-stamp" "$RECIPE" || [ ! -x "$copied_config" ]; then
   take_lock pg15-copy
@@ -47,6 +38,8 @@ if ! stamp_ok "$PREFIX/.idem-stamp" "$RECIPE" || [ ! -x "$copied_config" ]; then
     rm -f "$PREFIX.new$("$PG_CONFIG_15" --pkglibdir)/idem.so" "$PREFIX.new$("$PG_CONFIG_15" --sharedir)"/extension/idem[.-]*
     printf 'recipe=%s\npostgresql=%s\npackages=%s\n' "$RECIPE" "$("$PG_CONFIG_15" --version)" "$versions" \
       > "$PREFIX.new/.idem-stamp"
+    busy=$(processes_from "$PREFIX" | tr '\n' ' ')
+    [ -z "$busy" ] || die "programs of $PREFIX still run (pids $busy: another checkout's units?); the new copy is left in $PREFIX.new"
     rm -rf "$PREFIX"
     mv "$PREFIX.new" "$PREFIX"
     chmod 755 "$IDEM_CACHE" "$PREFIX"

@@ -93,16 +93,6 @@ add_contrib() { # WORK STAGE -> CONTRIB_MODULES into the stage's tree
   done
 }
 
-# Programs running from the tree (a test cluster's server): a new tree is
-# not swapped in under them.
-processes_from() { # DIR
-  local p
-  for p in /proc/[0-9]*; do
-    case "$(readlink "$p/exe" 2>/dev/null)" in "$1"/*) echo "${p#/proc/}" ;; esac
-  done
-  return 0
-}
-
 RECIPE=$(recipe_hash fetch_pg16 add_contrib -- PREFIX WHEEL TREE PROGRAMS CONTRIB_PACKAGE CONTRIB_MODULES)
 STAMP="$PREFIX/.idem-stamp"
 host_packages_only "${1:-}" "${HOST_DEPS[@]}"
