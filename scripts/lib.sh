@@ -58,13 +58,16 @@ IDEM_OS_SUFFIX="$(. /etc/os-release && echo "-$ID$VERSION_ID")"
 # $IDEM_CACHE/cargo-target (IDEM_CACHE is /var/cache/idem unless set, where
 # tests/servers/ keeps its trees), shared by every checkout on the machine,
 # so that a new clone compiles idem itself (scripts/package.sh on 15: 14 s)
-# and not its dependencies again (163 s, two minutes of CPU). A CARGO_TARGET_DIR
-# set by the caller wins; a user who cannot write the cache builds in
+# and not its dependencies again (163 s, two minutes of CPU). A
+# CARGO_TARGET_DIR set by the caller wins, unless this file chose it in a
+# parent script (IDEM_CHOSEN_TARGET) for another major: scripts/test.sh runs
+# the other majors' suites. A user who cannot write the cache builds in
 # target/ as cargo would.
 IDEM_CACHE="${IDEM_CACHE:-/var/cache/idem}"
-if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+if [ -z "${CARGO_TARGET_DIR:-}" ] || [ "$CARGO_TARGET_DIR" = "${IDEM_CHOSEN_TARGET:-}" ]; then
   CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg$PG_MAJOR$IDEM_OS_SUFFIX"
   mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null && [ -w "$CARGO_TARGET_DIR" ] || CARGO_TARGET_DIR="$IDEM_TARGET"
+  export IDEM_CHOSEN_TARGET="$CARGO_TARGET_DIR"
 fi
 export CARGO_TARGET_DIR
 

@@ -6,9 +6,11 @@
 # a scratch folder; PostgreSQL finds its paths relative to its binaries), so
 # that the installed server is never touched. Then a cluster of that copy
 # (port ${IDEM_PGXN_PORT:-5474}) runs CREATE EXTENSION idem and claims.
-# Builds a release build in a fresh source folder (cargo's target folder is
-# reused for the dependencies; idem itself is compiled from the zip's
-# sources: idem_build in scripts/lib.sh).
+# Builds a release build in a fresh source folder, in a cargo target folder
+# of its own ($IDEM_CACHE/cargo-target/pgNN-pgxn: the dependencies are
+# reused from the last run, idem itself is compiled from the zip's sources
+# each time, see idem_build in scripts/lib.sh; the suite's own folder is
+# left to the checkout's builds).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/servers/common.sh"   # (copy_pg_install)
@@ -49,6 +51,7 @@ unzip -l "$scratch/idem-$version.zip" | grep -E " idem-$version/(Makefile|META.j
 
 say "pgxn install (make, then make install)"
 t0=$(date +%s)
+export CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg$PG_MAJOR$IDEM_OS_SUFFIX-pgxn"
 (cd "$scratch" && idem_build "$scratch" pgxn install --pg_config "$pg_config" "./idem-$version.zip") > "$scratch/pgxn.log" 2>&1 \
   || { tail -40 "$scratch/pgxn.log"; fail "pgxn install failed"; }
 grep -E "^(INFO|WARNING|ERROR)" "$scratch/pgxn.log" | head -10
