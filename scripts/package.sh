@@ -32,9 +32,9 @@ rm -rf "$built"
 say "cargo pgrx package for PostgreSQL $PG_MAJOR (release build, in $CARGO_TARGET_DIR)"
 mkdir -p target/package
 if ! idem_build "$ROOT" cargo pgrx package --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" --out-dir "$built" \
-     > target/package/build.log 2>&1; then
-  grep -E -A8 "^error" target/package/build.log | head -60 >&2
-  echo "cargo pgrx package failed (log: target/package/build.log)" >&2
+     > target/package/build-pg$PG_MAJOR.log 2>&1; then
+  grep -E -A8 "^error" target/package/build-pg$PG_MAJOR.log | head -60 >&2
+  echo "cargo pgrx package failed (log: target/package/build-pg$PG_MAJOR.log)" >&2
   exit 1
 fi
 for f in "$pkglibdir/idem.so" "$extdir/idem.control" "$extdir/idem--$version.sql"; do

@@ -106,18 +106,22 @@ if [ "$IDEM_SUITE" = full ]; then
   # (tests/servers/pg15-copy.sh; its own pgrx configuration and cargo target
   # folder), so that they run beside the suite, whose scenarios use the
   # build installed into Debian's 15.
+  # (The copy, pgrx's configuration naming it and the run, all under the
+  # units' build lock: another checkout's units may refresh the copy.)
+  units_on_copy() { # pgdata
+    local copy
+    copy=$(bash "$ROOT/tests/servers/pg15-copy.sh") || return 1
+    mkdir -p "$PGRX_HOME"
+    printf '[configs]\npg15 = "%s"\n' "$copy" > "$PGRX_HOME/config.toml"
+    cargo pgrx test pg15 --runas postgres --pgdata "$1"
+  }
   major_pg_test() {
     say "#[pg_test] units (cargo pgrx test, on a private copy of PostgreSQL 15)"
-    local copy units_home
-    copy=$(bash "$ROOT/tests/servers/pg15-copy.sh" 2> "$OUT/pg15-copy.log") \
-      || { record "pg_test/copy" 1; tail -20 "$OUT/pg15-copy.log"; return; }
-    units_home="$IDEM_CACHE/pgrx-units"
-    mkdir -p "$units_home"
-    printf '[configs]\npg15 = "%s"\n' "$copy" > "$units_home/config.toml"
     PGRX_DATA="$(cluster_dir)/pgrx-test"
-    mkdir -p "$PGRX_DATA" && chown postgres:postgres "$PGRX_DATA"
-    if (cd "$ROOT" && export PGRX_HOME="$units_home" CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg15-units" &&
-        idem_build "$ROOT" cargo pgrx test pg15 --runas postgres --pgdata "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+    mkdir -p "$PGRX_DATA"
+    chown postgres:postgres "$PGRX_DATA"
+    if (cd "$ROOT" && export PGRX_HOME="$IDEM_CACHE/pgrx-units" CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg15-units" &&
+        idem_build "$ROOT" units_on_copy "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
     grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
     while read -r line; do
       name=$(echo "$line" | awk '{print $2}')
@@ -174,9 +178,12 @@ if [ "$IDEM_SUITE" = full ]; then
   # CPU to the others. Each job writes its output and records to files,
   # shown and counted at the end in the order of IDEM_MAJORS (the units
   # first).
+  # (A job that stops half-way, a command failing under set -e, counts as a
+  # failure: its remaining tests would otherwise go unrecorded.)
   major_job() { # major: its output in $OUT/major-N.out, its records in $OUT/major-N.records
     : > "$OUT/major-$1.records"
-    (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1
+    (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1 \
+      || echo "record $1/job-stopped 1" >> "$OUT/major-$1.records"
   }
   jobs_started=() job_pids=()
   for major in pg_test $IDEM_MAJORS; do
@@ -264,7 +271,7 @@ for t in "$ROOT"/tests/scenarios/*.sh; do
 done
 
 if [ -n "$lane_b_pid" ]; then
-  wait "$lane_b_pid" || true
+  wait "$lane_b_pid" || echo "record lane-b/stopped 1" >> "$OUT/lane-b.records"
   cat "$OUT/lane-b.out"
   while read -r kind a b; do record "$a" "$b"; done < "$OUT/lane-b.records"
 fi
