@@ -290,7 +290,8 @@ def maintainer(run):
         # one hold (from the 10th run on, again until a run has moved a
         # claim out of the default partition): maintenance waits until the
         # default partition holds a claim with half its TTL still to live,
-        # so that every phase long enough moves claims out of it. The hold
+        # so that every stress run long enough moves claims out of it (the
+        # counter is the whole run's, across fault phases). The hold
         # ends on that state, read from the table, not on a timer: under
         # load, a fixed pause once ended with no claim there.
         with run.lock:
