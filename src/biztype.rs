@@ -307,7 +307,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
     // zeroed ScanKeyData is fully initialised by ScanKeyEntryInitialize; the slot's values are read below
     // `last`, which slot_getsomeattrs filled.
     unsafe {
-        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let rel = crate::catalog::open_table_of_idem(relid, pg_sys::AccessShareLock as _, "biz_types");
         let index_oid = crate::compat::primary_key_index(rel);
         if index_oid == pg_sys::InvalidOid {
             internal(format!("{} has no primary key", relation_name(relid)));

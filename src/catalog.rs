@@ -97,13 +97,30 @@ pub fn relation_in_idem(name: &CStr) -> Option<pg_sys::Oid> {
 /// The relation `name` in schema idem, which the installed extension has:
 /// 55000 if it is missing.
 fn required_relation(name: &CStr) -> pg_sys::Oid {
-    relation_in_idem(name).unwrap_or_else(|| {
-        IdemError::ObjectNotInPrerequisiteState(
-            format!("relation idem.{} does not exist", name.to_string_lossy()),
-            Some("Is the extension installed in this database (CREATE EXTENSION idem), and its schema as new as its library (ALTER EXTENSION idem UPDATE)?".into()),
-        )
-        .fail()
-    })
+    relation_in_idem(name).unwrap_or_else(|| missing_relation(&name.to_string_lossy()))
+}
+
+fn missing_relation(name: &str) -> ! {
+    IdemError::ObjectNotInPrerequisiteState(
+        format!("relation idem.{name} does not exist"),
+        Some("Is the extension installed in this database (CREATE EXTENSION idem), and its schema as new as its library (ALTER EXTENSION idem UPDATE)?".into()),
+    )
+    .fail()
+}
+
+/// Open and lock `relid`, a table of idem's schema found through a cached
+/// OID (idem.biz_types, idem.type_classes): a concurrent DROP EXTENSION may
+/// have dropped it after the lookup and before the lock. Then 55000, as
+/// when the extension is not installed, never XX000 for a vanished OID;
+/// the cache is forgotten, so that the next call looks the name up again.
+pub fn open_table_of_idem(relid: pg_sys::Oid, lockmode: pg_sys::LOCKMODE, name: &str) -> pg_sys::Relation {
+    // SAFETY: try_table_open reports a vanished OID as NULL.
+    let rel = unsafe { pg_sys::try_table_open(relid, lockmode) };
+    if rel.is_null() {
+        forget_everything();
+        missing_relation(name);
+    }
+    rel
 }
 
 fn cached_oid(get: fn(&mut Cache) -> &mut Option<pg_sys::Oid>, name: &CStr) -> pg_sys::Oid {

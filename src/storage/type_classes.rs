@@ -80,7 +80,7 @@ fn scan(
     // scan; the slot's first three columns are (biz_type, ttl_class,
     // until), the shape sql/storage.sql gives the table (checked below).
     unsafe {
-        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+        let rel = crate::catalog::open_table_of_idem(relid, pg_sys::AccessShareLock as _, "type_classes");
         let indexes = pg_sys::RelationGetIndexList(rel);
         if indexes.is_null() || (*indexes).length != 1 || (*(*rel).rd_att).natts != 3 {
             internal("idem.type_classes does not have the shape idem created it with");
