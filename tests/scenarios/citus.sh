@@ -3,7 +3,9 @@
 # built once from ../shared/vendor by tests/citus/install.sh into a private
 # copy of Debian's PostgreSQL 15 made by tests/citus/tree.sh, with this
 # build of idem copied there), started here and removed on exit. Runs docs/scaling.md's Citus steps verbatim (read
-# from the page: tests/citus/doc_steps.py), the Citus isolation specs
+# from the page: tests/citus/doc_steps.py), ALTER EXTENSION idem UPDATE
+# from 0.3.0 after idem_distribute with live claims, a lease and a token
+# (tests/citus/upgrade.sh, running the page's upgrade step), the Citus isolation specs
 # (tests/citus/specs: call forms that double-claimed under 0.2.0, two-claim
 # transactions across workers), then tests/citus/scenario.py: claim
 # semantics through the coordinator, every call form, business type
@@ -126,6 +128,9 @@ check "step 6: idem_schedule_maintenance() made the pg_cron job (unscheduled now
   test "$(C -Atc "SELECT count(cron.unschedule(jobid)) FROM cron.job WHERE jobname = 'idem_maintain'")" = 1
 check "step 6: maintenance made the partitions of the 30-day TTL class, reaching past 30 days" \
   test "$(C -Atc "SELECT count(*) >= 6 AND max(range_to) > now() + interval '30 days' FROM idem_partitions WHERE ttl_class = idem.ttl_class('30 days')")" = t
+
+say "ALTER EXTENSION idem UPDATE on the cluster, from every shipped version after idem_distribute (tests/citus/upgrade.sh)"
+bash "$ROOT/tests/citus/upgrade.sh" || fails=$((fails + $?))
 
 say "a second database for the maintenance checks (short partition widths)"
 CITUS_DB=idem_m bash "$CLUSTER" start
