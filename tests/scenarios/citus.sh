@@ -18,6 +18,9 @@
 # with the same key, and DROP EXTENSION / reinstall in a fresh database. Without ../shared/vendor/ it fails (Citus is not in
 # Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/citus.sh    leave the cluster running
+#   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/citus.sh
+#       other ports than 5530-5532 (coordinator, worker 1, worker 2), e.g.
+#       beside another checkout's run
 #   IDEM_STAGE=target/stage bash tests/scenarios/citus.sh
 #       take idem from a staging folder made by `cargo pgrx package
 #       --pg-config /usr/lib/postgresql/15/bin/pg_config --out-dir target/stage` instead of the
@@ -90,7 +93,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "a fresh cluster: coordinator 127.0.0.1:5530, workers :5531 and :5532"
+read -r -a CPORTS <<<"${CITUS_PORTS:-5530 5531 5532}"
+say "a fresh cluster: coordinator 127.0.0.1:${CPORTS[0]}, workers :${CPORTS[1]} and :${CPORTS[2]}"
 t=$(date +%s)
 bash "$CLUSTER" destroy
 bash "$CLUSTER" start
