@@ -13,7 +13,11 @@ LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
 -- coordinator, then on every worker (sql/scaling.sql's idem.citus_node says
 -- which this is): a change the coordinator's update makes to a distributed
 -- or reference table has reached the workers' copies before their update
--- runs, and is not made again there.
+-- runs, and is not made again there. Such a change is made in a DO block:
+-- Citus sends it to the workers as the text of the statement it runs,
+-- which for a statement of the script itself is the whole script (42601,
+-- "cannot insert multiple commands into a prepared statement", on a
+-- worker); in a DO block it is the one statement.
 CREATE FUNCTION idem.citus_node() RETURNS text
     STABLE SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$

@@ -7,8 +7,8 @@
 -- UPDATE on the coordinator, then on every worker: a change the
 -- coordinator's update makes to a distributed or reference table has
 -- reached the workers' copies before their update runs, and is not made
--- again there. Update scripts branch on this (docs/scaling.md, "Upgrading
--- a Citus cluster").
+-- again there. Update scripts branch on this, in DO blocks (docs/scaling.md,
+-- "Upgrading a Citus cluster"; sql/idem--0.3.0--0.4.0.sql says why).
 CREATE FUNCTION idem.citus_node() RETURNS text
     STABLE SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
