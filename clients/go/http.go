@@ -40,6 +40,7 @@ var Problems = map[string]struct {
 	"response-not-replayable": {409, "Stored response not replayable"},
 	"transient-failure":       {503, "Transient failure"},
 	"tenant-missing":          {500, "No tenant for this request"},
+	"internal-error":          {500, "Response not stored"},
 }
 
 // TransientRefusals say nothing about the operation, only about this
@@ -312,6 +313,16 @@ func (m *Middleware) anonymous(rt *route) bool {
 	return m.cfg.Anonymous
 }
 
+// notStored answers a failure to store the response or to commit.
+func (m *Middleware) notStored(w http.ResponseWriter, r *http.Request, rt *route, err error) {
+	if IsTransient(err) {
+		m.unavailable(w, err)
+		return
+	}
+	m.cfg.ErrorLog.Printf("idem: %s %s (%s): storing the response: %v", r.Method, r.URL.Path, rt.bizType, err)
+	m.problem(w, "internal-error", "The response could not be stored; nothing was committed, or the outcome is unknown.", 0)
+}
+
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
 	store := m.cfg.Store
 	if rt.store != nil {
@@ -427,7 +438,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		err = c.Fail(ctx, doc)
 	}
 	if err != nil {
-		m.internal(w, r, rt, err)
+		m.notStored(w, r, rt, err)
 		return
 	}
 	if m.cfg.Phase != nil {
@@ -435,7 +446,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// (the outcome may be unknown: a retry replays it or runs again)
-		m.internal(w, r, rt, err)
+		m.notStored(w, r, rt, err)
 		return
 	}
 	if m.cfg.Phase != nil {
