@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,7 +83,26 @@ type server struct {
 	addr   string
 	fifo   string
 	cmd    *exec.Cmd
-	log    *strings.Builder
+	log    *syncBuffer
+}
+
+// syncBuffer: the server's stderr (a race report, a panic), shown when a
+// check fails.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func startServer(t *testing.T, router, dsn string) *server {
@@ -108,7 +128,7 @@ func (s *server) start() {
 	s.cmd = exec.Command(serverBin, "-router", s.router)
 	s.cmd.Env = append(os.Environ(), "IDEM_TEST_DSN="+s.dsn, "IDEM_TEST_ADDR="+s.addr,
 		"IDEM_TEST_SIGNAL="+s.fifo, "IDEM_TEST_PROBLEM_BASE="+table.ProblemBase)
-	s.log = &strings.Builder{}
+	s.log = &syncBuffer{}
 	s.cmd.Stderr = s.log
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
@@ -156,6 +176,9 @@ func TestMiddleware(t *testing.T) {
 				t.Run("concurrent duplicates without wait", func(t *testing.T) { concurrentNoWait(t, s) })
 				t.Run("killed before COMMIT", func(t *testing.T) { killed(t, s, "before_commit") })
 				t.Run("killed after COMMIT", func(t *testing.T) { killed(t, s, "after_commit") })
+				if strings.Contains(s.log.String(), "WARNING: DATA RACE") || strings.Contains(s.log.String(), "panic:") {
+					t.Fatalf("the %s server's log:\n%s", router, s.log)
+				}
 			})
 		}
 	}

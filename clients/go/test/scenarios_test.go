@@ -123,19 +123,35 @@ func killed(t *testing.T, s *server, phase string) {
 	key := u + "-killed"
 	done := make(chan response, 1)
 	go func() { done <- send(s.order("/orders", key, u, map[string]string{"X-Test-Pause": phase})) }()
-	fifo, err := os.Open(s.fifo) // blocks until the server opens it to write
+	// (read-write: the open does not wait for the server's)
+	fifo, err := os.OpenFile(s.fifo, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	line, _ := bufio.NewReader(fifo).ReadString('\n')
+	lines := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(fifo).ReadString('\n')
+		lines <- line
+	}()
+	var line string
+	select {
+	case line = <-lines:
+	case r := <-done:
+		fifo.Close()
+		t.Fatalf("the request was answered before the kill point %s: %s; server log:\n%s", phase, r, s.log)
+	}
 	fifo.Close()
 	s.kill()
 	if r := <-done; line != phase+"\n" || r.err == nil {
 		t.Fatalf("killed at %s (%q): the client got %s", phase, line, r)
 	}
+	// The killed server's transaction ends when its backend sees the
+	// connection gone (through PgBouncer, when PgBouncer closes it): wait
+	// for the claim to leave in_progress.
+	lookup := "SELECT state FROM idem_lookup($1, 'orders.create')"
+	untilTrue(t, "the killed server's transaction has ended", "SELECT ("+lookup+") <> 'in_progress'", "4:acme:"+key)
 	var state string
-	if err := checkDB.QueryRow(context.Background(), "SELECT state FROM idem_lookup($1, 'orders.create')",
-		"4:acme:"+key).Scan(&state); err != nil {
+	if err := checkDB.QueryRow(context.Background(), lookup, "4:acme:"+key).Scan(&state); err != nil {
 		t.Fatal(err)
 	}
 	rows := rowsOf(t, u)
