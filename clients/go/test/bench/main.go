@@ -162,6 +162,10 @@ func main() {
 		}
 		fmt.Printf("round %d: %s requests/s\n", r, strings.Join(line, ", "))
 	}
+	rounds0, rps0 := *rounds, map[string][]float64{}
+	for v, xs := range rps {
+		rps0[v] = append([]float64(nil), xs...)
+	}
 	med := map[string]float64{}
 	for v, xs := range rps {
 		sort.Float64s(xs)
@@ -169,8 +173,18 @@ func main() {
 	}
 	fmt.Printf("median requests/s (%d rounds x %d requests, %d connections): a %.0f, b %.0f, c %.0f, d %.0f\n",
 		*rounds, *requests, *concurrency, med["a"], med["b"], med["c"], med["d"])
-	fmt.Printf("ratios: a/c %.2f, b/c %.2f, d/c %.2f; cost per request vs c: a %+.0f us, b %+.0f us\n",
+	fmt.Printf("ratios of the medians: a/c %.2f, b/c %.2f, d/c %.2f; time per request vs c: a %+.0f us, b %+.0f us\n",
 		med["a"]/med["c"], med["b"]/med["c"], med["d"]/med["c"], 1e6/med["a"]-1e6/med["c"], 1e6/med["b"]-1e6/med["c"])
+	// The same round's ratios: the load other programs put on the machine
+	// changes less within a round than between rounds.
+	for _, v := range []string{"a", "b", "d"} {
+		var rs []float64
+		for i := range rounds0 {
+			rs = append(rs, rps0[v][i]/rps0["c"][i])
+		}
+		sort.Float64s(rs)
+		fmt.Printf("same-round %s/c: median %.2f, range %.2f-%.2f\n", v, rs[len(rs)/2], rs[0], rs[len(rs)-1])
+	}
 }
 
 func amountOf(r *http.Request) int {
