@@ -16,7 +16,7 @@ from .errors import (ClaimNotFinished, FingerprintMismatch, IdemError, InProgres
                      TransientFailure, is_transient)
 from .policy import (DEFAULT_PROBLEM_BASE, PROBLEMS, REPLAYED_HEADER, SHARED_SCOPE, TRANSIENT_REFUSALS, Policy,
                      RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json, default_store_status,
-                     parse_key_field, request_fingerprint)
+                     parse_key_field, request_fingerprint, tenant_scope)
 
 __version__ = "0.4.0"
 __all__ = [
@@ -25,5 +25,5 @@ __all__ = [
     "is_transient",
     "DEFAULT_PROBLEM_BASE", "PROBLEMS", "REPLAYED_HEADER", "SHARED_SCOPE", "TRANSIENT_REFUSALS", "Policy", "RequestInfo",
     "Response", "Route", "TenantMissing", "canonical_body", "canonical_json", "default_store_status", "parse_key_field",
-    "request_fingerprint",
+    "request_fingerprint", "tenant_scope",
 ]

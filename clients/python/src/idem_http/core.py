@@ -2,7 +2,7 @@
 on a connection, and the request engine the sync integrations (Django,
 SQLAlchemy) share.
 
-    with idem_http.claim(conn, "tenant-a:" + key, "orders.create", fingerprint=fp) as c:
+    with idem_http.claim(conn, Policy.scoped_key(key, tenant_scope(tenant)), "orders.create", fingerprint=fp) as c:
         if not c.claimed:
             return c.replay            # or 409 for c.state == "in_progress"
         conn.execute("INSERT INTO orders ...")

@@ -207,6 +207,11 @@ def as_route(r: RouteLike) -> Route:
     return r if isinstance(r, Route) else Route(biz_type=r)
 
 
+def tenant_scope(tenant: Optional[str]) -> str:
+    """A tenant's scope, "<UTF-8 length of tenant>:<tenant>"; None: the shared scope "-"."""
+    return SHARED_SCOPE if tenant is None else f"{len(tenant.encode('utf-8'))}:{tenant}"
+
+
 class TenantMissing(Exception):
     """The tenant hook returned no tenant for a request of a route that has
     no anonymous scope: a server configuration mistake, answered 500."""
@@ -316,7 +321,7 @@ class Policy:
             raise TenantMissing(f"no tenant for {info.method} {info.path}")
         if not isinstance(tenant, str):
             raise TypeError(f"idem_http: the tenant hook must return a str or None, not {type(tenant).__name__}")
-        return f"{len(tenant.encode('utf-8'))}:{tenant}"
+        return tenant_scope(tenant)
 
     @staticmethod
     def scoped_key(key: str, scope: str) -> str:
