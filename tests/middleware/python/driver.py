@@ -92,17 +92,18 @@ def start_server() -> None:
     global server
     cmd, env = server_command()
     server = subprocess.Popen(cmd, cwd=HERE, env=env)
-
-    def up() -> bool:
-        assert server is not None
-        if server.poll() is not None:
-            raise SystemExit(f"the {SERVER} server exited with {server.returncode}")
-        try:
-            return httpx.get(f"{BASE}/health", timeout=60).status_code == 200
-        except httpx.TransportError:
-            return False
-
     wait_for(f"{SERVER} answering on {BASE}", up)
+
+
+def up() -> bool:
+    """The server answers /health (it exited: the driver stops)."""
+    assert server is not None
+    if server.poll() is not None:
+        raise SystemExit(f"the {SERVER} server exited with {server.returncode}")
+    try:
+        return httpx.get(f"{BASE}/health", timeout=60).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def kill_server() -> None:
@@ -413,7 +414,7 @@ def single_tenant() -> None:
     cmd, env = server_command("single")
     server = subprocess.Popen(cmd, cwd=HERE, env=env)
     try:
-        wait_for(f"{SERVER} (single tenant) answering", lambda: _up())
+        wait_for(f"{SERVER} (single tenant) answering", up)
         key = new_key("single-tenant")
         body = {"sku": "sku-single", "qty": 1}
         r1 = post("/orders", key, body, tenant="ignored-1")
@@ -422,16 +423,6 @@ def single_tenant() -> None:
               f"single_tenant=True: one key space for every caller ({status(r1)}, replayed={replayed(r2)})")
     finally:
         kill_server()
-
-
-def _up() -> bool:
-    assert server is not None
-    if server.poll() is not None:
-        raise SystemExit(f"the {SERVER} server exited with {server.returncode}")
-    try:
-        return httpx.get(f"{BASE}/health", timeout=60).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def conformance_table() -> None:
