@@ -273,8 +273,8 @@ class Idem {
       // is made transaction-local before the claim (the CTE is evaluated
       // first: the claim's key comes from it) and restored after it (the
       // select list is evaluated on the claim's row), so that the handler's
-      // own lock waits keep the session's setting. Named: prepared once per
-      // connection.
+      // own lock waits keep the session's setting. With prepare: a named
+      // statement, parsed once per connection.
       const args = [scoped, `${route.lockTimeout}ms`, route.bizType, fp === undefined ? null : fp, route.wait];
       let call = `${this.fn('idem_claim')}(s.k, $3, fingerprint => $4, wait => $5`;
       if (route.lease !== null) {
