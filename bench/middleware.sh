@@ -17,8 +17,8 @@
 #      the business insert, UPDATE dedup SET response, one transaction
 #   d  no idempotency: the business insert in one transaction (the floor)
 #   e  (Python only, a diagnostic) a with Policy(lock_timeout=None): the same
-#      middleware without the two set_config('lock_timeout') statements that
-#      bound a duplicate's wait (idem-pg always sends them)
+#      middleware, its claim statement without the set_config('lock_timeout')
+#      around the claim that bounds a duplicate's wait (idem-pg always has it)
 # One load client (bench/middleware/load.js, Node's http module, keep-alive)
 # drives every variant: CONCURRENCY connections, REQUESTS requests per run.
 # Rounds interleave the variants (a, c, d, b, e for Python, then a, c, d, b

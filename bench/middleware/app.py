@@ -10,9 +10,9 @@ with a small JSON body) behind four routes:
                row (variant c: what a user writes instead of the middleware)
   POST /plain  no idempotency at all, one transaction (variant d: the floor)
   POST /mw-nolt  the middleware with Policy(lock_timeout=None) (variant e, a
-               diagnostic: no bound on a duplicate's wait, so no
-               set_config('lock_timeout') before and after the claim: two
-               statements fewer per request)
+               diagnostic: no bound on a duplicate's wait, so the claim's
+               statement without the set_config('lock_timeout') before and
+               after the claim)
 
 Every route takes its connection from the same psycopg_pool
 AsyncConnectionPool (autocommit, as the middleware's README asks), so the
@@ -42,9 +42,9 @@ pool = AsyncConnectionPool(CONNINFO, min_size=POOL_SIZE, max_size=POOL_SIZE, ope
 
 app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
-                   routes={("POST", "/mw"): "bench.mw"}, policy=Policy())
+                   routes={("POST", "/mw"): "bench.mw"}, policy=Policy(single_tenant=True))
 app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
-                   routes={("POST", "/mw-nolt"): "bench.mw"}, policy=Policy(lock_timeout=None))
+                   routes={("POST", "/mw-nolt"): "bench.mw"}, policy=Policy(single_tenant=True, lock_timeout=None))
 
 
 @app.on_event("startup")

@@ -48,7 +48,7 @@ let firstBad = null;
 function post(key) {
   return new Promise((resolve, reject) => {
     const headers = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) };
-    if (key !== null) headers['idempotency-key'] = key;
+    if (key !== null) headers['idempotency-key'] = `"${key}"`; // an sf-string, as the draft says
     const req = http.request({ agent, host: target.hostname, port: target.port, path: target.pathname, method: 'POST', headers }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));

@@ -18,7 +18,7 @@ const { createIdem } = require('idem-pg');
 const port = Number(process.argv[2]);
 const size = Number(process.env.BENCH_POOL || 8);
 const pool = new Pool({ max: size, min: size });
-const idem = createIdem({ pool });
+const idem = createIdem({ pool, singleTenant: true, prepare: process.env.BENCH_PREPARE === '1' });
 const app = express();
 app.use(express.json());
 

@@ -6,8 +6,10 @@ export interface CanonicalRequest {
   method: string;
   /** The path with its query string. */
   path: string;
-  /** A parsed JSON body (canonicalised), a string or Buffer (as is), or nothing. */
+  /** A parsed JSON body, or a string or Buffer (canonicalised if it parses as JSON, else as is), or nothing. */
   body?: unknown;
+  /** The key's scope: "<UTF-8 length of tenant>:<tenant>", or "-" (single tenant, anonymous). Default "-". */
+  scope?: string;
 }
 
 /** An HTTP answer as the library produces and stores it. */
@@ -61,19 +63,23 @@ export interface IdemHooks {
 export interface Options {
   /** Header carrying the key (default "Idempotency-Key"). */
   keyHeader?: string;
-  /** Accepted keys (default: 16 to 255 visible ASCII characters); others get 400. */
-  keyPattern?: RegExp;
+  /** Shortest accepted key (default 16); shorter keys get 400. */
+  minKeyLength?: number;
+  /** Longest accepted key (default 255, at most 255). */
+  maxKeyLength?: number;
+  /** Accept an unquoted key as well as the draft's quoted sf-string (default false). */
+  bareKeys?: boolean;
   /** false: a request without the key runs without a claim (still in one transaction). Default true (400). */
   required?: boolean;
   /** true (default): a concurrent duplicate waits for the first and gets its outcome; false: 409 + Retry-After. */
   wait?: boolean;
-  /** Bound of that wait in milliseconds (lock_timeout; 55P03 becomes 503). 0: unbounded. Default 5000. */
+  /** Bound of that wait in milliseconds (lock_timeout); when it ends: 409 + Retry-After. 0: unbounded. Default 5000. */
   lockTimeout?: number;
   /** Retry-After seconds on 409 and 503 (default 1). */
   retryAfter?: number;
   /** Lease mode: seconds of the lease (the claim commits before the handler runs). Default null. */
   lease?: number | null;
-  /** Which statuses are stored and replayed (default: below 500); others roll back. */
+  /** Which statuses are stored and replayed (default: 2xx, 3xx and 4xx except 401, 403, 407, 408, 425, 429); others roll back. */
   store?(status: number): boolean;
   /** Response headers stored with the response (default content-type, location). */
   storeHeaders?: string[];
@@ -83,10 +89,18 @@ export interface Options {
   excludeFields?: string[];
   /** Replaces the computed fingerprint (return null for none). */
   fingerprint?(req: any): string | null | Promise<string | null>;
-  /** The tenant of the authenticated principal: the key is scoped "tenant:key". */
+  /** The tenant of the authenticated principal: the claimed key is "<UTF-8 length>:<tenant>:<key>". Null: 500, unless anonymous. */
   tenant?(req: any): string | null | undefined | Promise<string | null | undefined>;
-  /** Base URI of the problem types in error bodies. */
+  /** No tenant hook: every caller shares one key space. A route needs tenant or singleTenant. */
+  singleTenant?: boolean;
+  /** With a tenant hook: a request without a tenant is claimed in the shared scope "-" instead of refused. */
+  anonymous?: boolean;
+  /** Base URI of the problem types in error bodies: type = problemBase + slug. */
   problemBase?: string;
+  /** The claim as a named prepared statement (default false; not behind PgBouncer in transaction mode before 1.21). */
+  prepare?: boolean;
+  /** Where the refusal of a request without a tenant is logged (default console). */
+  logger?: { error(message: string): void };
   hooks?: IdemHooks;
 }
 
@@ -130,7 +144,17 @@ export declare function expressMiddleware(idem: Idem, options: RouteOptions): Ex
 export declare function expressErrorHandler(idem: Idem): ExpressErrorHandler;
 export declare const idemFastify: FastifyPlugin;
 export declare function canonicalJson(value: unknown): string;
-export declare function canonicalRequest(req: CanonicalRequest, excludeFields?: string[]): string;
+export declare function canonicalRequest(req: CanonicalRequest, excludeFields?: string[]): Buffer;
+export declare function canonicalBody(body: unknown, excludeFields?: string[]): Buffer;
+/** Parses an Idempotency-Key field value: the key, or null and why not. */
+export declare function parseKeyField(raw: string, options?: { minKeyLength?: number; maxKeyLength?: number; bareKeys?: boolean }):
+  { key: string; why: '' } | { key: null; why: string };
+/** The problem types: slug -> [status, title]. */
+export declare const PROBLEMS: Readonly<Record<string, readonly [number, string]>>;
+export declare const DEFAULT_PROBLEM_BASE: string;
+/** Statuses never stored: 401, 403, 407, 408, 425, 429. */
+export declare const TRANSIENT_REFUSALS: ReadonlySet<number>;
+export declare function defaultStore(status: number): boolean;
 /** 32 hex digits of SHA-256 over canonicalRequest. */
 export declare function fingerprint(req: CanonicalRequest, excludeFields?: string[]): string;
 export declare function isTransient(err: unknown): boolean;

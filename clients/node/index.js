@@ -1,8 +1,9 @@
 'use strict';
-const { Idem, replay, storedResponse } = require('./lib/core');
+const { Idem, replay, storedResponse, PROBLEMS, DEFAULT_PROBLEM_BASE, TRANSIENT_REFUSALS, defaultStore } = require('./lib/core');
+const { parseKeyField } = require('./lib/key');
 const { expressMiddleware, expressErrorHandler } = require('./lib/express');
 const { idemFastify } = require('./lib/fastify');
-const { canonicalJson, canonicalRequest, fingerprint } = require('./lib/fingerprint');
+const { canonicalJson, canonicalBody, canonicalRequest, fingerprint } = require('./lib/fingerprint');
 const { isTransient, isConnectionError, TRANSIENT_SQLSTATES } = require('./lib/errors');
 
 // The integrations as methods, so that one object carries the pool and the
@@ -35,7 +36,13 @@ module.exports = {
   expressMiddleware,
   expressErrorHandler,
   canonicalJson,
+  canonicalBody,
   canonicalRequest,
+  parseKeyField,
+  PROBLEMS,
+  DEFAULT_PROBLEM_BASE,
+  TRANSIENT_REFUSALS,
+  defaultStore,
   fingerprint,
   isTransient,
   isConnectionError,

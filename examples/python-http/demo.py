@@ -64,7 +64,7 @@ def main():
     print(f"payments API listening on http://{server.server_address[0]}:{server.server_address[1]}")
     # Fresh keys per run, as a client makes them: one per payment intent.
     run = uuid.uuid4().hex[:8]
-    k1, k2, k3 = f"{run}-pay-1", f"{run}-pay-2", f"{run}-pay-3"
+    k1, k2, k3 = f"{run}-payment-1", f"{run}-payment-2", f"{run}-payment-3"
     order1 = {"order": "A-1001", "amount": "42.00", "currency": "EUR", "card": "4242424242424242"}
 
     ex = post(server, "request 1", "shop-1", k1, order1, 201)

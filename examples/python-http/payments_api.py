@@ -41,9 +41,11 @@ from idem_http import FingerprintMismatch, Policy, RequestInfo, Response, Transi
 
 BIZ_TYPE = "payment-api"
 CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# Header parsing (a Structured Field String or a bare token, 1 to 255
-# characters), problem details, replays: the draft's mapping.
-POLICY = Policy(wait=False, retry_after=1)
+# Header parsing (one Structured Field String, 16 to 255 characters), problem
+# details, replays: the draft's mapping (docs/http.md, "The rules"). The key's
+# scope is this handler's own (the client id, below): single_tenant says the
+# policy adds none.
+POLICY = Policy(single_tenant=True, wait=False, retry_after=1)
 # Stored with the status and body, and replayed as they were.
 STORED_HEADERS = ("Content-Type", "Location")
 
@@ -112,7 +114,7 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
         raw_key = self.headers.get("Idempotency-Key")
         key = POLICY.parse_key(raw_key)
         if key is None:
-            return self.answer(POLICY.missing_key(raw_key))
+            return self.answer(POLICY.key_refused(raw_key))
         raw_body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         try:
             payload = json.loads(raw_body)

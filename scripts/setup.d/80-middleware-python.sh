@@ -10,7 +10,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 MW_WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
-MW_REQUIREMENTS=("psycopg[binary]==3.2.*" "fastapi==0.115.*" "starlette" "uvicorn==0.32.*"
+MW_REQUIREMENTS=("psycopg[binary]==3.2.*" "psycopg-pool==3.2.*" "fastapi==0.115.*" "starlette" "uvicorn==0.32.*"
                  "Django==5.1.*" "SQLAlchemy==2.0.*" "httpx==0.27.*"
                  "setuptools>=69" "wheel" "build==1.2.*" "mypy==1.13.*")
 stamp="$MW_WHEELHOUSE/.complete-$(printf '%s\n' "${MW_REQUIREMENTS[@]}" | md5sum | cut -c1-12)"

@@ -28,6 +28,7 @@ stop_all() {
   # A test server left behind by a driver that died: this run's own, by the
   # path of its script in this run's scratch folder.
   [ -z "$work" ] || kill_matching "^[^ ]*node $work/app/server.js "
+  [ -z "$work" ] || kill_matching "^[^ ]*node $work/app/[a-z]*-app.js "
   pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
@@ -77,7 +78,9 @@ resolved=$(cd "$work/app" && node -p "require.resolve('idem-pg')")
 [ "$resolved" = "$work/app/node_modules/idem-pg/index.js" ] || fail "idem-pg resolves to $resolved, not the installed copy"
 [ ! -L "$work/app/node_modules/idem-pg" ] || fail "node_modules/idem-pg is a link to the source"
 cp "$ROOT/clients/node/test/server.js" "$ROOT/clients/node/test/driver.js" "$ROOT/clients/node/test/types.ts" \
-   "$ROOT/clients/node/test/unit.test.js" "$work/app/"
+   "$ROOT/clients/node/test/unit.test.js" "$ROOT/clients/node/test/conformance.js" \
+   "$ROOT/tests/middleware/conformance.json" "$ROOT/clients/node/test/examples.js" \
+   "$ROOT/clients/node/examples/express-app.js" "$ROOT/clients/node/examples/fastify-app.js" "$work/app/"
 versions=$(cd "$work/app" && node -p "['idem-pg','express','fastify','pg','typescript'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
 echo "installed in a fresh project ($(ms_since "$t0") ms): $versions"
 
@@ -105,6 +108,12 @@ for framework in express fastify; do
     fi
     echo "($(ms_since "$t0") ms)"
   done
+done
+# The README's example apps, as they are: auth, rate limit and idem in order.
+for framework in express fastify; do
+  [[ " $runs " == *" $framework-"* ]] || continue
+  echo "== the README's $framework example (examples/$framework-app.js) =="
+  (cd "$work/app" && node examples.js $framework) || failed+=("$framework example")
 done
 xacts=$("$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' '$1 == "mw" {print $2}')
 [[ "$runs" != *pgbouncer* ]] || [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")

@@ -68,7 +68,7 @@ export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE" PIP_DISABLE_PIP_VERSION_CHECK
 "$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/src" > "$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
 wheel=$(ls "$work"/dist/idem_http-*.whl)
 echo "built $(basename "$wheel")"
-"$venv/bin/pip" install -q "$wheel[fastapi,django,sqlalchemy]" "psycopg[binary]" uvicorn httpx
+"$venv/bin/pip" install -q "$wheel[fastapi,django,sqlalchemy]" "psycopg[binary]" psycopg-pool uvicorn httpx
 installed=$(cd "$work" && "$venv/bin/python" -c "import idem_http, os; print(os.path.dirname(idem_http.__file__))")
 case "$installed" in
   "$venv"/lib/python3*/site-packages/idem_http) echo "idem_http imported from $installed" ;;
@@ -112,6 +112,15 @@ for target in direct pgbouncer; do
     grep -q "^summary \[$server, $target\]: [0-9]* checks, 0 failed" "$out/$server-$target.log" \
       || failed+=("$server through $target")
   done
+done
+# The README's example apps, as they are (clients/python/examples): auth,
+# rate limit (and Django's CSRF) placed as the README says.
+for example in fastapi django; do
+  say "the README's $example example"
+  (cd "$work" && "$venv/bin/python" "$ROOT/tests/middleware/python/examples.py" $example $HTTP_PORT "$direct") \
+    2>&1 | tee "$out/example-$example.log"
+  grep -q "^summary \[$example example\]: [0-9]* checks, 0 failed" "$out/example-$example.log" \
+    || failed+=("the $example example")
 done
 xacts=$("$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' \
           | awk -F'|' '$1 == "mw" {print $2}')

@@ -6,35 +6,89 @@
 const { AsyncLocalStorage } = require('node:async_hooks');
 const { fingerprint: defaultFingerprint } = require('./fingerprint');
 const { isTransient, isConnectionError } = require('./errors');
+const { parseKeyField } = require('./key');
 
 const BIZ_TYPE = /^[A-Za-z0-9_.:-]{1,64}$/;
 const SCHEMA = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const MAX_KEY_BYTES = 1024; // idem refuses longer keys with 22023
 
+// Where the problem types are documented: a problem's "type" is this base
+// followed by its slug (an anchor of docs/http.md, "Problem types").
+const DEFAULT_PROBLEM_BASE = 'https://github.com/idem-pg/idem/blob/main/docs/http.md#';
+
+// The problem types (docs/http.md, "Problem types"): slug -> [status, title].
+// The title is the type's, the same for every occurrence; what differs from
+// case to case goes into "detail".
+const PROBLEMS = {
+  'idempotency-key-missing': [400, 'Idempotency-Key missing'],
+  'idempotency-key-invalid': [400, 'Idempotency-Key invalid'],
+  'idempotency-key-reused': [422, 'Idempotency-Key reused for a different request'],
+  'request-in-progress': [409, 'Request in progress'],
+  'response-not-replayable': [409, 'Stored response not replayable'],
+  'transient-failure': [503, 'Transient failure'],
+  'tenant-missing': [500, 'No tenant for this request'],
+  'internal-error': [500, 'Response not stored'],
+};
+
+// Refusals that say nothing about the operation, only about this attempt:
+// authentication (401, 407), authorization or CSRF (403), a timeout (408),
+// too early (425), rate limiting (429). Never stored, whatever the class.
+const TRANSIENT_REFUSALS = new Set([401, 403, 407, 408, 425, 429]);
+
+// 2xx and 3xx are stored (idem_complete), the deterministic 4xx (400, 404,
+// 409, 422, ...) as a business failure (idem_fail); never TRANSIENT_REFUSALS
+// or 5xx: those roll back, claim included, so that a retry runs.
+function defaultStore(status) {
+  return !TRANSIENT_REFUSALS.has(status) && status >= 200 && status < 500;
+}
+
+// The scope of a request without a tenant (singleTenant, or anonymous): "-",
+// which no tenant's scope ("<length>:<tenant>") can equal.
+const SHARED_SCOPE = '-';
+
 const DEFAULTS = {
   keyHeader: 'idempotency-key',
-  keyPattern: /^[\x21-\x7e]{16,255}$/, // visible ASCII, as docs/http.md suggests
+  minKeyLength: 16,
+  maxKeyLength: 255,
+  bareKeys: false, // accept an unquoted key too (Stripe-style clients)
   required: true,
   wait: true,
-  lockTimeout: 5000, // ms a duplicate waits for the first request's transaction; 0: no bound
-  retryAfter: 1, // seconds, on 409 (no wait) and 503
+  lockTimeout: 5000, // ms a duplicate waits for the first request's transaction (then 409); 0: no bound
+  retryAfter: 1, // seconds, on 409 and 503
   lease: null, // seconds: lease mode (the claim commits first; see README)
-  store: (status) => status < 500,
+  store: defaultStore,
   storeHeaders: ['content-type', 'location'],
   maxStoredBody: 64 * 1024,
   excludeFields: [],
   fingerprint: null, // (req) => string | null, replaces the computed one
   tenant: null, // (req) => string | null: the authenticated principal's tenant
-  problemBase: 'urn:idem:problem:',
+  singleTenant: false, // no tenant hook: every caller shares one key space
+  anonymous: false, // with a tenant hook: no tenant -> the shared scope, instead of 500
+  problemBase: DEFAULT_PROBLEM_BASE,
+  prepare: false, // the claim as a named prepared statement (not behind PgBouncer in transaction mode before 1.21)
+  logger: console,
   hooks: {},
 };
 
-function problem(options, status, slug, title, extraHeaders) {
+function problem(options, slug, detail, extraHeaders) {
+  const [status, title] = PROBLEMS[slug];
   return {
     status,
     headers: { 'content-type': 'application/problem+json', ...(extraHeaders || {}) },
-    body: Buffer.from(JSON.stringify({ type: options.problemBase + slug, title, status })),
+    body: Buffer.from(JSON.stringify({ type: options.problemBase + slug, title, status, detail })),
   };
+}
+
+function inProgress(route) {
+  const retry = route.lease !== null ? route.lease : route.retryAfter;
+  return problem(route, 'request-in-progress', 'A request with this Idempotency-Key is being processed; retry later with the same key.',
+    { 'retry-after': String(retry) });
+}
+
+// The claimed key: the scope, ":", the client's key. Injective: a tenant's
+// scope says its own length, and "-" is no tenant's.
+function scopeOf(tenant) {
+  return tenant === null ? SHARED_SCOPE : `${Buffer.byteLength(tenant, 'utf8')}:${tenant}`;
 }
 
 // A stored response, as jsonb: {status, headers, body, encoding} where body
@@ -95,6 +149,7 @@ class Idem {
     this.pool = pool;
     if (schema !== undefined && !SCHEMA.test(schema)) throw new TypeError(`idem-pg: bad schema name ${schema}`);
     this.fn = schema ? (name) => `${schema}.${name}` : (name) => name;
+    this.schemaTag = schema || '';
     this.defaults = { ...DEFAULTS, ...rest, hooks: { ...(rest.hooks || {}) } };
     this.als = new AsyncLocalStorage();
   }
@@ -108,6 +163,17 @@ class Idem {
   route(options) {
     const route = { ...this.defaults, ...(options || {}) };
     route.hooks = { ...this.defaults.hooks, ...((options && options.hooks) || {}) };
+    if (!route.tenant && !route.singleTenant) {
+      throw new TypeError(`idem-pg: route ${route.bizType}: choose the key scope: tenant: (req) => <the authenticated caller's tenant> `
+        + '(keys of different tenants never meet), or singleTenant: true (every caller shares one key space). '
+        + 'Without either, one caller could be replayed another\'s response.');
+    }
+    if (route.tenant && route.singleTenant) throw new TypeError('idem-pg: tenant and singleTenant: true exclude each other');
+    if (route.anonymous && !route.tenant) throw new TypeError('idem-pg: anonymous: true needs a tenant hook');
+    if (!(Number.isInteger(route.minKeyLength) && Number.isInteger(route.maxKeyLength)
+      && route.minKeyLength >= 1 && route.minKeyLength <= route.maxKeyLength && route.maxKeyLength <= 255)) {
+      throw new TypeError('idem-pg: need 1 <= minKeyLength <= maxKeyLength <= 255');
+    }
     if (!BIZ_TYPE.test(String(route.bizType || ''))) {
       throw new TypeError(`idem-pg: bizType must match ${BIZ_TYPE} (got ${route.bizType})`);
     }
@@ -125,32 +191,42 @@ class Idem {
    * handler with ctx.client, then call finish).
    */
   async begin(req, route, raw) {
-    let key = req.headers[route.keyHeader];
-    if (Array.isArray(key)) key = key.length === 1 ? key[0] : undefined;
-    if (typeof key === 'string') {
-      key = key.trim();
-      // The draft's header is a structured-field string: "…"; bare is accepted too.
-      if (key.length >= 2 && key.startsWith('"') && key.endsWith('"')) key = key.slice(1, -1);
-    }
-    if (key === undefined || key === null || key === '') {
+    let field = req.headers[route.keyHeader];
+    // Field lines arrive joined with ", " (node:http); an array is joined the same way.
+    if (Array.isArray(field)) field = field.join(', ');
+    if (field === undefined || field === null) {
       if (route.required) {
-        return { response: problem(route, 400, 'idempotency-key-missing', 'An Idempotency-Key header is required') };
+        return { response: problem(route, 'idempotency-key-missing',
+          `Send Idempotency-Key: "<key>", ${route.minKeyLength} to ${route.maxKeyLength} visible ASCII characters, made once per intent.`) };
       }
       return this.#open(route, null, null, raw);
     }
-    if (!route.keyPattern.test(key)) {
-      return { response: problem(route, 400, 'idempotency-key-invalid', `The Idempotency-Key header must match ${route.keyPattern}`) };
+    const parsed = parseKeyField(String(field), route);
+    if (parsed.key === null) {
+      return { response: problem(route, 'idempotency-key-invalid', `Idempotency-Key: ${parsed.why}.`) };
     }
+    const key = parsed.key;
     // The tenant comes from authentication, never from a header the client
     // picks: without it two tenants sending one key would share a claim.
-    const tenant = route.tenant ? await route.tenant(raw) : null;
-    const scoped = tenant === null || tenant === undefined ? key : `${tenant}:${key}`;
+    let tenant = null;
+    if (route.tenant) {
+      tenant = await route.tenant(raw);
+      if (tenant === undefined || tenant === '') tenant = null;
+      if (tenant !== null && typeof tenant !== 'string') throw new TypeError(`idem-pg: the tenant hook must return a string or null, not ${typeof tenant}`);
+      if (tenant === null && !route.anonymous) {
+        route.logger.error(`idem-pg: the tenant hook returned no tenant for ${req.method} ${req.path} (route ${route.bizType}); answered 500. `
+          + 'Authenticate before this middleware, or allow anonymous callers (anonymous: true).');
+        return { response: problem(route, 'tenant-missing', 'The server found no tenant for this request; nothing was done.') };
+      }
+    }
+    const scope = scopeOf(tenant);
+    const scoped = `${scope}:${key}`;
     if (Buffer.byteLength(scoped, 'utf8') > MAX_KEY_BYTES) {
-      return { response: problem(route, 400, 'idempotency-key-invalid', 'The Idempotency-Key header is too long') };
+      return { response: problem(route, 'idempotency-key-invalid', 'Idempotency-Key: the key and the tenant are longer than 1024 bytes.') };
     }
     const fp = route.fingerprint
       ? await route.fingerprint(raw)
-      : defaultFingerprint({ method: req.method, path: req.path, body: req.body }, route.excludeFields);
+      : defaultFingerprint({ method: req.method, path: req.path, body: req.body, scope }, route.excludeFields);
     return this.#open(route, key, scoped, raw, fp);
   }
 
@@ -192,30 +268,42 @@ class Idem {
         await client.query('BEGIN');
         return { ctx };
       }
-      // One simple-protocol round trip: BEGIN and the bound of the wait (a
-      // transaction-local setting: nothing is left on a pooled session).
-      const res = await client.query(
-        `BEGIN; SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', '${route.lockTimeout}ms', true)`);
-      const previous = res[1].rows[0].previous;
-      const args = [scoped, route.bizType, fp === undefined ? null : fp, route.wait];
-      let sql = `SELECT claimed, state, result FROM ${this.fn('idem_claim')}($1, $2, fingerprint => $3, wait => $4`;
+      await client.query('BEGIN');
+      // The claim and the bound of its wait in one round trip: lock_timeout
+      // is made transaction-local before the claim (the CTE is evaluated
+      // first: the claim's key comes from it) and restored after it (the
+      // select list is evaluated on the claim's row), so that the handler's
+      // own lock waits keep the session's setting. With prepare: a named
+      // statement, parsed once per connection.
+      const args = [scoped, `${route.lockTimeout}ms`, route.bizType, fp === undefined ? null : fp, route.wait];
+      let call = `${this.fn('idem_claim')}(s.k, $3, fingerprint => $4, wait => $5`;
       if (route.lease !== null) {
         args.push(route.lease);
-        sql += ', lease => make_interval(secs => $5)';
+        call += ', lease => make_interval(secs => $6)';
       }
-      const c = (await client.query(sql + ')', args)).rows[0];
+      const text = 'WITH s AS MATERIALIZED (SELECT $1::text AS k, current_setting(\'lock_timeout\') AS prev, '
+        + 'set_config(\'lock_timeout\', $2, true) AS bound) '
+        + `SELECT c.claimed, c.state, c.result, set_config('lock_timeout', s.prev, true) FROM s, LATERAL ${call}) c`;
+      const query = route.prepare ? { name: `idem_claim_${this.schemaTag}${route.lease !== null ? '_lease' : ''}`, text, values: args } : { text, values: args };
+      let c;
+      try {
+        c = (await client.query(query)).rows[0];
+      } catch (err) {
+        if (err && err.code === '55P03') {
+          // The wait for the first request's transaction ran out: still in progress.
+          await this.#discard(ctx, err);
+          return { response: inProgress(route) };
+        }
+        throw err;
+      }
       ctx.claim = c;
       if (!c.claimed) {
         await client.query('ROLLBACK');
         this.#release(ctx);
         ctx.finished = true;
-        if (c.state === 'in_progress') {
-          const retry = route.lease !== null ? route.lease : route.retryAfter;
-          return { response: problem(route, 409, 'request-in-progress', 'A request with this Idempotency-Key is being processed', { 'retry-after': String(retry) }) };
-        }
+        if (c.state === 'in_progress') return { response: inProgress(route) };
         return { response: replay(c.result), replayed: true };
       }
-      await client.query('SELECT set_config(\'lock_timeout\', $1, true)', [previous]);
       if (route.lease !== null) {
         // Lease mode: the claim commits now, so that it outlives this process
         // and a takeover finds the recovery points; the handler's writes and
@@ -236,7 +324,7 @@ class Idem {
     } catch (err) {
       await this.#discard(ctx, err);
       if (err && err.code === 'ID001') {
-        return { response: problem(route, 422, 'idempotency-key-reused', 'This Idempotency-Key was used for a different request') };
+        return { response: problem(route, 'idempotency-key-reused', 'This Idempotency-Key was first used for a different request; do not retry this request, a new request needs a new key.') };
       }
       if (isTransient(err)) return { response: this.#unavailable(route, err) };
       throw err;
@@ -297,7 +385,7 @@ class Idem {
     } catch (err) {
       await this.#discard(ctx, err);
       if (isTransient(err)) return { response: this.#unavailable(route, err) };
-      return { response: problem(route, 500, 'internal-error', 'The response could not be stored; nothing was committed') };
+      return { response: problem(route, 'internal-error', 'The response could not be stored; nothing was committed.') };
     }
     // Committed: whatever the hook does, the handler's answer is the one to send.
     if (route.hooks.afterCommit) {
@@ -334,8 +422,8 @@ class Idem {
   }
 
   #unavailable(route, err) {
-    const code = err && err.code ? ` (${err.code})` : '';
-    return problem(route, 503, 'transient-failure', `A transient database failure${code}; retry with the same Idempotency-Key`,
+    const code = err && err.code ? err.code : 'connection lost';
+    return problem(route, 'transient-failure', `A transient database failure (${code}); nothing was done, retry with the same Idempotency-Key.`,
       { 'retry-after': String(route.retryAfter) });
   }
 
@@ -345,4 +433,4 @@ class Idem {
   }
 }
 
-module.exports = { Idem, replay, storedResponse, DEFAULTS };
+module.exports = { Idem, replay, storedResponse, DEFAULTS, PROBLEMS, DEFAULT_PROBLEM_BASE, TRANSIENT_REFUSALS, defaultStore };

@@ -4,10 +4,12 @@
 // (authorization, Date, trace ids, the Idempotency-Key itself).
 const crypto = require('node:crypto');
 
-// JSON with object keys sorted at every level and no insignificant
-// whitespace, so that a client re-serialising the same body with another key
-// order or spacing sends the same fingerprint. Numbers are written as
-// JavaScript writes them after parsing (1.0 and 1 are the same number here).
+// JSON in one canonical form, RFC 8785 (JCS): object members sorted by
+// their names' UTF-16 code units (what sort() compares), no insignificant
+// whitespace, numbers as IEEE 754 doubles written as ECMAScript writes them
+// (1.0, 1 and 1e0 are one number; digits beyond a double's precision do not
+// count), strings as JSON.stringify escapes them. The same in every idem
+// client (tests/middleware/conformance.json, "canonical_json").
 function canonicalJson(value) {
   if (value === null || typeof value !== 'object') {
     const s = JSON.stringify(value);
@@ -33,21 +35,34 @@ function withoutFields(body, exclude) {
   return copy;
 }
 
-// The canonical form of a request: "METHOD path\n" followed by the body
-// (canonical JSON for a parsed body, the raw bytes for a string or Buffer).
-function canonicalRequest({ method, path, body }, exclude) {
-  let bodyText;
-  if (body === undefined || body === null) bodyText = '';
-  else if (Buffer.isBuffer(body)) bodyText = body.toString('base64');
-  else if (typeof body === 'string') bodyText = body;
-  else bodyText = canonicalJson(withoutFields(body, exclude));
-  return String(method).toUpperCase() + ' ' + path + '\n' + bodyText;
+// The body's canonical bytes: a parsed body (or a string or Buffer that
+// parses as JSON) as canonical JSON, less the excluded fields; other bodies
+// as their bytes; none as nothing.
+function canonicalBody(body, exclude) {
+  if (body === undefined || body === null) return Buffer.alloc(0);
+  if (typeof body === 'string' || Buffer.isBuffer(body)) {
+    const bytes = Buffer.isBuffer(body) ? body : Buffer.from(body, 'utf8');
+    if (bytes.toString('utf8').trim() === '') return Buffer.alloc(0);
+    try {
+      return Buffer.from(canonicalJson(withoutFields(JSON.parse(bytes.toString('utf8')), exclude)), 'utf8');
+    } catch {
+      return bytes;
+    }
+  }
+  return Buffer.from(canonicalJson(withoutFields(body, exclude)), 'utf8');
+}
+
+// The canonical form of a request: "METHOD target\nscope\n" followed by the
+// canonical body, where target is the path with its query string (as
+// received) and scope the key's scope ("<length>:<tenant>" or "-").
+function canonicalRequest({ method, path, body, scope = '-' }, exclude) {
+  return Buffer.concat([Buffer.from(`${String(method).toUpperCase()} ${path}\n${scope}\n`, 'utf8'), canonicalBody(body, exclude)]);
 }
 
 // 32 hex digits (128 bits) of SHA-256: plenty to tell two requests apart,
 // and half the bytes per stored claim.
 function fingerprint(request, exclude) {
-  return crypto.createHash('sha256').update(canonicalRequest(request, exclude), 'utf8').digest('hex').slice(0, 32);
+  return crypto.createHash('sha256').update(canonicalRequest(request, exclude)).digest('hex').slice(0, 32);
 }
 
-module.exports = { canonicalJson, canonicalRequest, fingerprint, withoutFields };
+module.exports = { canonicalJson, canonicalBody, canonicalRequest, fingerprint, withoutFields };

@@ -105,12 +105,14 @@ function reached(prefix, request) {
 const newKey = () => `${label}-${crypto.randomUUID()}`;
 async function post(route, { key, tenant = 'tenant-a', body, headers = {} }) {
   const h = { 'content-type': 'application/json', 'x-tenant': tenant, ...headers };
-  if (key !== undefined) h['idempotency-key'] = key;
+  // The draft's field is an sf-string: the key in quotes.
+  if (key !== undefined) h['idempotency-key'] = `"${key}"`;
   const r = await fetch(`http://127.0.0.1:${server.port}${route}`, { method: 'POST', headers: h, body: typeof body === 'string' ? body : JSON.stringify(body) });
   const text = await r.text();
   return { status: r.status, headers: Object.fromEntries(r.headers), text };
 }
-const scoped = (key, tenant = 'tenant-a') => `${tenant}:${key}`;
+// The key idem claims: "<UTF-8 length of tenant>:<tenant>:<key>".
+const scoped = (key, tenant = 'tenant-a') => `${Buffer.byteLength(tenant)}:${tenant}:${key}`;
 const release = (key) => fetch(`http://127.0.0.1:${server.port}/test/release/${encodeURIComponent(key)}`, { method: 'POST' });
 const tally = (rs) => {
   const t = {};
@@ -131,8 +133,25 @@ async function waitForLockWaiters(n, requests) {
   }
 }
 
+// A configuration that chooses no key scope does not start: the process
+// exits before it listens, saying why (we wait for it to end, not for a time).
+function unscopedRefused() {
+  return new Promise((resolve) => {
+    const env = { ...process.env, PGHOST: process.env.SERVER_PGHOST, PGPORT: process.env.SERVER_PGPORT, IDEM_TEST_SCOPE: 'none' };
+    const child = spawn(process.execPath, [path.join(__dirname, 'server.js'), framework], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (c) => { out += c; });
+    child.stderr.on('data', (c) => { out += c; });
+    child.on('exit', (code) => resolve({ code, listened: out.includes('listening '), said: out.includes('choose the key scope') }));
+  });
+}
+
 async function main() {
   await db.connect();
+  {
+    const r = await unscopedRefused();
+    expect('no tenant hook and not singleTenant: refused at start-up, saying why', [r.code !== 0, r.listened, r.said], [true, false, true]);
+  }
   await new Promise((res) => provider.listen(0, '127.0.0.1', res));
   await startServer();
   const body = { sku: 'sku-1', qty: 2 };
@@ -173,7 +192,7 @@ async function main() {
     expect('wait: false: business rows', await count(scoped(key)), 1);
   }
 
-  // 4. The wait is bounded by lock_timeout: 55P03 becomes 503 + Retry-After, nothing claimed.
+  // 4. The wait is bounded by lock_timeout: when it ends the first is still in progress: 409 + Retry-After.
   {
     const key = newKey();
     const first = post('/orders-short-wait', { key, body, headers: { 'x-test-hold': '1' } });
@@ -181,8 +200,8 @@ async function main() {
     const second = await post('/orders-short-wait', { key, body });
     await release(scoped(key));
     const r1 = await first;
-    expect('a duplicate waiting past lockTimeout (100 ms): 503 with Retry-After; the first 201',
-      [second.status, second.headers['retry-after'], JSON.parse(second.text).title.includes('55P03'), r1.status], [503, '1', true, 201]);
+    expect('a duplicate waiting past lockTimeout (100 ms): 409 with Retry-After; the first 201',
+      [second.status, second.headers['retry-after'], JSON.parse(second.text).type.endsWith('#request-in-progress'), r1.status], [409, '1', true, 201]);
     expect('lock_timeout: business rows', await count(scoped(key)), 1);
   }
 
@@ -329,6 +348,16 @@ async function main() {
       [after.status, b.attempt, providerCalls.get(scoped(key)), rows.length, rows[0] === b.charge_id, replayed.status, replayed.headers['idempotent-replayed']],
       [201, 2, 1, 1, true, 201, 'true']);
   }
+
+  // 15. The conformance table (tests/middleware/conformance.json).
+  await require('./conformance').run(`http://127.0.0.1:${server.port}`, (ok, what) => {
+    checks++;
+    if (ok) console.log(`ok   ${what}`);
+    else {
+      failed.push(what);
+      console.log(`FAIL ${what}`);
+    }
+  });
 
   await killServer();
   provider.close();

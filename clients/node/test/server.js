@@ -25,12 +25,22 @@ const pauseAt = (point) => async (ctx) => {
     await never();
   }
 };
+const conformanceTable = require('./conformance.json');
+// IDEM_TEST_SCOPE: "tenant" (the default: the X-Tenant hook), "single"
+// (singleTenant: true), "none" (neither: refused at start-up, which the
+// driver checks).
+const scopeOptions = {
+  // Stand-in for authentication: the tenant of the caller (none without the header).
+  tenant: { tenant: (req) => header(req, 'x-tenant') || null },
+  single: { singleTenant: true },
+  none: {},
+}[process.env.IDEM_TEST_SCOPE || 'tenant'];
 const idem = createIdem({
   pool,
-  // Stand-in for authentication: the tenant of the caller.
-  tenant: (req) => header(req, 'x-tenant') || 'anonymous',
+  ...scopeOptions,
   hooks: { beforeCommit: pauseAt('before-commit'), afterCommit: pauseAt('after-commit') },
   storeHeaders: ['content-type', 'location', 'x-order-id'],
+  problemBase: conformanceTable.problem_base,
 });
 
 function header(req, name) {
@@ -86,7 +96,28 @@ async function createCharge(ctx, req, body) {
   return { status: 201, body: { charge_id: chargeId, attempt: ctx.lease.attempt } };
 }
 
+// The conformance server of tests/middleware/README.md: its routes and handler.
+const conformanceRoutes = [
+  ['/conformance/orders', { bizType: 'conformance.orders', storeHeaders: ['content-type', 'location'] }],
+  ['/conformance/orders-nowait', { bizType: 'conformance.nowait', wait: false, storeHeaders: ['content-type', 'location'] }],
+  ['/conformance/orders-short-wait', { bizType: 'conformance.shortwait', lockTimeout: 200, storeHeaders: ['content-type', 'location'] }],
+  ['/conformance/orders-anonymous', { bizType: 'conformance.anonymous', anonymous: true, storeHeaders: ['content-type', 'location'] }],
+  ['/conformance/orders-2xx-only', { bizType: 'conformance.only2xx', store: (s) => s >= 200 && s < 300, storeHeaders: ['content-type', 'location'] }],
+];
+async function conformance(ctx, req, body) {
+  const hold = header(req, 'x-conformance-hold');
+  if (hold) await ctx.query('SELECT pg_advisory_xact_lock(hashtext($1))', [hold]);
+  const status = Number(header(req, 'x-conformance-status') || 201);
+  const r = await ctx.query('INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id',
+    [body.run, header(req, 'x-tenant') || null, status]);
+  const id = Number(r.rows[0].id);
+  const fail = header(req, 'x-conformance-fail');
+  if (fail) await ctx.query(`DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '${fail.replace(/[^0-9A-Z]/g, '')}'; END $$`);
+  return { status, headers: { location: `/conformance/rows/${id}`, 'x-conformance-row': String(id) }, body: { id } };
+}
+
 const routes = [
+  ...conformanceRoutes.map(([path, options]) => [path, options, conformance, 'request']),
   // [path, route options, operation, where the handler finds its context]
   ['/orders', { bizType: 'orders.create' }, createOrder, 'request'],
   ['/orders-nowait', { bizType: 'orders.nowait', wait: false }, createOrder, 'als'],

@@ -6,7 +6,8 @@
 // tests/scenarios/middleware_node.sh with node --test.
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { canonicalJson, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem } = require('idem-pg');
+const { canonicalJson, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem, parseKeyField, defaultStore, PROBLEMS } = require('idem-pg');
+const table = require('./conformance.json');
 
 test('canonical JSON: keys sorted at every level, no whitespace', () => {
   assert.equal(canonicalJson({ b: 1, a: { d: [2, { f: 1, e: 0 }], c: 'x' } }), '{"a":{"c":"x","d":[2,{"e":0,"f":1}]},"b":1}');
@@ -33,9 +34,34 @@ test('fingerprint: excluded fields (top level and dotted) do not count, and the 
   assert.equal(body.meta.trace, 'x');
 });
 
-test('canonical request: raw string and Buffer bodies as they are', () => {
-  assert.equal(canonicalRequest({ method: 'post', path: '/p', body: 'a=1&b=2' }), 'POST /p\na=1&b=2');
-  assert.equal(canonicalRequest({ method: 'POST', path: '/p' }), 'POST /p\n');
+test('canonical request: the scope, and raw string and Buffer bodies as they are unless they are JSON', () => {
+  assert.equal(canonicalRequest({ method: 'post', path: '/p', body: 'a=1&b=2' }).toString(), 'POST /p\n-\na=1&b=2');
+  assert.equal(canonicalRequest({ method: 'POST', path: '/p', scope: '4:acme' }).toString(), 'POST /p\n4:acme\n');
+  assert.equal(canonicalRequest({ method: 'POST', path: '/p', body: Buffer.from('{"b":1.0, "a":2}') }).toString(), 'POST /p\n-\n{"a":2,"b":1}');
+  assert.notEqual(fingerprint({ method: 'POST', path: '/p', body: {}, scope: '4:acme' }), fingerprint({ method: 'POST', path: '/p', body: {} }));
+});
+
+test('canonical JSON: the pairs every idem client checks (conformance.json)', () => {
+  for (const [given, canonical] of table.canonical_json) assert.equal(canonicalJson(JSON.parse(given)), canonical, given);
+  assert.ok(table.canonical_json.length > 10);
+});
+
+test('the key field: one sf-string, 16 to 255 visible ASCII characters', () => {
+  const k = 'k'.repeat(16);
+  assert.equal(parseKeyField(`"${k}"`).key, k);
+  assert.equal(parseKeyField(k).key, null, 'bare only with bareKeys');
+  assert.equal(parseKeyField(k, { bareKeys: true }).key, k);
+  assert.equal(parseKeyField(`"${k}\\"b"`).key, `${k}"b`);
+  for (const bad of [`"${k}`, '""', `"${k}", "${k}"`, `"${k}";a=1`, `"${'k'.repeat(256)}"`, `"${'k'.repeat(15)}"`, `"has space ${k}"`, `"${k}\\x"`]) {
+    assert.equal(parseKeyField(bad).key, null, bad);
+  }
+  assert.equal(parseKeyField(`"${'k'.repeat(255)}"`).key, 'k'.repeat(255));
+});
+
+test('what is stored: 2xx, 3xx, deterministic 4xx; never 401, 403, 407, 408, 425, 429, 5xx', () => {
+  for (const s of [200, 201, 204, 303, 400, 404, 409, 422]) assert.ok(defaultStore(s), String(s));
+  for (const s of [401, 403, 407, 408, 425, 429, 500, 502, 503, 504]) assert.ok(!defaultStore(s), String(s));
+  for (const [slug, [status, title]] of Object.entries(table.problems)) assert.deepEqual(PROBLEMS[slug], [status, title], slug);
 });
 
 test('stored response: chosen headers only, exact bytes, base64 for binary, body omitted when streamed', () => {
@@ -78,10 +104,21 @@ test('the key header: missing, malformed, quoted, too long with the tenant; bad 
   const route = idem.route({ bizType: 'orders.create' });
   const req = (headers) => ({ method: 'POST', path: '/o', headers, body: {} });
   assert.equal((await idem.begin(req({}), route, {})).response.status, 400);
-  assert.equal((await idem.begin(req({ 'idempotency-key': 'short' }), route, {})).response.status, 400);
-  assert.equal((await idem.begin(req({ 'idempotency-key': 'a b c d e f g h i j k' }), route, {})).response.status, 400);
-  // Quoted (a structured-field string) and valid, but 1001 + 1 + 23 bytes with the tenant exceed 1024.
+  assert.equal((await idem.begin(req({ 'idempotency-key': '"short"' }), route, {})).response.status, 400);
+  assert.equal((await idem.begin(req({ 'idempotency-key': '"a b c d e f g h i j k"' }), route, {})).response.status, 400);
+  // Quoted (a structured-field string) and valid, but 4 + 1 + 1001 + 1 + 23 bytes with the tenant exceed 1024.
   assert.equal((await idem.begin(req({ 'idempotency-key': '"0190c4c2-7d6e-7a34-9c4f"' }), route, {})).response.status, 400);
+  // No tenant, no anonymous scope: 500 tenant-missing, logged.
+  const logged = [];
+  const guest = new Idem({ pool, tenant: () => null, logger: { error: (m) => logged.push(m) } });
+  const g = await guest.begin(req({ 'idempotency-key': '"0190c4c2-7d6e-7a34-9c4f"' }), guest.route({ bizType: 'orders.create' }), {});
+  assert.equal(g.response.status, 500);
+  assert.match(JSON.parse(g.response.body).type, /#tenant-missing$/);
+  assert.match(logged[0], /no tenant/);
+  // Unscoped: refused when the route is made (at start-up).
+  assert.throws(() => new Idem({ pool }).route({ bizType: 'orders.create' }), /choose the key scope/);
+  assert.throws(() => new Idem({ pool, singleTenant: true, tenant: () => 't' }).route({ bizType: 'orders.create' }), /exclude/);
+  assert.ok(new Idem({ pool, singleTenant: true }).route({ bizType: 'orders.create' }));
   const short = new Idem({ pool, tenant: () => 't' });
   const r = await short.begin(req({ 'idempotency-key': '"0190c4c2-7d6e-7a34-9c4f"' }), short.route({ bizType: 'orders.create' }), {});
   assert.equal(r.response.status, 503, 'a valid key reaches the pool (which refuses here: 503 with Retry-After)');

@@ -4,7 +4,12 @@ key parser, the stored document. Runs with pytest or alone
 
 from __future__ import annotations
 
-from idem_http import Policy, RequestInfo, Response, Route, canonical_body, request_fingerprint
+import json
+import os
+from typing import Optional
+
+from idem_http import (PROBLEMS, Policy, RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json,
+                       default_store_status, parse_key_field, request_fingerprint)
 
 
 def info(body: bytes, method: str = "POST", path: str = "/orders", query: str = "") -> RequestInfo:
@@ -13,39 +18,78 @@ def info(body: bytes, method: str = "POST", path: str = "/orders", query: str = 
 
 def test_canonical_body() -> None:
     assert canonical_body(b'{ "b": 1, "a": [true, null, "x"] }') == b'{"a":[true,null,"x"],"b":1}'
-    # numbers keep their written form, as jsonb's text does
-    assert canonical_body(b'{"n": 1.0}') != canonical_body(b'{"n": 1}')
-    assert canonical_body(b'{"n": 12345678901234567890.5}') == b'{"n":12345678901234567890.5}'
+    # numbers are doubles written as ECMAScript writes them (RFC 8785): 1.0 is 1
+    assert canonical_body(b'{"n": 1.0}') == canonical_body(b'{"n": 1}') == b'{"n":1}'
+    assert canonical_body(b'{"n": 12345678901234567890.5}') == b'{"n":12345678901234567000}'
     assert canonical_body(b'{"a": {"t": 1, "u": 2}}', ["a.t"]) == b'{"a":{"u":2}}'
     assert canonical_body(b"not json \xff") == b"not json \xff"
     assert canonical_body(b"") == b""
     assert canonical_body('{"é": "ü"}'.encode()) == '{"é":"ü"}'.encode()
 
 
+def test_canonical_json_vectors() -> None:
+    """The pairs every idem client checks (tests/middleware/conformance.json)."""
+    table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "middleware",
+                         "conformance.json")
+    if not os.path.exists(table):
+        table = os.environ["IDEM_CONFORMANCE_JSON"]
+    pairs = json.load(open(table))["canonical_json"]
+    for given, canonical in pairs:
+        assert canonical_json(json.loads(given)) == canonical, given
+    assert len(pairs) > 10
+
+
 def test_fingerprint() -> None:
     a = request_fingerprint(info(b'{"sku": "x", "qty": 1}'))
-    assert a == request_fingerprint(info(b'{"qty":1,"sku":"x"}'))
+    assert a == request_fingerprint(info(b'{"qty":1.0,"sku":"x"}'))
     assert len(a) == 32
     assert a != request_fingerprint(info(b'{"sku": "x", "qty": 2}'))
     assert a != request_fingerprint(info(b'{"sku": "x", "qty": 1}', method="PUT"))
     assert a != request_fingerprint(info(b'{"sku": "x", "qty": 1}', path="/orders2"))
     assert a != request_fingerprint(info(b'{"sku": "x", "qty": 1}', query="dry_run=1"))
-    p = Policy(exclude_fields=("sent_at",))
+    # the tenant is part of it
+    assert a != request_fingerprint(info(b'{"sku": "x", "qty": 1}'), (), "4:acme")
+    p = Policy(single_tenant=True, exclude_fields=("sent_at",))
     r = Route("orders.create")
     assert p.fingerprint_of(info(b'{"sku":"x","sent_at":1}'), r) == p.fingerprint_of(info(b'{"sku":"x","sent_at":2}'), r)
 
 
 def test_parse_key() -> None:
-    p = Policy()
+    p = Policy(single_tenant=True)
+    k = "k" * 16
     assert p.parse_key(None) is None
-    assert p.parse_key('"abc-123"') == "abc-123"
-    assert p.parse_key("abc-123") == "abc-123"
-    assert p.parse_key('"a\\"b"') == 'a"b'
-    assert p.parse_key('"unterminated') is None
+    assert p.parse_key(f'"{k}"') == k
+    assert p.parse_key(k) is None  # bare: only with bare_keys=True
+    assert Policy(single_tenant=True, bare_keys=True).parse_key(k) == k
+    assert p.parse_key(f'"{k}\\"b"') == k + '"b'
+    assert p.parse_key(f'"{k}') is None
     assert p.parse_key('""') is None
+    assert p.parse_key(f'"{k}", "{k}"') is None
+    assert p.parse_key(f'"{k}";a=1') is None
     assert p.parse_key('"' + "k" * 256 + '"') is None
-    assert p.parse_key("has space") is None
-    assert Policy(min_key_length=16).parse_key('"short"') is None
+    assert p.parse_key('"' + "k" * 255 + '"') == "k" * 255
+    assert p.parse_key('"' + "k" * 15 + '"') is None
+    assert p.parse_key(f'"has space {k}"') is None
+    assert parse_key_field(f'"{k}\\x"')[1].startswith("a backslash")
+
+
+def test_store_status() -> None:
+    for s in (200, 201, 204, 303, 400, 404, 409, 422):
+        assert default_store_status(s), s
+    for s in (401, 403, 407, 408, 425, 429, 500, 502, 503, 504):
+        assert not default_store_status(s), s
+    p = Policy(single_tenant=True)
+    assert p.stores(Route("a"), 422) and not p.stores(Route("a", store_status=lambda s: s < 300), 422)
+
+
+def test_problems() -> None:
+    p = Policy(single_tenant=True, problem_base="https://docs.example/errors#")
+    r = p.key_refused('"short"')
+    doc = json.loads(r.body)
+    assert r.status == 400 and doc["type"] == "https://docs.example/errors#idempotency-key-invalid"
+    assert doc["title"] == PROBLEMS["idempotency-key-invalid"][1] and doc["status"] == 400 and "5 characters" in doc["detail"]
+    assert p.in_progress().status == 409 and p.in_progress().header("Retry-After") == "1"
+    assert json.loads(p.key_refused(None).body)["type"].endswith("#idempotency-key-missing")
 
 
 def test_document_round_trip() -> None:
@@ -61,15 +105,36 @@ def test_document_round_trip() -> None:
     assert Response.from_document(None) is None
     unstored = Response(200, [], b"x" * 10, body_stored=False).to_document(())
     assert unstored == {"status": 200, "headers": [], "body_stored": False}
-    replay = Policy().replay(Response.from_document(unstored))
+    replay = Policy(single_tenant=True).replay(Response.from_document(unstored))
     assert replay.body == b"" and ("Idempotent-Replayed", "true") in replay.headers
 
 
 def test_scope() -> None:
     p = Policy(tenant=lambda i: i.header("x-tenant"))
-    i = RequestInfo("POST", "/", "", {"x-tenant": "t1"}, b"")
-    assert p.scoped_key("k", i) == "t1:k"
-    assert Policy().scoped_key("k", i) == "k"
+    r = Route("orders.create")
+
+    def scope(tenant: Optional[str], policy: Policy = p, route: Route = r) -> str:
+        return policy.scope_of(RequestInfo("POST", "/", "", {"x-tenant": tenant} if tenant else {}, b""), route)
+
+    assert Policy.scoped_key("K", scope("acme")) == "4:acme:K"
+    # the spellings that used to collide
+    keys = {Policy.scoped_key("K", scope("acme")), Policy.scoped_key("eu:K", scope("acme")),
+            Policy.scoped_key("K", scope("acme:eu")), Policy.scoped_key("acme:K", scope(None, route=Route("a", anonymous=True)))}
+    assert len(keys) == 4
+    assert Policy.scoped_key("K", scope("é")) == "2:é:K"  # UTF-8 bytes
+    try:
+        scope(None)
+        raise AssertionError("no tenant, no anonymous scope: refused")
+    except TenantMissing:
+        pass
+    assert scope(None, Policy(tenant=lambda i: None, anonymous=True)) == "-"
+    assert Policy(single_tenant=True).scope_of(RequestInfo("POST", "/", "", {}, b""), r) == "-"
+    for bad in ({}, {"tenant": lambda i: "t", "single_tenant": True}, {"single_tenant": True, "anonymous": True}):
+        try:
+            Policy(**bad)  # type: ignore[arg-type]
+            raise AssertionError(f"Policy({bad}) accepted")
+        except ValueError as e:
+            assert "idem_http.Policy" in str(e)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,24 @@ def charges(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"id": order_id, "attempt": c.attempt}, status=201)
 
 
-urlpatterns = [
+def conformance(request: HttpRequest) -> HttpResponse:
+    """The conformance handler of tests/middleware/README.md."""
+    h = request.headers.get
+    with connection.cursor() as cur:
+        if h("X-Conformance-Hold"):
+            cur.execute(common.CONFORMANCE_HOLD, (h("X-Conformance-Hold"),))
+        cur.execute(common.CONFORMANCE_INSERT, common.conformance_params(request.body, h))
+        (row_id,) = cur.fetchone()
+        if h("X-Conformance-Fail"):
+            cur.execute(common.conformance_fail(h("X-Conformance-Fail", "")))
+    status, headers, body = common.conformance_answer(row_id, h)
+    resp = HttpResponse(body, status=status)
+    for n, v in headers:
+        resp[n] = v
+    return resp
+
+
+urlpatterns = [*(path(p.lstrip("/"), conformance) for p in common.CONFORMANCE_PATHS),
     path("charges", charges),
     path("charges-short", charges),
     path("health", health),

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from idem_http import RequestInfo
 from idem_http.starlette import IdemContext, IdempotencyMiddleware, connect_each_time, idem_context
@@ -99,3 +99,20 @@ async def charges(request: Request, ctx: IdemContext = Depends(idem_context)) ->
         cur = await conn.execute(common.INSERT, ("fastapi", ctx.claim.key, body["sku"], body["qty"]))  # type: ignore[union-attr]
         (order_id,) = await cur.fetchone()  # type: ignore[misc]
     return JSONResponse({"id": order_id, "attempt": ctx.attempt}, status_code=201)
+
+
+async def conformance(request: Request, ctx: IdemContext = Depends(idem_context)) -> Any:
+    """The conformance handler of tests/middleware/README.md."""
+    h = request.headers.get
+    if h("x-conformance-hold"):
+        await ctx.conn.execute(common.CONFORMANCE_HOLD, (h("x-conformance-hold"),))
+    cur = await ctx.conn.execute(common.CONFORMANCE_INSERT, common.conformance_params(await request.body(), h))
+    (row_id,) = await cur.fetchone()  # type: ignore[misc]
+    if h("x-conformance-fail"):
+        await ctx.conn.execute(common.conformance_fail(h("x-conformance-fail", "")))
+    status, headers, body = common.conformance_answer(row_id, h)
+    return Response(body, status_code=status, headers=dict(headers))
+
+
+for _path in common.CONFORMANCE_PATHS:
+    app.post(_path)(conformance)

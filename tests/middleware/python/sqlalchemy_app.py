@@ -28,7 +28,11 @@ app = FastAPI()
 
 
 async def request_info(request: Request) -> RequestInfo:
-    headers = {k.lower(): v for k, v in request.headers.items()}
+    # Field lines of one name joined with ", ", as HTTP combines them (two
+    # Idempotency-Key lines are then refused, not one of them taken).
+    headers: dict[str, str] = {}
+    for k, v in request.headers.items():
+        headers[k.lower()] = f"{headers[k.lower()]}, {v}" if k.lower() in headers else v
     return RequestInfo(request.method, request.url.path, request.url.query, headers, await request.body(),
                        native=request)
 
@@ -53,13 +57,25 @@ def orders_handler(session: Session, info: RequestInfo, c: Optional[Claim]) -> R
                     json.dumps({"id": order_id, "sku": body["sku"], "qty": body["qty"]}).encode())
 
 
-def run(info: RequestInfo) -> HTTPResponse:
+def conformance_handler(session: Session, info: RequestInfo, c: Optional[Claim]) -> Response:
+    """The conformance handler of tests/middleware/README.md."""
+    conn = session.connection()
+    if info.header("x-conformance-hold"):
+        conn.exec_driver_sql(common.CONFORMANCE_HOLD, (info.header("x-conformance-hold"),))
+    row_id = conn.exec_driver_sql(common.CONFORMANCE_INSERT,
+                                  common.conformance_params(info.body, info.header)).scalar_one()
+    if info.header("x-conformance-fail"):
+        conn.exec_driver_sql(common.conformance_fail(info.header("x-conformance-fail") or ""))
+    return Response(*common.conformance_answer(row_id, info.header))
+
+
+def run(info: RequestInfo, handler: Any = orders_handler) -> HTTPResponse:
     route = resolver(common.ROUTES)(info.method, info.path)
     assert route is not None
     with Session(engine) as session:
         try:
             out = idem_sa.handle_request(session, common.POLICY, route, info,
-                                         call=lambda c: orders_handler(session, info, c), describe=lambda r: r)
+                                         call=lambda c: handler(session, info, c), describe=lambda r: r)
         except RuntimeError:
             out = Response(500, [("Content-Type", "text/plain")], b"Internal Server Error")
     return HTTPResponse(out.body, status_code=out.status, headers=dict(out.headers))
@@ -88,3 +104,11 @@ def orders_short_wait(info: RequestInfo = Depends(request_info)) -> Any:
 @app.post("/orders-optional")
 def orders_optional(info: RequestInfo = Depends(request_info)) -> Any:
     return run(info)
+
+
+def conformance(info: RequestInfo = Depends(request_info)) -> Any:
+    return run(info, conformance_handler)
+
+
+for _path in common.CONFORMANCE_PATHS:
+    app.post(_path)(conformance)

@@ -9,8 +9,11 @@ when it reaches that point, then blocks until the server is killed).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
+from typing import Any, Callable, Optional
 
 from idem_http import Policy, RequestInfo, Route
 
@@ -57,8 +60,15 @@ def tenant_of(info: RequestInfo) -> str | None:
     return info.header("x-tenant")
 
 
-POLICY = Policy(tenant=tenant_of, phase_hook=kill_point, lock_timeout="60s", max_stored_body=4096,
-                exclude_fields=("client_sent_at",))
+CONFORMANCE = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance.json")))
+
+# IDEM_TEST_SCOPE: "tenant" (the default: the X-Tenant hook), "single"
+# (single_tenant=True), "none" (neither: refused at start-up, which the
+# driver checks).
+_SCOPE = {"tenant": {"tenant": tenant_of}, "single": {"single_tenant": True},
+          "none": {}}[os.environ.get("IDEM_TEST_SCOPE", "tenant")]
+POLICY = Policy(**_SCOPE, phase_hook=kill_point, lock_timeout="60s", max_stored_body=4096,  # type: ignore[arg-type]
+                exclude_fields=("client_sent_at",), problem_base=CONFORMANCE["problem_base"])
 
 ROUTES = {
     ("POST", "/orders"): Route("orders.create"),
@@ -70,6 +80,37 @@ ROUTES = {
     # A lease that runs out soon after a killed server: the retry takes over.
     ("POST", "/charges-short"): Route("charges.short", lease="1 second"),
 }
+
+# The routes tests/middleware/README.md asks of a conformance server.
+CONFORMANCE_ROUTES = {
+    ("POST", "/conformance/orders"): Route("conformance.orders"),
+    ("POST", "/conformance/orders-nowait"): Route("conformance.nowait", wait=False),
+    ("POST", "/conformance/orders-short-wait"): Route("conformance.shortwait", lock_timeout="200ms"),
+    ("POST", "/conformance/orders-anonymous"): Route("conformance.anonymous", anonymous=True),
+    ("POST", "/conformance/orders-2xx-only"): Route("conformance.only2xx", store_status=lambda s: 200 <= s < 300),
+}
+ROUTES.update(CONFORMANCE_ROUTES)
+CONFORMANCE_PATHS = [p for (_, p) in CONFORMANCE_ROUTES]
+
+CONFORMANCE_HOLD = "SELECT pg_advisory_xact_lock(hashtext(%s))"
+CONFORMANCE_INSERT = "INSERT INTO conformance_rows (run, tenant, status) VALUES (%s, %s, %s) RETURNING id"
+
+
+def conformance_fail(sqlstate: str) -> str:
+    code = re.sub(r"[^0-9A-Z]", "", sqlstate)
+    return f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{code}'; END $$"
+
+
+def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]]) -> tuple[int, list[tuple[str, str]], bytes]:
+    """The conformance handler's answer (tests/middleware/README.md)."""
+    return (int(headers("x-conformance-status") or 201),
+            [("Content-Type", "application/json"), ("Location", f"/conformance/rows/{row_id}"),
+             ("X-Conformance-Row", str(row_id))],
+            json.dumps({"id": row_id}).encode())
+
+
+def conformance_params(body: bytes, headers: Callable[[str], Optional[str]]) -> tuple[Any, ...]:
+    return (json.loads(body)["run"], headers("x-tenant"), int(headers("x-conformance-status") or 201))
 
 
 def order_outcome(body: dict) -> tuple[int, dict] | None:

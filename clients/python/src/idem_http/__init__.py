@@ -12,15 +12,18 @@ Idempotent-Replayed: true) is idem_http.Policy.
 """
 
 from .core import Claim, claim, handle_request
-from .errors import (ClaimNotFinished, FingerprintMismatch, IdemError, TRANSIENT_SQLSTATES, TransientFailure,
-                     is_transient)
-from .policy import (REPLAYED_HEADER, Policy, RequestInfo, Response, Route, canonical_body, canonical_json,
-                     default_store_status, request_fingerprint)
+from .errors import (ClaimNotFinished, FingerprintMismatch, IdemError, InProgress, TRANSIENT_SQLSTATES,
+                     TransientFailure, is_transient)
+from .policy import (DEFAULT_PROBLEM_BASE, PROBLEMS, REPLAYED_HEADER, SHARED_SCOPE, TRANSIENT_REFUSALS, Policy,
+                     RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json, default_store_status,
+                     parse_key_field, request_fingerprint, tenant_scope)
 
 __version__ = "0.4.0"
 __all__ = [
     "Claim", "claim", "handle_request",
-    "ClaimNotFinished", "FingerprintMismatch", "IdemError", "TRANSIENT_SQLSTATES", "TransientFailure", "is_transient",
-    "REPLAYED_HEADER", "Policy", "RequestInfo", "Response", "Route", "canonical_body", "canonical_json",
-    "default_store_status", "request_fingerprint",
+    "ClaimNotFinished", "FingerprintMismatch", "IdemError", "InProgress", "TRANSIENT_SQLSTATES", "TransientFailure",
+    "is_transient",
+    "DEFAULT_PROBLEM_BASE", "PROBLEMS", "REPLAYED_HEADER", "SHARED_SCOPE", "TRANSIENT_REFUSALS", "Policy", "RequestInfo",
+    "Response", "Route", "TenantMissing", "canonical_body", "canonical_json", "default_store_status", "parse_key_field",
+    "request_fingerprint", "tenant_scope",
 ]

@@ -10,20 +10,29 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-# The claim's wait is bounded by lock_timeout; the handler's own lock waits
-# after it keep the session's setting, restored right after the claim.
-LOCK_TIMEOUT = "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)"
-RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 CLAIM = ("SELECT claimed, state, result::text FROM idem_claim(%s, %s, ttl => %s::interval, "
          "fingerprint => %s, wait => %s, lease => %s::interval)")
+# The same, its wait bounded by lock_timeout, in one round trip: the setting
+# is made transaction-local before the claim (the CTE is evaluated first: the
+# claim's key comes from it) and restored after it (the select list is
+# evaluated on the claim's row), so the handler's own lock waits keep the
+# session's setting. Nothing outlives the transaction (PgBouncer-safe).
+CLAIM_BOUNDED = ("WITH s AS MATERIALIZED (SELECT %s::text AS k, current_setting('lock_timeout') AS prev, "
+                 "set_config('lock_timeout', %s, true) AS bound) "
+                 "SELECT c.claimed, c.state, c.result::text, set_config('lock_timeout', s.prev, true) "
+                 "FROM s, LATERAL idem_claim(s.k, %s, ttl => %s::interval, fingerprint => %s, wait => %s, "
+                 "lease => %s::interval) c")
 COMPLETE = "SELECT idem_complete(%s, %s, %s::jsonb, %s)"
 FAIL = "SELECT idem_fail(%s, %s, %s::jsonb, %s)"
 CHECKPOINT = "SELECT idem_checkpoint(%s, %s, %s, %s::jsonb, %s)"
 
 
-def claim_params(key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str], wait: bool,
-                 lease: Optional[str]) -> tuple[Any, ...]:
-    return (key, biz_type, ttl, fingerprint, wait, lease)
+def claim_statement(key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str], wait: bool,
+                    lease: Optional[str], lock_timeout: Optional[str]) -> tuple[str, tuple[Any, ...]]:
+    """The claim's statement and parameters: one round trip either way."""
+    if lock_timeout is None:
+        return CLAIM, (key, biz_type, ttl, fingerprint, wait, lease)
+    return CLAIM_BOUNDED, (key, lock_timeout, biz_type, ttl, fingerprint, wait, lease)
 
 
 def to_json(value: Any) -> Optional[str]:

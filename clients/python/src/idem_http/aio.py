@@ -17,7 +17,7 @@ import psycopg
 
 from . import _sql
 from .claim import ClaimState
-from .errors import ClaimNotFinished, classify
+from .errors import LOCK_NOT_AVAILABLE, ClaimNotFinished, InProgress, classify, sqlstate_of
 
 
 class AsyncClaim(ClaimState):
@@ -69,13 +69,13 @@ async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str,
                     fingerprint: Optional[str], wait: bool, ttl: Optional[str], lease: Optional[str],
                     lock_timeout: Optional[str]) -> AsyncClaim:
     """Run idem_claim in the connection's current transaction."""
-    saved = None
-    if lock_timeout is not None:
-        saved = await (await conn.execute(_sql.LOCK_TIMEOUT, (lock_timeout,))).fetchone()
-    cur = await conn.execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
+    try:
+        cur = await conn.execute(*_sql.claim_statement(key, biz_type, ttl, fingerprint, wait, lease, lock_timeout))
+    except Exception as e:
+        if sqlstate_of(e) == LOCK_NOT_AVAILABLE:
+            raise InProgress(f"({biz_type}, {key}) is in progress: the wait ran out") from e
+        raise
     row = await cur.fetchone()
-    if saved is not None:
-        await conn.execute(_sql.RESTORE_LOCK_TIMEOUT, (saved[0],))
     if row is None:
         raise RuntimeError("idem_claim returned no row")
     c = AsyncClaim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),

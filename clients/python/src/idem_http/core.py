@@ -2,7 +2,7 @@
 on a connection, and the request engine the sync integrations (Django,
 SQLAlchemy) share.
 
-    with idem_http.claim(conn, "tenant-a:" + key, "orders.create", fingerprint=fp) as c:
+    with idem_http.claim(conn, Policy.scoped_key(key, tenant_scope(tenant)), "orders.create", fingerprint=fp) as c:
         if not c.claimed:
             return c.replay            # or 409 for c.state == "in_progress"
         conn.execute("INSERT INTO orders ...")
@@ -19,8 +19,9 @@ import psycopg
 
 from . import _sql
 from .claim import ClaimState
-from .errors import ClaimNotFinished, FingerprintMismatch, TransientFailure, classify
-from .policy import Policy, RequestInfo, Response, Route
+from .errors import (LOCK_NOT_AVAILABLE, ClaimNotFinished, FingerprintMismatch, InProgress, TransientFailure,
+                     classify, sqlstate_of)
+from .policy import Policy, RequestInfo, Response, Route, TenantMissing
 
 #: Runs one statement with positional parameters, returns its first row.
 Execute = Callable[[str, tuple[Any, ...]], Optional[tuple[Any, ...]]]
@@ -87,12 +88,12 @@ def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key
 
 def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str],
                wait: bool, lease: Optional[str], lock_timeout: Optional[str]) -> Optional[tuple[Any, ...]]:
-    if lock_timeout is None:
-        return execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
-    saved = execute(_sql.LOCK_TIMEOUT, (lock_timeout,))
-    row = execute(_sql.CLAIM, _sql.claim_params(key, biz_type, ttl, fingerprint, wait, lease))
-    execute(_sql.RESTORE_LOCK_TIMEOUT, (saved[0] if saved else "0",))
-    return row
+    try:
+        return execute(*_sql.claim_statement(key, biz_type, ttl, fingerprint, wait, lease, lock_timeout))
+    except Exception as e:
+        if sqlstate_of(e) == LOCK_NOT_AVAILABLE:
+            raise InProgress(f"({biz_type}, {key}) is in progress: the wait ran out") from e
+        raise
 
 
 def _reraise(e: BaseException) -> None:
@@ -159,34 +160,36 @@ class _Rollback(Exception):
 def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transaction: TransactionFactory,
                    execute: Execute, call: Callable[[Optional[Claim]], T],
                    describe: Callable[[T], Response]) -> Union[Response, T]:
-    """One request, the whole mapping: 400 for a missing key, claim, replay or
-    409, run `call` in the claim's transaction, store what `describe` says
-    it answered (2xx with idem_complete, 4xx with idem_fail, by default) or
-    roll back (5xx), 422 for ID001, 503 for transient failures. Returns our
-    own Response, or what `call` returned."""
+    """One request, the whole mapping (docs/http.md, "The rules"): 400 for a
+    missing or invalid key, 500 without a tenant, claim, replay or 409, run
+    `call` in the claim's transaction, store what `describe` says it
+    answered (policy.stores: 2xx/3xx with idem_complete, deterministic 4xx
+    with idem_fail) or roll back, 422 for ID001, 503 for transient failures.
+    Returns our own Response, or what `call` returned."""
     raw = info.header(policy.header)
     key = policy.parse_key(raw)
     if key is None and not (raw is None and not route.key_required):
-        return policy.missing_key(raw)
+        return policy.key_refused(raw)
     try:
         if key is None:
             # An optional key, absent: the handler runs without a claim, in
-            # a transaction all the same (committed unless it answers 5xx).
+            # a transaction all the same (committed if its answer would be stored).
             with transaction():
                 native = call(None)
-                if not policy.store_status(describe(native).status):
+                if not policy.stores(route, describe(native).status):
                     raise _Rollback(native)
             return native
-        scoped = policy.scoped_key(key, info)
+        scope = policy.scope_of(info, route)
         wait = policy.wait if route.wait is None else route.wait
-        with claim_in(transaction, execute, scoped, route.biz_type, fingerprint=policy.fingerprint_of(info, route),
-                      wait=wait, ttl=route.ttl, lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
+        with claim_in(transaction, execute, policy.scoped_key(key, scope), route.biz_type,
+                      fingerprint=policy.fingerprint_of(info, route, scope), wait=wait, ttl=route.ttl,
+                      lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
             if not c.claimed:
                 answer = policy.in_progress() if c.state == "in_progress" else policy.replay(c.replay)
             else:
                 native = call(c)
                 resp = describe(native)
-                if not policy.store_status(resp.status):
+                if not policy.stores(route, resp.status):
                     raise _Rollback(native)
                 if len(resp.body) > policy.max_stored_body:
                     resp.body_stored = False
@@ -202,6 +205,10 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
         return answer
     except _Rollback as r:
         return cast(T, r.native)
+    except TenantMissing:
+        return policy.tenant_missing()
+    except InProgress:
+        return policy.in_progress()
     except FingerprintMismatch:
         return policy.mismatch()
     except TransientFailure as e:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Union
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
@@ -61,7 +62,12 @@ class IdempotencyMiddleware:
         self.get_response = get_response
         conf = getattr(settings, "IDEM_HTTP", {})
         self.resolve = resolver(self.routes if self.routes is not None else conf.get("routes", {}))
-        self.policy = self.policy or conf.get("policy") or Policy()
+        policy = self.policy or conf.get("policy")
+        if not isinstance(policy, Policy):
+            raise ImproperlyConfigured(
+                "idem_http.django: settings.IDEM_HTTP['policy'] must be an idem_http.Policy that chooses the key "
+                "scope: Policy(tenant=...) or Policy(single_tenant=True)")
+        self.policy = policy
         self.database = conf.get("database", self.database)
 
     def __call__(self, request: HttpRequest) -> Union[HttpResponseBase, HttpResponse]:

@@ -17,6 +17,7 @@ import psycopg
 #: statement_timeout.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
 FINGERPRINT_MISMATCH = "ID001"
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class IdemError(Exception):
@@ -36,6 +37,12 @@ class TransientFailure(IdemError):
     def __init__(self, message: str, sqlstate: Optional[str] = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class InProgress(IdemError):
+    """A duplicate's wait for the first request's transaction ran out
+    (lock_timeout, 55P03, raised by the claim itself): the first is still
+    in progress; answer 409 with Retry-After."""
 
 
 class ClaimNotFinished(IdemError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -18,10 +19,70 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 #: The header a replay carries (a common convention, not part of the draft).
 REPLAYED_HEADER = "Idempotent-Replayed"
 
-# The draft defines the header as a Structured Field String ("...", RFC 8941);
-# a bare token is accepted too, since many clients send one.
-_SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
-_BARE_KEY = re.compile(r"[\x21-\x7e]+")
+#: Where the problem types are documented: a problem's "type" is this base
+#: followed by its slug (an anchor of docs/http.md, "Problem types"). Set
+#: Policy(problem_base=...) to your API's own documentation.
+DEFAULT_PROBLEM_BASE = "https://github.com/idem-pg/idem/blob/main/docs/http.md#"
+
+#: The problem types (docs/http.md, "Problem types"): slug -> (status,
+#: title). The title is the type's, the same for every occurrence; what
+#: differs from case to case goes into "detail".
+PROBLEMS: dict[str, tuple[int, str]] = {
+    "idempotency-key-missing": (400, "Idempotency-Key missing"),
+    "idempotency-key-invalid": (400, "Idempotency-Key invalid"),
+    "idempotency-key-reused": (422, "Idempotency-Key reused for a different request"),
+    "request-in-progress": (409, "Request in progress"),
+    "response-not-replayable": (409, "Stored response not replayable"),
+    "transient-failure": (503, "Transient failure"),
+    "tenant-missing": (500, "No tenant for this request"),
+}
+
+#: A bare (unquoted) key, accepted only with Policy(bare_keys=True): visible
+#: ASCII without the characters that delimit structured fields.
+_BARE_KEY = re.compile(r'[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]+')
+_KEY_CHARS = re.compile(r"[\x21-\x7e]*")
+
+
+def parse_key_field(raw: str, min_length: int = 16, max_length: int = 255,
+                    bare_keys: bool = False) -> tuple[Optional[str], str]:
+    """The key in an Idempotency-Key field value (all its field lines joined
+    with commas, as HTTP combines them), or (None, why not). The value must
+    be exactly one RFC 8941 sf-string without parameters; its content 
+    min_length to max_length visible ASCII characters."""
+    s = raw.strip(" \t")
+    if s.startswith('"'):
+        out: list[str] = []
+        i = 1
+        while True:
+            if i >= len(s):
+                return None, "the quoted string is not terminated"
+            ch = s[i]
+            if ch == "\\":
+                if i + 1 >= len(s) or s[i + 1] not in '"\\':
+                    return None, "a backslash in a quoted string may only escape \" or \\"
+                out.append(s[i + 1])
+                i += 2
+                continue
+            if ch == '"':
+                break
+            if not 0x20 <= ord(ch) <= 0x7E:
+                return None, "the quoted string holds a character outside printable ASCII"
+            out.append(ch)
+            i += 1
+        rest = s[i + 1:].lstrip(" \t")
+        if rest:
+            return None, ("the field holds more than one value" if rest.startswith(",")
+                          else "text follows the quoted string (parameters are not allowed)")
+        key = "".join(out)
+    elif bare_keys and _BARE_KEY.fullmatch(s):
+        key = s
+    else:
+        return None, 'the value must be one quoted string (RFC 8941 sf-string), e.g. "8e03978e-40d5-43e8-bc93-6894a57f9324"'
+    if not min_length <= len(key) <= max_length:
+        return None, f"the key has {len(key)} characters; it must have {min_length} to {max_length}"
+    if not _KEY_CHARS.fullmatch(key):
+        return None, "the key must be visible ASCII characters (no spaces)"
+    return key, ""
 
 
 @dataclass(frozen=True)
@@ -93,10 +154,20 @@ class Response:
         return None
 
 
+#: Refusals that say nothing about the operation, only about this attempt:
+#: authentication (401, 407), authorization or CSRF (403), a timeout (408),
+#: too early (425), rate limiting (429). Never stored, whatever the class.
+TRANSIENT_REFUSALS = frozenset({401, 403, 407, 408, 425, 429})
+
+
 def default_store_status(status: int) -> bool:
-    """2xx and 4xx are stored (4xx as a business failure, with idem_fail);
-    anything else (5xx) rolls back, so that a retry runs the operation again."""
-    return 200 <= status < 300 or 400 <= status < 500
+    """2xx and 3xx are stored (idem_complete), and the deterministic 4xx
+    (400, 404, 409, 422, ...) as a business failure (idem_fail); never
+    TRANSIENT_REFUSALS or 5xx: those roll back, claim included, so that a
+    retry runs the operation."""
+    if status in TRANSIENT_REFUSALS:
+        return False
+    return 200 <= status < 500
 
 
 @dataclass(frozen=True)
@@ -121,6 +192,12 @@ class Route:
     exclude_fields: tuple[str, ...] = ()
     #: None: the policy's lock_timeout (the bound of a duplicate's wait).
     lock_timeout: Optional[str] = None
+    #: None: the policy's store_status. Which statuses of this route are
+    #: stored (and committed); the others roll back.
+    store_status: Optional[Callable[[int], bool]] = None
+    #: None: the policy's anonymous. True: a request whose tenant hook
+    #: returns None is claimed in the anonymous scope instead of refused.
+    anonymous: Optional[bool] = None
 
 
 RouteLike = Union[Route, str]
@@ -130,41 +207,91 @@ def as_route(r: RouteLike) -> Route:
     return r if isinstance(r, Route) else Route(biz_type=r)
 
 
+def tenant_scope(tenant: Optional[str]) -> str:
+    """A tenant's scope, "<UTF-8 length of tenant>:<tenant>"; None: the shared scope "-"."""
+    return SHARED_SCOPE if tenant is None else f"{len(tenant.encode('utf-8'))}:{tenant}"
+
+
+class TenantMissing(Exception):
+    """The tenant hook returned no tenant for a request of a route that has
+    no anonymous scope: a server configuration mistake, answered 500."""
+
+
+#: The scope of a request without a tenant (single_tenant, or anonymous):
+#: "-", which no tenant's scope ("<length>:<tenant>") can equal.
+SHARED_SCOPE = "-"
+
+_log = logging.getLogger("idem_http")
+
+
 @dataclass
 class Policy:
-    """How requests are made idempotent; defaults from docs/http.md and the draft."""
+    """How requests are made idempotent (docs/http.md, "The rules"). The
+    key's scope must be chosen: `tenant` (a hook returning the tenant of the
+    authenticated caller) or `single_tenant=True` (every caller shares one
+    key space: an API with one client, or one account); neither raises
+    ValueError here, at start-up."""
 
     header: str = "Idempotency-Key"
-    min_key_length: int = 1
+    min_key_length: int = 16
     max_key_length: int = 255
+    #: Accept an unquoted key (Idempotency-Key: abc...) as well as the
+    #: draft's quoted sf-string, for clients that send Stripe-style keys.
+    bare_keys: bool = False
     #: Duplicates wait for the first transaction (True) or get 409 (False).
     wait: bool = True
-    #: Bounds the wait (SET LOCAL lock_timeout); 55P03 then answers 503.
-    #: None leaves the session's setting.
+    #: Bounds a duplicate's wait (set_config('lock_timeout', ..., true) in the
+    #: claim's statement); when it ends: 409 + Retry-After. None leaves the
+    #: session's setting.
     lock_timeout: Optional[str] = "5s"
     #: Seconds, for 409 and 503.
     retry_after: int = 1
     #: Response headers stored with the status and body, replayed as they were.
-    stored_headers: tuple[str, ...] = ("content-type", "location", "content-language")
+    stored_headers: tuple[str, ...] = ("content-type", "location")
+    #: Which statuses are stored; the others roll back (see default_store_status).
     store_status: Callable[[int], bool] = default_store_status
     #: Larger (or streamed) bodies are passed through and not stored: the
     #: claim stores status and headers only (see the README).
     max_stored_body: int = 256 * 1024
     #: The tenant of a request, from the authenticated principal (never from
-    #: a header the client chooses); the key is scoped as "tenant:key".
+    #: a header the client chooses). The claimed key is
+    #: "<UTF-8 length of tenant>:<tenant>:<key>", and the tenant is part of
+    #: the fingerprint.
     tenant: Optional[Callable[[RequestInfo], Optional[str]]] = None
+    #: No tenant hook: every caller shares one key space (claimed key "-:<key>").
+    single_tenant: bool = False
+    #: With a tenant hook: a request whose hook returns None is claimed in
+    #: the anonymous scope "-:<key>" (shared by every anonymous caller)
+    #: instead of refused with 500.
+    anonymous: bool = False
     #: Replaces the fingerprint: any string identifying the request.
     fingerprint: Optional[Callable[[RequestInfo, Route], str]] = None
     #: Top-level JSON fields (or dotted paths) left out of every fingerprint.
     exclude_fields: tuple[str, ...] = ()
-    #: Problem details' "type" base URI; None: about:blank.
-    problem_type_base: Optional[str] = None
+    #: Problem details' "type" is this base followed by the problem's slug.
+    problem_base: str = DEFAULT_PROBLEM_BASE
     #: Called at "before_commit" and "after_commit" of a request's transaction
     #: (metrics, tracing; the project's tests use it as a kill point).
     phase_hook: Optional[Callable[[str, RequestInfo], None]] = None
 
+    def __post_init__(self) -> None:
+        if self.tenant is None and not self.single_tenant:
+            raise ValueError(
+                "idem_http.Policy: choose the key scope: tenant=<function returning the authenticated "
+                "caller's tenant> (keys of different tenants never meet), or single_tenant=True (every caller "
+                "shares one key space). Without either, one caller could be replayed another's response.")
+        if self.tenant is not None and self.single_tenant:
+            raise ValueError("idem_http.Policy: tenant= and single_tenant=True exclude each other")
+        if self.anonymous and self.tenant is None:
+            raise ValueError("idem_http.Policy: anonymous=True needs a tenant= hook")
+        if not 1 <= self.min_key_length <= self.max_key_length <= 255:
+            raise ValueError("idem_http.Policy: need 1 <= min_key_length <= max_key_length <= 255")
+
     def lock_timeout_for(self, route: Route) -> Optional[str]:
         return route.lock_timeout if route.lock_timeout is not None else self.lock_timeout
+
+    def stores(self, route: Route, status: int) -> bool:
+        return (route.store_status or self.store_status)(status)
 
     def phase(self, name: str, info: RequestInfo) -> None:
         if self.phase_hook is not None:
@@ -173,74 +300,83 @@ class Policy:
     # --- the key -----------------------------------------------------------
 
     def parse_key(self, raw: Optional[str]) -> Optional[str]:
-        """The key's value, or None if missing or malformed."""
+        """The key's value, or None if missing or invalid."""
         if raw is None:
             return None
-        raw = raw.strip()
-        m = _SF_STRING.fullmatch(raw)
-        if m:
-            key = re.sub(r'\\(["\\])', r"\1", m.group(1))
-        elif _BARE_KEY.fullmatch(raw) and not raw.startswith('"'):
-            key = raw
-        else:
-            return None
-        if not (self.min_key_length <= len(key) <= self.max_key_length):
-            return None
-        return key
+        return parse_key_field(raw, self.min_key_length, self.max_key_length, self.bare_keys)[0]
 
-    def scoped_key(self, key: str, info: RequestInfo) -> str:
-        tenant = self.tenant(info) if self.tenant is not None else None
-        return key if tenant is None else f"{tenant}:{key}"
+    def scope_of(self, info: RequestInfo, route: Route) -> str:
+        """The request's scope: "<length>:<tenant>", or SHARED_SCOPE. Raises
+        TenantMissing when the hook finds no tenant and the route has no
+        anonymous scope."""
+        if self.tenant is None:
+            return SHARED_SCOPE
+        tenant = self.tenant(info)
+        if tenant is None or tenant == "":
+            if route.anonymous if route.anonymous is not None else self.anonymous:
+                return SHARED_SCOPE
+            _log.error("idem_http: the tenant hook returned no tenant for %s %s (route %s); answered 500. "
+                       "Authenticate before this middleware, or allow anonymous callers (anonymous=True).",
+                       info.method, info.path, route.biz_type)
+            raise TenantMissing(f"no tenant for {info.method} {info.path}")
+        if not isinstance(tenant, str):
+            raise TypeError(f"idem_http: the tenant hook must return a str or None, not {type(tenant).__name__}")
+        return tenant_scope(tenant)
+
+    @staticmethod
+    def scoped_key(key: str, scope: str) -> str:
+        """The key idem claims: the scope, ":", the client's key. Injective:
+        a tenant's scope says its own length, and "-" is no tenant's."""
+        return f"{scope}:{key}"
 
     # --- the fingerprint ---------------------------------------------------
 
-    def fingerprint_of(self, info: RequestInfo, route: Route) -> str:
+    def fingerprint_of(self, info: RequestInfo, route: Route, scope: str = SHARED_SCOPE) -> str:
         if self.fingerprint is not None:
             return self.fingerprint(info, route)
-        return request_fingerprint(info, (*self.exclude_fields, *route.exclude_fields))
+        return request_fingerprint(info, (*self.exclude_fields, *route.exclude_fields), scope)
 
     # --- answers -----------------------------------------------------------
 
-    def problem(self, status: int, slug: str, title: str, detail: Optional[str] = None,
-                headers: Sequence[tuple[str, str]] = ()) -> Response:
-        """An answer that is never stored, as RFC 9457 problem details."""
-        doc: dict[str, Any] = {
-            "type": f"{self.problem_type_base.rstrip('/')}/{slug}" if self.problem_type_base else "about:blank",
-            "title": title,
-            "status": status,
-        }
-        if detail:
-            doc["detail"] = detail
-        body = json.dumps(doc).encode()
-        return Response(status, [("Content-Type", "application/problem+json"), *headers], body)
+    def problem(self, slug: str, detail: str, headers: Sequence[tuple[str, str]] = ()) -> Response:
+        """An answer that is never stored: RFC 9457 problem details of one of
+        the PROBLEMS types."""
+        status, title = PROBLEMS[slug]
+        doc = {"type": self.problem_base + slug, "title": title, "status": status, "detail": detail}
+        return Response(status, [("Content-Type", "application/problem+json"), *headers], json.dumps(doc).encode())
 
-    def missing_key(self, raw: Optional[str]) -> Response:
-        what = "missing" if raw is None else "malformed"
-        return self.problem(400, "idempotency-key-missing" if raw is None else "idempotency-key-malformed",
-                            f"The {self.header} header is {what}",
-                            f"Send {self.header}: \"<key>\", {self.min_key_length} to {self.max_key_length} "
-                            "visible ASCII characters, made once per intent.")
+    def key_refused(self, raw: Optional[str]) -> Response:
+        if raw is None:
+            return self.problem("idempotency-key-missing",
+                                f'Send {self.header}: "<key>", {self.min_key_length} to {self.max_key_length} '
+                                "visible ASCII characters, made once per intent.")
+        why = parse_key_field(raw, self.min_key_length, self.max_key_length, self.bare_keys)[1]
+        return self.problem("idempotency-key-invalid", f"{self.header}: {why}.")
 
-    def in_progress(self) -> Response:
-        return self.problem(409, "request-in-progress", "A request with this Idempotency-Key is being processed",
-                            "Retry later with the same key.", [("Retry-After", str(self.retry_after))])
+    def in_progress(self, retry_after: Optional[int] = None) -> Response:
+        return self.problem("request-in-progress",
+                            "A request with this Idempotency-Key is being processed; retry later with the same key.",
+                            [("Retry-After", str(retry_after or self.retry_after))])
 
     def mismatch(self) -> Response:
-        return self.problem(422, "idempotency-key-reused",
-                            "This Idempotency-Key was used for a different request",
-                            "Do not retry this request; a new request needs a new key.")
+        return self.problem("idempotency-key-reused",
+                            "This Idempotency-Key was first used for a different request; do not retry this "
+                            "request, a new request needs a new key.")
 
     def unavailable(self, sqlstate: Optional[str]) -> Response:
-        return self.problem(503, "transient-failure", "Service Unavailable",
-                            f"A transient database failure ({sqlstate or 'connection lost'}); "
-                            "nothing was done, retry with the same key.",
+        return self.problem("transient-failure",
+                            f"A transient database failure ({sqlstate or 'connection lost'}); nothing was done, "
+                            "retry with the same Idempotency-Key.",
                             [("Retry-After", str(self.retry_after))])
+
+    def tenant_missing(self) -> Response:
+        return self.problem("tenant-missing", "The server found no tenant for this request; nothing was done.")
 
     def replay(self, stored: Optional[Response]) -> Response:
         if stored is None:
             # A claim committed by other code without a stored response.
-            return self.problem(409, "no-stored-response",
-                                "This Idempotency-Key was used, and its response cannot be replayed")
+            return self.problem("response-not-replayable",
+                                "This Idempotency-Key was used, and its response was not stored by this library.")
         return Response(stored.status, [*stored.headers, (REPLAYED_HEADER, "true")], stored.body,
                         stored.body_stored)
 
@@ -248,17 +384,49 @@ class Policy:
 # --- canonical form and fingerprint ------------------------------------------
 
 
+def _es_number(x: float) -> str:
+    """A number as ECMAScript's Number::toString writes it (RFC 8785 3.2.2.3):
+    the shortest digits that round-trip, in plain notation from 1e-6 to 1e21."""
+    if x != x or x in (float("inf"), float("-inf")):
+        return "null"  # as JSON.stringify writes a number out of the double range
+    if x == 0:
+        return "0"
+    if x < 0:
+        return "-" + _es_number(-x)
+    sign, digits_t, exp = Decimal(repr(x)).as_tuple()
+    digits = "".join(map(str, digits_t)).rstrip("0")
+    exp = int(exp) + (len(digits_t) - len(digits))
+    k = len(digits)
+    n = exp + k
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + digits
+    e = n - 1
+    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+
+
 def canonical_json(value: Any) -> str:
-    """JSON in one canonical form: object keys sorted, no insignificant
-    whitespace, numbers in their written form (1.0 is not 1), as PostgreSQL's
-    jsonb text is canonical."""
+    """JSON in one canonical form, RFC 8785 (JCS): object members sorted by
+    their names' UTF-16 code units, no insignificant whitespace, numbers as
+    IEEE 754 doubles written as ECMAScript writes them (1.0, 1 and 1e0 are
+    one number; digits beyond a double's precision do not count), strings
+    as JSON.stringify escapes them. The same in every idem client."""
     if isinstance(value, dict):
-        items = sorted(value.items())
+        items = sorted(value.items(), key=lambda kv: kv[0].encode("utf-16-be", "surrogatepass"))
         return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical_json(v) for k, v in items) + "}"
     if isinstance(value, list):
         return "[" + ",".join(canonical_json(v) for v in value) + "]"
-    if isinstance(value, Decimal):
-        return str(value)
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float, Decimal)):
+        try:
+            return _es_number(float(value))
+        except OverflowError:
+            return "null"
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -275,7 +443,7 @@ def canonical_body(body: bytes, exclude_fields: Iterable[str] = ()) -> bytes:
     """The body's canonical form: parsed and re-serialised if it is JSON
     (less the excluded fields), else the bytes as they are."""
     try:
-        value = json.loads(body, parse_float=Decimal, parse_int=Decimal) if body.strip() else None
+        value = json.loads(body) if body.strip() else None
     except (ValueError, UnicodeDecodeError):
         return body
     if value is None and not body.strip():
@@ -285,11 +453,13 @@ def canonical_body(body: bytes, exclude_fields: Iterable[str] = ()) -> bytes:
     return canonical_json(value).encode("utf-8")
 
 
-def request_fingerprint(info: RequestInfo, exclude_fields: Iterable[str] = ()) -> str:
-    """128 bits of SHA-256 (32 hex digits) over the method, the path, the
-    query string and the canonical body; never the headers (tokens rotate,
-    trace ids change between retries)."""
+def request_fingerprint(info: RequestInfo, exclude_fields: Iterable[str] = (), scope: str = SHARED_SCOPE) -> str:
+    """128 bits of SHA-256 (32 hex digits) over "METHOD target\\nscope\\n"
+    and the canonical body, where target is the path and, if there is one,
+    "?" and the query string; never the headers (tokens rotate, trace ids
+    change between retries)."""
     h = hashlib.sha256()
-    h.update(f"{info.method.upper()} {info.path}?{info.query}\n".encode("utf-8"))
+    target = f"{info.path}?{info.query}" if info.query else info.path
+    h.update(f"{info.method.upper()} {target}\n{scope}\n".encode("utf-8"))
     h.update(canonical_body(info.body, exclude_fields))
     return h.hexdigest()[:32]

@@ -30,8 +30,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .aio import AsyncClaim, claim_row
-from .errors import FingerprintMismatch, TransientFailure, classify, is_transient, sqlstate_of
-from .policy import Policy, RequestInfo, Response, Route
+from .errors import FingerprintMismatch, InProgress, TransientFailure, classify, is_transient, sqlstate_of
+from .policy import Policy, RequestInfo, Response, Route, TenantMissing
 from .routes import RouteResolver, RouteTable, resolver
 
 ConnectionFactory = Callable[[], Any]  # () -> async context manager yielding an AsyncConnection
@@ -155,11 +155,11 @@ class IdempotencyMiddleware:
     """Pure ASGI middleware; see the module's docstring."""
 
     def __init__(self, app: ASGIApp, *, connection: ConnectionFactory,
-                 routes: Union[RouteTable, RouteResolver], policy: Optional[Policy] = None) -> None:
+                 routes: Union[RouteTable, RouteResolver], policy: Policy) -> None:
         self.app = app
         self.connection = connection
         self.resolve = resolver(routes)
-        self.policy = policy or Policy()
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -189,16 +189,24 @@ class IdempotencyMiddleware:
         raw = info.header(policy.header)
         key = policy.parse_key(raw)
         if key is None and not (raw is None and not route.key_required):
-            await _send_response(send, policy.missing_key(raw))
+            await _send_response(send, policy.key_refused(raw))
             return
+        scope_name = None
+        if key is not None:
+            try:
+                scope_name = policy.scope_of(info, route)
+            except TenantMissing:
+                await _send_response(send, policy.tenant_missing())
+                return
 
         async with self.connection() as conn:
             if not conn.autocommit:
                 await conn.set_autocommit(True)
-            await self._claimed_request(conn, scope, replay_receive, send, info, route, key)
+            await self._claimed_request(conn, scope, replay_receive, send, info, route, key, scope_name)
 
     async def _claimed_request(self, conn: psycopg.AsyncConnection[Any], scope: Scope, receive: Receive,
-                               send: Send, info: RequestInfo, route: Route, key: Optional[str]) -> None:
+                               send: Send, info: RequestInfo, route: Route, key: Optional[str],
+                               scope_name: Optional[str]) -> None:
         """Claim, run the handler in the claim's transaction, store and
         COMMIT, then answer. Without a key (a route whose key is optional)
         the same, minus the claim and the stored response."""
@@ -207,9 +215,9 @@ class IdempotencyMiddleware:
         c: Optional[AsyncClaim] = None
         try:
             await conn.execute("BEGIN")
-            if key is not None:
-                c = await claim_row(conn, policy.scoped_key(key, info), route.biz_type,
-                                    fingerprint=policy.fingerprint_of(info, route),
+            if key is not None and scope_name is not None:
+                c = await claim_row(conn, policy.scoped_key(key, scope_name), route.biz_type,
+                                    fingerprint=policy.fingerprint_of(info, route, scope_name),
                                     wait=policy.wait if route.wait is None else route.wait, ttl=route.ttl,
                                     lease=route.lease, lock_timeout=policy.lock_timeout_for(route))
                 if not c.claimed or leased:
@@ -236,7 +244,7 @@ class IdempotencyMiddleware:
                 policy.phase("after_commit", info)
 
         async def overflow(resp: Response) -> None:
-            if policy.store_status(resp.status):
+            if policy.stores(route, resp.status):
                 await store(resp)
             elif not leased:
                 # Not stored, and streaming has begun: the writes must not
@@ -263,7 +271,7 @@ class IdempotencyMiddleware:
                 await _rollback(conn)
             raise RuntimeError("the handler sent no response")
         resp = capture.response()
-        if not policy.store_status(resp.status):
+        if not policy.stores(route, resp.status):
             if not leased:
                 await _rollback(conn)
             await _send_response(send, resp)
@@ -285,6 +293,8 @@ class IdempotencyMiddleware:
 
     def _error_answer(self, e: BaseException) -> Response:
         err = classify(e)
+        if isinstance(err, InProgress):
+            return self.policy.in_progress()
         if isinstance(err, FingerprintMismatch):
             return self.policy.mismatch()
         if isinstance(err, TransientFailure):
