@@ -28,6 +28,16 @@ command -v mvn >/dev/null || fail "mvn missing: run scripts/setup.d/85-java.sh"
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"
 
+# The README's application is the one tested: each block it marks with
+# "<!-- file: PATH -->" is that file, to the byte.
+python3 - "$ROOT/clients/java" <<'PY' || fail "clients/java/README.md and the example's files differ"
+import pathlib, re, sys
+root = pathlib.Path(sys.argv[1])
+blocks = re.findall(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```\n", (root / "README.md").read_text(), re.S)
+bad = [path for path, text in blocks if (root / path).read_text() != text]
+print(f"README: {len(blocks)} files shown, {len(bad)} differ {bad or ''}")
+sys.exit(1 if bad or len(blocks) < 8 else 0)
+PY
 tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$work" -xf -
 t0=$(date +%s)
 if ! (cd "$work" && mvn_idem -o verify -Didem.it.pghost="$(client_host)" -Didem.it.pgport="$(client_port)" \
