@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # For tests/scenarios/java_spring.sh: Maven, and every artifact the build
-# of clients/java needs (Spring Boot, Hibernate, pgJDBC, JUnit, Maven's
+# of clients/java needs under Spring Boot 3.5 and 4.0 (Spring Boot,
+# Hibernate, pgJDBC, JUnit, Maven's
 # plugins and Surefire's JUnit provider) fetched from Maven Central into
 # $IDEM_MAVEN_REPO (lib.sh), so that the scenario builds offline. The JDK
 # comes from 30-examples.sh. Skipped when that repository already served
@@ -22,10 +23,13 @@ if [ ! -f "$stamp" ]; then
   # The whole build with the starter's database-free test (that resolves
   # Surefire's provider); the application test needs a database and is
   # left out here (no test of that name matches in its module).
-  if ! (cd "$scratch" && mvn_idem -q verify -Dtest=OutsideTransactionTest -Dsurefire.failIfNoSpecifiedTests=false) \
-      > "$scratch.log" 2>&1; then
-    tail -40 "$scratch.log"; rm -rf "$scratch" "$scratch.log"; exit 1
-  fi
+  # Both Spring Boot lines the scenario builds (JAVA_BOOT_VERSIONS there).
+  for boot in 3.5.7 4.0.7; do
+    if ! (cd "$scratch" && mvn_idem -q clean verify -Dspring-boot.version=$boot -Dtest=OutsideTransactionTest \
+            -Dsurefire.failIfNoSpecifiedTests=false) > "$scratch.log" 2>&1; then
+      tail -40 "$scratch.log"; rm -rf "$scratch" "$scratch.log"; exit 1
+    fi
+  done
   rm -rf "$scratch" "$scratch.log"
   mkdir -p "$(dirname "$stamp")"
   touch "$stamp"

@@ -61,7 +61,10 @@ final class IdempotentInterceptor implements MethodInterceptor {
         Method method = AopUtils.getMostSpecificMethod(invocation.getMethod(), targetClass);
         Idempotent spec = AnnotatedElementUtils.findMergedAnnotation(method, Idempotent.class);
         if (spec == null) {
-            return invocation.proceed();
+            spec = AnnotatedElementUtils.findMergedAnnotation(invocation.getMethod(), Idempotent.class);
+        }
+        if (spec == null) { // the pointcut matched it: never run such a method unprotected
+            throw new IllegalStateException("@Idempotent not found on " + method + " although its advice was applied");
         }
         String where = targetClass.getSimpleName() + "." + method.getName();
         // Never silently unprotected: without the caller's transaction the

@@ -1,6 +1,5 @@
 package dev.idem.it;
 
-import java.io.File;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -68,6 +67,4 @@ final class ExampleApp implements AutoCloseable {
         Files.createDirectories(dir);
         return dir.resolve(name + ".log");
     }
-
-    static File jar() { return new File(System.getProperty("idem.it.jar")); }
 }

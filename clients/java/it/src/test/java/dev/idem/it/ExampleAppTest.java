@@ -15,7 +15,6 @@ import java.sql.Connection;
 import java.sql.DriverManager;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
-import java.sql.Statement;
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
@@ -113,16 +112,7 @@ class ExampleAppTest {
 
     // ---- database -----------------------------------------------------------
 
-    static long count(String sql, Object... args) throws Exception {
-        try (PreparedStatement st = db.prepareStatement(sql)) {
-            for (int i = 0; i < args.length; i++) st.setObject(i + 1, args[i]);
-            try (ResultSet rs = st.executeQuery()) {
-                rs.next();
-                return rs.getLong(1);
-            }
-        }
-    }
-
+    /** The first column of the query's one row, as text. */
     static String text(String sql, Object... args) throws Exception {
         try (PreparedStatement st = db.prepareStatement(sql)) {
             for (int i = 0; i < args.length; i++) st.setObject(i + 1, args[i]);
@@ -131,6 +121,10 @@ class ExampleAppTest {
                 return rs.getString(1);
             }
         }
+    }
+
+    static long count(String sql, Object... args) throws Exception {
+        return Long.parseLong(text(sql, args));
     }
 
     static void account(String id, long cents) throws Exception {
@@ -159,6 +153,16 @@ class ExampleAppTest {
         while (count("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-example'"
                 + " AND wait_event_type = 'Lock' AND query LIKE ?", queryStart + "%") < n) {
             Thread.sleep(20);
+        }
+    }
+
+    /** The request's connection died with the process: no answer at all. */
+    static void assertNoAnswer(CompletableFuture<HttpResponse<String>> request) throws InterruptedException {
+        try {
+            HttpResponse<String> r = request.get();
+            throw new AssertionError("the killed process answered: " + r.statusCode() + " " + r.body());
+        } catch (ExecutionException expected) {
+            // an IOException from the HTTP client
         }
     }
 
@@ -271,12 +275,7 @@ class ExampleAppTest {
             app.kill();
             lock.rollback();
         }
-        try {
-            HttpResponse<String> r = lost.get();
-            throw new AssertionError("the killed process answered: " + r.statusCode() + " " + r.body());
-        } catch (ExecutionException expected) {
-            // no answer: the connection died with the process
-        }
+        assertNoAnswer(lost);
         startApp();
         HttpResponse<String> retried = send(post("/payments", payment(key, "rich", "ORD-5", 700)).build()); // the new port
         assertEquals(200, retried.statusCode(), retried.body());
@@ -296,12 +295,7 @@ class ExampleAppTest {
         assertEquals(1, count("SELECT count(*) FROM payments WHERE request_id = ?", key)); // committed
         assertEquals("completed", text("SELECT state FROM idem_lookup(?, 'payment')", key));
         app.kill();
-        try {
-            HttpResponse<String> r = lost.get();
-            throw new AssertionError("the killed process answered: " + r.statusCode() + " " + r.body());
-        } catch (ExecutionException expected) {
-            // the answer was lost after COMMIT
-        }
+        assertNoAnswer(lost); // the answer was lost after COMMIT
         startApp();
         HttpResponse<String> retried = send(post("/payments", payment(key, "rich", "ORD-6", 300)).build());
         assertEquals(200, retried.statusCode(), retried.body());
