@@ -29,8 +29,6 @@ import org.springframework.jdbc.datasource.ConnectionHolder;
 import org.springframework.jdbc.datasource.DataSourceUtils;
 import org.springframework.jdbc.support.SQLErrorCodeSQLExceptionTranslator;
 import org.springframework.transaction.IllegalTransactionStateException;
-import org.springframework.transaction.NoTransactionException;
-import org.springframework.transaction.interceptor.TransactionAspectSupport;
 import org.springframework.transaction.support.TransactionSynchronization;
 import org.springframework.transaction.support.TransactionSynchronizationManager;
 
@@ -180,14 +178,7 @@ final class IdempotentInterceptor implements MethodInterceptor {
         try {
             result = invocation.proceed();
         } catch (Throwable t) {
-            // The claim must not commit without the outcome: a checked
-            // exception (which @Transactional commits by default) or one
-            // the caller catches would leave the key used with no result.
-            try {
-                TransactionAspectSupport.currentTransactionStatus().setRollbackOnly();
-            } catch (NoTransactionException notFromAnnotation) {
-                // TransactionTemplate: the guard refuses the commit instead.
-            }
+            guard.failure = t; // the commit, if one comes, is refused with it as the cause
             throw t;
         }
         String stored = result == null ? null : json.get().write(result);
@@ -248,11 +239,19 @@ final class IdempotentInterceptor implements MethodInterceptor {
         }
     }
 
-    /** Refuses a commit of a claim whose method did not return (the caller caught its exception). */
+    /**
+     * Refuses a commit of a claim whose method threw: committed, the key
+     * would stay used with no result, and a retry would get null instead of
+     * running the work. That commit comes after a checked exception (which
+     * @Transactional commits by default) or one the caller caught. Not a
+     * silent rollback-only mark: the caller learns that its transaction
+     * did not commit.
+     */
     private static final class Guard implements TransactionSynchronization {
         private final String key;
         private final String bizType;
         volatile boolean completed;
+        volatile Throwable failure;
 
         Guard(String key, String bizType) {
             this.key = key;
@@ -262,8 +261,9 @@ final class IdempotentInterceptor implements MethodInterceptor {
         @Override
         public void beforeCommit(boolean readOnly) {
             if (!completed) {
-                throw new IdempotencyException("key " + key + " of " + bizType + ": the @Idempotent method threw, so its claim"
-                        + " may not commit (a retry must run the work again); the transaction is rolled back", bizType, key, null, null);
+                throw new IdempotencyException("key " + key + " of " + bizType + ": the @Idempotent method threw " + failure
+                        + ", so its claim may not commit (a retry must run the work again); the transaction is rolled back",
+                        bizType, key, null, failure);
             }
         }
     }

@@ -10,7 +10,6 @@ import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
-import java.nio.file.Path;
 import java.sql.Connection;
 import java.sql.DriverManager;
 import java.sql.PreparedStatement;
@@ -34,14 +33,12 @@ import org.junit.jupiter.api.TestMethodOrder;
  * The example application of clients/java/README.md, run from its jar
  * against a database with idem, driven by real HTTP requests; every verdict
  * from the business rows (payments, accounts' balances, orders, events).
- * Database: -Didem.it.pghost (a socket directory or a host), -Didem.it.pgport,
- * -Didem.it.database (idem installed), user postgres.
+ * The database: {@link TestDatabase}.
  */
 @TestMethodOrder(MethodOrderer.OrderAnnotation.class)
 class ExampleAppTest {
     static final ObjectMapper JSON = new ObjectMapper();
     static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
-    static UnixSocketForwarder forwarder;
     static String jdbcUrl;
     static Connection db;
     static ExampleApp app;
@@ -49,17 +46,7 @@ class ExampleAppTest {
 
     @BeforeAll
     static void start() throws Exception {
-        String host = required("idem.it.pghost");
-        String port = required("idem.it.pgport");
-        String database = required("idem.it.database");
-        String hostPort;
-        if (host.startsWith("/")) {
-            forwarder = new UnixSocketForwarder(Path.of(host, ".s.PGSQL." + port));
-            hostPort = "127.0.0.1:" + forwarder.port();
-        } else {
-            hostPort = host + ":" + port;
-        }
-        jdbcUrl = "jdbc:postgresql://" + hostPort + "/" + database + "?user=postgres";
+        jdbcUrl = TestDatabase.jdbcUrl();
         startApp();
         db = DriverManager.getConnection(jdbcUrl + "&ApplicationName=idem-it");
         db.createStatement().execute("INSERT INTO accounts VALUES ('rich', 1000000000) ON CONFLICT (id) DO NOTHING");
@@ -76,13 +63,6 @@ class ExampleAppTest {
     static void stop() throws Exception {
         if (app != null) app.close();
         if (db != null) db.close();
-        if (forwarder != null) forwarder.close();
-    }
-
-    static String required(String name) {
-        String v = System.getProperty(name);
-        if (v == null || v.isEmpty()) throw new IllegalStateException("-D" + name + " is required (tests/scenarios/java_spring.sh)");
-        return v;
     }
 
     // ---- HTTP ---------------------------------------------------------------
