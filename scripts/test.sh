@@ -241,8 +241,8 @@ run_scenario() { # name
 # Only in the full run (the other majors' core suites run beside it
 # already); IDEM_LANES_SERIAL=1 runs everything in one line. The lane's
 # output is shown, and its records counted, when it is done.
-LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby logical metrics middleware_node
-        middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
+LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby logical metrics middleware_go
+        middleware_node middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
         sql_exporter sqlstates storage_sql wraparound)
 lane_b_pid=
 if [ "$IDEM_SUITE" = full ] && [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then

@@ -9,12 +9,45 @@
 -- after they lock idem.claims: lock it first, as 0.3.0's update did.
 LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
 
+-- Under Citus, once idem_distribute ran, Citus runs this update on the
+-- coordinator, then on every worker (sql/scaling.sql's idem.citus_node says
+-- which this is): a change the coordinator's update makes to a distributed
+-- or reference table has reached the workers' copies before their update
+-- runs, and is not made again there. Such a change is made in a DO block:
+-- Citus sends it to the workers as the text of the statement it runs,
+-- which for a statement of the script itself is the whole script (42601,
+-- "cannot insert multiple commands into a prepared statement", on a
+-- worker); in a DO block it is the one statement.
+CREATE FUNCTION idem.citus_node() RETURNS text
+    STABLE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    coordinator boolean;
+BEGIN
+    IF NOT idem.is_distributed('idem.claims') THEN
+        RETURN NULL;
+    END IF;
+    -- (Named only where Citus is installed: a static call would not parse
+    -- without it.)
+    EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+    RETURN CASE WHEN coordinator THEN 'coordinator' ELSE 'worker' END;
+END
+$fn$;
+COMMENT ON FUNCTION idem.citus_node() IS 'Once Citus distributes idem.claims: coordinator or worker, as this node is; NULL otherwise. Update scripts branch on it (Citus runs ALTER EXTENSION idem UPDATE on the coordinator, then on each worker).';
+
 -- storage.sql ----------------------------------------------------------------
 
 -- A type's owner is kept by name, so that restoring a dump onto a server
 -- without the role keeps every other setting (0.3.0: regrole, whose COPY
--- fails there and loses every type's TTL).
-ALTER TABLE idem.biz_types ALTER COLUMN owner TYPE name USING pg_catalog.pg_get_userbyid(owner);
+-- fails there and loses every type's TTL). (A reference table under Citus:
+-- changed by the coordinator's update on every node.)
+DO $$
+BEGIN
+    IF idem.citus_node() IS DISTINCT FROM 'worker' THEN
+        ALTER TABLE idem.biz_types ALTER COLUMN owner TYPE name USING pg_catalog.pg_get_userbyid(owner);
+    END IF;
+END
+$$;
 
 -- maintenance.sql ------------------------------------------------------------
 
@@ -312,43 +345,77 @@ CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
 ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
 COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
 
-ALTER TABLE idem.claims RENAME TO claims_0_3;
-ALTER TABLE idem.claims_default RENAME TO claims_0_3_default;
-ALTER INDEX idem.claims_default_key_hash RENAME TO claims_0_3_default_key_hash;
--- (PostgreSQL 18 names NOT NULL constraints, and gives a new one a name no
--- constraint of the schema has yet: the old table's are renamed first, so
--- that the new table's get the names a fresh install gives them.)
+-- Under Citus the coordinator's update makes the new idem.claims,
+-- distributes it next to the old one (Citus makes a shell of a table on the
+-- workers only when it belongs to no extension: it is taken out of idem's
+-- for that, and back in after), and copies the claims into it through the
+-- coordinator (from a local copy: the workers have no idem.ttl_class yet);
+-- then every worker's update takes its shells of the new tables into its
+-- extension. The old table's renames reach the workers' copies too.
 DO $$
 DECLARE
+    node text := idem.citus_node();
     c record;
+    claims_comment text := 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
 BEGIN
+    IF node = 'worker' THEN
+        -- (Citus makes the shells without the table's comment.)
+        EXECUTE format('COMMENT ON TABLE idem.claims IS %L', claims_comment);
+        ALTER EXTENSION idem ADD TABLE idem.claims;
+        ALTER EXTENSION idem ADD TABLE idem.claims_default;
+        PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, r, 0, false)
+           FROM unnest(ARRAY['idem.claims'::regclass, 'idem.claims_default'::regclass]) r;
+        RETURN;
+    END IF;
+    ALTER TABLE idem.claims RENAME TO claims_0_3;
+    ALTER TABLE idem.claims_default RENAME TO claims_0_3_default;
+    ALTER INDEX idem.claims_default_key_hash RENAME TO claims_0_3_default_key_hash;
+    -- (PostgreSQL 18 names NOT NULL constraints, and gives a new one a name no
+    -- constraint of the schema has yet: the old table's are renamed first, so
+    -- that the new table's get the names a fresh install gives them.)
     FOR c IN SELECT con.conname FROM pg_catalog.pg_constraint con
               WHERE con.contype = 'n' AND con.conrelid = 'idem.claims_0_3'::regclass LOOP
         EXECUTE format('ALTER TABLE idem.claims_0_3 RENAME CONSTRAINT %I TO %I', c.conname, c.conname || '_0_3');
     END LOOP;
+    CREATE TABLE idem.claims (
+        expires_at  timestamptz NOT NULL,
+        claimed_at  timestamptz NOT NULL,
+        ttl_class   smallint    NOT NULL,   -- idem.ttl_class(expires_at - claimed_at)
+        state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased
+        biz_type    text        NOT NULL,
+        key         text        NOT NULL,
+        fingerprint text,
+        result      jsonb
+    ) PARTITION BY RANGE (ttl_class, expires_at);
+    EXECUTE format('COMMENT ON TABLE idem.claims IS %L', claims_comment);
+    ALTER TABLE idem.claims REPLICA IDENTITY FULL;
+    CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+    ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
+    CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
+    IF node = 'coordinator' THEN
+        CREATE TEMPORARY TABLE claims_0_3_rows AS SELECT * FROM idem.claims_0_3;
+        ALTER EXTENSION idem DROP TABLE idem.claims_default;
+        ALTER EXTENSION idem DROP TABLE idem.claims;
+        PERFORM pg_catalog.create_distributed_table('idem.claims', 'key', colocate_with => 'idem.claims_0_3');
+        ALTER EXTENSION idem ADD TABLE idem.claims;
+        ALTER EXTENSION idem ADD TABLE idem.claims_default;
+        PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, r, 0, false)
+           FROM unnest(ARRAY['idem.claims'::regclass, 'idem.claims_default'::regclass]) r;
+        -- (As idem_distribute: Citus makes the shards without it.)
+        ALTER TABLE idem.claims REPLICA IDENTITY FULL;
+        INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
+        SELECT expires_at, claimed_at, idem.ttl_class(expires_at - claimed_at), state, biz_type, key, fingerprint, result
+          FROM pg_temp.claims_0_3_rows;
+        DROP TABLE pg_temp.claims_0_3_rows;
+    ELSE
+        INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
+        SELECT expires_at, claimed_at, idem.ttl_class(expires_at - claimed_at), state, biz_type, key, fingerprint, result
+          FROM idem.claims_0_3;
+    END IF;
+    INSERT INTO idem.type_classes (biz_type, ttl_class, until)
+    SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY biz_type, ttl_class;
 END
 $$;
-CREATE TABLE idem.claims (
-    expires_at  timestamptz NOT NULL,
-    claimed_at  timestamptz NOT NULL,
-    ttl_class   smallint    NOT NULL,   -- idem.ttl_class(expires_at - claimed_at)
-    state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased
-    biz_type    text        NOT NULL,
-    key         text        NOT NULL,
-    fingerprint text,
-    result      jsonb
-) PARTITION BY RANGE (ttl_class, expires_at);
-COMMENT ON TABLE idem.claims IS 'Dedup records. Uniqueness of (biz_type, key) among live rows is enforced by idem_claim, not by an index.';
-ALTER TABLE idem.claims REPLICA IDENTITY FULL;
-CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
-ALTER TABLE idem.claims_default REPLICA IDENTITY FULL;
-CREATE INDEX claims_default_key_hash ON idem.claims_default (idem.key_hash(biz_type, key));
-
-INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
-SELECT expires_at, claimed_at, idem.ttl_class(expires_at - claimed_at), state, biz_type, key, fingerprint, result
-  FROM idem.claims_0_3;
-INSERT INTO idem.type_classes (biz_type, ttl_class, until)
-SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY biz_type, ttl_class;
 
 DROP FUNCTION idem.partition_name(timestamptz);
 CREATE FUNCTION idem.partition_name(ttl_class smallint, lo timestamptz) RETURNS text
@@ -1057,8 +1124,17 @@ COMMENT ON VIEW idem_publications IS
 
 -- The old table goes with its partitions; the new default partition and
 -- the registry are kept by pg_dump as the old default partition was.
-ALTER EXTENSION idem DROP TABLE idem.claims_0_3_default;
-DROP TABLE idem.claims_0_3;
+-- (Under Citus: the coordinator's drop removes the old table's shards and
+-- metadata; a worker's update drops its copies, members of its extension,
+-- which Citus leaves.)
+DO $$
+BEGIN
+    IF to_regclass('idem.claims_0_3') IS NOT NULL THEN
+        ALTER EXTENSION idem DROP TABLE idem.claims_0_3_default;
+        DROP TABLE idem.claims_0_3;
+    END IF;
+END
+$$;
 SELECT pg_catalog.pg_extension_config_dump('idem.claims_default', '');
 SELECT pg_catalog.pg_extension_config_dump('idem.type_classes', '');
 

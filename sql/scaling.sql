@@ -3,6 +3,29 @@
 -- cluster). Once idem.claims is distributed, every idem call on a key runs
 -- only on the node that holds the key's shard (src/storage/citus.rs).
 
+-- Under Citus, once idem_distribute ran, Citus runs ALTER EXTENSION idem
+-- UPDATE on the coordinator, then on every worker: a change the
+-- coordinator's update makes to a distributed or reference table has
+-- reached the workers' copies before their update runs, and is not made
+-- again there. Update scripts branch on this, in DO blocks (docs/scaling.md,
+-- "Upgrading a Citus cluster"; sql/idem--0.3.0--0.4.0.sql says why).
+CREATE FUNCTION idem.citus_node() RETURNS text
+    STABLE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    coordinator boolean;
+BEGIN
+    IF NOT idem.is_distributed('idem.claims') THEN
+        RETURN NULL;
+    END IF;
+    -- (Named only where Citus is installed: a static call would not parse
+    -- without it.)
+    EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+    RETURN CASE WHEN coordinator THEN 'coordinator' ELSE 'worker' END;
+END
+$fn$;
+COMMENT ON FUNCTION idem.citus_node() IS 'Once Citus distributes idem.claims: coordinator or worker, as this node is; NULL otherwise. Update scripts branch on it (Citus runs ALTER EXTENSION idem UPDATE on the coordinator, then on each worker).';
+
 CREATE FUNCTION idem_distribute(colocate_with regclass) RETURNS void
     VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$

@@ -3,7 +3,9 @@
 # built once from ../shared/vendor by tests/citus/install.sh into a private
 # copy of Debian's PostgreSQL 15 made by tests/citus/tree.sh, with this
 # build of idem copied there), started here and removed on exit. Runs docs/scaling.md's Citus steps verbatim (read
-# from the page: tests/citus/doc_steps.py), the Citus isolation specs
+# from the page: tests/citus/doc_steps.py), ALTER EXTENSION idem UPDATE
+# from 0.3.0 after idem_distribute with live claims, a lease and a token
+# (tests/citus/upgrade.sh, running the page's upgrade step), the Citus isolation specs
 # (tests/citus/specs: call forms that double-claimed under 0.2.0, two-claim
 # transactions across workers), then tests/citus/scenario.py: claim
 # semantics through the coordinator, every call form, business type
@@ -16,6 +18,9 @@
 # with the same key, and DROP EXTENSION / reinstall in a fresh database. Without ../shared/vendor/ it fails (Citus is not in
 # Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/citus.sh    leave the cluster running
+#   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/citus.sh
+#       other ports than 5530-5532 (coordinator, worker 1, worker 2), e.g.
+#       beside another checkout's run
 #   IDEM_STAGE=target/stage bash tests/scenarios/citus.sh
 #       take idem from a staging folder made by `cargo pgrx package
 #       --pg-config /usr/lib/postgresql/15/bin/pg_config --out-dir target/stage` instead of the
@@ -88,7 +93,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "a fresh cluster: coordinator 127.0.0.1:5530, workers :5531 and :5532"
+read -r -a CPORTS <<<"${CITUS_PORTS:-5530 5531 5532}"
+say "a fresh cluster: coordinator 127.0.0.1:${CPORTS[0]}, workers :${CPORTS[1]} and :${CPORTS[2]}"
 t=$(date +%s)
 bash "$CLUSTER" destroy
 bash "$CLUSTER" start
@@ -126,6 +132,9 @@ check "step 6: idem_schedule_maintenance() made the pg_cron job (unscheduled now
   test "$(C -Atc "SELECT count(cron.unschedule(jobid)) FROM cron.job WHERE jobname = 'idem_maintain'")" = 1
 check "step 6: maintenance made the partitions of the 30-day TTL class, reaching past 30 days" \
   test "$(C -Atc "SELECT count(*) >= 6 AND max(range_to) > now() + interval '30 days' FROM idem_partitions WHERE ttl_class = idem.ttl_class('30 days')")" = t
+
+say "ALTER EXTENSION idem UPDATE on the cluster, from every shipped version after idem_distribute (tests/citus/upgrade.sh)"
+bash "$ROOT/tests/citus/upgrade.sh" || fails=$((fails + $?))
 
 say "a second database for the maintenance checks (short partition widths)"
 CITUS_DB=idem_m bash "$CLUSTER" start

@@ -6,7 +6,10 @@
 # are shown only (other engines, placeholders, pg_cron: this cluster's cron
 # database is idem_cron, which belongs to the cron scenario); `sql error`
 # blocks must raise an error (`sql error ID001`: that SQLSTATE).
-# tests/docs/sql_blocks.py does the parsing and the line mapping.
+# tests/docs/sql_blocks.py does the parsing and the line mapping. Then
+# tests/docs/names.py: every idem.* setting and SQLSTATE the pages name
+# exists (pg_settings with the library loaded; idem's objects; the README's
+# SQLSTATE table, src/errors.rs or PostgreSQL's codes).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PG_BIN
 export DOC_LOG="$ROOT/target/docs_sql.log"
@@ -52,6 +55,13 @@ for md in "$ROOT"/README.md "$ROOT"/docs/*.md "$ROOT"/examples/*.md; do
   psql_idem -q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"
   drop_new_roles
 done
+
+# The settings and SQLSTATEs the pages name exist (tests/docs/names.py).
+say "settings and SQLSTATEs named in the docs"
+dbs+=(doc_names)
+psql_idem -q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS doc_names WITH (FORCE)" -c "CREATE DATABASE doc_names"
+psql_idem -q -d doc_names -c "CREATE EXTENSION idem"
+PG_CONFIG="$PG_CONFIG" python3 "$ROOT/tests/docs/names.py" "$ROOT" doc_names || failed=$((failed + 1))
 
 echo
 echo "$files files with sql blocks, $runnable blocks to run, $failed files failed (psql output: $DOC_LOG)"

@@ -1,0 +1,176 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const duplicates = 20
+
+func (s *server) order(route, key, run string, extra map[string]string) *http.Request {
+	req, _ := http.NewRequest(http.MethodPost, s.base+route, strings.NewReader(fmt.Sprintf(`{"run":%q,"sku":"sku-1","qty":2}`, run)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"`+key+`"`)
+	req.Header.Set("X-Tenant", "acme")
+	for k, v := range extra {
+		req.Header.Set(k, v)
+	}
+	return req
+}
+
+// holdLock takes the advisory lock the requests with X-Conformance-Hold: u
+// wait for, on a connection of its own; the returned func releases it.
+func holdLock(t *testing.T, u string) func() {
+	conn, err := checkDB.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_lock(hashtext($1))", u); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", u)
+		conn.Release()
+	}
+}
+
+// 20 identical requests at once, duplicates waiting: the first is held in
+// its handler until pg_stat_activity shows the 19 others waiting in
+// idem_claim; then one business row, 20 identical 201s, 19 replayed.
+func concurrentWait(t *testing.T, s *server) {
+	u := runID()
+	key := u + "-concurrent-wait"
+	release := holdLock(t, u)
+	results := make([]response, duplicates)
+	var wg sync.WaitGroup
+	for i := range duplicates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = send(s.order("/orders", key, u, map[string]string{"X-Conformance-Hold": u}))
+		}()
+	}
+	untilTrue(t, "one request holds the claim and waits at the gate", waitingForHold, u, 1)
+	untilTrue(t, "19 duplicates wait in idem_claim",
+		`SELECT count(*) = $1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%idem_claim%'`, duplicates-1)
+	release()
+	wg.Wait()
+	replays := 0
+	for i, r := range results {
+		if r.err != nil || r.status != http.StatusCreated || !bytes.Equal(r.body, results[0].body) {
+			t.Fatalf("request %d: %s (the first: %s)", i, r, results[0])
+		}
+		if r.header.Get("Idempotent-Replayed") == "true" {
+			replays++
+		}
+	}
+	if n := rowsOf(t, u); n != 1 || replays != duplicates-1 {
+		t.Fatalf("%d concurrent duplicates: %d business rows, %d replayed", duplicates, n, replays)
+	}
+}
+
+// The same without waiting: while the first is held, 19 duplicates get 409
+// with Retry-After; after it, a retry is replayed; one business row.
+func concurrentNoWait(t *testing.T, s *server) {
+	u := runID()
+	key := u + "-concurrent-nowait"
+	release := holdLock(t, u)
+	first := make(chan response, 1)
+	go func() {
+		first <- send(s.order("/conformance/orders-nowait", key, u, map[string]string{"X-Conformance-Hold": u}))
+	}()
+	untilTrue(t, "the first request holds the claim", waitingForHold, u, 1)
+	results := make([]response, duplicates-1)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = send(s.order("/conformance/orders-nowait", key, u, nil))
+		}()
+	}
+	wg.Wait()
+	release()
+	for i, r := range results {
+		if r.err != nil || r.status != http.StatusConflict || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("duplicate %d while the first runs: %s", i, r)
+		}
+	}
+	f := <-first
+	again := send(s.order("/conformance/orders-nowait", key, u, nil))
+	if f.status != http.StatusCreated || again.status != http.StatusCreated || !bytes.Equal(f.body, again.body) ||
+		again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("first %s, retry %s", f, again)
+	}
+	if n := rowsOf(t, u); n != 1 {
+		t.Fatalf("%d business rows", n)
+	}
+}
+
+// The server SIGKILLed at a kill point (it announces it on the FIFO and
+// blocks): before COMMIT nothing committed and the retry runs; after
+// COMMIT (before the response) the row and the stored response committed
+// and the retry is replayed that response.
+func killed(t *testing.T, s *server, phase string) {
+	u := runID()
+	key := u + "-killed"
+	done := make(chan response, 1)
+	go func() { done <- send(s.order("/orders", key, u, map[string]string{"X-Test-Pause": phase})) }()
+	// (read-write: the open does not wait for the server's)
+	fifo, err := os.OpenFile(s.fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(fifo).ReadString('\n')
+		lines <- line
+	}()
+	var line string
+	select {
+	case line = <-lines:
+	case r := <-done:
+		fifo.Close()
+		t.Fatalf("the request was answered before the kill point %s: %s; server log:\n%s", phase, r, s.log)
+	}
+	fifo.Close()
+	s.kill()
+	if r := <-done; line != phase+"\n" || r.err == nil {
+		t.Fatalf("killed at %s (%q): the client got %s", phase, line, r)
+	}
+	// The killed server's transaction ends when its backend sees the
+	// connection gone (through PgBouncer, when PgBouncer closes it): wait
+	// for the claim to leave in_progress.
+	lookup := "SELECT state FROM idem_lookup($1, 'orders.create')"
+	untilTrue(t, "the killed server's transaction has ended", "SELECT ("+lookup+") <> 'in_progress'", "4:acme:"+key)
+	var state string
+	if err := checkDB.QueryRow(context.Background(), lookup, "4:acme:"+key).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	rows := rowsOf(t, u)
+	if phase == "before_commit" && (rows != 0 || state != "absent") {
+		t.Fatalf("killed before COMMIT: %d rows, claim %s", rows, state)
+	}
+	if phase == "after_commit" && (rows != 1 || state != "completed") {
+		t.Fatalf("killed after COMMIT: %d rows, claim %s", rows, state)
+	}
+	s.start()
+	r := send(s.order("/orders", key, u, nil))
+	wantReplayed := phase == "after_commit"
+	var id int64
+	checkDB.QueryRow(context.Background(), "SELECT id FROM conformance_rows WHERE run = $1", u).Scan(&id)
+	if r.status != http.StatusCreated || (r.header.Get("Idempotent-Replayed") == "true") != wantReplayed ||
+		r.header.Get("Location") != fmt.Sprintf("/conformance/rows/%d", id) {
+		t.Fatalf("the retry after a kill at %s: %s (row %d)", phase, r, id)
+	}
+	if n := rowsOf(t, u); n != 1 {
+		t.Fatalf("after the retry: %d business rows", n)
+	}
+}

@@ -1,0 +1,224 @@
+// The test server of tests/scenarios/middleware_go.sh: the idem middleware
+// on one pgx pool, behind the router named by -router (net/http's
+// ServeMux, chi, echo or gin), with the routes of the conformance table
+// (tests/middleware/README.md, "The server a runner needs") and the
+// test-only kill points.
+//
+// Environment: IDEM_TEST_DSN (the pool's connection string: the cluster's
+// socket, or PgBouncer), IDEM_TEST_ADDR (host:port to listen on),
+// IDEM_TEST_PROBLEM_BASE, IDEM_TEST_SIGNAL (a FIFO: a request with header
+// X-Test-Pause: before_commit / after_commit writes "<phase>\n" to it
+// when it reaches that point, then blocks until the server is killed).
+// It prints "listening" once it accepts connections.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+	idem "github.com/idem-pg/idem/clients/go"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+)
+
+// killPoint: signal the test, then block until it kills the process.
+func killPoint(phase string, r *http.Request) {
+	if r.Header.Get("X-Test-Pause") != phase {
+		return
+	}
+	f, err := os.OpenFile(os.Getenv("IDEM_TEST_SIGNAL"), os.O_WRONLY, 0)
+	if err != nil {
+		log.Fatalf("kill point: %v", err)
+	}
+	fmt.Fprintln(f, phase)
+	f.Close()
+	select {}
+}
+
+// The routes: path -> business type and options.
+type routeSpec struct {
+	path, bizType string
+	opts          []idem.RouteOption
+}
+
+var routes = []routeSpec{
+	{"/conformance/orders", "conformance.orders", nil},
+	{"/conformance/orders-nowait", "conformance.nowait", []idem.RouteOption{idem.Wait(false)}},
+	{"/conformance/orders-short-wait", "conformance.shortwait", []idem.RouteOption{idem.LockTimeout(200 * time.Millisecond)}},
+	{"/conformance/orders-anonymous", "conformance.anonymous", []idem.RouteOption{idem.Anonymous(true)}},
+	{"/conformance/orders-2xx-only", "conformance.only2xx",
+		[]idem.RouteOption{idem.StoreStatus(func(s int) bool { return s >= 200 && s < 300 })}},
+	// The concurrency and kill tests': duplicates wait as long as the test
+	// holds the first request (its own bound, not the verdict).
+	{"/orders", "orders.create", []idem.RouteOption{idem.LockTimeout(2 * time.Minute)}},
+}
+
+// answer is what the business handler decided; each framework renders it
+// its own way.
+type answer struct {
+	status int
+	id     int64
+	err    error
+}
+
+// business is the handler of every route, on the middleware's transaction.
+func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer {
+	var in struct {
+		Run string `json:"run"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil || in.Run == "" {
+		return answer{status: http.StatusBadRequest}
+	}
+	if hold := h.Get("X-Conformance-Hold"); hold != "" {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", hold); err != nil {
+			return answer{err: err}
+		}
+	}
+	status := http.StatusCreated
+	if s := h.Get("X-Conformance-Status"); s != "" {
+		status, _ = strconv.Atoi(s)
+	}
+	var tenant *string
+	if t := h.Get("X-Tenant"); t != "" {
+		tenant = &t
+	}
+	a := answer{status: status}
+	if err := tx.QueryRow(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id",
+		in.Run, tenant, status).Scan(&a.id); err != nil {
+		return answer{err: err}
+	}
+	if code := h.Get("X-Conformance-Fail"); code != "" {
+		if _, err := tx.Exec(ctx, "SELECT raise_sqlstate($1)", code); err != nil {
+			return answer{err: err}
+		}
+	}
+	return a
+}
+
+func (a answer) headers(h http.Header) {
+	h.Set("Location", "/conformance/rows/"+strconv.FormatInt(a.id, 10))
+	h.Set("X-Conformance-Row", strconv.FormatInt(a.id, 10))
+}
+
+func main() {
+	router := flag.String("router", "nethttp", "nethttp, chi, echo or gin")
+	flag.Parse()
+	pool, err := pgxpool.New(context.Background(), os.Getenv("IDEM_TEST_DSN"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	mw, err := idem.New(idem.Config{
+		Pool:        pool,
+		Tenant:      func(r *http.Request) string { return r.Header.Get("X-Tenant") }, // stands in for authentication
+		ProblemBase: os.Getenv("IDEM_TEST_PROBLEM_BASE"),
+		Phase:       killPoint,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var handler http.Handler
+	switch *router {
+	case "nethttp":
+		mux := http.NewServeMux()
+		for _, rt := range routes {
+			mux.Handle("POST "+rt.path, mw.Route(rt.bizType, rt.opts...)(plainHandler(mw)))
+		}
+		handler = mux
+	case "chi":
+		r := chi.NewRouter()
+		for _, rt := range routes {
+			r.With(mw.Route(rt.bizType, rt.opts...)).Post(rt.path, plainHandler(mw))
+		}
+		handler = r
+	case "echo":
+		e := echo.New()
+		e.HideBanner, e.HidePort = true, true
+		for _, rt := range routes {
+			e.POST(rt.path, echoHandler(mw), echo.WrapMiddleware(mw.Route(rt.bizType, rt.opts...)))
+		}
+		handler = e
+	case "gin":
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		for _, rt := range routes {
+			g.POST(rt.path, GinMiddleware(mw.Route(rt.bizType, rt.opts...)), ginHandler(mw))
+		}
+		handler = g
+	default:
+		log.Fatalf("unknown router %s", *router)
+	}
+	ln, err := net.Listen("tcp", os.Getenv("IDEM_TEST_ADDR"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("listening")
+	log.Fatal(http.Serve(ln, handler))
+}
+
+// net/http and chi: a plain http.HandlerFunc.
+func plainHandler(mw *idem.Middleware) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		a := business(r.Context(), idem.Tx(r.Context()), r.Header, body)
+		if a.err != nil {
+			mw.WriteError(w, a.err) // 503 for a transient failure; rolled back either way
+			return
+		}
+		if a.status == http.StatusBadRequest && a.id == 0 {
+			http.Error(w, "a JSON body with a run is required", http.StatusBadRequest)
+			return
+		}
+		a.headers(w.Header())
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(a.status)
+		_ = json.NewEncoder(w).Encode(map[string]int64{"id": a.id})
+	}
+}
+
+// echo: an echo.HandlerFunc; the middleware's transaction is in the
+// request's context.
+func echoHandler(mw *idem.Middleware) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		body, _ := io.ReadAll(c.Request().Body)
+		a := business(c.Request().Context(), idem.Tx(c.Request().Context()), c.Request().Header, body)
+		if a.err != nil {
+			mw.WriteError(c.Response(), a.err)
+			return nil
+		}
+		if a.status == http.StatusBadRequest && a.id == 0 {
+			return c.String(http.StatusBadRequest, "a JSON body with a run is required")
+		}
+		a.headers(c.Response().Header())
+		return c.JSON(a.status, map[string]int64{"id": a.id})
+	}
+}
+
+// gin: a gin.HandlerFunc.
+func ginHandler(mw *idem.Middleware) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		body, _ := io.ReadAll(c.Request.Body)
+		a := business(c.Request.Context(), idem.Tx(c.Request.Context()), c.Request.Header, body)
+		if a.err != nil {
+			mw.WriteError(c.Writer, a.err)
+			return
+		}
+		if a.status == http.StatusBadRequest && a.id == 0 {
+			c.String(http.StatusBadRequest, "a JSON body with a run is required")
+			return
+		}
+		a.headers(c.Writer.Header())
+		c.JSON(a.status, gin.H{"id": a.id})
+	}
+}
