@@ -136,3 +136,8 @@ client_port() { echo "${IDEM_CLIENT_PORT:-$IDEM_PORT}"; }
 # (Debian 12's system Python refuses pip installs), made by setup.d/10-python.sh.
 IDEM_VENV="$ROOT/.venv$IDEM_OS_SUFFIX"
 IDEM_PY="$IDEM_VENV/bin/python"
+
+# Maven for clients/java: its own repository cache, filled by
+# scripts/setup.d/85-java.sh; tests run offline from it.
+IDEM_MAVEN_REPO="${IDEM_MAVEN_REPO:-/var/cache/idem/m2}"
+mvn_idem() { mvn -B -Dmaven.repo.local="$IDEM_MAVEN_REPO" "$@"; }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# clients/java (the Spring Boot starter, @Idempotent) built offline with
+# Maven from the repository scripts/setup.d/85-java.sh filled, in a copy
+# of the folder, under Spring Boot 3.5 and 4.0. The build runs the
+# starter's own test (a call outside a transaction is refused before it
+# runs) and clients/java/it: StarterRulesTest in process against this
+# cluster (a claim whose method threw never commits, read-only refused,
+# TransactionTemplate), and ExampleAppTest: the README's example
+# application started from its jar (java -jar), driven over HTTP, verdicts
+# from the business rows: 20 concurrent duplicates (JdbcTemplate; JPA and
+# JdbcTemplate in one transaction) make one row and one answer, a retry
+# replays, another payload gets ID001, a rollback in the method leaves no
+# claim, a duplicate of an open first call gets 409 after
+# idem.wait-timeout, SIGKILL mid-handler and after COMMIT (at states the
+# app reports) then a retry: one charge. A failing JUnit test fails the
+# build and this scenario.
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
+db=java_spring
+work=$(mktemp -d /tmp/java_spring.XXXXXX)
+cleanup() {
+  # An application the test started and could not stop (the test died): by this run's path.
+  kill_matching " -jar $work/"
+  rm -rf "$work"
+  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v mvn >/dev/null || fail "mvn missing: run scripts/setup.d/85-java.sh"
+
+psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+psql_idem -q -d $db -c "CREATE EXTENSION idem"
+
+# The README's application is the one tested: each block it marks with
+# "<!-- file: PATH -->" is that file, to the byte.
+python3 - "$ROOT/clients/java" <<'PY' || fail "clients/java/README.md and the example's files differ"
+import pathlib, re, sys
+root = pathlib.Path(sys.argv[1])
+blocks = re.findall(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```\n", (root / "README.md").read_text(), re.S)
+bad = [path for path, text in blocks if (root / path).read_text() != text]
+print(f"README: {len(blocks)} files shown, {len(bad)} differ {bad or ''}")
+sys.exit(1 if bad or len(blocks) < 8 else 0)
+PY
+# Spring Boot 3.5 runs every test; 4.0 (the same code: its Jackson 3
+# mapper, Hibernate 7) all but the application tests that restart or hold
+# it: the JSON round trip, JdbcTemplate, JPA and ID001 through one start.
+pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
+  local boot=$1 expected=$2 filter=$3 dir="$work/boot-$1"
+  mkdir -p "$dir"
+  tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$dir" -xf -
+  local t0=$(date +%s)
+  if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$(client_host)" \
+          -Didem.it.pgport="$(client_port)" -Didem.it.database=$db ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
+    grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | head -60
+    for f in "$dir"/it/target/app-logs/*.log; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -20 "$f"; }; done
+    fail "Boot $boot: mvn verify of clients/java failed (log above)"
+  fi
+  echo "Boot $boot: mvn verify $(( $(date +%s) - t0 )) s"
+  # The tests ran (not skipped by a property): Surefire's reports say how many.
+  local report
+  for report in idem-spring-boot-starter/target/surefire-reports/TEST-dev.idem.spring.OutsideTransactionTest.xml \
+                it/target/surefire-reports/TEST-dev.idem.it.StarterRulesTest.xml \
+                it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml; do
+    [ -f "$dir/$report" ] || fail "Boot $boot: no report $report"
+    local counts=$(head -3 "$dir/$report" | grep -o 'testsuite [^>]*' | grep -oE '(tests|failures|errors|skipped)="[0-9]+"' | tr '\n' ' ')
+    echo "  $counts($(basename "$report" .xml | sed 's/^TEST-//'))"
+    case "$counts" in *'failures="0"'*'errors="0"'*|*'errors="0"'*'failures="0"'*) ;; *) fail "Boot $boot: $report: failures or errors";; esac
+    case "$counts" in *'skipped="0"'*) ;; *) fail "Boot $boot: $report: skipped tests";; esac
+  done
+  case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml")" in
+    *"tests=\"$expected\""*) ;; *) fail "Boot $boot: ExampleAppTest did not run its $expected tests";; esac
+  # The application's mapper is the one of its Boot line.
+  grep -qh "Spring Boot ::  *(v$boot)" "$dir"/it/target/app-logs/*.log || fail "Boot $boot: the application did not run on $boot"
+  grep -qh "results as JSON through the application's Jackson $4 ObjectMapper" "$dir"/it/target/app-logs/*.log \
+    || fail "Boot $boot: results not through the application's Jackson $4 mapper"
+}
+pass 3.5.7 6 "" 2
+pass 4.0.7 2 "OutsideTransactionTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction" 3
+q() { psql_idem -d $db -Atc "$1"; }
+# Across every test: no request id was charged or ordered twice.
+dups=$(q "SELECT (SELECT count(*) FROM (SELECT 1 FROM payments GROUP BY request_id HAVING count(*) > 1) p)
+              + (SELECT count(*) FROM (SELECT 1 FROM shop_orders GROUP BY request_id HAVING count(*) > 1) o)")
+[ "$dups" = 0 ] || fail "$dups request ids have more than one business row"
+echo "business rows: $(q "SELECT count(*) FROM payments") payments, $(q "SELECT count(*) FROM shop_orders") orders, one per request id"
