@@ -462,6 +462,7 @@ DECLARE
     token text;
     until timestamptz;
     attempt bigint;
+    running boolean;
 BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     ttl_us := idem.checked_ttl_us(ttl, 'ttl');
@@ -474,16 +475,24 @@ BEGIN
         PERFORM idem.fail_with('22023', 'idem: lease must not be longer than the claim''s ttl');
     END IF;
     h := idem.key_hash(biz_type, key);
-    -- A committed outcome other than a lease is final until it expires:
-    -- answered without the lock. This first look is the call's arrival
-    -- (idem.probe). A key this transaction holds already needs no second
-    -- look: no one else has changed it since.
+    -- A committed outcome other than a lease is final until it expires,
+    -- and a committed lease runs until its time is up: both are answered
+    -- without the lock (a call that writes nothing takes no key). This
+    -- first look is the call's arrival (idem.probe). A key this transaction
+    -- holds already needs no second look: no one else has changed it since.
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
-    IF NOT (p.present AND p.state <> 'l' AND NOT p.own) AND NOT p.gated THEN
-        IF NOT idem.take_gate(h, coalesce(wait, true)) THEN
-            RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+    IF NOT p.gated THEN
+        IF p.present AND p.state = 'l' AND NOT p.own THEN
+            PERFORM idem.check_lease(p.result);
+            running := idem.lease_until(p.result) > clock_timestamp();
         END IF;
-        p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
+        IF NOT (p.present AND NOT p.own AND (p.state <> 'l' OR running)) THEN
+            IF NOT idem.take_gate(h, coalesce(wait, true)) THEN
+                RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+            END IF;
+            p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
+            running := NULL;
+        END IF;
     END IF;
     IF NOT p.present THEN
         t_now := clock_timestamp();
@@ -503,7 +512,8 @@ BEGIN
             'The same idempotency key was reused for a different request; use a new key for a new intent.');
     END IF;
     t_now := clock_timestamp();
-    IF p.state <> 'l' OR p.own THEN
+    -- (running: a lease seen running without the lock, never taken over.)
+    IF p.state <> 'l' OR p.own OR running THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
     PERFORM idem.check_lease(p.result);
@@ -642,10 +652,18 @@ BEGIN
     PERFORM idem.require_writable('idem_forget');
     PERFORM idem.admit(biz_type);
     h := idem.key_hash(biz_type, key);
-    PERFORM idem.take_gate(h, true);
+    -- Nothing to forget (a first claim in flight is not seen): false,
+    -- without taking the key. Else the key is locked and probed again.
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.present THEN
         RETURN false;
+    END IF;
+    IF NOT p.gated THEN
+        PERFORM idem.take_gate(h, true);
+        p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
+        IF NOT p.present THEN
+            RETURN false;
+        END IF;
     END IF;
     EXECUTE format('WITH d AS (DELETE FROM %s WHERE ctid = $1 RETURNING 1)
                     UPDATE idem.key_gates g SET part = NULL, tid = NULL FROM d WHERE g.h = $2', p.part) USING p.tid, h;
