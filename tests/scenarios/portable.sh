@@ -31,7 +31,10 @@
 #      then a run of pg_cron's that drops the partition of an expired claim
 #      and makes partitions ahead; the claims still answer after it.
 #      pg_cron cannot be had for 16 and 18 here (tests/portable/tree.sh
-#      says why): there step 7 is skipped, and only it.
+#      says why): there step 7 is skipped, and only it;
+#   8. installed beside the native edition on a server that preloads the
+#      native library (tests/portable/beside_native.sh, the suite's
+#      PostgreSQL of the same major).
 #
 # Tests that do not run here, and why (the one list; the schedules are
 # tests/portable/regress_schedule and tests/portable/isolation_schedule):
@@ -358,6 +361,9 @@ SQL
          || (SELECT result FROM idem_lookup('order-2', 'cron.keep'))" | sed 's/true/t/g; s/false/f/g')"
   psql_as tle_admin $CRON_DB -Atc "SELECT cron.unschedule('idem_maintain')" >/dev/null
 fi
+
+echo "== 8. beside the native edition, on a server that preloads it"
+bash "$ROOT/tests/portable/beside_native.sh" || { echo "FAILED: tests/portable/beside_native.sh"; fails=$((fails + 1)); }
 
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
