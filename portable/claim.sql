@@ -551,29 +551,36 @@ BEGIN
     PERFORM idem.require_writable(what);
     PERFORM idem.admit(biz_type);
     h := idem.key_hash(biz_type, key);
-    PERFORM idem.take_gate(h, true);
-    p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
-    IF NOT p.present THEN
-        PERFORM idem.not_claimed(key, biz_type, 'is not claimed by this transaction, nor leased to the caller');
-    END IF;
-    leased := p.state = 'l';
-    IF leased THEN
-        PERFORM idem.check_lease(p.result);
-        holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
-    ELSE
-        holds := p.own AND what <> 'idem_checkpoint';
-    END IF;
-    IF NOT holds THEN
-        IF leased AND lease_token IS NULL THEN
-            PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
-        ELSIF leased THEN
-            PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
-        ELSIF p.own THEN
-            PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
-        ELSE
-            PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
+    -- Whether the caller holds the claim is decided on a probe without the
+    -- key lock first: a refusal (ID003) writes nothing and takes no xid.
+    -- What it would allow is decided again under the lock, unless this
+    -- transaction holds the key already.
+    LOOP
+        p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
+        IF NOT p.present THEN
+            PERFORM idem.not_claimed(key, biz_type, 'is not claimed by this transaction, nor leased to the caller');
         END IF;
-    END IF;
+        leased := p.state = 'l';
+        IF leased THEN
+            PERFORM idem.check_lease(p.result);
+            holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
+        ELSE
+            holds := p.own AND what <> 'idem_checkpoint';
+        END IF;
+        IF NOT holds THEN
+            IF leased AND lease_token IS NULL THEN
+                PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
+            ELSIF leased THEN
+                PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
+            ELSIF p.own THEN
+                PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
+            ELSE
+                PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
+            END IF;
+        END IF;
+        EXIT WHEN p.gated;
+        PERFORM idem.take_gate(h, true);
+    END LOOP;
     IF what = 'idem_checkpoint' THEN
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,

@@ -61,6 +61,13 @@ SELECT idem_forget('rr-1', 'pe');
 SELECT state FROM idem_lookup('rr-1', 'pe');
 COMMIT;
 
+-- A call that writes nothing takes no key and no xid: a forget of a key
+-- never claimed.
+BEGIN;
+SELECT idem_forget('never-claimed', 'pe');
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
+COMMIT;
+
 -- Settings are checked where they are read: a bad value is accepted by SET
 -- and refused (22023) by the first call that reads it.
 SET idem.default_ttl = 'banana';
