@@ -154,17 +154,18 @@ COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in micr
 
 -- The key lock: the key's gate row, one per digest, in a table only the
 -- extension's owner reaches (docs/design.md §14). Taking it is an INSERT ...
--- ON CONFLICT DO UPDATE that makes this transaction the row's writer: a
--- concurrent first insert of the key is waited for by the speculative
--- insertion, a concurrent taker by the row lock of the update, and both
--- locks live in the tuple's header (a waiter holds one lock-table entry
--- while it waits), so a transaction may hold any number of keys. Under
--- REPEATABLE READ and SERIALIZABLE, PostgreSQL raises 40001 when the gate
--- version it meets was committed after the snapshot: the key was claimed,
--- finished or forgotten by a transaction the snapshot cannot see.
--- part and tid name the claim version this transaction last wrote for the
--- key (NULL: none): the only record of whose row is whose (idem.probe), in
--- rows no other role can write, undone with the claim by a ROLLBACK TO
+-- ON CONFLICT that inserts the gate or locks the one there: a concurrent
+-- first insert of the key is waited for by the speculative insertion, a
+-- concurrent holder by the row lock, and both locks live in the tuple's
+-- header (a waiter holds one lock-table entry while it waits), so a
+-- transaction may hold any number of keys. Every transaction that writes a
+-- claim version of the key makes itself the gate's writer in the same
+-- statement, so under REPEATABLE READ and SERIALIZABLE PostgreSQL raises
+-- 40001 when the gate version it meets was committed after the snapshot:
+-- the key was claimed, finished or forgotten by a transaction the snapshot
+-- cannot see. part and tid name the claim version the writer last wrote for
+-- the key (NULL: none): the only record of whose row is whose (idem.probe),
+-- in rows no other role can write, undone with the claim by a ROLLBACK TO
 -- SAVEPOINT. writer is the top-level transaction's full id, which a
 -- wrapped xid counter never repeats. Unlogged: a gate matters only to
 -- transactions running with it, and none outlives a crash; on a hot standby
@@ -180,40 +181,42 @@ COMMENT ON TABLE idem.key_gates IS 'Portable edition: the key locks. One row per
 
 -- Take the key's gate for this transaction, waiting for its holder; with
 -- wait false, false (and nothing taken) while another transaction holds it.
--- The gate already ours is kept as it is (part, tid) and locked again.
+-- A new gate is inserted with this transaction as its writer; an existing
+-- one is only locked (ON CONFLICT ... DO UPDATE ... WHERE false locks the
+-- row it does not update): its writer changes when this transaction
+-- writes a claim version of the key (idem.insert_claim, idem.rewrite_claim,
+-- idem_forget), so that a call that writes nothing leaves no gate version a
+-- REPEATABLE READ snapshot could trip over.
 CREATE FUNCTION idem.take_gate(h bigint, wait boolean) RETURNS boolean
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     lock_wait text;
 BEGIN
     IF NOT wait THEN
-        -- A committed gate: taken at once, or held by another.
+        -- A committed gate: locked at once, or held by another.
         PERFORM 1 FROM idem.key_gates g WHERE g.h = take_gate.h FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            IF EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = take_gate.h) THEN
-                RETURN false;
-            END IF;
-            -- None this snapshot sees, but another transaction's first
-            -- insert may be in flight, which only the insert itself meets:
-            -- it may wait a millisecond for it (a subtransaction, this path
-            -- only).
-            lock_wait := current_setting('lock_timeout');
-            BEGIN
-                PERFORM set_config('lock_timeout', '1ms', true);
-                INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
-                    ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = excluded.writer, part = NULL, tid = NULL
-                    WHERE g.writer <> excluded.writer;
-                PERFORM set_config('lock_timeout', lock_wait, true);
-                RETURN true;
-            EXCEPTION WHEN lock_not_available THEN
-                RETURN false;
-            END;
+        IF FOUND THEN
+            RETURN true;
         END IF;
+        IF EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = take_gate.h) THEN
+            RETURN false;
+        END IF;
+        -- None this snapshot sees, but another transaction's first insert
+        -- may be in flight, which only an insert meets: it may wait a
+        -- millisecond for it (a subtransaction, on this path only).
+        lock_wait := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1ms', true);
+            INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
+                ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
+            PERFORM set_config('lock_timeout', lock_wait, true);
+            RETURN true;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN false;
+        END;
     END IF;
-    -- (A row not updated because it is ours already is locked all the same.)
     INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
-        ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = excluded.writer, part = NULL, tid = NULL
-        WHERE g.writer <> excluded.writer;
+        ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
     RETURN true;
 END
 $fn$;
@@ -223,8 +226,9 @@ COMMENT ON FUNCTION idem.take_gate(bigint, boolean) IS 'Portable edition: take t
 -- (this transaction's, or committed and unexpired), else a committed row
 -- committed after the call arrived, expired or not. Only in the TTL
 -- classes registered for the type. own: this transaction (or one of its
--- subtransactions) wrote it: its gate for the key (gated: this transaction
--- holds the key) names this version.
+-- subtransactions) wrote it: the key's gate names this transaction and this
+-- version (gated: the gate names this transaction, which has written the
+-- key and holds it).
 -- "Committed after the call arrived" (a duplicate that arrived while a
 -- claim was in progress gets that claim's outcome, even past its expiry:
 -- design.md §2) is not read from the raw xmin either (a frozen row's may
@@ -422,7 +426,7 @@ BEGIN
         INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
         VALUES (expires_at, claimed_at, k, state, biz_type, key, fingerprint, result)
         RETURNING tableoid, ctid)
-    UPDATE idem.key_gates g SET part = c.tableoid, tid = c.ctid FROM c WHERE g.h = insert_claim.h;
+    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = c.tableoid, tid = c.ctid FROM c WHERE g.h = insert_claim.h;
 END
 $fn$;
 COMMENT ON FUNCTION idem.insert_claim(bigint, text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed, and name it in this transaction''s gate for the key.';
@@ -437,7 +441,7 @@ BEGIN
     -- key would plan for every partition.) The new version is this
     -- transaction's: its gate for the key names it.
     EXECUTE format('WITH u AS (UPDATE %s SET state = $1, result = $2 WHERE ctid = $3 RETURNING ctid)
-                    UPDATE idem.key_gates g SET part = $4, tid = u.ctid FROM u WHERE g.h = $5', part)
+                    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = $4, tid = u.ctid FROM u WHERE g.h = $5', part)
         USING state, result, tid, part::oid, h;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
@@ -479,7 +483,8 @@ BEGIN
     -- and a committed lease runs until its time is up: both are answered
     -- without the lock (a call that writes nothing takes no key). This
     -- first look is the call's arrival (idem.probe). A key this transaction
-    -- holds already needs no second look: no one else has changed it since.
+    -- has written needs no second look: it holds the key, and no one else
+    -- has changed it since.
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.gated THEN
         IF p.present AND p.state = 'l' AND NOT p.own THEN
@@ -546,6 +551,7 @@ DECLARE
     p record;
     leased boolean;
     holds boolean;
+    locked boolean := false;
     until timestamptz;
 BEGIN
     PERFORM idem.require_writable(what);
@@ -578,8 +584,8 @@ BEGIN
                 PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
             END IF;
         END IF;
-        EXIT WHEN p.gated;
-        PERFORM idem.take_gate(h, true);
+        EXIT WHEN p.gated OR locked;
+        locked := idem.take_gate(h, true);
     END LOOP;
     IF what = 'idem_checkpoint' THEN
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
@@ -673,7 +679,7 @@ BEGIN
         END IF;
     END IF;
     EXECUTE format('WITH d AS (DELETE FROM %s WHERE ctid = $1 RETURNING 1)
-                    UPDATE idem.key_gates g SET part = NULL, tid = NULL FROM d WHERE g.h = $2', p.part) USING p.tid, h;
+                    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = NULL, tid = NULL FROM d WHERE g.h = $2', p.part) USING p.tid, h;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to delete was found %s times, not once', n),
