@@ -38,7 +38,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sessions import in_thread, pid, wait_until  # noqa: E402
+from sessions import in_thread, pid, run_sections, sqlstate_of, wait_until  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("sockdir")
@@ -63,14 +63,6 @@ def check(cond, msg):
 def connect(user, db=None, **kw):
     kw.setdefault("autocommit", True)
     return psycopg.connect(host=args.sockdir, port=args.port, dbname=db or args.db, user=user, **kw)
-
-
-def sqlstate_of(conn, sql, params=()):
-    try:
-        conn.execute(sql, params)
-        return "00000"
-    except psycopg.Error as e:
-        return e.sqlstate
 
 
 # ---- 1. one transaction, many keys --------------------------------------------
@@ -277,13 +269,7 @@ def sweep(obs):
 
 def main():
     with connect("postgres") as obs:
-        for section in (batch, overlapping, hostile, sweep):
-            try:
-                section(obs)
-            except Exception as e:
-                check(False, f"{section.__name__}: {type(e).__name__}: {str(e).splitlines()[0]}")
-    print(f"summary: {len(failures)} failed", flush=True)
-    return min(len(failures), 100)
+        return run_sections(obs, (batch, overlapping, hostile, sweep), check, failures)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sessions import in_thread, pid, wait_until  # noqa: E402
+from sessions import in_thread, pid, run_sections, wait_until  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bouncer_port", type=int)
@@ -315,13 +315,7 @@ def main():
         obs.execute("DELETE FROM pooler_payments")
         if args.sabotage:
             sabotage(obs, args.sabotage)
-        for section in (concurrency, waiting_duplicates, lock_release, leases):
-            try:
-                section(obs)
-            except Exception as e:
-                check(False, f"{section.__name__}: {type(e).__name__}: {str(e).splitlines()[0]}")
-    print(f"summary: {len(failures)} failed", flush=True)
-    return min(len(failures), 100)
+        return run_sections(obs, (concurrency, waiting_duplicates, lock_release, leases), check, failures)
 
 
 if __name__ == "__main__":
