@@ -231,8 +231,9 @@ COMMENT ON FUNCTION idem.take_gate(bigint, boolean) IS 'Portable edition: take t
 -- key and holds it).
 -- "Committed after the call arrived" (a duplicate that arrived while a
 -- claim was in progress gets that claim's outcome, even past its expiry:
--- design.md §2) is not read from the raw xmin either (a frozen row's may
--- map to a transaction that looks running at arrival): idem_claim's first
+-- design.md §2) is not read from the raw xmin, which a frozen row keeps
+-- and which may then map to a transaction that looks running at arrival
+-- (design.md §2, "Who wrote a row"): idem_claim's first
 -- probe, before the key lock, is its arrival; it returns in versions every
 -- version of the key it saw ("oid:ctid"), and the probe after the lock
 -- passes them as arrived: a version not among them was committed since.
