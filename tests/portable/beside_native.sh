@@ -3,7 +3,7 @@
 # native idem, beside a database of the native edition (docs/portable.md,
 # "Do not mix the editions in one database"): a private cluster of the
 # suite's PostgreSQL of this major (where the native build is installed),
-# port ${PORTABLE_NATIVE_PORT:-5553} (+100 per major above 15). The plain
+# port ${PORTABLE_NATIVE_PORT:-5554} (+100 per major above 15). The plain
 # script is installed by a database owner who is not a superuser; then, in
 # both databases, the same round trip: claim, duplicate in the claiming
 # transaction, complete, duplicate after commit, a lease finished with its
@@ -19,7 +19,7 @@ work=$(mktemp -d /tmp/idem-portable-beside.XXXXXX)
 trap 'pc_stop; rm -rf "$work"' EXIT
 python3 "$ROOT/scripts/portable.py" --out "$work/dist" >/dev/null
 chmod -R a+rX "$work"
-pc_init "$(cluster_dir)/portable-beside-native" "${PORTABLE_NATIVE_PORT:-$(major_port 5553)}" "shared_preload_libraries = 'idem'"
+pc_init "$(cluster_dir)/portable-beside-native" "${PORTABLE_NATIVE_PORT:-$(major_port 5554)}" "shared_preload_libraries = 'idem'"
 pc_start
 expect "the server preloads the native library" "$(pc_psql -d postgres -Atc "SHOW shared_preload_libraries")" "idem"
 pc_psql -q -d postgres -c "CREATE ROLE beside_owner LOGIN NOSUPERUSER" -c "CREATE DATABASE beside_native" \
