@@ -436,19 +436,23 @@ CREATE FUNCTION idem.rewrite_claim(h bigint, part regclass, tid tid, state "char
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     n bigint;
+    new_tid tid;
 BEGIN
     -- The row the probe found, in its partition: the key lock keeps
     -- everyone else from changing it since. (An UPDATE of idem.claims by
-    -- key would plan for every partition.) The new version is this
-    -- transaction's: its gate for the key names it.
-    EXECUTE format('WITH u AS (UPDATE %s SET state = $1, result = $2 WHERE ctid = $3 RETURNING ctid)
-                    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = $4, tid = u.ctid FROM u WHERE g.h = $5', part)
-        USING state, result, tid, part::oid, h;
+    -- key would plan for every partition.)
+    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3 RETURNING ctid', part)
+        INTO new_tid USING state, result, tid;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to update was found %s times, not once', n),
             'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
     END IF;
+    -- The new version is this transaction's: its gate for the key names it
+    -- (a statement of its own, whose plan the session keeps; the dynamic
+    -- one above is planned on every call).
+    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = rewrite_claim.part, tid = new_tid
+     WHERE g.h = rewrite_claim.h;
 END
 $fn$;
 COMMENT ON FUNCTION idem.rewrite_claim(bigint, regclass, tid, "char", jsonb) IS 'Set the state and result of the claim row at tid in partition part, and name the new version in this transaction''s gate for the key (digest h).';
@@ -657,6 +661,7 @@ $fn$;
 
 -- @body idem_forget
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+<<forget>>
 DECLARE
     h bigint;
     p record;
@@ -679,13 +684,13 @@ BEGIN
             RETURN false;
         END IF;
     END IF;
-    EXECUTE format('WITH d AS (DELETE FROM %s WHERE ctid = $1 RETURNING 1)
-                    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = NULL, tid = NULL FROM d WHERE g.h = $2', p.part) USING p.tid, h;
+    EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to delete was found %s times, not once', n),
             'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
     END IF;
+    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = NULL, tid = NULL WHERE g.h = forget.h;
     RETURN true;
 END
 $fn$;
