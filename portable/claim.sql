@@ -159,8 +159,8 @@ COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in micr
 -- concurrent holder by the row lock, and both locks live in the tuple's
 -- header (a waiter holds one lock-table entry while it waits), so a
 -- transaction may hold any number of keys. Every transaction that writes a
--- claim version of the key makes itself the gate's writer in the same
--- statement, so under REPEATABLE READ and SERIALIZABLE PostgreSQL raises
+-- claim version of the key makes itself the gate's writer with that write
+-- (the same statement, or the next one of the same function), so under REPEATABLE READ and SERIALIZABLE PostgreSQL raises
 -- 40001 when the gate version it meets was committed after the snapshot:
 -- the key was claimed, finished or forgotten by a transaction the snapshot
 -- cannot see. part and tid name the claim version the writer last wrote for
