@@ -36,6 +36,19 @@ def pid(conn):
     return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
 
+def checker():
+    """A check function that prints an "ok: ..." or "FAIL: ..." line and
+    returns its condition, and the list the failed ones go to."""
+    failures = []
+
+    def check(cond, msg):
+        print(("ok: " if cond else "FAIL: ") + msg, flush=True)
+        if not cond:
+            failures.append(msg)
+        return cond
+    return check, failures
+
+
 def sqlstate_of(conn, sql, params=()):
     """"00000" if the statement ran, else its SQLSTATE."""
     import psycopg

@@ -38,7 +38,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sessions import in_thread, pid, run_sections, sqlstate_of, wait_until  # noqa: E402
+from sessions import checker, in_thread, pid, run_sections, sqlstate_of, wait_until  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("sockdir")
@@ -50,14 +50,7 @@ ap.add_argument("app")
 ap.add_argument("intruder")
 ap.add_argument("--batch", type=int, default=100000)
 args = ap.parse_args()
-failures = []
-
-
-def check(cond, msg):
-    print(("ok: " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
-    return cond
+check, failures = checker()
 
 
 def connect(user, db=None, **kw):

@@ -46,7 +46,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sessions import in_thread, pid, run_sections, wait_until  # noqa: E402
+from sessions import checker, in_thread, pid, run_sections, wait_until  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bouncer_port", type=int)
@@ -60,14 +60,7 @@ ap.add_argument("--rounds", type=int, default=40)
 args = ap.parse_args()
 RUN = uuid.uuid4().hex[:8]
 BIZ = "pooler.pay"
-failures = []
-
-
-def check(cond, msg):
-    print(("ok: " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
-    return cond
+check, failures = checker()
 
 
 def via(db="pp3", **kw):
