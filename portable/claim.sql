@@ -7,10 +7,9 @@
 -- current_user inside them: idem.caller_role() says whose business types a
 -- call may use.
 --
--- The key lock is pg_advisory_xact_lock(idem.key_hash(biz_type, key)),
--- taken before the key is probed with a fresh snapshot (READ COMMITTED:
--- every statement of a VOLATILE PL/pgSQL function takes a new one) and held
--- until the transaction ends.
+-- The key lock is the key's gate row in idem.key_gates (below; docs/design.md
+-- §14): taken before the key is probed again, held until the transaction
+-- ends, and the record of which claim version this transaction wrote.
 
 -- @helpers after: CREATE TYPE idem_claim_result
 -- The helpers below run only inside the API functions of this file, which
@@ -123,18 +122,6 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.require_writable(text) IS 'Raise 25006 in a read-only transaction or on a hot standby, 25000 in a parallel worker.';
 
-CREATE FUNCTION idem.require_read_committed() RETURNS void
-    STABLE LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        PERFORM idem.fail_with('0A000',
-            'idem: idem.storage_access = sql works under READ COMMITTED only: a REPEATABLE READ or SERIALIZABLE snapshot cannot see a claim committed after it was taken',
-            'Claim in a READ COMMITTED transaction.');
-    END IF;
-END
-$fn$;
-COMMENT ON FUNCTION idem.require_read_committed() IS 'Raise 0A000 unless the transaction is READ COMMITTED (the protocol probes with a fresh snapshot after the key lock).';
-
 -- The type's TTL (microseconds; NULL: none configured), after checking that
 -- the caller may use the type (42501).
 CREATE FUNCTION idem.admit(biz_type text) RETURNS bigint
@@ -165,29 +152,88 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in microseconds (NULL if none); 42501 if the type is reserved for a role the caller is not a member of.';
 
--- A transaction id as xid8, from the xid (32 bits) a row's xmin shows: the
--- xid8 within 2^31 of the current snapshot's xmax that has these low 32
--- bits (this transaction's own xids may lie past that xmax).
-CREATE FUNCTION idem.xid8_of(x xid) RETURNS xid8
-    VOLATILE STRICT LANGUAGE plpgsql AS $fn$
+-- The key lock: the key's gate row, one per digest, in a table only the
+-- extension's owner reaches (docs/design.md §14). Taking it is an INSERT ...
+-- ON CONFLICT that inserts the gate or locks the one there: a concurrent
+-- first insert of the key is waited for by the speculative insertion, a
+-- concurrent holder by the row lock, and both locks live in the tuple's
+-- header (a waiter holds one lock-table entry while it waits), so a
+-- transaction may hold any number of keys. Every transaction that writes a
+-- claim version of the key makes itself the gate's writer with that write
+-- (the same statement, or the next one of the same function), so under REPEATABLE READ and SERIALIZABLE PostgreSQL raises
+-- 40001 when the gate version it meets was committed after the snapshot:
+-- the key was claimed, finished or forgotten by a transaction the snapshot
+-- cannot see. part and tid name the claim version the writer last wrote for
+-- the key (NULL: none): the only record of whose row is whose (idem.probe),
+-- in rows no other role can write, undone with the claim by a ROLLBACK TO
+-- SAVEPOINT. writer is the top-level transaction's full id, which a
+-- wrapped xid counter never repeats. Unlogged: a gate matters only to
+-- transactions running with it, and none outlives a crash; on a hot standby
+-- nothing reads it (idem.probe reads it only in a transaction with an xid).
+-- The rows left behind go with idem_maintain (idem.sweep_key_gates).
+CREATE UNLOGGED TABLE idem.key_gates (
+    h      bigint PRIMARY KEY,
+    writer xid8 NOT NULL,
+    part   oid,
+    tid    tid
+) WITH (fillfactor = 50);
+COMMENT ON TABLE idem.key_gates IS 'Portable edition: the key locks. One row per recently claimed digest (idem.key_hash): the transaction that last took it and the claim version it wrote.';
+
+-- Take the key's gate for this transaction, waiting for its holder; with
+-- wait false, false (and nothing taken) while another transaction holds it.
+-- A new gate is inserted with this transaction as its writer; an existing
+-- one is only locked (ON CONFLICT ... DO UPDATE ... WHERE false locks the
+-- row it does not update): its writer changes when this transaction
+-- writes a claim version of the key (idem.insert_claim, idem.rewrite_claim,
+-- idem_forget), so that a call that writes nothing leaves no gate version a
+-- REPEATABLE READ snapshot could trip over.
+CREATE FUNCTION idem.take_gate(h bigint, wait boolean) RETURNS boolean
+    VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
-    n bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
-    d bigint := (x::text::bigint - (n & 4294967295)) & 4294967295;
+    lock_wait text;
 BEGIN
-    RETURN (n + CASE WHEN d >= 2147483648 THEN d - 4294967296 ELSE d END)::text::xid8;
+    IF NOT wait THEN
+        -- A committed gate: locked at once, or held by another.
+        PERFORM 1 FROM idem.key_gates g WHERE g.h = take_gate.h FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+        IF EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = take_gate.h) THEN
+            RETURN false;
+        END IF;
+        -- None this snapshot sees, but another transaction's first insert
+        -- may be in flight, which only an insert meets: it may wait a
+        -- millisecond for it (a subtransaction, on this path only).
+        lock_wait := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1ms', true);
+            INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
+                ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
+            PERFORM set_config('lock_timeout', lock_wait, true);
+            RETURN true;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN false;
+        END;
+    END IF;
+    INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
+        ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
+    RETURN true;
 END
 $fn$;
-COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xid.';
+COMMENT ON FUNCTION idem.take_gate(bigint, boolean) IS 'Portable edition: take the key lock (the gate row of digest h) until the transaction ends; with wait false, return false instead of waiting for another holder.';
 
 -- The key's row as the protocol sees it (src/storage/sql.rs, probe): live
 -- (this transaction's, or committed and unexpired), else a committed row
 -- committed after the call arrived, expired or not. Only in the TTL
 -- classes registered for the type. own: this transaction (or one of its
--- subtransactions) wrote it (idem.written_here).
+-- subtransactions) wrote it: the key's gate names this transaction and this
+-- version (gated: the gate names this transaction, which has written the
+-- key and holds it).
 -- "Committed after the call arrived" (a duplicate that arrived while a
 -- claim was in progress gets that claim's outcome, even past its expiry:
--- design.md §2) is not read from the raw xmin either (a frozen row's may
--- map to a transaction that looks running at arrival): idem_claim's first
+-- design.md §2) is not read from the raw xmin, which a frozen row keeps
+-- and which may then map to a transaction that looks running at arrival
+-- (design.md §2, "Who wrote a row"): idem_claim's first
 -- probe, before the key lock, is its arrival; it returns in versions every
 -- version of the key it saw ("oid:ctid"), and the probe after the lock
 -- passes them as arrived: a version not among them was committed since.
@@ -195,9 +241,12 @@ COMMENT ON FUNCTION idem.xid8_of(xid) IS 'The full transaction id of a recent xi
 CREATE FUNCTION idem.probe(h bigint, biz_type text, key text, t_now timestamptz, arrived text[],
                            OUT present boolean, OUT state "char", OUT claimed_at timestamptz, OUT expires_at timestamptz,
                            OUT fingerprint text, OUT result jsonb, OUT own boolean, OUT ttl_class smallint,
-                           OUT part regclass, OUT tid tid, OUT versions text[])
+                           OUT part regclass, OUT tid tid, OUT versions text[], OUT gated boolean)
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
+    me xid8 := pg_current_xact_id_if_assigned();
+    gate_part oid;
+    gate_tid tid;
     classes smallint[];
     r record;
     live int := 0;
@@ -208,12 +257,18 @@ DECLARE
 BEGIN
     present := false;
     versions := '{}';
+    gated := false;
+    -- Without an xid this transaction has written nothing.
+    IF me IS NOT NULL THEN
+        SELECT g.part, g.tid INTO gate_part, gate_tid FROM idem.key_gates g WHERE g.h = probe.h AND g.writer = me;
+        gated := FOUND;
+    END IF;
     SELECT array_agg(DISTINCT tc.ttl_class) INTO classes FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type;
     IF classes IS NULL THEN
         RETURN;
     END IF;
     FOR r IN
-        SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.xmin AS x, c.ttl_class,
+        SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.ttl_class,
                c.tableoid::regclass AS part, c.ctid AS tid
           FROM idem.claims c
          WHERE idem.key_hash(c.biz_type, c.key) = h
@@ -223,7 +278,8 @@ BEGIN
     LOOP
         version := r.part::oid || ':' || r.tid;
         versions := versions || version;
-        mine := idem.written_here(r.part, r.tid, r.claimed_at, r.x);
+        mine := gated AND r.part::oid = gate_part AND r.tid = gate_tid;
+        mine := coalesce(mine, false);
         IF mine OR r.expires_at > t_now THEN
             live := live + 1;
             IF live > 1 THEN
@@ -250,7 +306,7 @@ BEGIN
     END IF;
 END
 $fn$;
-COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, text[]) IS 'The live row of (biz_type, key) among its type''s TTL classes (or one committed since the versions arrived were seen), with whether this transaction wrote it, and every version seen.';
+COMMENT ON FUNCTION idem.probe(bigint, text, text, timestamptz, text[]) IS 'The live row of (biz_type, key) among its type''s TTL classes (or one committed since the versions arrived were seen), with whether this transaction wrote it (its gate names it), every version seen, and whether this transaction holds the key''s gate.';
 
 -- What a call that found a row answers (src/protocol.rs, Outcome::of_row).
 CREATE FUNCTION idem.outcome_of_row(state "char", own boolean, result jsonb, claimed_at timestamptz, expires_at timestamptz)
@@ -274,66 +330,6 @@ CREATE FUNCTION idem.us_since_2000(t timestamptz) RETURNS bigint
     SELECT (extract(epoch FROM t - timestamptz '2000-01-01 00:00:00+00') * 1000000)::bigint
 $fn$;
 COMMENT ON FUNCTION idem.us_since_2000(timestamptz) IS 'A timestamp as microseconds since 2000-01-01 UTC (how the native edition stores lease times).';
-
--- Which claim rows this transaction wrote, without their raw xmin. SQL
--- shows only the raw xmin, which a frozen row keeps: after the xid counter
--- wraps, a frozen claim can carry the very number of this transaction or
--- of one of its subtransactions (it would read as ours: another worker's
--- lease finished without its token, a duplicate answered in_progress), or
--- a number that idem.xid8_of maps past the next xid (pg_xact_status then
--- fails). So the raw xmin is asked only about a row this transaction may
--- have written, known from two transaction-local settings (set_config(...,
--- true): a ROLLBACK TO SAVEPOINT reverts them with the rows, and the
--- transaction's end clears them):
---   idem.xact_claimed_since_us: the earliest claimed_at (microseconds since
---     2000) of the claims this transaction inserted. A claim it inserted
---     was claimed then or later; a frozen claim whose number repeats was
---     committed an epoch of xids (days at least) earlier.
---   idem.xact_rewritten: the versions ("oid:ctid") this transaction wrote
---     by rewriting a claim it did not insert (a lease taken over, finished
---     or checkpointed with its token): those keep their first claimed_at.
---     A version's ctid stays its own until the transaction ends (an
---     in-progress version is never pruned).
--- Either way the candidate's raw xmin is a recent xid, mapped right by
--- idem.xid8_of, and pg_xact_status says whether its writer is this
--- transaction (a visible row whose writer is in progress can only be ours).
--- Recording only the inserts' earliest time keeps a transaction of many
--- claims from growing a setting claim by claim. (A role that sets these
--- settings by hand only widens the candidates: a committed row it can see
--- has no writer in progress, except a frozen row whose number a wrapped
--- counter has just given to the role's own transaction, some four billion
--- transactions away.)
-CREATE FUNCTION idem.note_inserted(claimed_at timestamptz) RETURNS void
-    VOLATILE LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM set_config('idem.xact_claimed_since_us',
-                       least(nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint,
-                             idem.us_since_2000(claimed_at))::text, true);
-END
-$fn$;
-COMMENT ON FUNCTION idem.note_inserted(timestamptz) IS 'Remember, until the transaction (or savepoint) ends, that this transaction inserted a claim claimed at claimed_at.';
-
-CREATE FUNCTION idem.note_rewritten(part regclass, tid tid) RETURNS void
-    VOLATILE LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM set_config('idem.xact_rewritten',
-                       concat_ws(' ', nullif(current_setting('idem.xact_rewritten', true), ''), part::oid || ':' || tid), true);
-END
-$fn$;
-COMMENT ON FUNCTION idem.note_rewritten(regclass, tid) IS 'Remember, until the transaction (or savepoint) ends, that this transaction wrote the claim version at tid of partition part.';
-
-CREATE FUNCTION idem.written_here(part regclass, tid tid, claimed_at timestamptz, x xid) RETURNS boolean
-    VOLATILE STRICT LANGUAGE plpgsql AS $fn$
-BEGIN
-    RETURN CASE
-        WHEN idem.us_since_2000(claimed_at) >= nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint
-          OR (part::oid || ':' || tid) = ANY (string_to_array(nullif(current_setting('idem.xact_rewritten', true), ''), ' '))
-        THEN coalesce(pg_xact_status(idem.xid8_of(x)) = 'in progress', false)
-        ELSE false
-    END;
-END
-$fn$;
-COMMENT ON FUNCTION idem.written_here(regclass, tid, timestamptz, xid) IS 'Whether this transaction (or one of its subtransactions) wrote the visible claim version at tid of part, claimed at claimed_at, raw xmin x; never decided by the raw xmin alone.';
 
 CREATE FUNCTION idem.iso_utc(t timestamptz) RETURNS text
     IMMUTABLE STRICT LANGUAGE sql AS $fn$
@@ -410,8 +406,9 @@ COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a cal
 -- The new claim row (src/storage/sql.rs, insert): in its TTL's class, after
 -- registering the type in that class when no committed or own registration
 -- covers the row's expiry (a registration spans up to the end of the class
--- width the expiry falls in).
-CREATE FUNCTION idem.insert_claim(biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
+-- width the expiry falls in); this transaction's gate for the key (digest
+-- h) then names it.
+CREATE FUNCTION idem.insert_claim(h bigint, biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
                                   state "char", fingerprint text, result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -426,38 +423,39 @@ BEGIN
         INSERT INTO idem.type_classes (biz_type, ttl_class, until)
         VALUES (biz_type, k, timestamptz '2000-01-01 00:00:00+00' + idem.us_interval((floor(e / span) + 1) * span));
     END IF;
-    INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
-    VALUES (expires_at, claimed_at, k, state, biz_type, key, fingerprint, result);
-    PERFORM idem.note_inserted(claimed_at);
+    WITH c AS (
+        INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
+        VALUES (expires_at, claimed_at, k, state, biz_type, key, fingerprint, result)
+        RETURNING tableoid, ctid)
+    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = c.tableoid, tid = c.ctid FROM c WHERE g.h = insert_claim.h;
 END
 $fn$;
-COMMENT ON FUNCTION idem.insert_claim(text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed.';
+COMMENT ON FUNCTION idem.insert_claim(bigint, text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed, and name it in this transaction''s gate for the key.';
 
-CREATE FUNCTION idem.rewrite_claim(part regclass, tid tid, state "char", result jsonb) RETURNS void
+CREATE FUNCTION idem.rewrite_claim(h bigint, part regclass, tid tid, state "char", result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     n bigint;
     new_tid tid;
-    claimed timestamptz;
 BEGIN
     -- The row the probe found, in its partition: the key lock keeps
     -- everyone else from changing it since. (An UPDATE of idem.claims by
     -- key would plan for every partition.)
-    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3 RETURNING ctid, claimed_at', part)
-        INTO new_tid, claimed USING state, result, tid;
+    EXECUTE format('UPDATE %s SET state = $1, result = $2 WHERE ctid = $3 RETURNING ctid', part)
+        INTO new_tid USING state, result, tid;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> 1 THEN
         PERFORM idem.fail_with('55000', format('idem: the claim row to update was found %s times, not once', n),
             'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
     END IF;
-    -- The new version is this transaction's (idem.written_here): a claim it
-    -- inserted is known by its claimed_at, any other by its version.
-    IF NOT coalesce(idem.us_since_2000(claimed) >= nullif(current_setting('idem.xact_claimed_since_us', true), '')::bigint, false) THEN
-        PERFORM idem.note_rewritten(part, new_tid);
-    END IF;
+    -- The new version is this transaction's: its gate for the key names it
+    -- (a statement of its own, whose plan the session keeps; the dynamic
+    -- one above is planned on every call).
+    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = rewrite_claim.part, tid = new_tid
+     WHERE g.h = rewrite_claim.h;
 END
 $fn$;
-COMMENT ON FUNCTION idem.rewrite_claim(regclass, tid, "char", jsonb) IS 'Set the state and result of the claim row at tid in partition part.';
+COMMENT ON FUNCTION idem.rewrite_claim(bigint, regclass, tid, "char", jsonb) IS 'Set the state and result of the claim row at tid in partition part, and name the new version in this transaction''s gate for the key (digest h).';
 -- @end
 
 -- @body idem_claim
@@ -473,6 +471,7 @@ DECLARE
     token text;
     until timestamptz;
     attempt bigint;
+    running boolean;
 BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     ttl_us := idem.checked_ttl_us(ttl, 'ttl');
@@ -484,30 +483,37 @@ BEGIN
     IF lease_us > ttl_us THEN
         PERFORM idem.fail_with('22023', 'idem: lease must not be longer than the claim''s ttl');
     END IF;
-    PERFORM idem.require_read_committed();
     h := idem.key_hash(biz_type, key);
-    -- A committed outcome other than a lease is final until it expires:
-    -- answered without the lock. This first look is the call's arrival
-    -- (idem.probe).
+    -- A committed outcome other than a lease is final until it expires,
+    -- and a committed lease runs until its time is up: both are answered
+    -- without the lock (a call that writes nothing takes no key). This
+    -- first look is the call's arrival (idem.probe). A key this transaction
+    -- has written needs no second look: it holds the key, and no one else
+    -- has changed it since.
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
-    IF NOT (p.present AND p.state <> 'l' AND NOT p.own) THEN
-        IF coalesce(wait, true) THEN
-            PERFORM pg_advisory_xact_lock(h);
-        ELSIF NOT pg_try_advisory_xact_lock(h) THEN
-            RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+    IF NOT p.gated THEN
+        IF p.present AND p.state = 'l' AND NOT p.own THEN
+            PERFORM idem.check_lease(p.result);
+            running := idem.lease_until(p.result) > clock_timestamp();
         END IF;
-        p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
+        IF NOT (p.present AND NOT p.own AND (p.state <> 'l' OR running)) THEN
+            IF NOT idem.take_gate(h, coalesce(wait, true)) THEN
+                RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
+            END IF;
+            p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
+            running := NULL;
+        END IF;
     END IF;
     IF NOT p.present THEN
         t_now := clock_timestamp();
         t_exp := t_now + idem.us_interval(ttl_us);
         IF lease_us IS NULL THEN
-            PERFORM idem.insert_claim(biz_type, key, t_now, t_exp, 'p', fingerprint, NULL);
+            PERFORM idem.insert_claim(h, biz_type, key, t_now, t_exp, 'p', fingerprint, NULL);
             RETURN ROW(true, 'new', NULL, t_now, t_exp)::@extschema@.idem_claim_result;
         END IF;
         token := idem.random_hex(16);
         until := t_now + idem.us_interval(lease_us);
-        PERFORM idem.insert_claim(biz_type, key, t_now, t_exp, 'l', fingerprint,
+        PERFORM idem.insert_claim(h, biz_type, key, t_now, t_exp, 'l', fingerprint,
                                   idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL));
         RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
     END IF;
@@ -516,7 +522,8 @@ BEGIN
             'The same idempotency key was reused for a different request; use a new key for a new intent.');
     END IF;
     t_now := clock_timestamp();
-    IF p.state <> 'l' OR p.own THEN
+    -- (running: a lease seen running without the lock, never taken over.)
+    IF p.state <> 'l' OR p.own OR running THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
     PERFORM idem.check_lease(p.result);
@@ -528,7 +535,7 @@ BEGIN
     until := least(t_now + idem.us_interval(lease_us), p.expires_at);
     attempt := (p.result ->> 'attempt')::bigint + 1;
     token := idem.random_hex(16);
-    PERFORM idem.rewrite_claim(p.part, p.tid, 'l',
+    PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l',
         idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data'));
     RETURN ROW(true, 'new',
                idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data'),
@@ -549,41 +556,48 @@ DECLARE
     p record;
     leased boolean;
     holds boolean;
+    locked boolean := false;
     until timestamptz;
 BEGIN
     PERFORM idem.require_writable(what);
     PERFORM idem.admit(biz_type);
-    PERFORM idem.require_read_committed();
     h := idem.key_hash(biz_type, key);
-    PERFORM pg_advisory_xact_lock(h);
-    p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
-    IF NOT p.present THEN
-        PERFORM idem.not_claimed(key, biz_type, 'is not claimed by this transaction, nor leased to the caller');
-    END IF;
-    leased := p.state = 'l';
-    IF leased THEN
-        PERFORM idem.check_lease(p.result);
-        holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
-    ELSE
-        holds := p.own AND what <> 'idem_checkpoint';
-    END IF;
-    IF NOT holds THEN
-        IF leased AND lease_token IS NULL THEN
-            PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
-        ELSIF leased THEN
-            PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
-        ELSIF p.own THEN
-            PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
-        ELSE
-            PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
+    -- Whether the caller holds the claim is decided on a probe without the
+    -- key lock first: a refusal (ID003) writes nothing and takes no xid.
+    -- What it would allow is decided again under the lock, unless this
+    -- transaction holds the key already.
+    LOOP
+        p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
+        IF NOT p.present THEN
+            PERFORM idem.not_claimed(key, biz_type, 'is not claimed by this transaction, nor leased to the caller');
         END IF;
-    END IF;
+        leased := p.state = 'l';
+        IF leased THEN
+            PERFORM idem.check_lease(p.result);
+            holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
+        ELSE
+            holds := p.own AND what <> 'idem_checkpoint';
+        END IF;
+        IF NOT holds THEN
+            IF leased AND lease_token IS NULL THEN
+                PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
+            ELSIF leased THEN
+                PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
+            ELSIF p.own THEN
+                PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
+            ELSE
+                PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
+            END IF;
+        END IF;
+        EXIT WHEN p.gated OR locked;
+        locked := idem.take_gate(h, true);
+    END LOOP;
     IF what = 'idem_checkpoint' THEN
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
                                      p.result ->> 'owner_token_sha256', to_jsonb(point), data);
     END IF;
-    PERFORM idem.rewrite_claim(p.part, p.tid, new_state, new_result);
+    PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
 COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail and idem_checkpoint: rewrite the claim the caller holds (ID003 otherwise).';
@@ -638,15 +652,8 @@ BEGIN
     IF p.present THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
-    -- No row, but another transaction holds the key: it is writing one.
-    IF EXISTS (SELECT 1 FROM pg_locks l
-                WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
-                  AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                  AND l.classid::text::bigint = (h >> 32) & 4294967295
-                  AND l.objid::text::bigint = h & 4294967295
-                  AND l.objsubid = 1) THEN
-        RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
-    END IF;
+    -- (A first claim of the key in flight in another transaction is not
+    -- seen: absent until it commits. docs/portable.md)
     RETURN ROW(false, 'absent', NULL, NULL, NULL)::@extschema@.idem_claim_result;
 END
 $fn$;
@@ -654,6 +661,7 @@ $fn$;
 
 -- @body idem_forget
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+<<forget>>
 DECLARE
     h bigint;
     p record;
@@ -662,12 +670,19 @@ BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     PERFORM idem.require_writable('idem_forget');
     PERFORM idem.admit(biz_type);
-    PERFORM idem.require_read_committed();
     h := idem.key_hash(biz_type, key);
-    PERFORM pg_advisory_xact_lock(h);
+    -- Nothing to forget (a first claim in flight is not seen): false,
+    -- without taking the key. Else the key is locked and probed again.
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.present THEN
         RETURN false;
+    END IF;
+    IF NOT p.gated THEN
+        PERFORM idem.take_gate(h, true);
+        p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
+        IF NOT p.present THEN
+            RETURN false;
+        END IF;
     END IF;
     EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -675,6 +690,7 @@ BEGIN
         PERFORM idem.fail_with('55000', format('idem: the claim row to delete was found %s times, not once', n),
             'Were claims of this key made with different idem.storage_access settings? Every session must use one path.');
     END IF;
+    UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = NULL, tid = NULL WHERE g.h = forget.h;
     RETURN true;
 END
 $fn$;

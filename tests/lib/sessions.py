@@ -34,3 +34,39 @@ def in_thread(fn):
 
 def pid(conn):
     return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def checker():
+    """A check function that prints an "ok: ..." or "FAIL: ..." line and
+    returns its condition, and the list the failed ones go to."""
+    failures = []
+
+    def check(cond, msg):
+        print(("ok: " if cond else "FAIL: ") + msg, flush=True)
+        if not cond:
+            failures.append(msg)
+        return cond
+    return check, failures
+
+
+def sqlstate_of(conn, sql, params=()):
+    """"00000" if the statement ran, else its SQLSTATE."""
+    import psycopg
+    try:
+        conn.execute(sql, params)
+        return "00000"
+    except psycopg.Error as e:
+        return e.sqlstate
+
+
+def run_sections(obs, sections, check, failures):
+    """Each check section in turn, one's exception a failed check rather
+    than the end of the run; prints the summary line the shell wrappers
+    look for and returns the exit status (failed checks, capped)."""
+    for section in sections:
+        try:
+            section(obs)
+        except Exception as e:
+            check(False, f"{section.__name__}: {type(e).__name__}: {str(e).splitlines()[0]}")
+    print(f"summary: {len(failures)} failed", flush=True)
+    return min(len(failures), 100)

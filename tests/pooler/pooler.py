@@ -28,7 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sessions import in_thread, pid, wait_until  # noqa: E402
+from sessions import in_thread, pid, sqlstate_of, wait_until  # noqa: E402
 
 MODE, BPORT, SOCKDIR, PGPORT = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 TX = MODE == "transaction"
@@ -64,12 +64,6 @@ def admin():
 
 
 
-def sqlstate_of(conn, sql, params=()):
-    try:
-        conn.execute(sql, params)
-        return "00000"
-    except psycopg.Error as e:
-        return e.sqlstate
 
 
 

@@ -14,20 +14,23 @@ observer (pg_locks, pg_stat_activity) and the final counts.
      and then rolls back); every key has exactly as many business rows as
      committed claims (one), and every duplicate is answered with the
      committed outcome;
-  2. duplicates: a duplicate that waits on the key lock (seen waiting on an
-     advisory lock in pg_stat_activity) is answered with the first outcome,
-     completed or failed, once the first transaction commits;
+  2. duplicates: a duplicate that waits on the key lock (seen waiting on
+     the first transaction in pg_stat_activity) is answered with the first
+     outcome, completed or failed, once the first transaction commits;
   3. the key lock ends with the transaction: on pool_size 1, the next client
-     on the same server session holds no advisory lock (pg_locks, from the
-     session itself and from outside) after a claim, a duplicate that wrote
-     nothing, an autocommit call, a rollback, and a client that left in the
-     middle of its transaction; and it may claim those keys at once;
+     on the same server session holds no lock for a key (pg_locks, from the
+     session itself and from outside) and the key's gate is free (the
+     edition's own attempt without waiting takes it) after a claim, a duplicate that
+     wrote nothing, an autocommit call, a rollback, and a client that left
+     in the middle of its transaction; and it may claim those keys at once;
   4. leases: a client on the same server session as the lease's holder,
      without the token, can neither finish nor take over the lease.
 
---break is the negative control: session_lock rewrites the edition's key
-lock into a session-level advisory lock (never released at commit),
-no_lock takes it out; the checks must then fail. Synchronization is by
+--break no_lock is the negative control: the key lock taken out (the
+gates' key made the digest and the transaction, so that no two
+transactions meet on a key); the checks must then fail. (A gate is a row
+lock, which PostgreSQL releases with the transaction: there is no
+session-level form to break it into.) Synchronization is by
 observation (pg_stat_activity, pg_locks, SHOW POOLS), never by sleeping a
 fixed time. Exit status: the number of failed checks (capped).
 """
@@ -43,7 +46,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sessions import in_thread, pid, wait_until  # noqa: E402
+from sessions import checker, in_thread, pid, run_sections, wait_until  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bouncer_port", type=int)
@@ -51,20 +54,13 @@ ap.add_argument("sockdir")
 ap.add_argument("pg_port", type=int)
 ap.add_argument("db")
 ap.add_argument("app")
-ap.add_argument("--break", dest="sabotage", choices=["session_lock", "no_lock"])
+ap.add_argument("--break", dest="sabotage", choices=["no_lock"])
 ap.add_argument("--clients", type=int, default=8)
 ap.add_argument("--rounds", type=int, default=40)
 args = ap.parse_args()
 RUN = uuid.uuid4().hex[:8]
 BIZ = "pooler.pay"
-failures = []
-
-
-def check(cond, msg):
-    print(("ok: " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
-    return cond
+check, failures = checker()
 
 
 def via(db="pp3", **kw):
@@ -84,33 +80,29 @@ def direct():
 
 
 
-def advisory_locks(conn, backend):
-    return conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
-                        (backend,)).fetchone()[0]
+def key_locks(conn, backend):
+    """Locks a server session holds that could keep a key: its transaction
+    id (which a gate's waiters wait on), tuple and advisory locks."""
+    return conn.execute("SELECT count(*) FROM pg_locks WHERE granted AND pid = %s"
+                        " AND locktype IN ('transactionid', 'tuple', 'advisory')", (backend,)).fetchone()[0]
 
 
+def gate_held(conn, key):
+    """Whether another transaction holds the key's gate: the edition's own
+    attempt without waiting (idem.take_gate with wait false), in a
+    transaction rolled back."""
+    with conn.transaction(force_rollback=True):
+        return not conn.execute("SELECT idem.take_gate(idem.key_hash(%s, %s), false)", (BIZ, key)).fetchone()[0]
 
 
 def sabotage(obs, what):
-    """Rewrite the edition's key lock in this database (the extension's
-    functions, as their owner would)."""
+    """Take the edition's key lock out in this database (as the extension's
+    owner would): the gates' key becomes (digest, transaction)."""
     owner = obs.execute("SELECT r.rolname FROM pg_extension e JOIN pg_roles r ON r.oid = e.extowner"
                         " WHERE e.extname = 'idem'").fetchone()[0]
-    swaps = {"session_lock": [("pg_advisory_xact_lock(h)", "pg_advisory_lock(h)"),
-                              ("pg_try_advisory_xact_lock(h)", "pg_try_advisory_lock(h)")],
-             "no_lock": [("PERFORM pg_advisory_xact_lock(h);", "PERFORM pg_sleep(0);"),
-                         ("NOT pg_try_advisory_xact_lock(h)", "false")]}[what]
-    rows = obs.execute("SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p"
-                       " JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'"
-                       " JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idem'"
-                       " WHERE p.prosrc LIKE '%advisory_xact_lock(h)%'").fetchall()
-    assert rows, "no function takes the key lock as pg_advisory_xact_lock(h): update the sabotage"
     obs.execute(f"SET ROLE {owner}")
-    for name, definition in rows:
-        for a, b in swaps:
-            definition = definition.replace(a, b)
-        obs.execute(definition)
-        print(f"     (broken on purpose: {name}: {what})")
+    obs.execute("ALTER TABLE idem.key_gates DROP CONSTRAINT key_gates_pkey, ADD CONSTRAINT key_gates_pkey PRIMARY KEY (h, writer)")
+    print(f"     (broken on purpose: idem.key_gates keyed by digest and transaction: {what})")
     obs.execute("RESET ROLE")
 
 
@@ -194,9 +186,9 @@ def waiting_duplicates(obs):
                                              (key, BIZ)).fetchone())
         seen = wait_until("the duplicate waits on the key lock", timeout=30.0, cond=lambda: obs.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'"
-            " AND wait_event = 'advisory' AND query LIKE '%%idem_claim%%' AND pid <> %s",
+            " AND wait_event IN ('transactionid', 'tuple') AND query LIKE '%%idem_claim%%' AND pid <> %s",
             (args.db, a_pid)).fetchone()[0] == 1)
-        check(seen, f"a duplicate through the pooler waits on the key lock (pg_stat_activity: Lock/advisory)")
+        check(seen, f"a duplicate through the pooler waits on the key lock (pg_stat_activity: Lock/transactionid)")
         a.execute(f"SELECT {finish}(%s, %s, %s)", (key, BIZ, Jsonb(outcome)))
         a.execute("COMMIT")
         t.join(30)
@@ -220,29 +212,28 @@ def lock_release(obs):
 
     def after(what, key):
         """B, on the same server session once A's transaction ended: no
-        advisory lock, seen from B and from outside, and the key free."""
-        own = b.execute("SELECT pg_backend_pid(), count(*) FROM pg_locks"
-                        " WHERE locktype = 'advisory' AND pid = pg_backend_pid() GROUP BY 1"
+        lock for a key, seen from B and from outside, and the key free."""
+        own = b.execute("SELECT pg_backend_pid(), count(*) FROM pg_locks WHERE granted"
+                        " AND locktype IN ('transactionid', 'tuple', 'advisory') AND pid = pg_backend_pid() GROUP BY 1"
                         " UNION ALL SELECT pg_backend_pid(), 0 LIMIT 1").fetchone()
-        outside = advisory_locks(obs, session)
-        with obs.transaction():
-            free = obs.execute("SELECT pg_try_advisory_xact_lock(idem.key_hash(%s, %s))", (BIZ, key)).fetchone()[0]
+        outside = key_locks(obs, session)
+        free = not gate_held(obs, key)
         check(own == (session, 0) and outside == 0 and free,
-              f"after {what}: client B on server session {own[0]} holds {own[1]} advisory locks"
-              f" (pg_locks from outside: {outside}); the key's lock is free: {free}")
+              f"after {what}: client B on server session {own[0]} holds {own[1]} locks"
+              f" (pg_locks from outside: {outside}); the key's gate is free: {free}")
 
     key = f"{RUN}-lock-1"
     a.execute("BEGIN")
     a.execute("SELECT idem_claim(%s, %s)", (key, BIZ))
-    inside = advisory_locks(obs, session)
-    check(inside == 1, f"inside A's transaction the key lock is held: {inside} advisory lock on server session {session}")
+    inside = gate_held(obs, key) and key_locks(obs, session) == 1
+    check(inside, f"inside A's transaction the key lock is held: its gate by A's transaction, on server session {session}")
     a.execute("SELECT idem_complete(%s, %s, '{}')", (key, BIZ))
     a.execute("COMMIT")
     after("A's claim and complete committed", key)
 
     a.execute("BEGIN")
     r = a.execute("SELECT claimed, state FROM idem_claim(%s, %s)", (key, BIZ)).fetchone()
-    inside = advisory_locks(obs, session)
+    inside = key_locks(obs, session)
     a.execute("COMMIT")
     check(r == (False, "completed"), f"A's duplicate claim in a transaction: {r} ({inside} key lock held in it)")
     after("A's duplicate claim (wrote nothing) committed", key)
@@ -272,9 +263,9 @@ def lock_release(obs):
     d = via("pp1")
     r = d.execute("SELECT claimed, state FROM idem_claim(%s, %s, wait => false)", (key, BIZ)).fetchone()
     d_pid = pid(d)
-    check(r == (True, "new") and advisory_locks(obs, d_pid) == 0,
+    check(r == (True, "new") and key_locks(obs, d_pid) == 0 and not gate_held(obs, key),
           f"a client left mid-transaction holding the key lock (server session {left}): the next client"
-          f" (server session {d_pid}) claims the key at once: {r}, and holds no advisory lock after")
+          f" (server session {d_pid}) claims the key at once: {r}, and holds no lock after")
     d.close()
     b.close()
 
@@ -317,13 +308,7 @@ def main():
         obs.execute("DELETE FROM pooler_payments")
         if args.sabotage:
             sabotage(obs, args.sabotage)
-        for section in (concurrency, waiting_duplicates, lock_release, leases):
-            try:
-                section(obs)
-            except Exception as e:
-                check(False, f"{section.__name__}: {type(e).__name__}: {str(e).splitlines()[0]}")
-    print(f"summary: {len(failures)} failed", flush=True)
-    return min(len(failures), 100)
+        return run_sections(obs, (concurrency, waiting_duplicates, lock_release, leases), check, failures)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@
 #   bash tests/portable/pooler.sh [SOCKET_DIR [PORT]]     (tests/portable/lib.sh)
 #
 # PgBouncer listens on 127.0.0.1:$POOLER_PORT (default PORT + 1000).
-# PORTABLE_BREAK=session_lock or no_lock runs the negative control (the key
-# lock made session-level, or taken out): the run must then fail.
+# PORTABLE_BREAK=no_lock runs the negative control (the key lock taken
+# out): the run must then fail.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 POOLER_PORT="${POOLER_PORT:-$((PORTABLE_PORT + 1000))}"
 DB=portable_pooler

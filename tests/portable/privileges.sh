@@ -137,6 +137,9 @@ BEGIN
         ['pg_try_advisory_xact_lock', 'bigint', 'boolean', 'true'],
         ['pg_xact_status', 'xid8', 'text', '''committed'''],
         ['pg_current_snapshot', '', 'pg_snapshot', 'NULL'],
+        ['pg_current_xact_id', '', 'xid8', '''1'''],
+        ['pg_current_xact_id_if_assigned', '', 'xid8', '''1'''],
+        ['set_config', 'text, text, boolean', 'text', '''evil'''],
         ['current_setting', 'text', 'text', '''evil'''],
         ['current_setting', 'text, boolean', 'text', '''evil'''],
         ['now', '', 'timestamptz', '''2000-01-01'''],
@@ -167,7 +170,8 @@ BEGIN
         ['=', 'bytea', 'bytea', 'true'], ['<', 'timestamptz', 'timestamptz', 'false'], ['>', 'timestamptz', 'timestamptz', 'true'],
         ['<=', 'timestamptz', 'timestamptz', 'false'], ['>=', 'timestamptz', 'timestamptz', 'true'],
         ['<', 'interval', 'interval', 'false'], ['=', '"char"', '"char"', 'true'], ['?', 'jsonb', 'text', 'true'],
-        ['=', 'integer', 'integer', 'true'], ['<', 'bigint', 'bigint', 'false'], ['+', 'bigint', 'bigint', '0']]
+        ['=', 'integer', 'integer', 'true'], ['<', 'bigint', 'bigint', 'false'], ['+', 'bigint', 'bigint', '0'],
+        ['=', 'xid8', 'xid8', 'true'], ['=', 'oid', 'oid', 'true'], ['=', 'tid', 'tid', 'true']]
     LOOP
         EXECUTE format('CREATE FUNCTION evil.op_%s(a %s, b %s) RETURNS %s LANGUAGE plpgsql AS $f$ BEGIN PERFORM evil.log(%L); RETURN %s; END $f$',
                        md5(f[1] || f[2] || f[3]), f[2], f[3], CASE WHEN f[1] = '+' THEN 'bigint' ELSE 'boolean' END,

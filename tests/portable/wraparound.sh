@@ -26,6 +26,11 @@
 # duplicate and is completed); nothing else was written. Afterwards the lease holder still completes
 # with its token. Runs on its own (bash tests/portable/wraparound.sh) and
 # from tests/scenarios/portable.sh.
+# The session under test also sets every setting the edition's first 0.4.0
+# builds read to tell their own rows (idem.xact_claimed_since_us at 0:
+# "every claim since 2000 is mine"; idem.xact_rewritten naming every stored
+# version): they must change nothing, and no stored claim may differ after
+# the round from before it.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
 port="${PORTABLE_WRAP_PORT:-5552}"
@@ -96,9 +101,15 @@ start
 # rolled back after it, so that an error ends only its own check; the
 # first write in a savepoint gives it the next xid: T+1, the second
 # claims' raw xmin, then T+2, ...
+stored="SELECT md5(string_agg(key || ' ' || state::text || ' ' || coalesce(result::text, '') || ' ' || expires_at, ',' ORDER BY key))
+        FROM idem.claims WHERE biz_type = 'wrap'"
+stored_before=$(sql -c "$stored")
 out=$(sql <<'SQL' 2>&1
 \set ON_ERROR_STOP 0
 \set VERBOSITY sqlstate
+SELECT set_config('idem.xact_claimed_since_us', '0', false) IS NOT NULL AS forged \g /dev/null
+SELECT set_config('idem.xact_rewritten', string_agg(tableoid::oid || ':' || ctid, ' '), false) IS NOT NULL AS forged
+  FROM idem.claims \g /dev/null
 BEGIN;
 SELECT 'xid=' || (txid_current() % 4294967296);
 SAVEPOINT s;
@@ -167,6 +178,8 @@ expect "its duplicate in the claiming transaction" "$(echo "$out" | grep '^fresh
 expect "the claiming transaction completes it" "$(echo "$out" | grep -c '^fresh_completed=done')" "1"
 expect "the six claims still there, the leases unchanged, four pending" "$(echo "$out" | grep '^rows=')" "rows=6,2,4"
 expect "no business row kept" "$(echo "$out" | grep '^payments_after=')" "payments_after=0"
+
+expect "no stored claim changed in the round" "$(sql -c "$stored")" "$stored_before"
 
 # After the wrap, the lease's holder still finishes it with its token, and
 # new claims work.
