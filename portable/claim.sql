@@ -258,9 +258,14 @@ BEGIN
     present := false;
     versions := '{}';
     gated := false;
-    -- Without an xid this transaction has written nothing.
+    -- Without an xid this transaction has written nothing. A gate naming
+    -- this transaction is its own only if this transaction (or one of its
+    -- subtransactions, whose xids come after its own) wrote that version:
+    -- rows restored from a plain-script pg_dump of another cluster carry
+    -- writers this cluster's counter may not have reached yet.
     IF me IS NOT NULL THEN
-        SELECT g.part, g.tid INTO gate_part, gate_tid FROM idem.key_gates g WHERE g.h = probe.h AND g.writer = me;
+        SELECT g.part, g.tid INTO gate_part, gate_tid FROM idem.key_gates g
+         WHERE g.h = probe.h AND g.writer = me AND idem.full_xid(g.xmin, me) >= me;
         gated := FOUND;
     END IF;
     SELECT array_agg(DISTINCT tc.ttl_class) INTO classes FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type;
