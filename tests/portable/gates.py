@@ -224,7 +224,51 @@ def hostile(obs):
     owner.close()
 
 
-# ---- 4. what maintenance removes, and what it keeps ---------------------------
+# ---- 4. a gate that names a transaction this cluster has not run yet ----------
+
+def foreign_gate(obs):
+    # A plain-script dump carries idem.key_gates' rows, and restored into a
+    # younger cluster a gate's writer is an xid this cluster hands out
+    # later. The transaction given that xid must still take the key lock:
+    # a gate is its own only if it also wrote that gate version.
+    app, other = connect(args.app), connect(args.app)
+    app.execute("SELECT idem_claim('f-key', 'gate.foreign')")
+    with connect(args.owner) as o:  # idem_forget is the owner's (docs/design.md §8)
+        o.execute("SELECT idem_forget('f-key', 'gate.foreign')")
+    writer = mine = None
+    for _ in range(20):
+        # The gate as a restore leaves it: written by another transaction,
+        # naming an xid a little ahead of the counter.
+        writer = obs.execute("UPDATE idem.key_gates SET writer = (pg_current_xact_id()::text::bigint + 5)::text::xid8"
+                             " WHERE h = idem.key_hash('gate.foreign', 'f-key') RETURNING writer::text::bigint").fetchone()[0]
+        while True:
+            app.execute("BEGIN")
+            mine = app.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+            if mine >= writer:
+                break
+            app.execute("ROLLBACK")
+        if mine == writer:
+            break
+        app.execute("ROLLBACK")  # another transaction took that xid: again
+    check(mine == writer, f"a transaction was given the xid the foreign gate names ({mine} / {writer})")
+    other.execute("BEGIN")
+    first = other.execute("SELECT claimed FROM idem_claim('f-key', 'gate.foreign')").fetchone()[0]
+    app_pid = pid(app)
+    t, box = in_thread(lambda: app.execute("SELECT claimed FROM idem_claim('f-key', 'gate.foreign')").fetchone()[0])
+    waited = wait_until("the gate's namesake waits for the first claimer", lambda: obs.execute(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (app_pid,)).fetchone()[0])
+    other.execute("COMMIT")
+    t.join()
+    app.execute("COMMIT")
+    rows = obs.execute("SELECT count(*) FROM idem.claims WHERE biz_type = 'gate.foreign' AND key = 'f-key'").fetchone()[0]
+    check(first is True and waited and box.get("value") is False and rows == 1,
+          f"the transaction a foreign gate names waited for the first claimer and did not claim again"
+          f" (first {first}, second {box.get('value', box.get('error'))}, {rows} claim rows)")
+    app.close()
+    other.close()
+
+
+# ---- 5. what maintenance removes, and what it keeps ---------------------------
 
 def sweep(obs):
     adm = connect(args.owner)
@@ -262,7 +306,7 @@ def sweep(obs):
 
 def main():
     with connect("postgres") as obs:
-        return run_sections(obs, (batch, overlapping, hostile, sweep), check, failures)
+        return run_sections(obs, (batch, overlapping, hostile, foreign_gate, sweep), check, failures)
 
 
 if __name__ == "__main__":

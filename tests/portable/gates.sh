@@ -3,7 +3,9 @@
 # load and against a hostile role (tests/portable/gates.py): a transaction
 # of 100,000 claims while other roles connect to another database and claim
 # there, eight sessions of 2,000 claims each with a business row per key, a
-# LOGIN role with nothing granted that blocks, watches and forges, and what
+# LOGIN role with nothing granted that blocks, watches and forges, a gate
+# restored from another cluster that names an xid this one hands out later
+# (a plain-script pg_dump carries the gates), and what
 # maintenance removes and keeps. The edition is installed through pg_tle by
 # the databases' owner, who is not a superuser; the claims are made by
 # another role without grants.
