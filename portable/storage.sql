@@ -83,12 +83,28 @@ COMMENT ON FUNCTION idem.interval_us(interval) IS 'An interval in microseconds, 
 -- A setting of the native edition's as a number of microseconds. Without
 -- the library PostgreSQL keeps idem.* settings as unchecked text, so the
 -- value is checked here, where it is read (22023 for a bad one).
+--
+-- idem.partition_width decides which partitions every role's claims go
+-- into and which classes maintenance keeps; the native edition lets only a
+-- superuser set it. Without the library any role can SET a placeholder
+-- (or pass it when it connects), so here it is read from the session only
+-- when the caller is a superuser; for everyone else it is the database's
+-- stored setting (ALTER DATABASE ... SET), or the default.
 CREATE FUNCTION idem.setting_us(setting text, fallback interval, min_us numeric, max_us numeric) RETURNS bigint
     STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    raw text := current_setting(setting, true);
+    raw text;
     us numeric;
 BEGIN
+    IF setting = 'idem.partition_width'
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = idem.caller_role()), false) THEN
+        SELECT substr(c, length(setting) + 2) INTO raw
+          FROM pg_db_role_setting s, unnest(s.setconfig) c
+         WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+           AND s.setrole = 0 AND left(c, length(setting) + 1) = setting || '=';
+    ELSE
+        raw := current_setting(setting, true);
+    END IF;
     IF raw IS NULL OR raw = '' THEN
         RETURN idem.interval_us(fallback)::bigint;
     END IF;
@@ -120,13 +136,13 @@ $fn$;
 COMMENT ON FUNCTION idem.us_interval(numeric) IS 'A number of microseconds as an interval of hours and microseconds (no days or months).';
 
 -- The width of TTL class k for a class-0 width of unit microseconds
--- (src/ttl_class.rs, width_at: round(unit * 2^(k/2)), saturating).
+-- (src/ttl_class.rs, width_at: round(unit * 2^(k/2)), at most 400 days).
 CREATE FUNCTION idem.width_at(unit bigint, k int) RETURNS numeric
     IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
 DECLARE
     w float8 := unit::float8 * power(2::float8, k::float8 / 2.0::float8);
 BEGIN
-    RETURN CASE WHEN w >= 9223372036854775807::float8 THEN 9223372036854775807::numeric
+    RETURN CASE WHEN w >= 34560000000000::float8 THEN 34560000000000::numeric
                 -- half away from zero, as Rust's f64::round; float8 to
                 -- bigint is exact, float8 to numeric is not
                 WHEN w - trunc(w) = 0.5 THEN (trunc(w) + 1)::bigint::numeric
@@ -156,7 +172,8 @@ $fn$;
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
-    us numeric := least(greatest(idem.interval_us(ttl), -9223372036854775808), 9223372036854775807);
+    -- (A TTL beyond 400 days, which no claim has, counts as 400 days.)
+    us numeric := least(idem.interval_us(ttl), 34560000000000);
     lo int := 0;
     hi int := 80;
     mid int;
@@ -166,7 +183,7 @@ BEGIN
     -- that is a binary search: 7 widths computed rather than up to 81.
     WHILE lo < hi LOOP
         mid := (lo + hi + 1) / 2;
-        IF least(idem.width_at(unit, mid) * 4, 9223372036854775807) <= us THEN
+        IF idem.width_at(unit, mid) * 4 <= us THEN
             lo := mid;
         ELSE
             hi := mid - 1;
@@ -198,8 +215,7 @@ BEGIN
     IF ttl_class < 0 OR ttl_class > 80 THEN
         RETURN NULL;
     END IF;
-    RETURN idem.us_interval(least(least(idem.width_at(unit, ttl_class + 1) * 4, 9223372036854775807) - 1,
-                                  34560000000000));
+    RETURN idem.us_interval(least(idem.width_at(unit, ttl_class + 1) * 4 - 1, 34560000000000));
 END
 $fn$;
 -- @end

@@ -316,11 +316,11 @@ REVOKE EXECUTE ON FUNCTION idem.set_local_on_all_nodes(text, text) FROM PUBLIC;
 CREATE FUNCTION idem.ttl_class(ttl interval) RETURNS smallint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_ttl_class';
-COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL: 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
+COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL (beyond 400 days: that of 400 days), at the session''s idem.partition_width: at the default, 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
 CREATE FUNCTION idem.class_width(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_width';
-COMMENT ON FUNCTION idem.class_width(integer) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
+COMMENT ON FUNCTION idem.class_width(integer) IS 'The partition width of a TTL class: idem.partition_width times the square root of 2 to the power of the class, at most 400 days; NULL for a class that does not exist.';
 CREATE FUNCTION idem.class_max_ttl(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_max_ttl';
@@ -493,6 +493,14 @@ BEGIN
             range_from := cur;
             range_to := timestamptz '1970-01-01 00:00:00+00'
                         + interval '1 microsecond' * ((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us)::float8;
+            -- After a change of width the class's last range can end a few
+            -- microseconds before a boundary of the new width: that sliver
+            -- joins the next range, so that no range is narrower than a
+            -- millisecond and no two share a name (which is to the
+            -- millisecond).
+            IF range_to - cur < interval '1 millisecond' THEN
+                range_to := range_to + c.width;
+            END IF;
             RETURN NEXT;
             made := made + 1;
             cur := range_to;

@@ -160,6 +160,14 @@ BEGIN
             range_from := cur;
             range_to := timestamptz '1970-01-01 00:00:00+00'
                         + interval '1 microsecond' * ((floor(extract(epoch FROM cur) * 1000000 / w_us) + 1) * w_us)::float8;
+            -- After a change of width the class's last range can end a few
+            -- microseconds before a boundary of the new width: that sliver
+            -- joins the next range, so that no range is narrower than a
+            -- millisecond and no two share a name (which is to the
+            -- millisecond).
+            IF range_to - cur < interval '1 millisecond' THEN
+                range_to := range_to + c.width;
+            END IF;
             RETURN NEXT;
             made := made + 1;
             cur := range_to;

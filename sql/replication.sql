@@ -98,3 +98,23 @@ SELECT p.pubname AS publication,
  ORDER BY 1;
 COMMENT ON VIEW idem_publications IS
 'Publications that include tables of schema idem: what they publish, which idem tables, and what would stop a subscriber or lose claim updates there (problems; empty when fine).';
+
+-- A publication FOR ALL TABLES publishes idem's tables from the moment they
+-- exist, with no one having chosen to: say so when the extension is created
+-- (as a WARNING: CREATE EXTENSION hides the script's NOTICEs), with what
+-- the view idem_publications already finds wrong in it.
+DO $do$
+DECLARE
+    pubs text;
+    problems bigint;
+BEGIN
+    SELECT string_agg(quote_ident(p.pubname), ', ' ORDER BY p.pubname) INTO pubs
+      FROM pg_catalog.pg_publication p WHERE p.puballtables;
+    IF pubs IS NOT NULL THEN
+        SELECT count(*) INTO problems FROM idem.publication_problems();
+        RAISE WARNING 'idem: publication % publishes all tables, so idem''s tables too', pubs
+            USING DETAIL = format('A subscriber receives every claim; what it needs to answer retries as this server does is in docs/design.md §12. Problems found now: %s.', problems),
+                  HINT = 'SELECT * FROM idem_publications lists them and what to change.';
+    END IF;
+END
+$do$;

@@ -34,11 +34,11 @@ COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that
 CREATE FUNCTION idem.ttl_class(ttl interval) RETURNS smallint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_ttl_class';
-COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL: 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
+COMMENT ON FUNCTION idem.ttl_class(interval) IS 'The TTL class of a claim with this TTL (beyond 400 days: that of 400 days), at the session''s idem.partition_width: at the default, 0 (under 4 minutes) to 34 (364 days and more); its partitions are idem.class_width(class) wide.';
 CREATE FUNCTION idem.class_width(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_width';
-COMMENT ON FUNCTION idem.class_width(integer) IS 'The partition width of a TTL class: one minute times the square root of 2 to the power of the class; NULL for a class that does not exist.';
+COMMENT ON FUNCTION idem.class_width(integer) IS 'The partition width of a TTL class: idem.partition_width times the square root of 2 to the power of the class, at most 400 days; NULL for a class that does not exist.';
 CREATE FUNCTION idem.class_max_ttl(ttl_class integer) RETURNS interval
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_class_max_ttl';

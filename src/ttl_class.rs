@@ -16,6 +16,16 @@
 //! the expiry the registrations cover. So a change of idem.partition_width
 //! moves coming claims to other partitions, and nothing else.
 //!
+//! No class is wider than 400 days (MAX_WIDTH_US, the widest
+//! idem.partition_width and the longest TTL). A claim never picks a class
+//! that wide unless it is class 0, but a class registered at another width
+//! can be one: a 400-day claim made at 100 ms is in class 52, which is
+//! 2^26 days wide at 1 day. Uncapped, such a width overflowed every
+//! interval and timestamp it was combined with (16 widths ahead in
+//! idem_maintain, a width past a TTL in idem_health, registrations
+//! rounded up to a width). Capped, width + TTL + 16 widths + 400 days of
+//! idem.premake_ahead stay within 7,600 days.
+//!
 //! This is the one definition; the SQL functions idem.ttl_class,
 //! idem.class_width and idem.class_max_ttl (sql/storage.sql) call into it.
 
@@ -27,13 +37,18 @@ pub const TTL_PER_WIDTH: i64 = 4;
 /// Classes stop here (far beyond 400 days at the narrowest width).
 const MAX_CLASS: i16 = 80;
 
+/// No class is wider (microseconds): 400 days (see above).
+pub const MAX_WIDTH_US: i64 = MAX_TTL_US as i64;
+
 /// The width of class `k` at narrowest width `unit` (microseconds).
 fn width_at(unit: i64, k: i16) -> i64 {
-    (unit as f64 * 2f64.powf(k as f64 / 2.0)).round() as i64
+    ((unit as f64 * 2f64.powf(k as f64 / 2.0)).round() as i64).min(MAX_WIDTH_US)
 }
 
-/// The class of a claim with TTL `ttl_us` at narrowest width `unit`.
+/// The class of a claim with TTL `ttl_us` at narrowest width `unit`; a TTL
+/// beyond 400 days (which no claim has) counts as 400 days.
 fn of_ttl_at(unit: i64, ttl_us: i64) -> i16 {
+    let ttl_us = ttl_us.min(MAX_TTL_US as i64);
     let mut k = 0;
     while k < MAX_CLASS && width_at(unit, k + 1).saturating_mul(TTL_PER_WIDTH) <= ttl_us {
         k += 1;
@@ -85,6 +100,28 @@ mod tests {
         assert_eq!(of_ttl_at(MINUTE, DAY), 16);
         assert_eq!(of_ttl_at(MINUTE, 400 * DAY), 34);
         assert_eq!(width_at(MINUTE, 16), 15_360_000_000);
+    }
+
+    #[pg_test]
+    fn no_class_is_wider_than_400_days_at_any_width() {
+        for unit in [100_000, 1_000_000, MINUTE, 60 * MINUTE, 360 * MINUTE, DAY, 100 * DAY, 400 * DAY] {
+            let mut last = 0;
+            for k in 0..=MAX_CLASS {
+                let w = width_at(unit, k);
+                assert!(w >= last && w <= MAX_WIDTH_US, "unit {unit}, class {k}: width {w}");
+                // What maintenance adds up stays far inside an interval.
+                assert!(w.checked_mul(16).and_then(|x| x.checked_add(2 * MAX_TTL_US as i64)).is_some());
+                last = w;
+            }
+            // A TTL beyond 400 days is classed as 400 days, and no claim's
+            // class is wider than a quarter of it (but class 0).
+            assert_eq!(of_ttl_at(unit, i64::MAX), of_ttl_at(unit, MAX_TTL_US as i64));
+            let k = of_ttl_at(unit, MAX_TTL_US as i64);
+            assert!(k == 0 || width_at(unit, k) * 4 <= MAX_TTL_US as i64);
+        }
+        // A 400-day claim made at 100 ms, read at one day.
+        assert_eq!(of_ttl_at(100_000, 400 * DAY), 52);
+        assert_eq!(width_at(DAY, 52), MAX_WIDTH_US);
     }
 
     #[pg_test]

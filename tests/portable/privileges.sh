@@ -17,7 +17,10 @@
 #  D. a hostile search_path: a role's schema with functions, operators and
 #     tables named like those the edition uses, placed before pg_catalog
 #     (and temp tables), is never called or written, and the answers are
-#     right.
+#     right;
+#  E. a role that sets every idem.* setting the edition reads (when it
+#     connects, by SET, by set_config) changes nothing for others: its
+#     claims go into the classes of the database's idem.partition_width.
 #
 #   bash tests/portable/privileges.sh [SOCKET_DIR [PORT]]     (tests/portable/lib.sh)
 #
@@ -209,6 +212,33 @@ SQL
   expect "${tag}rows written to the look-alike tables" "$(answer postgres "$db" "SELECT (SELECT count(*) FROM evil.claims)
     + (SELECT count(*) FROM evil.biz_types) + (SELECT count(*) FROM evil.type_classes) + (SELECT count(*) FROM evil.tokens)
     + (SELECT count(*) FROM evil.machines)")" 0
+
+  echo "== $db: E. a role's own settings reach no one else"
+  # Every idem.* setting the edition reads, set by $OTHER when it connects,
+  # by SET and by set_config: idem.partition_width among them would put its
+  # 400-day claims into class 52 (of 100 ms), 2^26 days wide at a
+  # database's width of a day. Its claims must go where the database's
+  # setting (here the default, one minute: class 34) puts them.
+  local opts="-c idem.partition_width=100ms -c idem.premake_ahead=400d -c idem.premake_limit=1 -c idem.default_ttl=1s"
+  local sets="SET idem.partition_width = '100 milliseconds'; DO \$d\$ BEGIN PERFORM set_config('idem.partition_width', '200 ms', false); END \$d\$;
+    SET idem.premake_ahead = '400 days'; SET idem.maintenance_lock_timeout = '0'; SET idem.maintenance_lock_retries = '1';
+    SET idem.premake_limit = '1'; SET idem.health_maintenance_after = '1 second'; SET idem.health_lease_after = '1 second';
+    SET idem.storage_access = 'direct';"
+  expect "${tag}as $OTHER, with every idem.* setting its own: a 400-day claim" \
+    "$(PGOPTIONS="$opts" answer $OTHER "$db" "$sets SELECT claimed FROM idem_claim('e1', 'priv.width', ttl => '400 days')")" "t"
+  expect "${tag}its class is that of the database's width (1 minute), its registrations too" \
+    "$(answer postgres "$db" "SELECT string_agg(DISTINCT ttl_class::text, ',') FROM idem.claims WHERE biz_type = 'priv.width'")|$(answer postgres "$db" "SELECT string_agg(DISTINCT ttl_class::text, ',') FROM idem.type_classes WHERE biz_type = 'priv.width'")" "34|34"
+  # The database's stored setting is what counts (a superuser stores it).
+  pp_psql postgres postgres -c "ALTER DATABASE $db SET idem.partition_width = '1 day'"
+  expect "${tag}as $OTHER, the database's width set to 1 day: a 400-day claim goes into its class" \
+    "$(PGOPTIONS="$opts" answer $OTHER "$db" "$sets SELECT claimed FROM idem_claim('e2', 'priv.width', ttl => '400 days')")|$(answer postgres "$db" "SELECT ttl_class FROM idem.claims WHERE biz_type = 'priv.width' AND key = 'e2'")" \
+    "t|$(answer postgres "$db" "SET idem.partition_width = '1 day'; SELECT idem.ttl_class('400 days')")"
+  want ok "$inst" "$db" "SELECT idem_maintain(); SELECT count(*) FROM idem_health" "$tag"
+  expect "${tag}both claims found again" "$(answer $OTHER "$db" "$sets SELECT count(*) FILTER (WHERE NOT claimed) FROM idem_claim('e1', 'priv.width') UNION ALL SELECT count(*) FILTER (WHERE NOT claimed) FROM idem_claim('e2', 'priv.width')")" "1 1"
+  # A stored value is checked where it is read.
+  pp_psql postgres postgres -c "ALTER DATABASE $db SET idem.partition_width = '10 milliseconds'"
+  want 22023 $OTHER "$db" "SELECT idem_claim('e3', 'priv.width')" "$tag"
+  pp_psql postgres postgres -c "ALTER DATABASE $db RESET idem.partition_width"
 }
 
 echo "== installed through pg_tle by $ADMIN (pgtle_admin, not a superuser)"

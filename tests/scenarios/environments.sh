@@ -35,6 +35,18 @@ source "$ROOT/tests/lib/regress.sh"
 bash "$ROOT/scripts/cluster.sh" start >/dev/null
 out="$IDEM_TARGET/test-out/environments"
 rm -rf "$out"; mkdir -p "$out"
+
+fails=0
+passed=0
+# (**) above, before anything runs: a body the matrix does not reach could
+# still hold a plain literal with a backslash. None may (both editions'
+# SQL; tests/lib/plain_literals.py says how it reads them).
+if found=$(python3 "$ROOT/tests/lib/plain_literals.py"); then
+  echo "ok: no plain '...' literal with a backslash in sql/*.sql, portable/*.sql"
+else
+  echo "FAIL: plain '...' literals with a backslash (write E'...' or avoid the backslash):"; echo "$found"
+  fails=$((fails + 1))
+fi
 restore() {
   psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null
 }
@@ -47,8 +59,6 @@ environments=(
   "posix|ISO, DMY|IST-1|Australia|postgres_verbose|read committed|sql|off"
 )
 
-fails=0
-passed=0
 for env in "${environments[@]}"; do
   IFS='|' read -r name datestyle tz abbrevs intervalstyle isolation path strings <<<"$env"
   if [ "$path" = sql ]; then set_path="ALTER SYSTEM SET idem.storage_access = 'sql'"; else set_path="ALTER SYSTEM RESET idem.storage_access"; fi

@@ -134,3 +134,21 @@ SELECT idem_forget('mon-lease', 'monitoring');
 \c :suite_db
 DROP DATABASE regress_idem_monitoring;
 DROP ROLE regress_idem_watcher;
+
+-- CREATE EXTENSION where a publication FOR ALL TABLES already exists says
+-- that idem's tables are published, and where to look (docs/design.md §12).
+CREATE DATABASE regress_idem_publication;
+\c regress_idem_publication
+SET client_min_messages = error;
+CREATE PUBLICATION regress_idem_all FOR ALL TABLES;
+SET client_min_messages = warning;
+\set VERBOSITY default
+CREATE EXTENSION idem;
+\set VERBOSITY terse
+SELECT publication, all_tables, cardinality(problems) > 0 AS has_problems FROM idem_publications;
+DROP PUBLICATION regress_idem_all;
+-- Without one, nothing is said.
+DROP EXTENSION idem;
+CREATE EXTENSION idem;
+\c :suite_db
+DROP DATABASE regress_idem_publication;
