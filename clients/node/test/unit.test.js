@@ -87,9 +87,16 @@ test("replay of docs/http.md's SQL handler document (a JSON body) and of a claim
   assert.equal(r.headers.location, '/orders/1');
   assert.equal(r.headers['content-type'], 'application/json');
   assert.deepEqual(JSON.parse(r.body.toString()), { order_id: 1 });
-  const empty = replay(null);
-  assert.equal(empty.status, 204);
-  assert.equal(empty.body, null);
+  for (const result of [null, { order_id: 1 }, { status: '201' }, [1]]) {
+    const empty = replay(result, 'completed');
+    assert.equal(empty.status, 204, JSON.stringify(result));
+    assert.equal(empty.body, null);
+    assert.deepEqual(empty.headers, { 'idempotent-replayed': 'true' }, "other code's result is not shown");
+    const failed = replay(result, 'failed', { problemBase: 'https://x.test/p#' });
+    assert.equal(failed.status, 422);
+    assert.equal(JSON.parse(failed.body.toString()).type, 'https://x.test/p#response-not-replayable');
+    assert.equal(failed.headers['idempotent-replayed'], undefined);
+  }
 });
 
 test('transient errors: the four SQLSTATEs and lost connections; others are not', () => {

@@ -99,5 +99,6 @@ class IdempotencyMiddleware:
         not stored) rather than 500."""
         if getattr(request, "idem", None) is not None and is_transient(exception):
             assert self.policy is not None
-            return _to_django(self.policy.unavailable(sqlstate_of(exception)))
+            return _to_django(self.policy.unavailable(sqlstate_of(exception),
+                                                      self.resolve(request.method or "GET", request.path_info)))
         return None

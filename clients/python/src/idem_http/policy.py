@@ -32,9 +32,10 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "idempotency-key-invalid": (400, "Idempotency-Key invalid"),
     "idempotency-key-reused": (422, "Idempotency-Key reused for a different request"),
     "request-in-progress": (409, "Request in progress"),
-    "response-not-replayable": (409, "Stored response not replayable"),
+    "response-not-replayable": (422, "Stored response not replayable"),
     "transient-failure": (503, "Transient failure"),
     "tenant-missing": (500, "No tenant for this request"),
+    "internal-error": (500, "Response not stored"),
 }
 
 #: A bare (unquoted) key, accepted only with Policy(bare_keys=True): visible
@@ -133,19 +134,31 @@ class Response:
 
     @classmethod
     def from_document(cls, doc: Any) -> Optional["Response"]:
-        """The stored response, or None if the document is not one (a claim
-        committed without a result, or one made by other code)."""
-        if not isinstance(doc, dict) or not isinstance(doc.get("status"), int):
+        """The stored response, or None if the document is not one (no
+        integer status: a claim committed without a result, or other code's
+        own result). Reads this library's document, the Node and Go clients'
+        (headers as an object) and docs/http.md's SQL handler's (a JSON body)."""
+        status = doc.get("status") if isinstance(doc, dict) else None
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             return None
-        headers = [(str(h[0]), str(h[1])) for h in doc.get("headers") or [] if isinstance(h, (list, tuple)) and len(h) == 2]
+        raw = doc.get("headers") or []
+        pairs = raw.items() if isinstance(raw, dict) else [h for h in raw if isinstance(h, (list, tuple)) and len(h) == 2]
+        headers: list[tuple[str, str]] = []
+        for n, v in pairs:
+            headers.extend((str(n), str(x)) for x in (v if isinstance(v, list) else [v]))
         if "body_b64" in doc:
-            return cls(doc["status"], headers, base64.b64decode(doc["body_b64"]))
+            return cls(status, headers, base64.b64decode(doc["body_b64"]))
         body = doc.get("body")
         if isinstance(body, str):
-            return cls(doc["status"], headers, body.encode("utf-8"))
+            data = base64.b64decode(body) if doc.get("encoding") == "base64" else body.encode("utf-8")
+            return cls(status, headers, data)
         if body is None:
-            return cls(doc["status"], headers, b"", body_stored=bool(doc.get("body_stored", True)))
-        return cls(doc["status"], headers, json.dumps(body).encode("utf-8"))
+            stored = bool(doc.get("body_stored", True)) and not doc.get("body_omitted")
+            return cls(status, headers, b"", body_stored=stored)
+        r = cls(status, headers, json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        if r.header("Content-Type") is None:
+            r.headers.append(("Content-Type", "application/json"))
+        return r
 
     def header(self, name: str) -> Optional[str]:
         for n, v in self.headers:
@@ -198,6 +211,9 @@ class Route:
     #: None: the policy's anonymous. True: a request whose tenant hook
     #: returns None is claimed in the anonymous scope instead of refused.
     anonymous: Optional[bool] = None
+    #: None: the policy's retry_after. Seconds in Retry-After of this
+    #: route's 409 and 503 (a leased route whose work takes long: its lease).
+    retry_after: Optional[int] = None
 
 
 RouteLike = Union[Route, str]
@@ -353,30 +369,43 @@ class Policy:
         why = parse_key_field(raw, self.min_key_length, self.max_key_length, self.bare_keys)[1]
         return self.problem("idempotency-key-invalid", f"{self.header}: {why}.")
 
-    def in_progress(self, retry_after: Optional[int] = None) -> Response:
+    def retry_after_for(self, route: Optional[Route]) -> int:
+        return route.retry_after if route is not None and route.retry_after is not None else self.retry_after
+
+    def in_progress(self, route: Optional[Route] = None) -> Response:
         return self.problem("request-in-progress",
                             "A request with this Idempotency-Key is being processed; retry later with the same key.",
-                            [("Retry-After", str(retry_after or self.retry_after))])
+                            [("Retry-After", str(self.retry_after_for(route)))])
 
     def mismatch(self) -> Response:
         return self.problem("idempotency-key-reused",
                             "This Idempotency-Key was first used for a different request; do not retry this "
                             "request, a new request needs a new key.")
 
-    def unavailable(self, sqlstate: Optional[str]) -> Response:
+    def unavailable(self, sqlstate: Optional[str], route: Optional[Route] = None) -> Response:
         return self.problem("transient-failure",
                             f"A transient database failure ({sqlstate or 'connection lost'}); nothing was done, "
                             "retry with the same Idempotency-Key.",
-                            [("Retry-After", str(self.retry_after))])
+                            [("Retry-After", str(self.retry_after_for(route)))])
+
+    def internal_error(self) -> Response:
+        return self.problem("internal-error",
+                            "The response could not be stored; nothing was committed, or the outcome is unknown.")
 
     def tenant_missing(self) -> Response:
         return self.problem("tenant-missing", "The server found no tenant for this request; nothing was done.")
 
-    def replay(self, stored: Optional[Response]) -> Response:
+    def replay(self, stored: Optional[Response], state: str = "completed") -> Response:
+        """A duplicate's answer. A claim finished by other code without a
+        response (docs/http.md, "Finished by other code"): completed, 204
+        (done; other code's result is not the client's to see); failed, 422
+        response-not-replayable."""
         if stored is None:
-            # A claim committed by other code without a stored response.
+            if state == "completed":
+                return Response(204, [(REPLAYED_HEADER, "true")])
             return self.problem("response-not-replayable",
-                                "This Idempotency-Key was used, and its response was not stored by this library.")
+                                "The request with this Idempotency-Key failed, and no response was stored for it; "
+                                "a new request needs a new key.")
         return Response(stored.status, [*stored.headers, (REPLAYED_HEADER, "true")], stored.body,
                         stored.body_stored)
 
