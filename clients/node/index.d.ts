@@ -146,6 +146,8 @@ export declare const idemFastify: FastifyPlugin;
 export declare function canonicalJson(value: unknown): string;
 export declare function canonicalRequest(req: CanonicalRequest, excludeFields?: string[]): Buffer;
 export declare function canonicalBody(body: unknown, excludeFields?: string[]): Buffer;
+/** The request target as the fingerprint counts it: path percent-decoded then encoded (unreserved and "/" kept), query escapes normalised. */
+export declare function canonicalTarget(target: string): string;
 /** Parses an Idempotency-Key field value: the key, or null and why not. */
 export declare function parseKeyField(raw: string, options?: { minKeyLength?: number; maxKeyLength?: number; bareKeys?: boolean }):
   { key: string; why: '' } | { key: null; why: string };

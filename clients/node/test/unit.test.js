@@ -6,7 +6,7 @@
 // tests/scenarios/middleware_node.sh with node --test.
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { canonicalJson, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem, parseKeyField, defaultStore, PROBLEMS } = require('idem-pg');
+const { canonicalJson, canonicalBody, canonicalTarget, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem, parseKeyField, defaultStore, PROBLEMS } = require('idem-pg');
 const table = require('./conformance.json');
 
 test('canonical JSON: keys sorted at every level, no whitespace', () => {
@@ -44,6 +44,12 @@ test('canonical request: the scope, and raw string and Buffer bodies as they are
 test('canonical JSON: the pairs every idem client checks (conformance.json)', () => {
   for (const [given, canonical] of table.canonical_json) assert.equal(canonicalJson(JSON.parse(given)), canonical, given);
   assert.ok(table.canonical_json.length > 10);
+});
+
+test('canonical body and target: the pairs every idem client checks (conformance.json)', () => {
+  for (const [given, canonical] of table.canonical_body) assert.equal(canonicalBody(given).toString('utf8'), canonical, given);
+  for (const [given, canonical] of table.canonical_target) assert.equal(canonicalTarget(given), canonical, given);
+  assert.ok(table.canonical_body.length > 5 && table.canonical_target.length > 5);
 });
 
 test('the key field: one sf-string, 16 to 255 visible ASCII characters', () => {

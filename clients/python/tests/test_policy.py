@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 from typing import Optional
+from urllib.parse import unquote
 
 from idem_http import (PROBLEMS, Policy, RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json,
-                       default_store_status, parse_key_field, request_fingerprint)
+                       canonical_target, default_store_status, parse_key_field, request_fingerprint)
 
 
 def info(body: bytes, method: str = "POST", path: str = "/orders", query: str = "") -> RequestInfo:
@@ -37,6 +38,22 @@ def test_canonical_json_vectors() -> None:
     for given, canonical in pairs:
         assert canonical_json(json.loads(given)) == canonical, given
     assert len(pairs) > 10
+
+
+def test_canonical_body_and_target_vectors() -> None:
+    """The table's body and target pairs; a target's path as Starlette and
+    Django give it (percent-decoded once), its query as sent."""
+    table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "middleware",
+                         "conformance.json")
+    if not os.path.exists(table):
+        table = os.environ["IDEM_CONFORMANCE_JSON"]
+    t = json.load(open(table))
+    for given, canonical in t["canonical_body"]:
+        assert canonical_body(given.encode()) == canonical.encode(), given
+    for given, canonical in t["canonical_target"]:
+        path, _, query = given.partition("?")
+        assert canonical_target(unquote(path), query) == canonical, given
+    assert len(t["canonical_body"]) > 5 and len(t["canonical_target"]) > 5
 
 
 def test_fingerprint() -> None:

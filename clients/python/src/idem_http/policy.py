@@ -468,11 +468,16 @@ def _drop(value: Any, path: list[str]) -> None:
         _drop(value.get(path[0]), path[1:])
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def canonical_body(body: bytes, exclude_fields: Iterable[str] = ()) -> bytes:
     """The body's canonical form: parsed and re-serialised if it is JSON
-    (less the excluded fields), else the bytes as they are."""
+    (less the excluded fields), else the bytes as they are (NaN and
+    Infinity, which Python's json accepts, are not JSON)."""
     try:
-        value = json.loads(body) if body.strip() else None
+        value = json.loads(body.decode("utf-8"), parse_constant=_not_json) if body.strip() else None
     except (ValueError, UnicodeDecodeError):
         return body
     if value is None and not body.strip():
@@ -482,13 +487,35 @@ def canonical_body(body: bytes, exclude_fields: Iterable[str] = ()) -> bytes:
     return canonical_json(value).encode("utf-8")
 
 
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def canonical_target(path: str, query: str = "") -> str:
+    """The request target as every idem client counts it (docs/http.md, "The
+    fingerprint"): the decoded path (as Starlette and Django give it) with
+    every byte but the unreserved characters and "/" percent-encoded in
+    upper-case hex; the query as sent, its escapes normalised (upper-case
+    hex, unreserved characters decoded: RFC 3986, 6.2.2); "?" only before a
+    query."""
+    out = "".join(chr(b) if b in _UNRESERVED or b == 0x2F else f"%{b:02X}"
+                  for b in path.encode("utf-8", "surrogateescape"))
+    if not query:
+        return out
+
+    def norm(m: "re.Match[str]") -> str:
+        b = int(m.group(1), 16)
+        return chr(b) if b in _UNRESERVED else f"%{b:02X}"
+
+    return f"{out}?{_ESCAPE.sub(norm, query)}"
+
+
 def request_fingerprint(info: RequestInfo, exclude_fields: Iterable[str] = (), scope: str = SHARED_SCOPE) -> str:
     """128 bits of SHA-256 (32 hex digits) over "METHOD target\\nscope\\n"
-    and the canonical body, where target is the path and, if there is one,
-    "?" and the query string; never the headers (tokens rotate, trace ids
-    change between retries)."""
+    and the canonical body, where target is canonical_target(path, query);
+    never the headers (tokens rotate, trace ids change between retries)."""
     h = hashlib.sha256()
-    target = f"{info.path}?{info.query}" if info.query else info.path
+    target = canonical_target(info.path, info.query)
     h.update(f"{info.method.upper()} {target}\n{scope}\n".encode("utf-8"))
     h.update(canonical_body(info.body, exclude_fields))
     return h.hexdigest()[:32]
