@@ -36,6 +36,8 @@ from .routes import resolver
 
 def _to_django(resp: Response) -> HttpResponse:
     out = HttpResponse(resp.body, status=resp.status)
+    if resp.header("Content-Type") is None:
+        del out["Content-Type"]  # Django's default (text/html) is not what was stored, or a 204's
     for n, v in resp.headers:
         out[n] = v
     return out
