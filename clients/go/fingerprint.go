@@ -17,19 +17,59 @@ import (
 
 // RequestFingerprint is the fingerprint every idem client computes (docs/
 // http.md, "The rules"): 128 bits of SHA-256 (32 hex digits) over
-// "METHOD target\nscope\n" and the canonical body, where target is the
-// path and, if there is one, "?" and the query string. Never the headers:
-// tokens rotate and trace ids change between retries.
+// "METHOD target\nscope\n" and the canonical body, where target is
+// CanonicalTarget(path, rawQuery). Never the headers: tokens rotate and
+// trace ids change between retries.
 func RequestFingerprint(method, path, rawQuery, scope string, body []byte, excludeFields []string) string {
 	h := sha256.New()
-	target := path
-	if rawQuery != "" {
-		target += "?" + rawQuery
-	}
-	h.Write([]byte(strings.ToUpper(method) + " " + target + "\n" + scope + "\n"))
+	h.Write([]byte(strings.ToUpper(method) + " " + CanonicalTarget(path, rawQuery) + "\n" + scope + "\n"))
 	h.Write(CanonicalBody(body, excludeFields))
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
+
+// CanonicalTarget is the request target as every idem client counts it
+// (docs/http.md, "The fingerprint"): the decoded path (r.URL.Path) with
+// every byte but the unreserved characters and "/" percent-encoded in
+// upper-case hex; the query as sent (r.URL.RawQuery), its escapes
+// normalised (upper-case hex, unreserved characters decoded: RFC 3986,
+// 6.2.2); "?" only before a query.
+func CanonicalTarget(path, rawQuery string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(path); i++ {
+		if c := path[i]; unreserved(c) || c == '/' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	if rawQuery == "" {
+		return b.String()
+	}
+	b.WriteByte('?')
+	for i := 0; i < len(rawQuery); i++ {
+		if rawQuery[i] == '%' && i+2 < len(rawQuery) && isHex(rawQuery[i+1]) && isHex(rawQuery[i+2]) {
+			v, _ := strconv.ParseUint(rawQuery[i+1:i+3], 16, 8)
+			if unreserved(byte(v)) {
+				b.WriteByte(byte(v))
+			} else {
+				b.WriteString("%" + strings.ToUpper(rawQuery[i+1:i+3]))
+			}
+			i += 2
+			continue
+		}
+		b.WriteByte(rawQuery[i])
+	}
+	return b.String()
+}
+
+func unreserved(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
 
 // CanonicalBody is the body's canonical form: RFC 8785 JSON if the body
 // is JSON (less the excluded fields: top-level names or dotted paths),

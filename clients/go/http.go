@@ -37,7 +37,7 @@ var Problems = map[string]struct {
 	"idempotency-key-invalid": {400, "Idempotency-Key invalid"},
 	"idempotency-key-reused":  {422, "Idempotency-Key reused for a different request"},
 	"request-in-progress":     {409, "Request in progress"},
-	"response-not-replayable": {409, "Stored response not replayable"},
+	"response-not-replayable": {422, "Stored response not replayable"},
 	"transient-failure":       {503, "Transient failure"},
 	"tenant-missing":          {500, "No tenant for this request"},
 	"internal-error":          {500, "Response not stored"},
@@ -412,8 +412,16 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		}
 		stored, ok := fromDocument(c.Result)
 		if !ok {
-			m.problem(w, "response-not-replayable",
-				"This Idempotency-Key was used, and its response was not stored by this library.", 0)
+			// Finished by other code without a response (docs/http.md,
+			// "Finished by other code"): completed, 204 (done; other code's
+			// result is not the client's to see); failed, 422.
+			if c.State == StateCompleted {
+				w.Header().Set(ReplayedHeader, "true")
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			m.problem(w, "response-not-replayable", "The request with this Idempotency-Key failed, and no response "+
+				"was stored for it; a new request needs a new key.", 0)
 			return
 		}
 		for name, vs := range stored.header {

@@ -59,7 +59,7 @@ func fromDocument(raw json.RawMessage) (*replayable, bool) {
 		Encoding   string          `json:"encoding"`
 		BodyStored *bool           `json:"body_stored"`
 	}
-	if raw == nil || json.Unmarshal(raw, &doc) != nil || doc.Status == nil || *doc.Status < 100 || *doc.Status > 999 {
+	if raw == nil || json.Unmarshal(raw, &doc) != nil || doc.Status == nil || *doc.Status < 100 || *doc.Status > 599 {
 		return nil, false
 	}
 	r := &replayable{status: *doc.Status, header: http.Header{}}

@@ -146,6 +146,8 @@ export declare const idemFastify: FastifyPlugin;
 export declare function canonicalJson(value: unknown): string;
 export declare function canonicalRequest(req: CanonicalRequest, excludeFields?: string[]): Buffer;
 export declare function canonicalBody(body: unknown, excludeFields?: string[]): Buffer;
+/** The request target as the fingerprint counts it: path percent-decoded then encoded (unreserved and "/" kept), query escapes normalised. */
+export declare function canonicalTarget(target: string): string;
 /** Parses an Idempotency-Key field value: the key, or null and why not. */
 export declare function parseKeyField(raw: string, options?: { minKeyLength?: number; maxKeyLength?: number; bareKeys?: boolean }):
   { key: string; why: '' } | { key: null; why: string };
@@ -160,4 +162,5 @@ export declare function fingerprint(req: CanonicalRequest, excludeFields?: strin
 export declare function isTransient(err: unknown): boolean;
 export declare function isConnectionError(err: unknown): boolean;
 export declare const TRANSIENT_SQLSTATES: ReadonlySet<string>;
-export declare function replay(result: unknown): IdemResponse;
+/** The answer to a duplicate of a completed or failed claim: its stored response; without one, 204 (completed) or the 422 response-not-replayable problem (failed). */
+export declare function replay(result: unknown, state?: 'completed' | 'failed', options?: { problemBase: string }): IdemResponse;

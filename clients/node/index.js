@@ -3,7 +3,7 @@ const { Idem, replay, storedResponse, PROBLEMS, DEFAULT_PROBLEM_BASE, TRANSIENT_
 const { parseKeyField } = require('./lib/key');
 const { expressMiddleware, expressErrorHandler } = require('./lib/express');
 const { idemFastify } = require('./lib/fastify');
-const { canonicalJson, canonicalBody, canonicalRequest, fingerprint } = require('./lib/fingerprint');
+const { canonicalJson, canonicalBody, canonicalRequest, canonicalTarget, fingerprint } = require('./lib/fingerprint');
 const { isTransient, isConnectionError, TRANSIENT_SQLSTATES } = require('./lib/errors');
 
 // The integrations as methods, so that one object carries the pool and the
@@ -38,6 +38,7 @@ module.exports = {
   canonicalJson,
   canonicalBody,
   canonicalRequest,
+  canonicalTarget,
   parseKeyField,
   PROBLEMS,
   DEFAULT_PROBLEM_BASE,

@@ -27,9 +27,15 @@ type conformance struct {
 }
 
 type conformanceCase struct {
-	Name     string           `json:"name"`
-	Rule     string           `json:"rule"`
-	Route    string           `json:"route"`
+	Name  string `json:"name"`
+	Rule  string `json:"rule"`
+	Route string `json:"route"`
+	Seed  *struct {
+		Claim   string          `json:"claim"`
+		BizType string          `json:"biz_type"`
+		State   string          `json:"state"`
+		Result  json.RawMessage `json:"result"`
+	} `json:"seed"`
 	Requests []conformanceReq `json:"requests"`
 	Rows     int              `json:"rows"`
 }
@@ -184,6 +190,36 @@ func rowsOf(t *testing.T, run string) int {
 	return n
 }
 
+// seedClaim: a claim finished by other code (a SQL handler, a consumer),
+// before the case's requests.
+func seedClaim(t *testing.T, claim, bizType, state string, result json.RawMessage, u string) {
+	t.Helper()
+	ctx := context.Background()
+	claim = fill(claim, u)
+	var doc any // SQL NULL for a JSON null
+	if len(result) > 0 && string(result) != "null" {
+		doc = string(result)
+	}
+	finish := "idem_fail"
+	if state == "completed" {
+		finish = "idem_complete"
+	}
+	tx, err := checkDB.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT idem_claim($1, $2)", claim, bizType); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT "+finish+"($1, $2, $3::jsonb)", claim, bizType, doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func runConformance(t *testing.T, s *server) {
 	for _, c := range table.Cases {
 		t.Run(c.Name, func(t *testing.T) {
@@ -199,6 +235,9 @@ func runConformance(t *testing.T, s *server) {
 				t.Fatal(err)
 			}
 			defer holdConn.Release()
+			if c.Seed != nil {
+				seedClaim(t, c.Seed.Claim, c.Seed.BizType, c.Seed.State, c.Seed.Result, u)
+			}
 			held := -1
 			var heldDone chan response
 			for i, rq := range c.Requests {

@@ -24,7 +24,7 @@ const PROBLEMS = {
   'idempotency-key-invalid': [400, 'Idempotency-Key invalid'],
   'idempotency-key-reused': [422, 'Idempotency-Key reused for a different request'],
   'request-in-progress': [409, 'Request in progress'],
-  'response-not-replayable': [409, 'Stored response not replayable'],
+  'response-not-replayable': [422, 'Stored response not replayable'],
   'transient-failure': [503, 'Transient failure'],
   'tenant-missing': [500, 'No tenant for this request'],
   'internal-error': [500, 'Response not stored'],
@@ -54,7 +54,7 @@ const DEFAULTS = {
   required: true,
   wait: true,
   lockTimeout: 5000, // ms a duplicate waits for the first request's transaction (then 409); 0: no bound
-  retryAfter: 1, // seconds, on 409 and 503
+  retryAfter: 1, // seconds, on 409 and 503 (a route may set its own, e.g. a leased route)
   lease: null, // seconds: lease mode (the claim commits first; see README)
   store: defaultStore,
   storeHeaders: ['content-type', 'location'],
@@ -79,10 +79,11 @@ function problem(options, slug, detail, extraHeaders) {
   };
 }
 
+// Retry-After is the route's retryAfter in lease mode too (docs/http.md,
+// "In progress"): a leased route whose work takes long sets its own.
 function inProgress(route) {
-  const retry = route.lease !== null ? route.lease : route.retryAfter;
   return problem(route, 'request-in-progress', 'A request with this Idempotency-Key is being processed; retry later with the same key.',
-    { 'retry-after': String(retry) });
+    { 'retry-after': String(route.retryAfter) });
 }
 
 // The claimed key: the scope, ":", the client's key. Injective: a tenant's
@@ -119,10 +120,14 @@ function storedResponse(route, status, headers, body, omitted) {
 }
 
 // The response a duplicate gets: the stored one, with Idempotent-Replayed.
-// A claim finished by other code may hold a JSON body (docs/http.md's SQL
-// handler) or nothing at all.
-function replay(result) {
-  const doc = result && typeof result === 'object' ? result : {};
+// A claim finished by other code may hold a response with a JSON body
+// (docs/http.md's SQL handler), or no response at all (no integer status):
+// completed, that is 204 (done, nothing to show: other code's result is not
+// the client's to see); failed, 422 response-not-replayable (docs/http.md,
+// "Finished by other code").
+function storedReplay(result) {
+  const doc = result && typeof result === 'object' && !Array.isArray(result) ? result : null;
+  if (!doc || !Number.isInteger(doc.status) || doc.status < 100 || doc.status > 599) return null;
   const headers = {};
   for (const [k, v] of Object.entries(doc.headers || {})) headers[k.toLowerCase()] = v;
   let body = null;
@@ -133,8 +138,15 @@ function replay(result) {
   }
   headers['idempotent-replayed'] = 'true';
   if (doc.body_omitted) headers['idempotent-body-omitted'] = 'true';
-  const status = Number.isInteger(doc.status) ? doc.status : body ? 200 : 204;
-  return { status, headers, body };
+  return { status: doc.status, headers, body };
+}
+
+function replay(result, state = 'completed', route = DEFAULTS) {
+  const stored = storedReplay(result);
+  if (stored) return stored;
+  if (state === 'completed') return { status: 204, headers: { 'idempotent-replayed': 'true' }, body: null };
+  return problem(route, 'response-not-replayable',
+    'The request with this Idempotency-Key failed, and no response was stored for it; a new request needs a new key.');
 }
 
 class Idem {
@@ -302,7 +314,7 @@ class Idem {
         this.#release(ctx);
         ctx.finished = true;
         if (c.state === 'in_progress') return { response: inProgress(route) };
-        return { response: replay(c.result), replayed: true };
+        return { response: replay(c.result, c.state, route), replayed: true };
       }
       if (route.lease !== null) {
         // Lease mode: the claim commits now, so that it outlives this process

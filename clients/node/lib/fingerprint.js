@@ -52,11 +52,43 @@ function canonicalBody(body, exclude) {
   return Buffer.from(canonicalJson(withoutFields(body, exclude)), 'utf8');
 }
 
+const isUnreserved = (b) => (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || (b >= 0x30 && b <= 0x39)
+  || b === 0x2d || b === 0x2e || b === 0x5f || b === 0x7e; // ALPHA DIGIT - . _ ~ (RFC 3986)
+const pct = (b) => `%${b.toString(16).toUpperCase().padStart(2, '0')}`;
+
+// The canonical request target (docs/http.md, "The fingerprint"), the same
+// whether a framework gives the path raw (node) or decoded (Starlette,
+// Django, Go): the path percent-decoded once, then every byte but the
+// unreserved characters and "/" percent-encoded in upper-case hex; the
+// query as sent, its escapes normalised (upper-case hex, unreserved
+// characters decoded: RFC 3986, 6.2.2); "?" only before a query.
+function canonicalTarget(target) {
+  const s = String(target);
+  const q = s.indexOf('?');
+  const raw = Buffer.from(q < 0 ? s : s.slice(0, q), 'utf8');
+  const bytes = [];
+  for (let i = 0; i < raw.length; i++) {
+    const hex = raw[i] === 0x25 && i + 2 < raw.length ? raw.toString('latin1', i + 1, i + 3) : '';
+    if (/^[0-9A-Fa-f]{2}$/.test(hex)) {
+      bytes.push(parseInt(hex, 16));
+      i += 2;
+    } else bytes.push(raw[i]);
+  }
+  let path = '';
+  for (const b of bytes) path += isUnreserved(b) || b === 0x2f ? String.fromCharCode(b) : pct(b);
+  const query = q < 0 ? '' : s.slice(q + 1).replace(/%([0-9A-Fa-f]{2})/g, (_, h) => {
+    const b = parseInt(h, 16);
+    return isUnreserved(b) ? String.fromCharCode(b) : pct(b);
+  });
+  return query ? `${path}?${query}` : path;
+}
+
 // The canonical form of a request: "METHOD target\nscope\n" followed by the
-// canonical body, where target is the path with its query string (as
-// received) and scope the key's scope ("<length>:<tenant>" or "-").
+// canonical body, where target is the canonical target of the path with its
+// query string and scope the key's scope ("<length>:<tenant>" or "-").
 function canonicalRequest({ method, path, body, scope = '-' }, exclude) {
-  return Buffer.concat([Buffer.from(`${String(method).toUpperCase()} ${path}\n${scope}\n`, 'utf8'), canonicalBody(body, exclude)]);
+  return Buffer.concat([Buffer.from(`${String(method).toUpperCase()} ${canonicalTarget(path)}\n${scope}\n`, 'utf8'),
+    canonicalBody(body, exclude)]);
 }
 
 // 32 hex digits (128 bits) of SHA-256: plenty to tell two requests apart,
@@ -65,4 +97,4 @@ function fingerprint(request, exclude) {
   return crypto.createHash('sha256').update(canonicalRequest(request, exclude)).digest('hex').slice(0, 32);
 }
 
-module.exports = { canonicalJson, canonicalBody, canonicalRequest, fingerprint, withoutFields };
+module.exports = { canonicalJson, canonicalBody, canonicalRequest, canonicalTarget, fingerprint, withoutFields };

@@ -95,6 +95,16 @@ async function runCase(base, db, kase) {
   const check = (i) => {
     for (const b of verdict(responses[i], reqs[i].expect, responses.slice(0, i))) problems.push(`request ${i}: ${b}`);
   };
+  if (kase.seed) {
+    // A claim finished by other code (a SQL handler, a consumer), before the requests.
+    const s = kase.seed;
+    const claim = expand(s.claim, u);
+    await db.query('BEGIN');
+    await db.query('SELECT idem_claim($1, $2)', [claim, s.biz_type]);
+    await db.query(`SELECT ${s.state === 'completed' ? 'idem_complete' : 'idem_fail'}($1, $2, $3::jsonb)`,
+      [claim, s.biz_type, s.result === null ? null : JSON.stringify(s.result)]);
+    await db.query('COMMIT');
+  }
   const holding = reqs.some((r) => r.hold);
   if (holding) await db.query('SELECT pg_advisory_lock(hashtext($1))', [u]);
   const held = [];

@@ -343,7 +343,7 @@ async function main() {
     const replayed = await post('/charges', { key, body: charge });
     const rows = (await q('SELECT charge_id FROM charges WHERE idem_key = $1', [scoped(key)])).map((r) => r.charge_id);
     const b = JSON.parse(after.text);
-    expect('lease: state during the lease, a retry then: 409 with Retry-After = lease', [lease.state, during.status, during.headers['retry-after']], ['in_progress', 409, '2']);
+    expect('lease: state during the lease, a retry then: 409 with retryAfter of the route (2, set to the lease)', [lease.state, during.status, during.headers['retry-after']], ['in_progress', 409, '2']);
     expect('lease: after it ran out the retry takes over (attempt 2), resumes, provider called once, one row',
       [after.status, b.attempt, providerCalls.get(scoped(key)), rows.length, rows[0] === b.charge_id, replayed.status, replayed.headers['idempotent-replayed']],
       [201, 2, 1, 1, true, 201, 'true']);

@@ -123,7 +123,7 @@ const routes = [
   ['/orders-nowait', { bizType: 'orders.nowait', wait: false }, createOrder, 'als'],
   ['/orders-short-wait', { bizType: 'orders.shortwait', lockTimeout: 100 }, createOrder, 'request'],
   ['/orders-optional', { bizType: 'orders.optional', required: false }, createOrder, 'request'],
-  ['/charges', { bizType: 'charges.create', lease: 2 }, createCharge, 'request'],
+  ['/charges', { bizType: 'charges.create', lease: 2, retryAfter: 2 }, createCharge, 'request'],
 ];
 
 async function runOperation(idemCtx, op, req, body, path, where) {

@@ -6,7 +6,7 @@
 // tests/scenarios/middleware_node.sh with node --test.
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { canonicalJson, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem, parseKeyField, defaultStore, PROBLEMS } = require('idem-pg');
+const { canonicalJson, canonicalBody, canonicalTarget, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem, parseKeyField, defaultStore, PROBLEMS } = require('idem-pg');
 const table = require('./conformance.json');
 
 test('canonical JSON: keys sorted at every level, no whitespace', () => {
@@ -44,6 +44,12 @@ test('canonical request: the scope, and raw string and Buffer bodies as they are
 test('canonical JSON: the pairs every idem client checks (conformance.json)', () => {
   for (const [given, canonical] of table.canonical_json) assert.equal(canonicalJson(JSON.parse(given)), canonical, given);
   assert.ok(table.canonical_json.length > 10);
+});
+
+test('canonical body and target: the pairs every idem client checks (conformance.json)', () => {
+  for (const [given, canonical] of table.canonical_body) assert.equal(canonicalBody(given).toString('utf8'), canonical, given);
+  for (const [given, canonical] of table.canonical_target) assert.equal(canonicalTarget(given), canonical, given);
+  assert.ok(table.canonical_body.length > 5 && table.canonical_target.length > 5);
 });
 
 test('the key field: one sf-string, 16 to 255 visible ASCII characters', () => {
@@ -87,9 +93,16 @@ test("replay of docs/http.md's SQL handler document (a JSON body) and of a claim
   assert.equal(r.headers.location, '/orders/1');
   assert.equal(r.headers['content-type'], 'application/json');
   assert.deepEqual(JSON.parse(r.body.toString()), { order_id: 1 });
-  const empty = replay(null);
-  assert.equal(empty.status, 204);
-  assert.equal(empty.body, null);
+  for (const result of [null, { order_id: 1 }, { status: '201' }, [1]]) {
+    const empty = replay(result, 'completed');
+    assert.equal(empty.status, 204, JSON.stringify(result));
+    assert.equal(empty.body, null);
+    assert.deepEqual(empty.headers, { 'idempotent-replayed': 'true' }, "other code's result is not shown");
+    const failed = replay(result, 'failed', { problemBase: 'https://x.test/p#' });
+    assert.equal(failed.status, 422);
+    assert.equal(JSON.parse(failed.body.toString()).type, 'https://x.test/p#response-not-replayable');
+    assert.equal(failed.headers['idempotent-replayed'], undefined);
+  }
 });
 
 test('transient errors: the four SQLSTATEs and lost connections; others are not', () => {

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 from typing import Optional
+from urllib.parse import unquote
 
 from idem_http import (PROBLEMS, Policy, RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json,
-                       default_store_status, parse_key_field, request_fingerprint)
+                       canonical_target, default_store_status, parse_key_field, request_fingerprint)
 
 
 def info(body: bytes, method: str = "POST", path: str = "/orders", query: str = "") -> RequestInfo:
@@ -37,6 +38,22 @@ def test_canonical_json_vectors() -> None:
     for given, canonical in pairs:
         assert canonical_json(json.loads(given)) == canonical, given
     assert len(pairs) > 10
+
+
+def test_canonical_body_and_target_vectors() -> None:
+    """The table's body and target pairs; a target's path as Starlette and
+    Django give it (percent-decoded once), its query as sent."""
+    table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "middleware",
+                         "conformance.json")
+    if not os.path.exists(table):
+        table = os.environ["IDEM_CONFORMANCE_JSON"]
+    t = json.load(open(table))
+    for given, canonical in t["canonical_body"]:
+        assert canonical_body(given.encode()) == canonical.encode(), given
+    for given, canonical in t["canonical_target"]:
+        path, _, query = given.partition("?")
+        assert canonical_target(unquote(path), query) == canonical, given
+    assert len(t["canonical_body"]) > 5 and len(t["canonical_target"]) > 5
 
 
 def test_fingerprint() -> None:
@@ -107,6 +124,32 @@ def test_document_round_trip() -> None:
     assert unstored == {"status": 200, "headers": [], "body_stored": False}
     replay = Policy(single_tenant=True).replay(Response.from_document(unstored))
     assert replay.body == b"" and ("Idempotent-Replayed", "true") in replay.headers
+    # the Node and Go clients' document and docs/http.md's SQL handler's: headers as an object, a JSON body
+    sql = Response.from_document({"status": 201, "headers": {"Location": "/orders/7"}, "body": {"order_id": 7}})
+    assert sql is not None and sql.header("location") == "/orders/7" and sql.body == b'{"order_id":7}'
+    assert sql.header("content-type") == "application/json"
+
+
+def test_finished_by_other_code() -> None:
+    """No response stored (no integer status): completed, 204 replayed
+    without other code's result; failed, 422 response-not-replayable."""
+    p = Policy(single_tenant=True)
+    for result in (None, {"order_id": 7}, {"status": "201"}, {"status": True}, [1]):
+        assert Response.from_document(result) is None, result
+        done = p.replay(Response.from_document(result), "completed")
+        assert (done.status, done.headers, done.body) == (204, [("Idempotent-Replayed", "true")], b"")
+        failed = p.replay(Response.from_document(result), "failed")
+        assert failed.status == 422 and json.loads(failed.body)["type"].endswith("#response-not-replayable")
+        assert failed.header("Idempotent-Replayed") is None
+
+
+def test_retry_after_is_the_routes() -> None:
+    p = Policy(single_tenant=True, retry_after=3)
+    assert p.in_progress().header("Retry-After") == "3"
+    leased = Route("charges.create", lease="30 seconds", retry_after=30)
+    assert p.in_progress(leased).header("Retry-After") == "30"
+    assert p.unavailable("40001", leased).header("Retry-After") == "30"
+    assert p.in_progress(Route("charges.create", lease="30 seconds")).header("Retry-After") == "3"
 
 
 def test_scope() -> None:

@@ -103,6 +103,15 @@ def verdict(r: Optional[httpx.Response], exp: dict[str, Any], seen: list[Optiona
     return bad
 
 
+def seed(db: psycopg.Connection[Any], s: dict[str, Any], u: str) -> None:
+    """A claim finished by other code (a SQL handler, a consumer), before the requests."""
+    claim, biz = expand(s["claim"], u), s["biz_type"]
+    with db.transaction():
+        db.execute("SELECT idem_claim(%s, %s)", (claim, biz))
+        db.execute(f"SELECT {'idem_complete' if s['state'] == 'completed' else 'idem_fail'}(%s, %s, %s::jsonb)",
+                   (claim, biz, None if s["result"] is None else json.dumps(s["result"])))
+
+
 def run_case(base: str, conninfo: str, case: dict[str, Any]) -> list[str]:
     u = uuid.uuid4().hex[:12]
     reqs = case["requests"]
@@ -110,6 +119,8 @@ def run_case(base: str, conninfo: str, case: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     held: list[tuple[int, threading.Thread]] = []
     with psycopg.connect(conninfo, autocommit=True) as db:
+        if "seed" in case:
+            seed(db, case["seed"], u)
         holding = any(r.get("hold") for r in reqs)
         if holding:
             db.execute("SELECT pg_advisory_lock(hashtext(%s))", (u,))

@@ -15,8 +15,8 @@ from .core import Claim, claim, handle_request
 from .errors import (ClaimNotFinished, FingerprintMismatch, IdemError, InProgress, TRANSIENT_SQLSTATES,
                      TransientFailure, is_transient)
 from .policy import (DEFAULT_PROBLEM_BASE, PROBLEMS, REPLAYED_HEADER, SHARED_SCOPE, TRANSIENT_REFUSALS, Policy,
-                     RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json, default_store_status,
-                     parse_key_field, request_fingerprint, tenant_scope)
+                     RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json, canonical_target,
+                     default_store_status, parse_key_field, request_fingerprint, tenant_scope)
 
 __version__ = "0.4.0"
 __all__ = [
@@ -24,6 +24,6 @@ __all__ = [
     "ClaimNotFinished", "FingerprintMismatch", "IdemError", "InProgress", "TRANSIENT_SQLSTATES", "TransientFailure",
     "is_transient",
     "DEFAULT_PROBLEM_BASE", "PROBLEMS", "REPLAYED_HEADER", "SHARED_SCOPE", "TRANSIENT_REFUSALS", "Policy", "RequestInfo",
-    "Response", "Route", "TenantMissing", "canonical_body", "canonical_json", "default_store_status", "parse_key_field",
-    "request_fingerprint", "tenant_scope",
+    "Response", "Route", "TenantMissing", "canonical_body", "canonical_json", "canonical_target",
+    "default_store_status", "parse_key_field", "request_fingerprint", "tenant_scope",
 ]

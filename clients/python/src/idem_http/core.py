@@ -21,7 +21,7 @@ from . import _sql
 from .claim import ClaimState
 from .errors import (LOCK_NOT_AVAILABLE, ClaimNotFinished, FingerprintMismatch, InProgress, TransientFailure,
                      classify, sqlstate_of)
-from .policy import Policy, RequestInfo, Response, Route, TenantMissing
+from .policy import _log, Policy, RequestInfo, Response, Route, TenantMissing
 
 #: Runs one statement with positional parameters, returns its first row.
 Execute = Callable[[str, tuple[Any, ...]], Optional[tuple[Any, ...]]]
@@ -165,7 +165,9 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
     `call` in the claim's transaction, store what `describe` says it
     answered (policy.stores: 2xx/3xx with idem_complete, deterministic 4xx
     with idem_fail) or roll back, 422 for ID001, 503 for transient failures.
-    Returns our own Response, or what `call` returned."""
+    Returns our own Response, or what `call` returned; storing or committing
+    the response failed (not transiently): 500 internal-error."""
+    storing = False
     raw = info.header(policy.header)
     key = policy.parse_key(raw)
     if key is None and not (raw is None and not route.key_required):
@@ -185,7 +187,7 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
                       fingerprint=policy.fingerprint_of(info, route, scope), wait=wait, ttl=route.ttl,
                       lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
             if not c.claimed:
-                answer = policy.in_progress() if c.state == "in_progress" else policy.replay(c.replay)
+                answer = policy.in_progress(route) if c.state == "in_progress" else policy.replay(c.replay, c.state)
             else:
                 native = call(c)
                 resp = describe(native)
@@ -193,6 +195,7 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
                     raise _Rollback(native)
                 if len(resp.body) > policy.max_stored_body:
                     resp.body_stored = False
+                storing = True  # from here to COMMIT, a failure is ours: internal-error
                 doc = resp.to_document(policy.stored_headers)
                 if resp.status < 400:
                     c.complete(doc)
@@ -208,13 +211,17 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
     except TenantMissing:
         return policy.tenant_missing()
     except InProgress:
-        return policy.in_progress()
+        return policy.in_progress(route)
     except FingerprintMismatch:
         return policy.mismatch()
     except TransientFailure as e:
-        return policy.unavailable(e.sqlstate)
+        return policy.unavailable(e.sqlstate, route)
     except Exception as e:
         err = classify(e)  # the no-key path's errors come unclassified
         if isinstance(err, TransientFailure):
-            return policy.unavailable(err.sqlstate)
+            return policy.unavailable(err.sqlstate, route)
+        if storing:
+            _log.error("idem_http: %s %s (%s): storing the response failed: %r", info.method, info.path,
+                       route.biz_type, e)
+            return policy.internal_error()
         raise

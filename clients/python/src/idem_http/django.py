@@ -36,6 +36,8 @@ from .routes import resolver
 
 def _to_django(resp: Response) -> HttpResponse:
     out = HttpResponse(resp.body, status=resp.status)
+    if resp.header("Content-Type") is None:
+        del out["Content-Type"]  # Django's default (text/html) is not what was stored, or a 204's
     for n, v in resp.headers:
         out[n] = v
     return out
@@ -99,5 +101,6 @@ class IdempotencyMiddleware:
         not stored) rather than 500."""
         if getattr(request, "idem", None) is not None and is_transient(exception):
             assert self.policy is not None
-            return _to_django(self.policy.unavailable(sqlstate_of(exception)))
+            return _to_django(self.policy.unavailable(sqlstate_of(exception),
+                                                      self.resolve(request.method or "GET", request.path_info)))
         return None

@@ -32,9 +32,10 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "idempotency-key-invalid": (400, "Idempotency-Key invalid"),
     "idempotency-key-reused": (422, "Idempotency-Key reused for a different request"),
     "request-in-progress": (409, "Request in progress"),
-    "response-not-replayable": (409, "Stored response not replayable"),
+    "response-not-replayable": (422, "Stored response not replayable"),
     "transient-failure": (503, "Transient failure"),
     "tenant-missing": (500, "No tenant for this request"),
+    "internal-error": (500, "Response not stored"),
 }
 
 #: A bare (unquoted) key, accepted only with Policy(bare_keys=True): visible
@@ -133,19 +134,31 @@ class Response:
 
     @classmethod
     def from_document(cls, doc: Any) -> Optional["Response"]:
-        """The stored response, or None if the document is not one (a claim
-        committed without a result, or one made by other code)."""
-        if not isinstance(doc, dict) or not isinstance(doc.get("status"), int):
+        """The stored response, or None if the document is not one (no
+        integer status: a claim committed without a result, or other code's
+        own result). Reads this library's document, the Node and Go clients'
+        (headers as an object) and docs/http.md's SQL handler's (a JSON body)."""
+        status = doc.get("status") if isinstance(doc, dict) else None
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             return None
-        headers = [(str(h[0]), str(h[1])) for h in doc.get("headers") or [] if isinstance(h, (list, tuple)) and len(h) == 2]
+        raw = doc.get("headers") or []
+        pairs = raw.items() if isinstance(raw, dict) else [h for h in raw if isinstance(h, (list, tuple)) and len(h) == 2]
+        headers: list[tuple[str, str]] = []
+        for n, v in pairs:
+            headers.extend((str(n), str(x)) for x in (v if isinstance(v, list) else [v]))
         if "body_b64" in doc:
-            return cls(doc["status"], headers, base64.b64decode(doc["body_b64"]))
+            return cls(status, headers, base64.b64decode(doc["body_b64"]))
         body = doc.get("body")
         if isinstance(body, str):
-            return cls(doc["status"], headers, body.encode("utf-8"))
+            data = base64.b64decode(body) if doc.get("encoding") == "base64" else body.encode("utf-8")
+            return cls(status, headers, data)
         if body is None:
-            return cls(doc["status"], headers, b"", body_stored=bool(doc.get("body_stored", True)))
-        return cls(doc["status"], headers, json.dumps(body).encode("utf-8"))
+            stored = bool(doc.get("body_stored", True)) and not doc.get("body_omitted")
+            return cls(status, headers, b"", body_stored=stored)
+        r = cls(status, headers, json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        if r.header("Content-Type") is None:
+            r.headers.append(("Content-Type", "application/json"))
+        return r
 
     def header(self, name: str) -> Optional[str]:
         for n, v in self.headers:
@@ -198,6 +211,9 @@ class Route:
     #: None: the policy's anonymous. True: a request whose tenant hook
     #: returns None is claimed in the anonymous scope instead of refused.
     anonymous: Optional[bool] = None
+    #: None: the policy's retry_after. Seconds in Retry-After of this
+    #: route's 409 and 503 (a leased route whose work takes long: its lease).
+    retry_after: Optional[int] = None
 
 
 RouteLike = Union[Route, str]
@@ -353,30 +369,43 @@ class Policy:
         why = parse_key_field(raw, self.min_key_length, self.max_key_length, self.bare_keys)[1]
         return self.problem("idempotency-key-invalid", f"{self.header}: {why}.")
 
-    def in_progress(self, retry_after: Optional[int] = None) -> Response:
+    def retry_after_for(self, route: Optional[Route]) -> int:
+        return route.retry_after if route is not None and route.retry_after is not None else self.retry_after
+
+    def in_progress(self, route: Optional[Route] = None) -> Response:
         return self.problem("request-in-progress",
                             "A request with this Idempotency-Key is being processed; retry later with the same key.",
-                            [("Retry-After", str(retry_after or self.retry_after))])
+                            [("Retry-After", str(self.retry_after_for(route)))])
 
     def mismatch(self) -> Response:
         return self.problem("idempotency-key-reused",
                             "This Idempotency-Key was first used for a different request; do not retry this "
                             "request, a new request needs a new key.")
 
-    def unavailable(self, sqlstate: Optional[str]) -> Response:
+    def unavailable(self, sqlstate: Optional[str], route: Optional[Route] = None) -> Response:
         return self.problem("transient-failure",
                             f"A transient database failure ({sqlstate or 'connection lost'}); nothing was done, "
                             "retry with the same Idempotency-Key.",
-                            [("Retry-After", str(self.retry_after))])
+                            [("Retry-After", str(self.retry_after_for(route)))])
+
+    def internal_error(self) -> Response:
+        return self.problem("internal-error",
+                            "The response could not be stored; nothing was committed, or the outcome is unknown.")
 
     def tenant_missing(self) -> Response:
         return self.problem("tenant-missing", "The server found no tenant for this request; nothing was done.")
 
-    def replay(self, stored: Optional[Response]) -> Response:
+    def replay(self, stored: Optional[Response], state: str = "completed") -> Response:
+        """A duplicate's answer. A claim finished by other code without a
+        response (docs/http.md, "Finished by other code"): completed, 204
+        (done; other code's result is not the client's to see); failed, 422
+        response-not-replayable."""
         if stored is None:
-            # A claim committed by other code without a stored response.
+            if state == "completed":
+                return Response(204, [(REPLAYED_HEADER, "true")])
             return self.problem("response-not-replayable",
-                                "This Idempotency-Key was used, and its response was not stored by this library.")
+                                "The request with this Idempotency-Key failed, and no response was stored for it; "
+                                "a new request needs a new key.")
         return Response(stored.status, [*stored.headers, (REPLAYED_HEADER, "true")], stored.body,
                         stored.body_stored)
 
@@ -439,11 +468,16 @@ def _drop(value: Any, path: list[str]) -> None:
         _drop(value.get(path[0]), path[1:])
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def canonical_body(body: bytes, exclude_fields: Iterable[str] = ()) -> bytes:
     """The body's canonical form: parsed and re-serialised if it is JSON
-    (less the excluded fields), else the bytes as they are."""
+    (less the excluded fields), else the bytes as they are (NaN and
+    Infinity, which Python's json accepts, are not JSON)."""
     try:
-        value = json.loads(body) if body.strip() else None
+        value = json.loads(body.decode("utf-8"), parse_constant=_not_json) if body.strip() else None
     except (ValueError, UnicodeDecodeError):
         return body
     if value is None and not body.strip():
@@ -453,13 +487,35 @@ def canonical_body(body: bytes, exclude_fields: Iterable[str] = ()) -> bytes:
     return canonical_json(value).encode("utf-8")
 
 
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def canonical_target(path: str, query: str = "") -> str:
+    """The request target as every idem client counts it (docs/http.md, "The
+    fingerprint"): the decoded path (as Starlette and Django give it) with
+    every byte but the unreserved characters and "/" percent-encoded in
+    upper-case hex; the query as sent, its escapes normalised (upper-case
+    hex, unreserved characters decoded: RFC 3986, 6.2.2); "?" only before a
+    query."""
+    out = "".join(chr(b) if b in _UNRESERVED or b == 0x2F else f"%{b:02X}"
+                  for b in path.encode("utf-8", "surrogateescape"))
+    if not query:
+        return out
+
+    def norm(m: "re.Match[str]") -> str:
+        b = int(m.group(1), 16)
+        return chr(b) if b in _UNRESERVED else f"%{b:02X}"
+
+    return f"{out}?{_ESCAPE.sub(norm, query)}"
+
+
 def request_fingerprint(info: RequestInfo, exclude_fields: Iterable[str] = (), scope: str = SHARED_SCOPE) -> str:
     """128 bits of SHA-256 (32 hex digits) over "METHOD target\\nscope\\n"
-    and the canonical body, where target is the path and, if there is one,
-    "?" and the query string; never the headers (tokens rotate, trace ids
-    change between retries)."""
+    and the canonical body, where target is canonical_target(path, query);
+    never the headers (tokens rotate, trace ids change between retries)."""
     h = hashlib.sha256()
-    target = f"{info.path}?{info.query}" if info.query else info.path
+    target = canonical_target(info.path, info.query)
     h.update(f"{info.method.upper()} {target}\n{scope}\n".encode("utf-8"))
     h.update(canonical_body(info.body, exclude_fields))
     return h.hexdigest()[:32]

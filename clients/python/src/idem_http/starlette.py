@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .aio import AsyncClaim, claim_row
 from .errors import FingerprintMismatch, InProgress, TransientFailure, classify, is_transient, sqlstate_of
-from .policy import Policy, RequestInfo, Response, Route, TenantMissing
+from .policy import _log, Policy, RequestInfo, Response, Route, TenantMissing
 from .routes import RouteResolver, RouteTable, resolver
 
 ConnectionFactory = Callable[[], Any]  # () -> async context manager yielding an AsyncConnection
@@ -224,10 +224,10 @@ class IdempotencyMiddleware:
                     await conn.execute("COMMIT")
         except Exception as e:
             await _rollback(conn)
-            await _send_response(send, self._error_answer(e))
+            await _send_response(send, self._error_answer(e, route))
             return
         if c is not None and not c.claimed:
-            replay = policy.in_progress() if c.state == "in_progress" else policy.replay(c.replay)
+            replay = policy.in_progress(route) if c.state == "in_progress" else policy.replay(c.replay, c.state)
             await _send_response(send, replay)
             return
 
@@ -261,7 +261,7 @@ class IdempotencyMiddleware:
             if not leased:
                 await _rollback(conn)
             if is_transient(e):
-                await _send_response(send, policy.unavailable(sqlstate_of(e)))
+                await _send_response(send, policy.unavailable(sqlstate_of(e), route))
                 return
             raise
         if capture.passthrough:
@@ -283,22 +283,24 @@ class IdempotencyMiddleware:
         except Exception as e:
             if not leased:
                 await _rollback(conn)
-            err = classify(e)
-            if err is None:
-                raise
-            await _send_response(send, self._error_answer(err))
+            if classify(e) is None:
+                _log.error("idem_http: %s %s (%s): storing the response failed: %r", info.method, info.path,
+                           route.biz_type, e)
+                await _send_response(send, policy.internal_error())
+                return
+            await _send_response(send, self._error_answer(e, route))
             return
         resp.body_stored = True
         await _send_response(send, resp)
 
-    def _error_answer(self, e: BaseException) -> Response:
+    def _error_answer(self, e: BaseException, route: Route) -> Response:
         err = classify(e)
         if isinstance(err, InProgress):
-            return self.policy.in_progress()
+            return self.policy.in_progress(route)
         if isinstance(err, FingerprintMismatch):
             return self.policy.mismatch()
         if isinstance(err, TransientFailure):
-            return self.policy.unavailable(err.sqlstate)
+            return self.policy.unavailable(err.sqlstate, route)
         raise e
 
 
