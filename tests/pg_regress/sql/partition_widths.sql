@@ -17,6 +17,9 @@ RESET client_min_messages;
 -- (Few partitions per maintenance run: what is tested is that runs work,
 -- and every partition made costs the portable edition's claims a lock.)
 SET idem.premake_limit = 16;
+-- (idem_maintain runs in READ COMMITTED only, whatever the session's default:
+-- the environment matrix runs this file under SERIALIZABLE too.)
+SET default_transaction_isolation = 'read committed';
 CREATE TEMPORARY TABLE widths (w bigint PRIMARY KEY);
 INSERT INTO widths SELECT extract(epoch FROM x::interval) * 1000000
   FROM unnest(ARRAY['100 milliseconds', '1 second', '1 minute', '1 hour', '6 hours', '1 day', '100 days', '400 days']) x;
@@ -97,6 +100,7 @@ END $$;
 CALL pg_temp.grid();
 RESET idem.partition_width;
 RESET idem.premake_limit;
+RESET default_transaction_isolation;
 
 -- Every class of every width was claimed: TTLs of 4 widths of each class,
 -- and 1 second and 400 days (52 TTLs at 100 ms, 36 at one minute; at 100
