@@ -63,6 +63,7 @@ PROFILES = {
     # the latency runs use on, so both modes run), and the sustained section
     # on the pair that matters most (B1r, I2) for 6 s each, in windows of 2 s.
     "smoke": dict(duration=1, rounds=1, clients=[2], sync=["off"], prefill=1000,
+                  steady=2000,
                   latency_duration=1, latency_rounds=1, latency_sync=["on"], latency_clients=2,
                   sustained_seconds=6, sustained_window=2, sustained_clients=2,
                   sustained_variants=["B1r", "I2"],
@@ -76,6 +77,7 @@ PROFILES = {
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
+                    steady=100000,
                     latency_duration=6, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
                     sustained_seconds=300, sustained_window=30, sustained_clients=2,
                     sustained_variants=SUSTAINED_VARIANTS,
@@ -88,6 +90,7 @@ PROFILES = {
                     **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"]),
     # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
+                 steady=200000,
                  latency_duration=10, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
                  sustained_seconds=300, sustained_window=30, sustained_clients=2,
                  sustained_variants=SUSTAINED_VARIANTS,
@@ -190,6 +193,7 @@ class Bench:
         self.pg_bin = a.pg_bin
         self.run_id = 0
         self.fake_maintain = os.environ.get("BENCH_FAKE_MAINTAIN") == "1"
+        self._steady_ready = {}   # databases where reset_main's steady state can be made
         self.raw = {"meta": {}, "runs": [], "latency": [], "latency_pooled": [], "sustained": [],
                     "wal": [], "bytes": [], "scale": [], "partitions": [], "cleanup": {},
                     "loads": [], "errors": [], "notes": [], "ttl": {}, "handwritten": {},
@@ -404,10 +408,32 @@ class Bench:
         """Every run starts from the same state: empty business and dedup
         tables except `prefill` committed keys in each dedup store (the
         duplicates I3 reads; B1r's with their result), vacuumed; with
-        checkpoint, then a CHECKPOINT. One psql session."""
+        checkpoint, then a CHECKPOINT. One psql session.
+
+        Steady state (`steady` rows, the default; 0 = fresh tables): the
+        1-day type also holds `steady` completed claims aged evenly over
+        its TTL, as a table that has claimed for a whole day holds them, so
+        every partition of its class that a claim probes is full (ttl.py's
+        AGE_SQL), and each dedup store as many rows, so that both sides
+        probe indexes of the same size."""
+        steady = self.p.get("steady", 0)
+        if steady and not self._steady_ready.get(db):
+            self.psql(db, "SELECT idem_configure('bench', '1 day')")
+            self.psql(db, section_ttl_mod.AGE_SQL)
+            common.maintain_fully(self, db)
+            self._steady_ready[db] = True
+        aged = ""
+        if steady:
+            aged = f"""
+            SELECT bench_age_claims('bench', {steady});
+            SELECT idem_maintain();
+            INSERT INTO dedup (key) SELECT md5('s' || g::text) FROM generate_series(1, {steady}) g;
+            INSERT INTO dedup_r (key, result)
+              SELECT md5('s' || g::text), '{{"ok": true}}' FROM generate_series(1, {steady}) g;
+            INSERT INTO dedup_exc (key) SELECT md5('s' || g::text) FROM generate_series(1, {steady}) g;"""
         self.psql(db, f"""
             TRUNCATE orders, dedup, dedup_r, dedup_exc;
-            TRUNCATE idem.claims;
+            TRUNCATE idem.claims;{aged}
             INSERT INTO dedup (key) SELECT md5('p' || g::text) FROM generate_series(1, {prefill}) g;
             INSERT INTO dedup_r (key, result)
               SELECT md5('p' || g::text), '{{"ok": true}}' FROM generate_series(1, {prefill}) g;
@@ -558,7 +584,7 @@ class Bench:
 def profile_params(a):
     """The profile's parameters with the command line's overrides."""
     p = dict(PROFILES[a.profile])
-    for k in ("duration", "rounds", "prefill", "wal_txns", "bytes_claims", "scale_small",
+    for k in ("duration", "rounds", "prefill", "steady", "wal_txns", "bytes_claims", "scale_small",
               "scale_big", "cleanup_reps", "p99_rows", "sustained_seconds", "sustained_window",
               "latency_duration", "latency_rounds") + \
             tuple(dest for mod in SECTION_MODULES for _, dest, _, _ in mod.OPTIONS):
@@ -684,6 +710,11 @@ def main():
     ap.add_argument("--sync", help="comma list of synchronous_commit values (default off,on)")
     ap.add_argument("--matrix-variants", help="comma list: only these matrix variants (default all; B3 and B0c need redis)")
     ap.add_argument("--prefill", type=int, help="committed keys per dedup store (I3 draws from them)")
+    ap.add_argument("--steady", type=int,
+                    help="steady state: completed claims aged over the 1-day TTL (every partition of "
+                         "its class full) and as many rows per dedup store, before each run of the "
+                         "matrix, latency, sustained and wal sections (0: fresh tables; "
+                         "default 100000, smoke 2000, full 200000)")
     ap.add_argument("--wal-txns", dest="wal_txns", type=int, help="transactions per WAL measurement")
     ap.add_argument("--claims", dest="bytes_claims", type=int, help="claims in the bytes section")
     ap.add_argument("--small-keys", dest="scale_small", type=int, help="live keys, small case (10000)")
