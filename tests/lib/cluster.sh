@@ -41,7 +41,7 @@ pc_init() {
 pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   local bin=$1 dir=$2 port=$3
   shift 3
-  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
   {
     echo "listen_addresses = ''"
     echo "unix_socket_directories = '$dir'"
