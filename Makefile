@@ -18,12 +18,13 @@
 PG_CONFIG ?= pg_config
 CARGO ?= cargo
 PGRX_VERSION := 0.18.1
-PG_MAJOR := $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
-PKGLIBDIR := $(shell $(PG_CONFIG) --pkglibdir)
-EXTDIR := $(shell $(PG_CONFIG) --sharedir)/extension
+PG_MAJOR = $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+PKGLIBDIR = $(shell $(PG_CONFIG) --pkglibdir)
+EXTDIR = $(shell $(PG_CONFIG) --sharedir)/extension
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # cargo pgrx package lays the files out under their final paths here.
-STAGE := $(TARGET_DIR)/release/idem-pg$(PG_MAJOR)
+# (These ask pg_config when a target uses them: make portable needs none.)
+STAGE = $(TARGET_DIR)/release/idem-pg$(PG_MAJOR)
 
 # cargo-pgrx reads the pg_config of each major from $PGRX_HOME/config.toml
 # (~/.pgrx), which `cargo pgrx init` writes.
@@ -67,8 +68,8 @@ portable:
 # for the runners (--host, --port, --user, --launcher...). Results and
 # diffs go to REGRESS_OUT/regress and REGRESS_OUT/isolation.
 # scripts/test.sh runs the schedules through these targets on every major.
-PGXS_TEST := $(shell $(PG_CONFIG) --pkglibdir)/pgxs/src/test
-PG_BINDIR := $(shell $(PG_CONFIG) --bindir)
+PGXS_TEST = $(shell $(PG_CONFIG) --pkglibdir)/pgxs/src/test
+PG_BINDIR = $(shell $(PG_CONFIG) --bindir)
 REGRESS_OUT ?= target/installcheck
 REGRESS_SCHEDULE ?= tests/pg_regress/schedule
 ISOLATION_SCHEDULE ?= tests/isolation/schedule
