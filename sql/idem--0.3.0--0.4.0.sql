@@ -1041,12 +1041,13 @@ BEGIN
            '@extschema@.idem_complete(text, text, jsonb, text)',
            '@extschema@.idem_fail(text, text, jsonb, text)',
            '@extschema@.idem_checkpoint(text, text, text, jsonb, text)',
+           '@extschema@.idem_release(text, text, text)',
            '@extschema@.idem_lookup(text, text)',
            '@extschema@.idem_forget(text, text)']::regprocedure[]) AS f;
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 CREATE FUNCTION idem.published_tables() RETURNS TABLE (pubname name, tablename name, attnames name[])
     STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -1172,3 +1173,10 @@ BEGIN
     END IF;
 END
 $fn$;
+
+-- lease.sql ------------------------------------------------------------------
+CREATE FUNCTION idem_release(key text, biz_type text, lease_token text DEFAULT NULL) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_release';
+COMMENT ON FUNCTION idem_release(text, text, text) IS
+'End a lease early, after a transient failure: pass the lease_token idem_claim returned (or call it in the transaction that took the lease). The claim stays leased but has run out, so the next idem_claim takes it over at once (attempt + 1, recovery point and data kept); the token is spent, and its later use raises ID003. ID003 also for a claim that is not leased, or leased to another owner.';

@@ -102,6 +102,16 @@ fn checkpoint(args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, checkpoint);
 
+// idem_release(key text, biz_type text, lease_token text DEFAULT NULL)
+arguments!(release_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", LEASE_TOKEN = 2 "lease_token");
+fn release(args: Args) -> pg_sys::Datum {
+    use release_args::*;
+    let k = claim_key(args, KEY, BIZ_TYPE);
+    protocol::finish(&k, Finish::Release, args.text(LEASE_TOKEN));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_release, pg_finfo_idem_release, release);
+
 // idem_forget(key text, biz_type text) RETURNS boolean
 arguments!(forget_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
 fn forget(args: Args) -> pg_sys::Datum {
@@ -394,6 +404,7 @@ mod tests {
             ("idem_fail(text,text,jsonb,text)", super::fail_args::NAMES),
             ("idem_checkpoint(text,text,text,jsonb,text)", super::checkpoint_args::NAMES),
             ("idem_forget(text,text)", super::forget_args::NAMES),
+            ("idem_release(text,text,text)", super::release_args::NAMES),
             ("idem_configure(text,interval)", super::configure_args::NAMES),
             ("idem_set_owner(text,regrole)", super::set_owner_args::NAMES),
             ("idem.key_hash(text,text)", super::key_hash_args::NAMES),
