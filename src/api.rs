@@ -101,6 +101,8 @@ fn claim_many(args: Args) -> pg_sys::Datum {
     order.sort_by(|&a, &b| keys[a].key.cmp(keys[b].key));
     let mut outcomes: Vec<Option<Outcome>> = (0..keys.len()).map(|_| None).collect();
     for i in order {
+        // A batch of many thousand keys can be cancelled between two keys.
+        pg_sys::check_for_interrupts!();
         let req = ClaimRequest {
             key: keys[i],
             ttl_us,

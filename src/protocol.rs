@@ -255,7 +255,10 @@ pub fn lookup(k: &ClaimKey) -> Outcome {
 pub enum Finish<'a> {
     Complete(Option<pg_sys::Datum>),
     Fail(pg_sys::Datum),
-    Checkpoint { point: &'a [u8], data: Option<pg_sys::Datum> },
+    Checkpoint {
+        point: &'a [u8],
+        data: Option<pg_sys::Datum>,
+    },
     /// End the lease now (a transient failure): the next claim takes over.
     Release,
 }
