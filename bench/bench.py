@@ -23,6 +23,8 @@ Sections (README.md explains each; each is bench/sections/<name>.py):
               between the dedup step and COMMIT
   portable    the portable edition (plain script) next to the native edition
               and B1/B1r, two databases of one cluster
+  batch       per-key cost of a consumer's batch: idem_claim_many vs single
+              idem_claim statements vs a hand-written unnest ON CONFLICT
 """
 import argparse
 import json
@@ -38,6 +40,7 @@ import time
 import drivers
 from drivers import build_redis_driver, idem_build, idem_so_digest
 from measure import NOISY_CORES, QUIET_CORES, CpuMeter, noise
+from sections import batch as section_batch_mod
 from sections import bytes as section_bytes_mod
 from sections import cleanup as section_cleanup_mod
 from sections import common
@@ -73,7 +76,8 @@ PROFILES = {
                   parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
                   cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1,
                   **section_ttl_mod.PROFILES["smoke"], **section_handwritten_mod.PROFILES["smoke"],
-                  **section_kills_mod.PROFILES["smoke"], **section_portable_mod.PROFILES["smoke"]),
+                  **section_kills_mod.PROFILES["smoke"], **section_portable_mod.PROFILES["smoke"],
+                  **section_batch_mod.PROFILES["smoke"]),
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
@@ -87,7 +91,8 @@ PROFILES = {
                     parts_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
                     cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2,
                     **section_ttl_mod.PROFILES["default"], **section_handwritten_mod.PROFILES["default"],
-                    **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"]),
+                    **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"],
+                    **section_batch_mod.PROFILES["default"]),
     # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
                  steady=200000,
@@ -100,12 +105,14 @@ PROFILES = {
                  parts_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
                  cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3,
                  **section_ttl_mod.PROFILES["full"], **section_handwritten_mod.PROFILES["full"],
-                 **section_kills_mod.PROFILES["full"], **section_portable_mod.PROFILES["full"]),
+                 **section_kills_mod.PROFILES["full"], **section_portable_mod.PROFILES["full"],
+                 **section_batch_mod.PROFILES["full"]),
 }
 
-SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod, section_portable_mod]
+SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod, section_portable_mod,
+                   section_batch_mod]
 ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup",
-                "ttl", "handwritten", "kills", "portable"]
+                "ttl", "handwritten", "kills", "portable", "batch"]
 
 # The benchmark's own partitions of idem.claims (partitions section, and the
 # expired partition of the cleanup section) get the index idem's partitions
@@ -357,7 +364,13 @@ class Bench:
         self.psql("postgres", f"CREATE DATABASE {db}")
         with open(os.path.join(SQL, "schema.sql")) as f:
             self.psql(db, f.read())
-        self.psql(db, "CREATE EXTENSION idem; CREATE EXTENSION pg_walinspect;")
+        self.psql(db, "CREATE EXTENSION idem")
+        # The WAL figures need pg_walinspect (contrib); a server built without
+        # it still runs the sections that do not read WAL (batch, say).
+        if self.val(db, "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'") == "1":
+            self.psql(db, "CREATE EXTENSION pg_walinspect")
+        elif db == "bench":
+            self.raw["notes"].append("pg_walinspect is not available: the WAL sections will fail")
         self.psql(db, MAKE_PARTITION_SQL)
         self.psql(db, common.BENCH_CLAIM_SQL)
         if self.fake_maintain and not self.has_maintain(db):
@@ -518,6 +531,9 @@ class Bench:
 
     def section_portable(self):
         section_portable_mod.run(self)
+
+    def section_batch(self):
+        section_batch_mod.run(self)
 
     # ---- main -------------------------------------------------------------
     def run(self):
@@ -680,6 +696,7 @@ def estimate(p, sections, redis, rates=None):
     e["handwritten"] = section_handwritten_mod.estimate(p, R)
     e["kills"] = section_kills_mod.estimate(p, R, redis)
     e["portable"] = section_portable_mod.estimate(p, R)
+    e["batch"] = section_batch_mod.estimate(p, R)
     e = {k: round(v) for k, v in e.items() if k in sections}
     e["total"] = sum(e.values()) + 15
     return e

@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 
+from sections import batch as section_batch
 from sections import handwritten as section_handwritten
 from sections import kills as section_kills
 from sections import portable as section_portable
@@ -907,7 +908,7 @@ def main():
     r = Report(out)
     for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.partitions, r.cleanup):
         part()
-    for mod in (section_ttl, section_handwritten, section_kills, section_portable):
+    for mod in (section_ttl, section_handwritten, section_kills, section_portable, section_batch):
         mod.report(r)
     r.sort_targets()
     r.svg()

@@ -617,15 +617,17 @@ BEGIN
             PERFORM idem.check_lease(p.result);
             holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
         ELSE
-            holds := p.own AND what <> 'idem_checkpoint';
+            holds := p.own AND what NOT IN ('idem_checkpoint', 'idem_release');
         END IF;
         IF NOT holds THEN
             IF leased AND lease_token IS NULL THEN
                 PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
+            ELSIF leased AND p.result ->> 'owner_token_sha256' = '' THEN
+                PERFORM idem.not_claimed(key, biz_type, 'was released by its lease holder: claim it again (its token is spent)');
             ELSIF leased THEN
                 PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
             ELSIF p.own THEN
-                PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
+                PERFORM idem.not_claimed(key, biz_type, format('is not leased: %s needs idem_claim(..., lease => ...)', what));
             ELSE
                 PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
             END IF;
@@ -637,11 +639,16 @@ BEGIN
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
                                      p.result ->> 'owner_token_sha256', to_jsonb(point), data);
+    ELSIF what = 'idem_release' THEN
+        -- Run out now, its token spent (src/lease.rs, release).
+        new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint,
+                                     least(idem.lease_until(p.result), clock_timestamp()), '',
+                                     p.result -> 'recovery_point', p.result -> 'recovery_data');
     END IF;
     PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
-COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail and idem_checkpoint: rewrite the claim the caller holds (ID003 otherwise).';
+COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
 -- @end
 
 -- @body idem_complete
