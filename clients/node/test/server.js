@@ -103,6 +103,8 @@ const conformanceRoutes = [
   ['/conformance/orders-short-wait', { bizType: 'conformance.shortwait', lockTimeout: 200, storeHeaders: ['content-type', 'location'] }],
   ['/conformance/orders-anonymous', { bizType: 'conformance.anonymous', anonymous: true, storeHeaders: ['content-type', 'location'] }],
   ['/conformance/orders-2xx-only', { bizType: 'conformance.only2xx', store: (s) => s >= 200 && s < 300, storeHeaders: ['content-type', 'location'] }],
+  // Lease mode: the handler's writes are the second transaction on ctx.client.
+  ['/conformance/orders-lease', { bizType: 'conformance.lease', lease: 60, storeHeaders: ['content-type', 'location'] }],
 ];
 async function conformance(ctx, req, body) {
   const hold = header(req, 'x-conformance-hold');
@@ -137,7 +139,9 @@ async function runOperation(idemCtx, op, req, body, path, where) {
 async function express() {
   const express = require('express');
   const app = express();
-  app.use(express.json());
+  // The parsers keep the bytes the fingerprint counts (a form's fields as
+  // sent, not as parsed: tests/middleware/conformance.json's form cases).
+  app.use(express.json({ verify: idem.rawBody }), express.urlencoded({ extended: true, verify: idem.rawBody }));
   for (const [path, options, op, where] of routes) {
     app.post(path, idem.express(options), async (req, res) => {
       const out = await runOperation(req.idem, op, req, req.body, path, where);
@@ -165,6 +169,10 @@ async function fastify() {
   const Fastify = require('fastify');
   const { Readable } = require('node:stream');
   const app = Fastify({ logger: false });
+  // Forms parsed into fields (what @fastify/formbody does), after idem-pg
+  // has seen their bytes.
+  app.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string' },
+    (request, text, done) => done(null, require('node:querystring').parse(text)));
   await app.register(idem.fastify);
   for (const [path, options, op, where] of routes) {
     app.post(path, { config: { idem: options } }, async (request, reply) => {

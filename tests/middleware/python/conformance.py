@@ -31,7 +31,7 @@ def send(base: str, case: dict[str, Any], req: dict[str, Any], u: str) -> Option
     path = req.get("route") or case.get("route") or d["route"]
     if req.get("query"):
         path += "?" + req["query"]
-    headers: list[tuple[str, str]] = [("Content-Type", "application/json")]
+    headers: list[tuple[str, str]] = [("Content-Type", req.get("content_type", "application/json"))]
     for line in req.get("key", []):
         headers.append(("Idempotency-Key", expand(line, u)))
     tenant = req["tenant"] if "tenant" in req else d["tenant"]
