@@ -97,7 +97,7 @@ export interface Options {
   anonymous?: boolean;
   /** Base URI of the problem types in error bodies: type = problemBase + slug. */
   problemBase?: string;
-  /** The claim as a named prepared statement (default false; not behind PgBouncer in transaction mode before 1.21). */
+  /** The claim as a named prepared statement after its own BEGIN, one round trip more than the default (default false; not behind PgBouncer in transaction mode before 1.21). */
   prepare?: boolean;
   /** Where the refusal of a request without a tenant is logged (default console). */
   logger?: { error(message: string): void };

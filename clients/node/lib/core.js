@@ -65,7 +65,7 @@ const DEFAULTS = {
   singleTenant: false, // no tenant hook: every caller shares one key space
   anonymous: false, // with a tenant hook: no tenant -> the shared scope, instead of 500
   problemBase: DEFAULT_PROBLEM_BASE,
-  prepare: false, // the claim as a named prepared statement (not behind PgBouncer in transaction mode before 1.21)
+  prepare: false, // the claim as a named prepared statement, after its own BEGIN (not behind PgBouncer in transaction mode before 1.21)
   logger: console,
   hooks: {},
 };
