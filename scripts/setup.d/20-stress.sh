@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The crash and failover tests (tests/stress/pg.sh) find a postmaster's
+# The crash and failover tests (tests/lib/cluster.sh) find a postmaster's
 # children with ps, which minimal Debian images lack. (amcheck and
 # pg_basebackup come with postgresql-15; psycopg with 10-python.sh.)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
