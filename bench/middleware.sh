@@ -119,7 +119,7 @@ print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'u
 echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
 
 # ---- Node: idem-pg packed and installed with express and pg --------------------------
-bash "$ROOT/scripts/setup.d/80-middleware-node.sh"
+bash "$ROOT/scripts/setup.sh" --tool middleware_node
 say "idem-pg: npm pack, npm install with express and pg"
 mkdir -p "$work/pack" "$work/app"
 tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")

@@ -15,7 +15,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 JDBC=/usr/share/java/postgresql.jar
-[ -f "$JDBC" ] || fail "$JDBC missing: run scripts/setup.d/30-examples.sh"
+[ -f "$JDBC" ] || fail "$JDBC missing: run bash scripts/setup.sh --tool examples"
 
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"

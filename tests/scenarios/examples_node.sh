@@ -16,7 +16,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-[ -f "$dir/node_modules/pg/package.json" ] || fail "examples/node-consumer/node_modules missing: run scripts/setup.d/30-examples.sh"
+[ -f "$dir/node_modules/pg/package.json" ] || fail "examples/node-consumer/node_modules missing: run bash scripts/setup.sh --tool examples"
 
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 psql_idem -q -d $db -c "CREATE EXTENSION idem"
