@@ -9,7 +9,7 @@
 #   pc_initdb BIN DIR PORT [CONF-LINE...]
 #                                     initdb (of the server in BIN) into DIR/data,
 #                                     listening on a socket in DIR only, fsync off,
-#                                     shared_buffers 32MB,
+#                                     shared_buffers 32MB (PC_INITDB_OPTS: more initdb options),
 #                                     with these settings too (later lines win);
 #                                     DIR must exist
 #   pc_fresh DIR                      DIR stopped, removed and made anew (postgres's, 0700)
@@ -96,7 +96,9 @@ pc_init() {
 pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   local bin=$1 dir=$2 port=$3
   shift 3
-  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
+  # (PC_INITDB_OPTS: more options, as --no-data-checksums for an upgrade's new cluster)
+  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync \
+    ${PC_INITDB_OPTS:-} >/dev/null
   echo "$bin" > "$dir/pg_bin"
   {
     echo "listen_addresses = ''"
