@@ -8,6 +8,16 @@
 # Python venv, scripts/setup.d/10-python.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
+# Shared by the examples: each works in a fresh database $db with idem.
+fail() { echo "FAIL: $*"; exit 1; }
+ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+q() { psql_idem -d $db -Atc "$1"; }
+new_db() {
+  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  psql_idem -q -d $db -c "CREATE EXTENSION idem"
+}
+drop_db() { psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true; }
+
 # examples/java-payment against the shared cluster (JDBC, Debian's pgjdbc):
 # a payment call whose answer to COMMIT is lost on the network, retried with
 # the request key made before the retry loop. Checks from the database: the
@@ -18,16 +28,13 @@ db=ex_java
 work=$(mktemp -d /tmp/ex_java.XXXXXX)
 cleanup() {
   rm -rf "$work"
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+  drop_db
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 JDBC=/usr/share/java/postgresql.jar
 [ -f "$JDBC" ] || fail "$JDBC missing: run bash scripts/setup.sh --tool examples"
 
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-psql_idem -q -d $db -c "CREATE EXTENSION idem"
+new_db
 
 t0=$(date +%s%N)
 javac -d "$work/classes" "$ROOT/examples/java-payment/PaymentRetry.java"
@@ -37,7 +44,6 @@ t0=$(date +%s%N)
 java -cp "$work/classes:$JDBC" PaymentRetry | tee "$work/log"
 echo "program run: $(ms "$t0") ms"
 
-q() { psql_idem -d $db -Atc "$1"; }
 # The right way: one charge, and the client's answer is that charge's stored result.
 [ "$(q "SELECT count(*) FROM card_charges WHERE order_no LIKE 'ORD-%-A'")" = 1 ] \
   || fail "order A charged $(q "SELECT count(*) FROM card_charges WHERE order_no LIKE 'ORD-%-A'") times, not once"
@@ -68,17 +74,13 @@ dir="$ROOT/examples/node-consumer"
 work=$(mktemp -d /tmp/ex_node.XXXXXX)
 cleanup() {
   rm -rf "$work"
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+  drop_db
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 [ -f "$dir/node_modules/pg/package.json" ] || fail "examples/node-consumer/node_modules missing: run bash scripts/setup.sh --tool examples"
 
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-psql_idem -q -d $db -c "CREATE EXTENSION idem"
+new_db
 export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
-q() { psql_idem -d $db -Atc "$1"; }
 events=$(grep -c . "$dir/events.jsonl")
 
 # Run 1 dies right after offset 8's transaction committed.
@@ -125,11 +127,10 @@ db=ex_python
 report=$(mktemp /tmp/ex_python.XXXXXX.json)
 cleanup() {
   rm -f "$report"
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+  drop_db
 }
 trap cleanup EXIT
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-psql_idem -q -d $db -c "CREATE EXTENSION idem"
+new_db
 
 export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
 t0=$(date +%s%N)
@@ -212,21 +213,17 @@ pid=
 cleanup() {
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
   rm -rf "$work"
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+  drop_db
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 t0=$(date +%s%N)
 (cd "$dir" && cargo build --locked --quiet --target-dir "$dir/target$IDEM_OS_SUFFIX")
 echo "cargo build (dev profile, no debug info; incremental): $(ms "$t0") ms"
 bin="$dir/target$IDEM_OS_SUFFIX/debug/idem-example-batch"
 
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-psql_idem -q -d $db -c "CREATE EXTENSION idem"
+new_db
 export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres PGDATABASE=$db
-q() { psql_idem -d $db -Atc "$1"; }
 args=(--job "$job" --items $items --item-ms 15 --lease-secs 2)
 
 # Run 1, killed (SIGKILL) at a point the program announces: in item 40's
