@@ -1,6 +1,8 @@
 # The one cluster library: every test server of the project is made,
 # started, stopped, crashed and removed here (initdb and pg_ctl are called
-# from this file only). Source it after scripts/lib.sh, or run it as a
+# from this file only, apart from bench/'s clusters and
+# tests/package/in_root.sh, which runs as an operator would in a Debian root
+# without sudo or this checkout's scripts). Source it after scripts/lib.sh, or run it as a
 # command (below). A cluster lives in a folder DIR: its data in DIR/data, its
 # log in DIR/server.log, its Unix socket in DIR, trust authentication, user
 # postgres; the PostgreSQL whose programs made it is remembered in
@@ -45,7 +47,7 @@
 #                                     pc_node_init: "primary": synchronous standby
 #                                     'stress_replica', remote_apply; "crash":
 #                                     commit_delay (see there)
-#   bash tests/lib/cluster.sh start DIR / stop DIR [MODE]
+#   bash tests/lib/cluster.sh start DIR / stop DIR [MODE] / ctl DIR PG_CTL-ARGS...
 #   bash tests/lib/cluster.sh crash DIR [N]
 #                                     pc_crash: crash number N (1, 2, 3, ...), see
 #                                     there; returns once the server accepts
@@ -381,7 +383,7 @@ kill_matching() {
   done
 }
 
-# As a command (see the top): bash tests/lib/cluster.sh init|start|stop|crash|replica|failover|destroy ARGS...
+# As a command (see the top): bash tests/lib/cluster.sh init|start|stop|ctl|crash|replica|failover|destroy ARGS...
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
   cmd=${1:-}
@@ -390,7 +392,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   init) pc_node_init "$@" ;;
   start) pc_server_start "$@" ;;
   stop) pc_server_stop "$@" ;;
+  ctl) pc_ctl "$@" ;;
   crash|replica|failover|destroy) "pc_$cmd" "$@" ;;
-  *) echo "usage: bash $0 init|start|stop|crash|replica|failover|destroy ARGS..." >&2; exit 2 ;;
+  *) echo "usage: bash $0 init|start|stop|ctl|crash|replica|failover|destroy ARGS..." >&2; exit 2 ;;
   esac
 fi
