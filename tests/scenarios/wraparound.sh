@@ -56,7 +56,7 @@ wrap_to() { # EPOCH
   # reset made look new: expected here.)
   "$PG_BIN/vacuumdb" -h "$dir" -p "$port" -U postgres --all --freeze -q 2>&1 | grep -v "overwrote invalid relfrozenxid" || true
   sql -c "CHECKPOINT"
-  bash "$pgsh" stop "$dir" fast
+  bash "$pgsh" ctl "$dir" -m fast -w stop >/dev/null
   as_postgres "$PG_BIN/pg_resetwal" -e "$1" -x "$t" -D "$dir/data" >/dev/null
   bash "$pgsh" start "$dir"
 }
