@@ -7,6 +7,7 @@
 #
 #   bash bench/middleware.sh [--rounds 5] [--requests 3000] [--concurrency 8]
 #                            [--warmup 300] [--profile] [--out DIR]
+#   bash bench/middleware.sh go ...   the Go middleware instead (below, bench_go)
 #
 # Per server, the same handler (insert one row into orders, answer 201 with
 # {"id", "amount"}) behind four variants, all on one connection pool:
@@ -40,6 +41,47 @@
 # (Python) and node --cpu-prof (Node), summaries in the output folder.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
+
+# Requests per second through the Go middleware (clients/go), next to the
+# same net/http + pgx handler with hand-written idempotency (INSERT ... ON
+# CONFLICT on a dedup table) and with none; the Go counterpart of
+# the Python and Node runs above, with its variants a (a new key per
+# request), b (replays), c (hand-written), d (no idempotency). Not a test
+# (scripts/test.sh never runs it): it measures, and checks only that every
+# answer was the expected one. The program is clients/go/test/bench; the
+# server and the load client share one process and the machine's cores.
+#
+#   bash bench/middleware.sh go [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 300]
+#
+# Its own PostgreSQL 15 cluster (port 5592, BENCH_MW_GO_PORT), unix socket
+# only, fsync on and synchronous_commit = off as for Python and Node.
+# Modules from the cache of scripts/setup.d/80-middleware-go.sh.
+bench_go() {
+  source "$ROOT/tests/lib/go.sh"
+  PG_PORT=${BENCH_MW_GO_PORT:-5592}
+  dir="$(cluster_dir)/middleware-go-bench"
+  work=
+  stop_all() {
+    pc_stop
+    if [ -n "$work" ]; then rm -rf "$work"; fi
+    return 0
+  }
+  trap stop_all EXIT
+  PC_DIR=$dir
+  stop_all
+  bash "$ROOT/scripts/setup.d/80-middleware-go.sh"
+  go_env
+  work=$(mktemp -d /tmp/middleware-go-bench.XXXXXX)
+  (cd "$ROOT/clients/go/test" && go build -o "$work/bench" ./bench)
+  pc_init "$dir" "$PG_PORT" "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
+    "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min"
+  pc_start
+  pc_psql -d postgres -q -c "CREATE DATABASE bench"
+  pc_psql -d bench -q -c "CREATE EXTENSION idem"
+  echo "PostgreSQL $(pc_psql -d bench -Atc 'SHOW server_version'), $(go version), $(nproc) cores"
+  BENCH_DSN="host=$dir port=$PG_PORT user=postgres dbname=bench pool_max_conns=16" "$work/bench" "$@"
+}
+if [ "${1:-}" = go ]; then shift; bench_go "$@"; exit; fi
 
 ROUNDS=5 REQUESTS=3000 CONCURRENCY=8 WARMUP=300 PROFILE=0
 ARGS="$*"
@@ -119,7 +161,7 @@ print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'u
 echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
 
 # ---- Node: idem-pg packed and installed with express and pg --------------------------
-bash "$ROOT/scripts/setup.d/80-middleware-node.sh"
+bash "$ROOT/scripts/setup.sh" --tool middleware_node
 say "idem-pg: npm pack, npm install with express and pg"
 mkdir -p "$work/pack" "$work/app"
 tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")

@@ -115,7 +115,7 @@ cluster_dir() {
 
 # A scenario's own TCP port: BASE on 15, BASE + 100 per major above it
 # (5516 → 5616 on 16): scripts/test.sh runs the other majors' suites side
-# by side, and a private server that listens on 127.0.0.1 (tests/stress/pg.sh)
+# by side, and a private server that listens on 127.0.0.1 (tests/lib/cluster.sh)
 # needs a port of its own there.
 major_port() { echo $(( $1 + 100 * (PG_MAJOR - 15) )); }
 

@@ -3,7 +3,9 @@
 # extension into the system PostgreSQL 15. Safe to run again: each step is
 # skipped when already done.
 #   bash scripts/setup.sh            what building and running idem needs (the demo's part)
-#   bash scripts/setup.sh --tests    also the test suite's tools: scripts/setup.d/*.sh
+#   bash scripts/setup.sh --tests    also the test suite's tools: TEST_TOOLS below
+#   bash scripts/setup.sh --tool NAME...   only these tools (a tool_NAME below, or a
+#                                    file of scripts/setup.d/), nothing else
 # Not installed here: a Rust toolchain (rustup, https://rustup.rs), Rust
 # 1.89 or newer to build (idem's locked dependencies need it), 1.95 or newer
 # for the tests (pgrx-tests' sysinfo); checked first.
@@ -12,6 +14,119 @@
 # gets its packages from apt; for any other, the version-specific packages
 # are skipped (the server and its headers come with it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# The test suite's own tools (language drivers, toolchains, exporters), in
+# this order, each idempotent: a tool_NAME function here, or a file of
+# scripts/setup.d/. The core suite that runs on the other majors
+# (scripts/test.sh, IDEM_SUITE=core) needs only Python and ps.
+TEST_TOOLS=(10-python.sh stress examples 50-pgbouncer.sh monitoring pgxn 80-middleware-go.sh middleware_node
+            80-middleware-python.sh 85-java.sh)
+CORE_TOOLS=(10-python.sh stress)
+run_tool() { case "$1" in *.sh) bash "$ROOT/scripts/setup.d/$1" ;; *) "tool_${1//-/_}" ;; esac; }
+
+# The crash and failover tests (tests/lib/cluster.sh) find a postmaster's
+# children with ps, which minimal Debian images lack. (amcheck and
+# pg_basebackup come with postgresql-15; psycopg with 10-python.sh.)
+tool_stress() (
+  if ! dpkg-query -W -f='${Status}' procps 2>/dev/null | grep -q "install ok installed"; then
+    say "installing procps (ps, for the crash and failover tests)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps >/dev/null
+  fi
+)
+# Toolchains and drivers for the example programs in examples/ (run by
+# tests/scenarios/examples_*.sh): Node.js with npm and the `pg` package,
+# a JDK with Debian's PostgreSQL JDBC driver, the Rust example (built with
+# its pinned crates).
+# Python's psycopg comes with the venv (10-python.sh). Each step is skipped
+# when already done.
+tool_examples() (
+  apt_missing=()
+  # A machine may have Node.js and npm from elsewhere (NodeSource ships both in
+  # one package); only what is missing comes from Debian (Node.js 18).
+  command -v node >/dev/null || apt_missing+=(nodejs)
+  command -v npm >/dev/null || apt_missing+=(npm)
+  command -v javac >/dev/null || apt_missing+=(default-jdk-headless)
+  [ -f /usr/share/java/postgresql.jar ] || apt_missing+=(libpostgresql-jdbc-java)
+  if [ ${#apt_missing[@]} -gt 0 ]; then
+    say "installing Debian packages for the examples: ${apt_missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+  fi
+
+  # npm writes node_modules/.package-lock.json on every install: newer than the
+  # committed lock means the installed tree is the locked one.
+  node_dir="$ROOT/examples/node-consumer"
+  if [ ! "$node_dir/node_modules/.package-lock.json" -nt "$node_dir/package-lock.json" ]; then
+    say "installing the Node example's packages (npm ci)"
+    (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+
+  # The Rust example, built here with the crates its Cargo.lock pins: a cold
+  # build takes 20 s on an idle 2-core machine and over a minute on a busy
+  # one, too much for its test's time. A no-op when up to date (the test
+  # builds again, incrementally, to pick up any change); errors still print.
+  rust_dir="$ROOT/examples/rust-batch"
+  # (target$IDEM_OS_SUFFIX: build scripts linked against another system's glibc
+  # must not be reused; see lib.sh)
+  (cd "$rust_dir" && cargo build --locked --quiet --target-dir "$rust_dir/target$IDEM_OS_SUFFIX")
+)
+# For tests/scenarios/prometheus.sh, dashboard.sh and sql_exporter.sh: Debian's
+# prometheus-postgres-exporter (0.11.1), curl to scrape it, PyYAML to read
+# the queries file. The package enables its own service on a machine with
+# systemd (on :9187, for a local PostgreSQL); the scenario neither needs nor
+# touches it: it runs its own exporter on a loopback port.
+tool_monitoring() (
+  missing=()
+  for p in prometheus-postgres-exporter curl python3-yaml; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages for the monitoring tests: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+)
+# For tests/scenarios/pgxn.sh: Debian's PGXN client (pgxnclient 1.3), which
+# `pgxn install`s idem from a distribution zip with the Makefile, and unzip,
+# which the test lists the zip with (not on a minimal Debian 12).
+tool_pgxn() (
+  missing=()
+  command -v pgxn >/dev/null || missing+=(pgxnclient)
+  command -v unzip >/dev/null || missing+=(unzip)
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]} (Debian packages, for the PGXN test)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+)
+# For tests/scenarios/middleware_node.sh: the npm packages a user's project
+# installs next to idem-pg (express, fastify, pg, and typescript with the
+# types for the .d.ts check; clients/node/test/package.json), fetched once
+# into npm's cache, so that the scenario's `npm install --prefer-offline`
+# in a fresh folder needs no network. Node.js and npm come from
+# tool_examples, PgBouncer from setup.d/50-pgbouncer.sh. Skipped when the cache
+# already holds what that package.json asks for.
+tool_middleware_node() (
+  spec="$ROOT/clients/node/test/package.json"
+  stamp_dir=/var/cache/idem/middleware-node
+  stamp="$stamp_dir/$(sha256sum "$spec" | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    say "filling npm's cache for the Node middleware test (express, fastify, pg, typescript)"
+    scratch=$(mktemp -d /tmp/middleware-node-setup.XXXXXX)
+    cp "$spec" "$scratch/package.json"
+    (cd "$scratch" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+    rm -rf "$scratch"
+    mkdir -p "$stamp_dir"
+    touch "$stamp"
+  fi
+)
+
+if [ "${1:-}" = --tool ]; then
+  shift
+  for t in "$@"; do run_tool "$t"; done
+  exit 0
+fi
 
 tests=0
 [ "${1:-}" = --tests ] && tests=1
@@ -114,16 +229,15 @@ if ! grep -qsxF "pg$PG_MAJOR = \"$PG_CONFIG\"" "$pgrx_config"; then
 fi
 exec {pgrx_lock}>&-
 
-# The test suite's own tools (language drivers, toolchains, exporters):
-# scripts/setup.d/*.sh, in name order, each idempotent. The core suite that
-# runs on the other majors (scripts/test.sh, IDEM_SUITE=core) needs only
-# Python and ps.
 if [ $tests = 1 ]; then
-  step "the test suite's tools (scripts/setup.d)"
-  for s in "$ROOT"/scripts/setup.d/*.sh; do
-    [ -e "$s" ] || continue
-    if [ "${IDEM_SUITE:-full}" = core ] && [[ ! "$(basename "$s")" =~ ^(10-python|20-stress) ]]; then continue; fi
-    bash "$s"
+  step "the test suite's tools"
+  tools=("${TEST_TOOLS[@]}")
+  [ "${IDEM_SUITE:-full}" != core ] || tools=("${CORE_TOOLS[@]}")
+  for t in "${tools[@]}"; do run_tool "$t"; done
+  # (a file of scripts/setup.d/ not listed above runs too, last)
+  for f in "$ROOT"/scripts/setup.d/*.sh; do
+    [ -e "$f" ] && [ "${IDEM_SUITE:-full}" != core ] || continue
+    printf '%s\n' "${TEST_TOOLS[@]}" | grep -qx "$(basename "$f")" || bash "$f"
   done
 fi
 

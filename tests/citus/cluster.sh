@@ -18,6 +18,7 @@
 #
 # Ports: CITUS_PORTS (default "5530 5531 5532": coordinator, worker 1, worker 2).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 
 read -r -a CPORTS <<<"${CITUS_PORTS:-5530 5531 5532}"
 CITUS_DB="${CITUS_DB:-idem_citus}"
@@ -29,21 +30,18 @@ psql_node() { # node [psql args...]
   local n=$1; shift
   PGOPTIONS="${PGOPTIONS:--c client_min_messages=warning}" "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$base/$n" -p "$(port_of "$n")" -U postgres "$@"
 }
-running() { [ -f "$base/$1/data/postmaster.pid" ] && as_postgres "$PG_BIN/pg_ctl" -D "$base/$1/data" status >/dev/null 2>&1; }
+running() { pc_running "$base/$1"; }
 
 init_node() { # node
   local n=$1 port; port=$(port_of "$n")
   as_postgres mkdir -p "$base/$n"
-  as_postgres "$PG_BIN/initdb" -D "$base/$n/data" --auth=trust --username=postgres \
-    -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
   local preload="'citus'"
   # pg_cron on the coordinator only, as docs/scaling.md deploys it.
   [ "$n" = coord ] && preload="'citus,pg_cron'"
+  pc_initdb "$PG_BIN" "$base/$n" "$port"
   cat >> "$base/$n/data/postgresql.conf" <<CONF
 # idem's Citus test cluster: node $n
 listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$base/$n'
 shared_preload_libraries = $preload   # citus first
 cron.database_name = '$CITUS_DB'
 citus.local_hostname = '127.0.0.1'
@@ -54,7 +52,6 @@ wal_level = logical                    # shard moves use logical replication
 max_wal_senders = 10
 max_replication_slots = 10
 shared_buffers = 64MB
-fsync = off
 full_page_writes = off
 log_min_messages = warning
 log_line_prefix = '%m [%p] $n '
@@ -72,7 +69,7 @@ start() {
     [ -f "$base/$n/data/PG_VERSION" ] || { say "creating Citus node $n (port $(port_of "$n")) in $base/$n"; init_node "$n"; }
   done
   for n in "${NODES[@]}"; do
-    running "$n" || as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -l "$base/$n/server.log" -w -t 60 start >/dev/null
+    running "$n" || pc_server_start "$base/$n"
   done
   for n in "${NODES[@]}"; do
     if [ "$(psql_node "$n" -d postgres -Atc "SELECT count(*) FROM pg_database WHERE datname = '$CITUS_DB'")" = 0 ]; then
@@ -89,7 +86,7 @@ SQL
 
 stop() {
   for n in "${NODES[@]}"; do
-    running "$n" && as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -m fast -w stop >/dev/null
+    running "$n" && pc_ctl "$base/$n" -m fast -w stop >/dev/null
   done
   true
 }
@@ -112,12 +109,12 @@ status)
 reset) reset ;;
 destroy)
   for n in "${NODES[@]}"; do
-    running "$n" && as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -m immediate -w stop >/dev/null
+    running "$n" && pc_ctl "$base/$n" -m immediate -w stop >/dev/null
   done
   rm -rf "$base" ;;
 crash)
   n=${2:?node}; port_of "$n" >/dev/null
-  running "$n" && as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -m immediate -w stop >/dev/null
+  running "$n" && pc_ctl "$base/$n" -m immediate -w stop >/dev/null
   true ;;
 psql) shift; n=${1:?node}; shift; psql_node "$n" -d "$CITUS_DB" "$@" ;;
 *) echo "usage: $0 start|stop|status|reset|destroy|crash NODE|psql NODE [args]" >&2; exit 2 ;;

@@ -1,18 +1,32 @@
-# Helpers for scenarios that run a private cluster of their own (source it
-# after scripts/lib.sh). The cluster listens on a Unix socket in its folder
-# (and on 127.0.0.1 when asked), trust authentication, user postgres.
+# The one cluster library: every test server of the project is made,
+# started, stopped, crashed and removed here (initdb and pg_ctl are called
+# from this file only, apart from bench/'s clusters and
+# tests/package/in_root.sh, which runs as an operator would in a Debian root
+# without sudo or this checkout's scripts). Source it after scripts/lib.sh, or run it as a
+# command (below). A cluster lives in a folder DIR: its data in DIR/data, its
+# log in DIR/server.log, its Unix socket in DIR, trust authentication, user
+# postgres; the PostgreSQL whose programs made it is remembered in
+# DIR/pg_bin (another tree than $PG_BIN: pg_tle's, an older or newer major).
 #
 #   pc_initdb BIN DIR PORT [CONF-LINE...]
 #                                     initdb (of the server in BIN) into DIR/data,
-#                                     listening on a socket in DIR only, with
-#                                     these settings too; DIR must exist. For a
-#                                     scenario that runs servers of its own
-#                                     (another tree, or two at once)
+#                                     listening on a socket in DIR only, fsync off,
+#                                     shared_buffers 32MB (PC_INITDB_OPTS: more initdb options),
+#                                     with these settings too (later lines win);
+#                                     DIR must exist
+#   pc_fresh DIR                      DIR stopped, removed and made anew (postgres's, 0700)
+#   pc_server_start DIR [VAR=VALUE...] / pc_server_stop DIR [MODE]
+#                                     start (waits until it accepts connections;
+#                                     VAR=VALUE: the postmaster's environment,
+#                                     which sudo would otherwise reset) / stop
+#                                     (immediate unless MODE; quiet if not running)
+#   pc_running DIR                    its server runs
+#   pc_ctl DIR PG_CTL-ARGS...         any other pg_ctl command on DIR's cluster
+#
+# One cluster per scenario (PC_DIR, PC_PORT):
 #   pc_init DIR PORT [CONF-LINE...]   DIR made anew, then pc_initdb with $PG_BIN
 #   pc_start [VAR=VALUE...] / pc_restart / pc_stop
-#                                     (DIR as set by pc_init; pc_stop is immediate;
-#                                     VAR=VALUE: the postmaster's environment, which
-#                                     sudo would otherwise reset)
+#                                     (DIR as set by pc_init; pc_stop is immediate)
 #   pc_psql ARGS...                   psql to it (ON_ERROR_STOP, no psqlrc)
 #   pc_until DB SQL [WHAT]            poll until SQL returns t (a safety limit
 #                                     of 120 s fails the test: it waits for a
@@ -24,24 +38,70 @@
 #                                     $PC_DIR/NAME.out)
 #   session_run NAME SQL              send, and wait until the session has run it
 #   session_wait NAME                 wait until everything sent has run
+#
+# Durable clusters for the crash, failover, replication and retention tests
+# (fsync and synchronous_commit on: an acknowledged commit must survive the
+# crash), on 127.0.0.1:PORT and a socket in DIR; also as a command, for a
+# driver that crashes or fails over a server itself:
+#   bash tests/lib/cluster.sh init DIR PORT [primary|crash]
+#                                     pc_node_init: "primary": synchronous standby
+#                                     'stress_replica', remote_apply; "crash":
+#                                     commit_delay (see there)
+#   bash tests/lib/cluster.sh start DIR / stop DIR [MODE] / ctl DIR PG_CTL-ARGS...
+#   bash tests/lib/cluster.sh crash DIR [N]
+#                                     pc_crash: crash number N (1, 2, 3, ...), see
+#                                     there; returns once the server accepts
+#                                     connections again
+#   bash tests/lib/cluster.sh replica PRIMARY_DIR DIR PORT
+#                                     pg_basebackup, start as synchronous standby
+#   bash tests/lib/cluster.sh failover PRIMARY_DIR REPLICA_DIR
+#                                     stop the primary hard, promote the replica
+#   bash tests/lib/cluster.sh destroy DIR...
+#                                     stop (immediate) and remove
+
+pc_bin() { cat "$1/pg_bin" 2>/dev/null || echo "$PG_BIN"; }
+pc_ctl() { # DIR PG_CTL-ARGS...
+  local dir=$1
+  shift
+  as_postgres "$(pc_bin "$dir")/pg_ctl" -D "$dir/data" "$@"
+}
+pc_server_start() { # DIR [VAR=VALUE...]
+  local dir=$1
+  shift
+  # (after a crash pg_ctl warns that "another server might be running": the
+  # stale pid file; the server checks it itself)
+  as_postgres env "$@" "$(pc_bin "$dir")/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
+    >/dev/null 2>"$dir/pg_ctl.err" || { cat "$dir/pg_ctl.err" >&2; return 1; }
+}
+pc_running() { [ -f "$1/data/postmaster.pid" ] && pc_ctl "$1" status >/dev/null 2>&1; } # DIR
+pc_server_stop() { # DIR [MODE]
+  [ -f "$1/data/postmaster.pid" ] || return 0
+  pc_ctl "$1" -m "${2:-immediate}" -w stop >/dev/null 2>&1 || true
+}
+pc_fresh() { # DIR
+  pc_server_stop "$1"
+  rm -rf "$1"
+  mkdir -p "$1"
+  chown postgres:postgres "$1"
+  chmod 700 "$1"
+}
 
 PC_DIR= PC_PORT=
 
 pc_init() {
   PC_DIR=$1 PC_PORT=$2
   shift 2
-  as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
-  rm -rf "$PC_DIR"
-  mkdir -p "$PC_DIR"
-  chown postgres:postgres "$PC_DIR"
-  chmod 700 "$PC_DIR"
+  pc_fresh "$PC_DIR"
   pc_initdb "$PG_BIN" "$PC_DIR" "$PC_PORT" "log_min_messages = warning" "$@"
 }
 
 pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   local bin=$1 dir=$2 port=$3
   shift 3
-  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
+  # (PC_INITDB_OPTS: more options, as --no-data-checksums for an upgrade's new cluster)
+  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync \
+    ${PC_INITDB_OPTS:-} >/dev/null
+  echo "$bin" > "$dir/pg_bin"
   {
     echo "listen_addresses = ''"
     echo "unix_socket_directories = '$dir'"
@@ -52,9 +112,9 @@ pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   } >> "$dir/data/postgresql.conf"
 }
 
-pc_start() { as_postgres env "$@" "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -w start >/dev/null; }
-pc_restart() { as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -m fast -w restart >/dev/null; }
-pc_stop() { [ -z "$PC_DIR" ] || as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true; }
+pc_start() { pc_server_start "$PC_DIR" "$@"; }
+pc_restart() { pc_ctl "$PC_DIR" -l "$PC_DIR/server.log" -m fast -w restart >/dev/null; }
+pc_stop() { [ -z "$PC_DIR" ] || pc_server_stop "$PC_DIR"; }
 
 pc_psql() { "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$PC_DIR" -p "$PC_PORT" -U postgres "$@"; }
 
@@ -148,6 +208,171 @@ pgb_stop() {
   rm -f "$PC_DIR/pgbouncer.pid"
 }
 
+pc_wait_ready() { # DIR PORT: until the server accepts a query (up to 60 s)
+  for _ in $(seq 1 600); do
+    "$PG_BIN/psql" -X -h "$1" -p "$2" -U postgres -d postgres -Atc "SELECT 1" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server in $1 did not come back" >&2
+  tail -20 "$1/server.log" >&2
+  return 1
+}
+
+pc_port_of() { awk -F' *= *' '$1 == "port" { p = $2 } END { print p }' "$1/data/postgresql.conf"; }
+
+pc_elapsed_ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+
+pc_node_init() { # DIR PORT [primary|crash]
+  local dir=$1 port=$2 extra=()
+  # fsync and synchronous_commit stay on: an acknowledged commit must
+  # survive the crash.
+  case "${3:-}" in
+  crash)
+    # A commit waits 2 ms between writing its commit record into the WAL
+    # buffers and flushing it (group commit), so that a crash often finds
+    # COMMITs in flight: some lost with the buffers, some flushed but not
+    # yet answered. The guarantee under test is unchanged: a commit is
+    # acknowledged only after its flush.
+    extra=("commit_delay = 2000" "commit_siblings = 1") ;;
+  primary) extra=("synchronous_standby_names = 'stress_replica'" "synchronous_commit = remote_apply") ;;
+  esac
+  pc_fresh "$dir"
+  pc_initdb "$PG_BIN" "$dir" "$port" "fsync = on" "listen_addresses = '127.0.0.1'" "max_connections = 40" \
+    "shared_buffers = 64MB" "wal_level = replica" "max_wal_senders = 4" "restart_after_crash = on" \
+    "log_min_messages = warning" "log_line_prefix = '%m [%p] '" "${extra[@]}"
+}
+
+# The crash, by number, so that one run sees each way a server dies:
+#   1, 4, ...  kill -9 of the postmaster alone: its backends notice and exit
+#              by themselves (a backend inside a COMMIT finishes it first);
+#              then the server is started again and runs crash recovery.
+#   2, 5, ...  kill -9 of the postmaster and every process it started, in
+#              one kill(1) call: every backend dies wherever it is, as in a
+#              power cut that spares the disk. (Each child runs in its own
+#              session, so there is no process group to signal.)
+#   3, 6, ...  kill -9 of one busy client backend: the postmaster itself
+#              resets every other backend and runs crash recovery.
+pc_crash() { # DIR [N]
+  local dir=$1 n=${2:-1} port pm kids alive t0
+  port=$(pc_port_of "$dir")
+  pm=$(head -1 "$dir/data/postmaster.pid")
+  kids=$(ps -o pid= --ppid "$pm" | tr -d ' ' | tr '\n' ' ' || true)
+  t0=$(date +%s%N)
+  case $(( (n - 1) % 3 )) in
+  0)
+    kill -9 "$pm"
+    echo "crash $n: kill -9 of the postmaster ($pm)"
+    ;;
+  1)
+    kill -9 "$pm" $kids
+    echo "crash $n: kill -9 of the postmaster ($pm) and its $(echo $kids | wc -w) children at once"
+    ;;
+  2)
+    local victim
+    victim=$("$PG_BIN/psql" -X -h "$dir" -p "$port" -U postgres -d postgres -Atc \
+      "SELECT pid FROM pg_stat_activity WHERE application_name = 'stress-worker' AND state <> 'idle'
+        ORDER BY random() LIMIT 1")
+    [ -n "$victim" ] || victim=$("$PG_BIN/psql" -X -h "$dir" -p "$port" -U postgres -d postgres -Atc \
+      "SELECT pid FROM pg_stat_activity WHERE application_name = 'stress-worker' LIMIT 1")
+    [ -n "$victim" ] || { echo "crash $n: no client backend to kill" >&2; return 1; }
+    local resets
+    resets=$(grep -c "all server processes terminated; reinitializing" "$dir/server.log" || true)
+    kill -9 "$victim"
+    echo "crash $n: kill -9 of client backend $victim; the postmaster resets the others"
+    # The postmaster stays up and runs crash recovery itself: wait for its
+    # reset, then for connections.
+    for _ in $(seq 1 100); do
+      [ "$(grep -c "all server processes terminated; reinitializing" "$dir/server.log" || true)" -gt "$resets" ] && break
+      sleep 0.1
+    done
+    pc_wait_ready "$dir" "$port"
+    echo "crash $n: recovered by the postmaster in $(pc_elapsed_ms "$t0") ms"
+    return 0
+    ;;
+  esac
+  # Every old process must be gone before a new postmaster can start (they
+  # hold the old shared memory). Orphaned backends exit when they notice the
+  # postmaster's death; after 10 s the rest are killed.
+  local waited=0
+  for _ in $(seq 1 100); do
+    alive=""
+    for k in $kids; do
+      # (a zombie has exited: only its reaping is missing)
+      case "$(ps -o stat= -p "$k" 2>/dev/null)" in ""|Z*) ;; *) alive="$alive $k" ;; esac
+    done
+    [ -z "$alive" ] && break
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  if [ -n "$alive" ]; then
+    echo "crash $n: processes still alive 10 s after the postmaster died:$alive (killed)"
+    kill -9 $alive 2>/dev/null || true
+  elif [ $waited -gt 0 ]; then
+    echo "crash $n: the orphaned processes exited by themselves within $((waited * 100)) ms"
+  fi
+  # A new postmaster refuses to start while the old one's pid exists, even
+  # as a zombie: wait until init has reaped them all.
+  for _ in $(seq 1 300); do
+    alive=""
+    for k in $pm $kids; do kill -0 "$k" 2>/dev/null && alive="$alive $k"; done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
+  pc_server_start "$dir"
+  pc_wait_ready "$dir" "$port"
+  echo "crash $n: restarted and recovered in $(pc_elapsed_ms "$t0") ms"
+}
+
+pc_replica() { # PRIMARY_DIR DIR PORT
+  local pdir=$1 dir=$2 port=$3 pport
+  pport=$(pc_port_of "$pdir")
+  pc_fresh "$dir"
+  as_postgres "$PG_BIN/pg_basebackup" -D "$dir/data" -d "host=127.0.0.1 port=$pport user=postgres" -X stream -R -c fast
+  # The copy carries the primary's settings: later lines win.
+  cat >> "$dir/data/postgresql.conf" <<CONF
+# streaming replica of $pdir
+unix_socket_directories = '$dir'
+port = $port
+synchronous_standby_names = ''
+hot_standby = on
+primary_conninfo = 'host=127.0.0.1 port=$pport user=postgres application_name=stress_replica'
+CONF
+  # pg_basebackup -R wrote its own primary_conninfo there (it would override ours).
+  sed -i '/^primary_conninfo/d' "$dir/data/postgresql.auto.conf"
+  pc_server_start "$dir"
+  pc_wait_ready "$dir" "$port"
+}
+
+pc_failover() { # PRIMARY_DIR REPLICA_DIR
+  local pdir=$1 rdir=$2 t0
+  t0=$(date +%s%N)
+  pc_ctl "$pdir" -m immediate stop >/dev/null
+  echo "failover: primary stopped (immediate)"
+  pc_ctl "$rdir" -w -t 60 promote >/dev/null
+  for _ in $(seq 1 600); do
+    [ "$("$PG_BIN/psql" -X -h "$rdir" -p "$(pc_port_of "$rdir")" -U postgres -d postgres -Atc \
+          "SELECT pg_is_in_recovery()" 2>/dev/null)" = f ] && break
+    sleep 0.1
+  done
+  echo "failover: replica promoted in $(pc_elapsed_ms "$t0") ms"
+}
+
+pc_destroy() { # DIR...
+  local dir
+  for dir in "$@"; do
+    pc_server_stop "$dir"
+    # Still there (pg_ctl gave up): kill the postmaster and its children by pid.
+    if [ -f "$dir/data/postmaster.pid" ]; then
+      local pm
+      pm=$(head -1 "$dir/data/postmaster.pid")
+      if [ -n "$pm" ] && ps -o args= -p "$pm" 2>/dev/null | grep -qF "$dir/data"; then
+        kill -9 "$pm" $(ps -o pid= --ppid "$pm" || true) 2>/dev/null || true
+      fi
+    fi
+    rm -rf "$dir"
+  done
+}
+
 # kill_matching REGEX: KILL every process whose command line matches (a
 # test server a driver that died left behind; name it by a path of its own
 # run, so nothing else matches).
@@ -157,3 +382,18 @@ kill_matching() {
     if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "$1"; then kill -KILL "${p#/proc/}" 2>/dev/null || true; fi
   done
 }
+
+# As a command (see the top): bash tests/lib/cluster.sh init|start|stop|ctl|crash|replica|failover|destroy ARGS...
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+  cmd=${1:-}
+  shift || true
+  case "$cmd" in
+  init) pc_node_init "$@" ;;
+  start) pc_server_start "$@" ;;
+  stop) pc_server_stop "$@" ;;
+  ctl) pc_ctl "$@" ;;
+  crash|replica|failover|destroy) "pc_$cmd" "$@" ;;
+  *) echo "usage: bash $0 init|start|stop|ctl|crash|replica|failover|destroy ARGS..." >&2; exit 2 ;;
+  esac
+fi

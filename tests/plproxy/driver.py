@@ -25,7 +25,6 @@ from decimal import Decimal
 import psycopg
 
 BASE = os.environ["BASE"]
-PG_BIN = os.environ["PG_BIN"]
 PROXY_PORT = int(os.environ["PROXY_PORT"])
 SHARD_PORTS = [int(p) for p in os.environ["SHARD_PORTS"].split()]
 NSHARDS = len(SHARD_PORTS)
@@ -54,10 +53,10 @@ def shard(i):
                            user="postgres", autocommit=True)
 
 
-def pg_ctl(node, *args):
-    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_ctl", "-D", f"{BASE}/{node}/data",
-                    "-l", f"{BASE}/{node}/server.log", *args],
-                   cwd="/", check=True, stdout=subprocess.DEVNULL)
+def cluster(command, node, *args):
+    """The cluster library's command (tests/lib/cluster.sh) on one node."""
+    subprocess.run(["bash", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib", "cluster.sh"),
+                    command, f"{BASE}/{node}", *args], check=True, stdout=subprocess.DEVNULL)
 
 
 def pay(conn, fn, order_no, amount, request_id):
@@ -287,7 +286,7 @@ with proxy() as c:
     while len(acks) < 120:
         time.sleep(0.005)
     acks_at_stop = len(acks)
-    pg_ctl(f"s{VICTIM}", "-m", "immediate", "-w", "stop")
+    cluster("ctl", f"s{VICTIM}", "-m", "immediate", "-w", "stop")
     state["down_at"] = time.monotonic()
     for t in threads:
         t.join()
@@ -357,7 +356,7 @@ with proxy() as c:
     amount[probe_victim[0]] = probe_victim[1]
     expect(*probe_victim)
 
-    pg_ctl(f"s{VICTIM}", "-w", "start")
+    cluster("start", f"s{VICTIM}")
     # retry every failed request with its own key, as a client would
     outcome = collections.Counter()
     attempts_hist = collections.Counter()

@@ -33,12 +33,13 @@
 # the round from before it.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/cluster.sh"
 port="${PORTABLE_WRAP_PORT:-5552}"
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")
 TLE_BIN=$("$TLE_CONFIG" --bindir)
 dir="$(cluster_dir)/portable-wraparound"
 work="$IDEM_TARGET/test-out/portable-wraparound"
-stop() { as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true; }
+stop() { pc_server_stop "$dir"; }
 trap 'stop; rm -rf "$dir"' EXIT
 stop
 rm -rf "$dir" "$work"
@@ -47,17 +48,10 @@ chown postgres:postgres "$dir"
 chmod 700 "$dir"
 python3 "$ROOT/scripts/portable.py" --out "$work/dist" >/dev/null
 chmod -R a+rX "$work"
-as_postgres "$TLE_BIN/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
 # Nothing may take an xid behind the test's back between the reset and the
 # transaction under test.
-cat >> "$dir/data/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$dir'
-port = $port
-shared_buffers = 32MB
-autovacuum = off
-CONF
-start() { as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null; }
+pc_initdb "$TLE_BIN" "$dir" "$port" "autovacuum = off"
+start() { pc_server_start "$dir"; }
 sql() { "$TLE_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres -d wrap "$@"; }
 start
 "$TLE_BIN/psql" -X -q -h "$dir" -p "$port" -U postgres -d postgres -c "CREATE DATABASE wrap"
@@ -93,7 +87,7 @@ done
 # Every row frozen, then the counter moved one epoch on, to T.
 "$TLE_BIN/vacuumdb" -h "$dir" -p "$port" -U postgres --all --freeze -q
 sql -c "CHECKPOINT" >/dev/null
-as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+pc_ctl "$dir" -m fast -w stop >/dev/null
 as_postgres "$TLE_BIN/pg_resetwal" -e 1 -x "$t" -D "$dir/data" >/dev/null
 start
 

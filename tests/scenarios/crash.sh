@@ -23,10 +23,10 @@ faults=${CRASH_FAULTS:-3}
 every=${CRASH_EVERY:-7}
 out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
 mkdir -p "$out" "$(dirname "$dir")"
-trap 'bash "$ROOT/tests/stress/pg.sh" destroy "$dir"' EXIT
+trap 'bash "$ROOT/tests/lib/cluster.sh" destroy "$dir"' EXIT
 
-bash "$ROOT/tests/stress/pg.sh" init "$dir" $port crash
-bash "$ROOT/tests/stress/pg.sh" start "$dir"
+bash "$ROOT/tests/lib/cluster.sh" init "$dir" $port crash
+bash "$ROOT/tests/lib/cluster.sh" start "$dir"
 "$PG_BIN/psql" -X -q -h "$dir" -p $port -U postgres -d postgres -c "CREATE DATABASE stress_crash"
 dsn="host=$dir port=$port user=postgres dbname=stress_crash"
 
@@ -34,7 +34,7 @@ set +e
 # (timeout: a hung run must not hang the suite)
 timeout "${CRASH_TIMEOUT:-300}" "$IDEM_PY" "$ROOT/tests/stress/driver.py" --dsn "$dsn" --fault crash --faults "$faults" --fault-at "$every" \
   --min-inflight "${CRASH_MIN_INFLIGHT:-4}" --max-faults $((faults + 3)) \
-  --fault-cmd "bash '$ROOT/tests/stress/pg.sh' crash '$dir' {n}" \
+  --fault-cmd "bash '$ROOT/tests/lib/cluster.sh' crash '$dir' {n}" \
   --ttl 6 --width 0.5 --long-every 4 --claims 400 --summary "$out/crash.json"
 rc=$?
 set -e

@@ -20,7 +20,7 @@ ttl=${FAILOVER_TTL:-8}
 claims=${FAILOVER_TAIL_CLAIMS:-400}
 out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
 mkdir -p "$out" "$(dirname "$pdir")"
-pgsh="$ROOT/tests/stress/pg.sh"
+pgsh="$ROOT/tests/lib/cluster.sh"
 trap 'bash "$pgsh" destroy "$pdir" "$rdir"' EXIT
 
 bash "$pgsh" init "$pdir" "$pport" primary

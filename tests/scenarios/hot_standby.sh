@@ -17,7 +17,7 @@ rdir="$(cluster_dir)/standby/replica"
 pport=5513
 rport=5514
 mkdir -p "$(dirname "$pdir")"
-pgsh="$ROOT/tests/stress/pg.sh"
+pgsh="$ROOT/tests/lib/cluster.sh"
 cleanup() {
   [ -n "${holder:-}" ] && kill "$holder" 2>/dev/null
   bash "$pgsh" destroy "$pdir" "$rdir"

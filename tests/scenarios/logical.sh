@@ -24,7 +24,7 @@
 # Every wait polls a reported state with a bound. About a minute.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
-pgsh="$ROOT/tests/stress/pg.sh"
+pgsh="$ROOT/tests/lib/cluster.sh"
 base="$(cluster_dir)/logical"
 adir="$base/a"
 bdir="$base/b"

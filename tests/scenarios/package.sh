@@ -11,7 +11,7 @@
 #     come from this source tree: a difference means one of them is stale);
 #   - apt-get install --simulate accepts it;
 #   - installed for real with apt-get in a Debian 12 root that has only
-#     Debian's PostgreSQL 15 (tests/servers/bookworm.sh): CREATE EXTENSION idem
+#     Debian's PostgreSQL 15 (tests/servers/debian-root.sh bookworm): CREATE EXTENSION idem
 #     from it, claims, the update path from 0.2.0, then apt-get remove
 #     (tests/package/in_root.sh);
 #   - META.json follows PGXN Meta spec 1.0.0 and carries Cargo.toml's version.
@@ -90,10 +90,10 @@ else
   cat "$work/apt"; fail "apt-get install --simulate refused the package"
 fi
 
-say "installed for real: apt-get install into a Debian 12 root with PostgreSQL 15 (tests/servers/bookworm.sh)"
+say "installed for real: apt-get install into a Debian 12 root with PostgreSQL 15 (tests/servers/debian-root.sh bookworm)"
 # The host's PostgreSQL is not touched: a debootstrapped Debian 12 with only
 # Debian's postgresql-15, cached under /var/cache/idem (built once, minutes).
-bookworm=$(bash tests/servers/bookworm.sh)
+bookworm=$(bash tests/servers/debian-root.sh bookworm)
 if IDEM_TRIXIE_ROOT="$bookworm" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config \
    IDEM_TRIXIE_ENV="IDEM_PKG_DEB IDEM_PKG_PORT" IDEM_PKG_DEB="$ROOT/$deb" IDEM_PKG_PORT="${IDEM_PKG_PORT:-5475}" \
    bash tests/servers/in-trixie.sh bash tests/package/in_root.sh > "$work/in_root.log" 2>&1; then

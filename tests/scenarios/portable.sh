@@ -76,7 +76,7 @@ TLE_BIN=$("$TLE_CONFIG" --bindir)
 TLE_TEST="$("$TLE_CONFIG" --pkglibdir)/pgxs/src/test"
 dir="$(cluster_dir)/portable"
 out="$IDEM_TARGET/test-out/portable"
-stop() { as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true; }
+stop() { pc_server_stop "$dir"; }
 trap stop EXIT
 stop
 rm -rf "$dir" "$out"
@@ -115,7 +115,7 @@ else
   echo "shared_preload_libraries = 'pg_tle'" >> "$dir/data/postgresql.conf"
   CRON=0
 fi
-as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+pc_server_start "$dir"
 # psql_as ROLE DB ARGS...
 psql_as() { local role=$1 db=$2; shift 2; "$TLE_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U "$role" -d "$db" "$@"; }
 psql_native() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$NATIVE_HOST" -p "$NATIVE_PORT" -U postgres "$@"; }
@@ -316,7 +316,7 @@ else
   # database it started with, so the server restarts once it exists.
   psql_as postgres postgres -c "CREATE DATABASE $CRON_DB OWNER tle_admin"
   psql_as postgres $CRON_DB -c "CREATE EXTENSION pg_tle" -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO tle_admin"
-  as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w restart >/dev/null
+  pc_ctl "$dir" -l "$dir/server.log" -w restart >/dev/null
   # One-second partitions and a two-second TTL (database settings, which
   # pg_cron's sessions read too), so that a partition expires within the
   # minute; a completed claim of a type kept an hour must outlive its drop.

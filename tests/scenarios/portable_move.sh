@@ -50,8 +50,8 @@ tle_dir="$base/tle"
 nat_dir="$base/native"
 
 stop_all() {
-  as_postgres "$TLE_BIN/pg_ctl" -D "$tle_dir/data" -m immediate -w stop >/dev/null 2>&1 || true
-  as_postgres "$PG_BIN/pg_ctl" -D "$nat_dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+  pc_server_stop "$tle_dir"
+  pc_server_stop "$nat_dir"
 }
 [ -n "${IDEM_MOVE_KEEP:-}" ] || trap stop_all EXIT  # IDEM_MOVE_KEEP=1: leave the clusters running to look at them
 stop_all
@@ -66,7 +66,7 @@ start_cluster() { # bindir dir port preload
   pc_initdb "$1" "$2" "$3" \
     "max_connections = 40" \
     "shared_preload_libraries = '$4'"
-  as_postgres "$1/pg_ctl" -D "$2/data" -l "$2/server.log" -w start >/dev/null
+  pc_server_start "$2"
 }
 start_cluster "$TLE_BIN" "$tle_dir" $TLE_PORT pg_tle
 start_cluster "$PG_BIN" "$nat_dir" $NAT_PORT idem

@@ -40,7 +40,7 @@ mkdir -p "$IDEM_TARGET"
 sudo -u postgres test -x "$IDEM_TARGET" 2>/dev/null || base="/tmp/idem-portable_update-$(echo "$ROOT" | md5sum | cut -c1-8)"
 out="$base/out"
 dir="$base/cluster"
-stop() { as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true; }
+stop() { pc_server_stop "$dir"; }
 trap stop EXIT
 stop
 rm -rf "$base"
@@ -112,7 +112,7 @@ chmod -R a+rX "$out"
 pc_initdb "$TLE_BIN" "$dir" "$PORT" \
   "max_connections = 30" \
   "shared_preload_libraries = 'pg_tle'"
-as_postgres "$TLE_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+pc_server_start "$dir"
 psql_as() { local role=$1 db=$2; shift 2; "$TLE_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U "$role" -d "$db" "$@"; }
 psql_as postgres postgres -c "CREATE ROLE tle_admin LOGIN NOSUPERUSER" -c "CREATE ROLE plain_owner LOGIN NOSUPERUSER"
 

@@ -28,7 +28,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
 dir="$(cluster_dir)/retention"
 port=$(major_port 5516)
-pgsh="$ROOT/tests/stress/pg.sh"
+pgsh="$ROOT/tests/lib/cluster.sh"
 trap 'bash "$pgsh" destroy "$dir"' EXIT
 
 bash "$pgsh" destroy "$dir" 2>/dev/null || true

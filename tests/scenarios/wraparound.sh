@@ -23,7 +23,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
 dir="$(cluster_dir)/wraparound"
 port=$(major_port 5515)
-pgsh="$ROOT/tests/stress/pg.sh"
+pgsh="$ROOT/tests/lib/cluster.sh"
 trap 'bash "$pgsh" destroy "$dir"' EXIT
 sql() { "$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres -d wrap "$@"; }
 
@@ -56,7 +56,7 @@ wrap_to() { # EPOCH
   # reset made look new: expected here.)
   "$PG_BIN/vacuumdb" -h "$dir" -p "$port" -U postgres --all --freeze -q 2>&1 | grep -v "overwrote invalid relfrozenxid" || true
   sql -c "CHECKPOINT"
-  as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+  bash "$pgsh" ctl "$dir" -m fast -w stop >/dev/null
   as_postgres "$PG_BIN/pg_resetwal" -e "$1" -x "$t" -D "$dir/data" >/dev/null
   bash "$pgsh" start "$dir"
 }

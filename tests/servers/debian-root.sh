@@ -1,8 +1,21 @@
-# A Debian root for tests/servers/in-trixie.sh to run commands in, shared by
-# bookworm.sh (Debian 12, PostgreSQL 15) and trixie.sh (Debian 13,
-# PostgreSQL 17). Source it after common.sh, set SUITE, PG_MAJOR, PACKAGES
-# (and STAMP_PACKAGES: packages whose versions the stamp records), then
-# call ensure_debian_root: it prints the root's path.
+#!/usr/bin/env bash
+# A Debian root for tests/servers/in-trixie.sh to run commands in:
+#   bash tests/servers/debian-root.sh trixie [--host-packages]
+#       Debian 13 with Debian's PostgreSQL 17 and what building idem with
+#       pgrx and running its tests needs (clang, libclang, a C toolchain,
+#       sudo, IPC::Run, Python with venv, procps, git, pg_cron, PL/Proxy):
+#       Debian 12 has no PostgreSQL 17 package, and trixie's packages must
+#       not be installed on the host; a debootstrapped root keeps them apart.
+#   bash tests/servers/debian-root.sh bookworm [--host-packages]
+#       Debian 12 with Debian's PostgreSQL 15 and nothing else: a server as
+#       idem's Debian package meets it, for tests/scenarios/package.sh to
+#       install the package into for real (apt-get install ./….deb, CREATE
+#       EXTENSION, apt-get remove) without touching the host's PostgreSQL.
+#       Commands run in it with in-trixie.sh, pointed at it:
+#         IDEM_TRIXIE_ROOT=$(bash tests/servers/debian-root.sh bookworm) \
+#           IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config bash tests/servers/in-trixie.sh CMD...
+# Each ensures its root (in $IDEM_CACHE/SUITE) and prints its path;
+# --host-packages installs only what the host needs to make it.
 #
 # Made with debootstrap (minbase) from deb.debian.org into $IDEM_CACHE/SUITE
 # (default /var/cache/idem/SUITE), outside the clone. Then, inside it: a
@@ -114,3 +127,23 @@ ensure_debian_root() { # [--host-packages]
   fi
   echo "$rootfs"
 }
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+  SUITE=${1:-}
+  case "$SUITE" in
+  bookworm)
+    PG_MAJOR=15
+    PACKAGES=(postgresql-15)
+    STAMP_PACKAGES=(postgresql-15) ;;
+  trixie)
+    PG_MAJOR=17
+    PACKAGES=(postgresql-17 postgresql-server-dev-17 postgresql-17-cron postgresql-17-plproxy
+              libclang-dev clang build-essential pkg-config sudo libipc-run-perl
+              python3 python3-venv python3-pip procps git ca-certificates less)
+    STAMP_PACKAGES=(postgresql-17 postgresql-17-cron clang) ;;
+  *) echo "usage: bash $0 bookworm|trixie [--host-packages]" >&2; exit 2 ;;
+  esac
+  shift
+  ensure_debian_root "$@"
+fi

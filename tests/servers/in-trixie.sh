@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run a command as root inside the Debian 13 (trixie) root made by
-# tests/servers/trixie.sh, where Debian's PostgreSQL 17 is installed:
+# tests/servers/debian-root.sh trixie, where Debian's PostgreSQL 17 is installed:
 #   bash tests/servers/in-trixie.sh bash scripts/test.sh          (PG_CONFIG is 17's there)
 #   bash tests/servers/in-trixie.sh                                (a shell)
 # Why: Debian 12 has no PostgreSQL 17 package, and trixie's binaries must not
@@ -165,9 +165,9 @@ if [ "${IDEM_IN_TRIXIE:-}" = 1 ]; then
 fi
 [ "$(id -u)" = 0 ] || { echo "in-trixie: run as root" >&2; exit 1; }
 if [ -n "${IDEM_TRIXIE_ROOT:-}" ]; then
-  root=$IDEM_TRIXIE_ROOT      # (trixie.sh, while it builds the root)
+  root=$IDEM_TRIXIE_ROOT      # (debian-root.sh, while it builds the root)
 else
-  root=$(bash "$HERE/trixie.sh")
+  root=$(bash "$HERE/debian-root.sh" trixie)
 fi
 root=$(readlink -f "$root")
 [ "$root" != / ] && [ -f "$root/etc/debian_version" ] || { echo "in-trixie: $root is not a Debian root" >&2; exit 1; }

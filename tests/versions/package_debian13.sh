@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Debian 13 package for PostgreSQL 17, built and installed for real in
-# the trixie root (tests/servers/trixie.sh), which is Debian 13 with Debian's
+# the trixie root (tests/servers/debian-root.sh trixie), which is Debian 13 with Debian's
 # postgresql-17 installed, like a fresh server:
 #   bash tests/servers/in-trixie.sh bash tests/versions/package_debian13.sh
 #   - scripts/package.sh builds target/package/postgresql-17-idem_<v>_<arch>.deb;
@@ -16,6 +16,7 @@
 # installed the same build with cargo pgrx; the purge at the end removes
 # it, and the next core run installs it again.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 die() { echo "FAIL: $*"; exit 1; }
 [ "${IDEM_IN_TRIXIE:-}" = 1 ] || die "run this inside the trixie root: bash tests/servers/in-trixie.sh bash $0"
 [ "$PG_MAJOR" = 17 ] || die "expected Debian 13's PostgreSQL 17, PG_CONFIG=$PG_CONFIG is $PG_MAJOR"
@@ -37,8 +38,7 @@ check "package version" "$version" "$(dpkg-deb --field "$deb" Version)"
   || { echo "FAIL: Depends lacks postgresql-17: $(dpkg-deb --field "$deb" Depends)"; fails=$((fails + 1)); }
 
 cleanup() {
-  [ -z "${data:-}" ] || as_postgres /usr/lib/postgresql/17/bin/pg_ctl -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
-  [ -z "${work:-}" ] || rm -rf "$work"
+  [ -z "${work:-}" ] || { pc_server_stop "$work"; rm -rf "$work"; }
 }
 trap cleanup EXIT
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "./$deb" >/dev/null
@@ -52,17 +52,15 @@ check "every file under pg_config's directories or the doc folder" "" "$misplace
 check "library owned by the package" postgresql-17-idem "$(dpkg -S "$pkglibdir/idem.so" | cut -d: -f1)"
 
 work=$(mktemp -d /tmp/idem-deb13.XXXXXX); chown postgres:postgres "$work"
-data="$work/data"
-as_postgres /usr/lib/postgresql/17/bin/initdb -D "$data" --auth=trust -U postgres -E UTF8 --locale=C.UTF-8 >/dev/null
-as_postgres /usr/lib/postgresql/17/bin/pg_ctl -D "$data" -l "$work/log" -w \
-  -o "-c listen_addresses='' -c unix_socket_directories=$work -p 5577" start >/dev/null
+pc_initdb /usr/lib/postgresql/17/bin "$work" 5577
+pc_server_start "$work"
 q() { /usr/lib/postgresql/17/bin/psql -X -At -v ON_ERROR_STOP=1 -h "$work" -p 5577 -U postgres -d postgres "$@"; }
 check "CREATE EXTENSION from the package" "$version" "$(q -c "CREATE EXTENSION idem" -c "SELECT extversion FROM pg_extension WHERE extname = 'idem'" | tail -1)"
 q -c "BEGIN" -c "SELECT idem_claim('deb13', 'pay')" -c "SELECT idem_complete('deb13', 'pay', '{\"ok\": 1}')" -c "COMMIT" >/dev/null
 check "second claim replays the first outcome" 'false|completed|{"ok": 1}' "$(q -c "SELECT claimed || '|' || state || '|' || result FROM idem_claim('deb13', 'pay')")"
 check "read-only transaction refused with 25006" 25006 "$(q -c "SET default_transaction_read_only = on" \
   -c "DO \$\$ BEGIN PERFORM idem_claim('ro', 'pay'); EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE:  //p')"
-as_postgres /usr/lib/postgresql/17/bin/pg_ctl -D "$data" -m fast -w stop >/dev/null; data=""
+pc_ctl "$work" -m fast -w stop >/dev/null
 
 owned=$(dpkg -L postgresql-17-idem | while read -r f; do if [ -f "$f" ]; then echo "$f"; fi; done)
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq postgresql-17-idem >/dev/null

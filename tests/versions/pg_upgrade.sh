@@ -13,6 +13,7 @@
 # from it fails for any database), with idem copied from the build
 # installed into Debian's 15.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 : "${PG18_CONFIG:?PG18_CONFIG must point at the pg_config of PostgreSQL 18}"
 OLD_CONFIG="$(bash "$ROOT/tests/servers/pg15-upstream.sh")"
 OLD_BIN="$("$OLD_CONFIG" --bindir)"
@@ -25,28 +26,16 @@ install -m 644 "$("$PG_CONFIG" --sharedir)"/extension/idem* "$("$OLD_CONFIG" --s
 work="$(cluster_dir)/pg_upgrade"
 old="$work/old" new="$work/new"
 oport=5521 nport=5522
-stop_all() {
-  as_postgres "$OLD_BIN/pg_ctl" -D "$old" -m immediate -w stop >/dev/null 2>&1 || true
-  as_postgres "$NEW_BIN/pg_ctl" -D "$new" -m immediate -w stop >/dev/null 2>&1 || true
-}
+stop_all() { pc_server_stop "$old"; pc_server_stop "$new"; }
 trap stop_all EXIT
 stop_all
-rm -rf "$work"; mkdir -p "$work"; chown postgres:postgres "$work"; chmod 700 "$work"
-init() { # bin dir port [initdb options]
-  as_postgres "$1/initdb" -D "$2" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 "${@:4}" >/dev/null
-  cat >> "$2/postgresql.conf" <<CONF
-listen_addresses = ''
-unix_socket_directories = '$work'
-port = $3
-fsync = off
-CONF
-}
-sql_old() { "$OLD_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$work" -p $oport -U postgres -d app "$@"; }
-sql_new() { "$NEW_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$work" -p $nport -U postgres -d app "$@"; }
+pc_fresh "$work"; pc_fresh "$old"; pc_fresh "$new"
+sql_old() { "$OLD_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$old" -p $oport -U postgres -d app "$@"; }
+sql_new() { "$NEW_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$new" -p $nport -U postgres -d app "$@"; }
 
-init "$OLD_BIN" "$old" $oport
-as_postgres "$OLD_BIN/pg_ctl" -D "$old" -l "$work/old.log" -w start >/dev/null
-"$OLD_BIN/psql" -X -q -h "$work" -p $oport -U postgres -d postgres -c "CREATE DATABASE app"
+pc_initdb "$OLD_BIN" "$old" $oport
+pc_server_start "$old"
+"$OLD_BIN/psql" -X -q -h "$old" -p $oport -U postgres -d postgres -c "CREATE DATABASE app"
 sql_old -q >/dev/null <<'SQL'
 CREATE EXTENSION idem;
 SELECT idem_configure('pay', '3 days');
@@ -66,17 +55,17 @@ lease_token=$(sql_old -c "SELECT t FROM lease_tok")
 [[ "$lease_token" =~ ^[0-9a-f]{32}$ ]] || { echo "FAIL: no lease token from the old cluster: $lease_token"; exit 1; }
 sql_old -c "SELECT idem_checkpoint('job-1', 'batch', 'item', '{\"last_item\": 7}', '$lease_token')" >/dev/null
 before=$(sql_old -c "SELECT count(*) FROM idem.claims")
-as_postgres "$OLD_BIN/pg_ctl" -D "$old" -m fast -w stop >/dev/null
+pc_ctl "$old" -m fast -w stop >/dev/null
 
 # 18's initdb turns data checksums on by default; the old cluster has none.
-init "$NEW_BIN" "$new" $nport --no-data-checksums
+PC_INITDB_OPTS=--no-data-checksums pc_initdb "$NEW_BIN" "$new" $nport
 echo "pg_upgrade $("$OLD_BIN/postgres" --version | awk '{print $3}') → $("$NEW_BIN/postgres" --version | awk '{print $3}')"
 # (pg_upgrade writes its logs into the current directory: the work folder,
 # which the postgres user owns; as_postgres would start it in /.)
-(cd "$work" && sudo -u postgres "$NEW_BIN/pg_upgrade" -b "$OLD_BIN" -B "$NEW_BIN" -d "$old" -D "$new" \
+(cd "$work" && sudo -u postgres "$NEW_BIN/pg_upgrade" -b "$OLD_BIN" -B "$NEW_BIN" -d "$old/data" -D "$new/data" \
    -o "-c unix_socket_directories=$work" -O "-c unix_socket_directories=$work" -p $oport -P $nport) > "$work/pg_upgrade.out" 2>&1 \
   || { echo "FAIL: pg_upgrade"; tail -30 "$work/pg_upgrade.out"; exit 1; }
-as_postgres "$NEW_BIN/pg_ctl" -D "$new" -l "$work/new.log" -w start >/dev/null
+pc_server_start "$new"
 
 fails=0
 check() { # label want got

@@ -1,5 +1,5 @@
 // The Go middleware's throughput next to a hand-written handler: run by
-// bench/middleware_go.sh (not a test: it measures, and checks only that
+// bench/middleware.sh go (not a test: it measures, and checks only that
 // every answer was the expected one). One process: the server (net/http,
 // one pgx pool) on loopback and the load client (CONCURRENCY keep-alive
 // connections), the same handler behind four variants:

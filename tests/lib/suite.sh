@@ -1,0 +1,226 @@
+# The machinery of scripts/test.sh (source it after scripts/lib.sh; the
+# declaration of what runs where stays in test.sh): records, step times,
+# the schedules, the scenarios, the second lane, and the #[pg_test] units
+# and other majors' suites run as background jobs, then the summary.
+#
+#   suite_begin                      $OUT (test-out) made anew; counters zero
+#   record NAME STATUS / record_passed COUNT
+#                                    one test's verdict (0 = passed) / passed
+#                                    tests counted elsewhere (another major's run).
+#                                    Inside a lane or job (RECORDS set) they go
+#                                    to its record file, counted when it ends
+#   step_done STEP                   one line (seconds, step) in $OUT/times.tsv;
+#                                    nothing is decided by it
+#   prepare_servers SCRIPT[:ARG]...  tests/servers/SCRIPT [ARG] each, built in the background
+#   run_suite regress|isolation      `make installcheck-NAME` against the private cluster
+#   run_scenario NAME                tests/scenarios/NAME.sh, recorded as scenario/NAME
+#   run_major LABEL COMMAND...       another major's core suite (test.sh), counted as LABEL/<test>
+#   run_recorded NAME LOG COMMAND... a command that passes or fails as one test
+#   lane_start NAME...               those scenarios one after another in a second lane
+#   jobs_start JOB...                major_JOB (pg_test, 16, 17, 18) as background jobs
+#   suite_end                        wait for lane and jobs, count their records,
+#                                    print "N passed, N failed"; its status is the verdict
+source "$ROOT/tests/lib/regress.sh"
+
+suite_begin() {
+  passed=0 failed=0 failures=() lane_b_pid= prepare_pid= jobs_started=() job_pids=()
+  OUT="$IDEM_TARGET/test-out"
+  rm -rf "$OUT"
+  mkdir -p "$OUT"
+  step_started=0 # (SECONDS counts from the script's start: the set-up is the first step)
+}
+
+record() { # name status
+  if [ -n "${RECORDS:-}" ]; then echo "record $1 $2" >> "$RECORDS"; return; fi
+  if [ "$2" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$1"); fi
+}
+record_passed() { # count
+  if [ -n "${RECORDS:-}" ]; then echo "passed $1" >> "$RECORDS"; return; fi
+  passed=$((passed + $1))
+}
+# A lane's or job's record file, counted here.
+count_records() { # file
+  local kind a b
+  while read -r kind a b; do
+    case "$kind" in record) record "$a" "$b" ;; passed) record_passed "$a" ;; esac
+  done < "$1"
+}
+
+step_done() { # step
+  printf '%s\t%s\n' "$((SECONDS - step_started))" "$1" >> "$OUT/times.tsv"
+  step_started=$SECONDS
+}
+
+# What the other majors and the package test need, built once and cached
+# (tests/servers/): made in the background, at the lowest CPU priority, while
+# the PostgreSQL 15 suite runs, which leaves the CPU and the network idle
+# much of its time (lock waits, fsyncs, sessions that wait on each other).
+# Their host packages are installed first, in the foreground: apt lets one
+# dpkg run at a time. The script's later call for the same thing waits
+# for its lock, then finds it ready (or builds it itself if the background
+# build failed, and says why). Nothing here decides a test.
+server_argv() { SERVER_ARGV=("$ROOT/tests/servers/${1%%:*}"); [[ "$1" != *:* ]] || SERVER_ARGV+=("${1#*:}"); }
+prepare_servers() { # script[:arg]...
+  local script
+  for script in "$@"; do
+    server_argv "$script"
+    bash "${SERVER_ARGV[@]}" --host-packages || say "$script: its host packages could not be installed now; its own call tries again"
+  done
+  (for script in "$@"; do
+     echo "== $script"
+     server_argv "$script"
+     nice -n 19 bash "${SERVER_ARGV[@]}" || echo "== $script failed: its foreground call tries again"
+   done) > "$OUT/prepare-in-background.log" 2>&1 &
+  prepare_pid=$!
+}
+
+# run_suite regress|isolation: `make installcheck-regress` or
+# `make installcheck-isolation` (the Makefile: the schedule run the PGXS way,
+# as a packager runs it against any server) against the private cluster;
+# each test recorded, the diffs of failed ones shown.
+run_suite() {
+  local name=$1 test result
+  PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres \
+    make -C "$ROOT" --no-print-directory "installcheck-$name" PG_CONFIG="$PG_CONFIG" REGRESS_OUT="$OUT" \
+    > "$OUT/$name.log" 2>&1 || true
+  # (No test result at all: the runner did not run; the suite fails.)
+  if [ -z "$(regress_results "$OUT/$name.log")" ]; then record "$name/suite" 1; tail -20 "$OUT/$name.log"; fi
+  while read -r test result; do
+    echo "$name/$test ... $result"
+    if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
+  done < <(regress_results "$OUT/$name.log")
+  regress_diffs "$OUT/$name"
+  step_done "$name"
+}
+
+in_list() { # word list...
+  local w=$1
+  shift
+  printf '%s\n' "$@" | grep -qx -- "$w"
+}
+
+run_scenario() { # name
+  say "scenario: $1"
+  step_started=$SECONDS
+  if bash "$ROOT/tests/scenarios/$1.sh" > "$OUT/scenario-$1.log" 2>&1; then
+    record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s)"
+  else record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
+  step_done "scenario/$1"
+}
+
+# The second lane: scenarios one after another, beside the main line; its
+# output is shown, and its records counted, when it is done (suite_end).
+lane_start() { # name...
+  : > "$OUT/lane-b.records"
+  (RECORDS="$OUT/lane-b.records"
+   step_started=$SECONDS
+   for name in "$@"; do [ ! -e "$ROOT/tests/scenarios/$name.sh" ] || run_scenario "$name"; done
+  ) > "$OUT/lane-b.out" 2>&1 &
+  lane_b_pid=$!
+}
+
+# Another major's run of test.sh (IDEM_SUITE=core): its tests count here as
+# LABEL/<test>, its steps' times are added with that prefix.
+run_major() { # label command...
+  local label=$1 log="$OUT/$1.log" t0=$SECONDS summary f
+  shift
+  "$@" > "$log" 2>&1 || true
+  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1 || true)
+  if [ -z "$summary" ]; then
+    record "$label/suite" 1; tail -40 "$log"; return
+  fi
+  record_passed "${summary%% passed*}"
+  while read -r f; do record "$label/$f" 1; done < <(sed -n 's/^failed: //p' "$log")
+  echo "$label: $summary ($((SECONDS - t0)) s; log: $log)"
+  local times="$ROOT/target/$label/test-out/times.tsv"
+  [ ! -f "$times" ] || sed "s|\t|\t$label/|" "$times" >> "$OUT/times.tsv"
+  step_done "$label(whole)"
+}
+# A step that passes or fails as one test, its output in LOG.
+run_recorded() { # name log command...
+  local name=$1 log=$2
+  shift 2
+  if "$@" > "$log" 2>&1; then record "$name" 0; tail -3 "$log"; else record "$name" 1; tail -30 "$log"; fi
+  step_done "$name"
+}
+
+# The #[pg_test] units: `cargo pgrx test` installs a build with the test
+# functions into the server it runs, here a private copy of Debian's 15
+# (tests/servers/pg15-copy.sh; its own pgrx configuration and cargo target
+# folder), so that they run beside the suite, whose scenarios use the
+# build installed into Debian's 15.
+# (The copy, pgrx's configuration naming it and the run, all under the
+# units' build lock: another checkout's units may refresh the copy.)
+units_on_copy() { # pgdata
+  local copy
+  copy=$(bash "$ROOT/tests/servers/pg15-copy.sh") || return 1
+  mkdir -p "$PGRX_HOME"
+  printf '[configs]\npg15 = "%s"\n' "$copy" > "$PGRX_HOME/config.toml"
+  cargo pgrx test pg15 --runas postgres --pgdata "$1"
+}
+major_pg_test() {
+  local line name
+  say "#[pg_test] units (cargo pgrx test, on a private copy of PostgreSQL 15)"
+  PGRX_DATA="$(cluster_dir)/pgrx-test"
+  mkdir -p "$PGRX_DATA"
+  chown postgres:postgres "$PGRX_DATA"
+  if (cd "$ROOT" && export PGRX_HOME="$IDEM_CACHE/pgrx-units" CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg15-units" &&
+      idem_build "$ROOT" units_on_copy "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
+  grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
+  while read -r line; do
+    name=$(echo "$line" | awk '{print $2}')
+    if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+  done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
+  grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
+  step_done "pg_test(build, run)"
+}
+
+# The units and the other majors run side by side with the PostgreSQL 15
+# suite and with each other (IDEM_MAJORS_SERIAL=1: one after another,
+# before the 15 suite): each is a separate server, build, cluster and set
+# of ports (major_port), and most of a run is spent waiting (locks,
+# fsyncs, sessions waiting on each other; the CPU was idle two thirds of
+# the 15 suite's middle ten minutes when it ran alone), which leaves the
+# CPU to the others. Each job writes its output and records to files,
+# shown and counted at the end in the order given (the units first).
+# (A job that stops half-way, a command failing under set -e, counts as a
+# failure: its remaining tests would otherwise go unrecorded.)
+major_job() { # job: its output in $OUT/major-JOB.out, its records in $OUT/major-JOB.records
+  : > "$OUT/major-$1.records"
+  (RECORDS="$OUT/major-$1.records"; "major_$1") > "$OUT/major-$1.out" 2>&1 \
+    || echo "record $1/job-stopped 1" >> "$OUT/major-$1.records"
+}
+jobs_start() { # job...
+  local major beside
+  [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ] || beside=', beside the PostgreSQL 15 suite'
+  for major in "$@"; do
+    declare -F "major_$major" >/dev/null || { echo "IDEM_MAJORS: no PostgreSQL $major here"; record "pg$major/unknown" 1; continue; }
+    if [ "$major" = pg_test ]; then say "#[pg_test] units${beside:-}"
+    else say "PostgreSQL $major: the core suite${beside:-}"; fi
+    if [ "${IDEM_MAJORS_SERIAL:-0}" = 1 ]; then major_job "$major"; else major_job "$major" & job_pids+=($!); fi
+    jobs_started+=("$major")
+  done
+}
+
+suite_end() { # full|core
+  local pid major
+  if [ -n "$lane_b_pid" ]; then
+    wait "$lane_b_pid" || echo "record lane-b/stopped 1" >> "$OUT/lane-b.records"
+    cat "$OUT/lane-b.out"
+    count_records "$OUT/lane-b.records"
+  fi
+  for pid in "${job_pids[@]}"; do wait "$pid" || true; done
+  for major in "${jobs_started[@]}"; do
+    cat "$OUT/major-$major.out"
+    count_records "$OUT/major-$major.records"
+  done
+  [ -z "$prepare_pid" ] || wait "$prepare_pid" || true
+  echo
+  if [ "$1" = full ] && [ -f "$OUT/times.tsv" ]; then
+    echo "the slowest steps (seconds; all in $OUT/times.tsv):"
+    sort -rn "$OUT/times.tsv" | head -12 | sed 's/^/  /'
+  fi
+  if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
+  echo "${passed} passed, ${failed} failed"
+  [ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+}
