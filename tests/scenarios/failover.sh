@@ -8,7 +8,7 @@
 # (and is still live) is replayed, not claimed again; then the load goes on
 # against the new primary, and the stress invariants and amcheck run there.
 # Every fourth new key has a 10-minute TTL: a slow promotion cannot leave
-# the check without live claims to look for. About 35 s. Bigger: bash scripts/failover.sh
+# the check without live claims to look for. About 35 s. Bigger: bash scripts/stress.sh failover
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
 pdir="$(cluster_dir)/stress/primary"

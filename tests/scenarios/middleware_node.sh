@@ -13,7 +13,7 @@
 # (nothing stored, the retry runs), stored 4xx replayed, streaming, a lease
 # taken over after the process died. Also type-checks the package's .d.ts
 # with tsc. Its own cluster (port 5574) and PgBouncer (127.0.0.1:5575).
-# Needs scripts/setup.d/80-middleware-node.sh (npm cache, pgbouncer).
+# Needs bash scripts/setup.sh --tool middleware-node (npm cache) and pgbouncer.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 PG_PORT=5574
@@ -38,7 +38,7 @@ PC_DIR=$dir
 stop_all
 fail() { echo "FAIL $*"; exit 1; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-command -v node >/dev/null || fail "node missing: run scripts/setup.d/30-examples.sh"
+command -v node >/dev/null || fail "node missing: run bash scripts/setup.sh --tool examples"
 [ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
 work=$(mktemp -d /tmp/middleware-node.XXXXXX)
 
