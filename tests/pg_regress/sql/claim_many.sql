@@ -37,7 +37,7 @@ SELECT state FROM idem_lookup('r1', 'batch.orders');
 SELECT key, claimed FROM idem_claim_many('[0:2]={b2,b0,b1}'::text[], 'batch.orders');
 SELECT count(*) AS rows FROM idem_claim_many('{}'::text[], 'batch.orders');
 -- ttl as idem_claim's.
-SELECT expires_at - first_claimed_at AS ttl FROM idem_claim_many(ARRAY['t1'], 'batch.orders', ttl => '5 minutes');
+SELECT extract(epoch FROM expires_at - first_claimed_at) AS ttl_seconds FROM idem_claim_many(ARRAY['t1'], 'batch.orders', ttl => '5 minutes');
 
 -- Fingerprints, one per key (NULL: none): a differing one is ID001 for the
 -- whole statement, as a single claim's.
