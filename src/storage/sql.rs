@@ -60,6 +60,35 @@ static PROBE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT2ARRAYOID],
 );
 
+/// The same for a type in at most three classes (every type, but across a
+/// change of idem.partition_width: type_classes::MAX_CLASSES), each up to
+/// the latest expiry registered in it: the planner prunes to the partitions
+/// that can hold a claim of the type, those the direct path opens, so a
+/// claim locks as few (docs/design.md §1). Slots not needed repeat the
+/// first class.
+const _: () = assert!(type_classes::MAX_CLASSES == 3, "PROBE_CLASSES has a slot per class");
+static PROBE_CLASSES: Statement = Statement::new(
+    c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid, ttl_class
+        FROM idem.claims
+       WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
+         AND biz_type OPERATOR(pg_catalog.=) $2
+         AND key OPERATOR(pg_catalog.=) $3
+         AND (ttl_class OPERATOR(pg_catalog.=) $4 AND expires_at OPERATOR(pg_catalog.<=) $5
+              OR ttl_class OPERATOR(pg_catalog.=) $6 AND expires_at OPERATOR(pg_catalog.<=) $7
+              OR ttl_class OPERATOR(pg_catalog.=) $8 AND expires_at OPERATOR(pg_catalog.<=) $9)",
+    &[
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT2OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT2OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT2OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+);
+
 /// 0.3.0's schema (this library installed, ALTER EXTENSION idem UPDATE not
 /// run yet): no TTL classes, every partition.
 static PROBE_0_3: Statement = Statement::new(
@@ -228,10 +257,19 @@ impl SqlStore {
         let rows = match catalog::type_classes_oid() {
             Some(registry) => {
                 let registered = type_classes::read(registry, k.biz_type);
+                let few = (1..=type_classes::MAX_CLASSES).contains(&registered.classes.len()).then(|| {
+                    let slot = |i: usize| registered.classes.get(i).unwrap_or(&registered.classes[0]);
+                    (0..type_classes::MAX_CLASSES)
+                        .flat_map(|i| [Some(pg_sys::Datum::from(slot(i).0)), ts(slot(i).1)])
+                        .collect::<Vec<_>>()
+                });
                 let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
                 *self.registered.borrow_mut() = registered;
                 let _fresh = FreshSnapshot::push();
-                PROBE.query_as_owner(&[key[0], key[1], key[2], Some(classes)])
+                match few {
+                    Some(few) => PROBE_CLASSES.query_as_owner(&[&key[..], &few[..]].concat()),
+                    None => PROBE.query_as_owner(&[key[0], key[1], key[2], Some(classes)]),
+                }
             }
             None => {
                 let _fresh = FreshSnapshot::push();
@@ -293,7 +331,7 @@ impl SqlStore {
 
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         keep_locked(k);
-        if catalog::type_classes_oid().is_none() {
+        let Some(registry) = catalog::type_classes_oid() else {
             INSERT_0_3.execute_as_owner(&[
                 ts(new.expires_at),
                 ts(new.claimed_at),
@@ -304,14 +342,10 @@ impl SqlStore {
                 new.result,
             ]);
             return;
-        }
-        let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
-        {
-            let mut registered = self.registered.borrow_mut();
-            if !registered.covers(class, new.expires_at) {
-                type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
-            }
-        }
+        };
+        let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
+        let class =
+            type_classes::place(registry, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at);
         INSERT.execute_as_owner(&[
             ts(new.expires_at),
             ts(new.claimed_at),
