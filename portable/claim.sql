@@ -410,8 +410,8 @@ COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a cal
 
 -- The new claim row (src/storage/sql.rs, insert): in its TTL's class, or
 -- in a wider one when the type is in three classes already (the rule of
--- src/storage/type_classes.rs, choose, decided under a transaction-level
--- advisory lock on the type's digest with the registrations read again),
+-- src/storage/type_classes.rs, choose; a class another transaction is
+-- adding, told by its advisory lock on the type's digest, counts as one),
 -- after registering the type in that class when no committed or own
 -- registration covers the row's expiry (a registration spans up to the
 -- end of the class width the expiry falls in); this transaction's gate for
@@ -426,9 +426,19 @@ DECLARE
     e numeric;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
-        PERFORM pg_advisory_xact_lock(idem.key_hash(biz_type, ''));
-        SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-          FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+        -- Registrations of other transactions still running are not seen
+        -- here; the type's advisory lock, held by the transaction that
+        -- adds a class until it ends, tells one is being added. Never
+        -- waited for: claims of a new type stay independent.
+        IF pg_try_advisory_xact_lock(idem.key_hash(biz_type, '')) THEN
+            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+        ELSE
+            -- One more class may be on its way: leave it the last slot.
+            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+            classes := CASE WHEN cardinality(classes) > 0 THEN classes || (-1)::smallint ELSE classes END;
+        END IF;
         IF NOT k = ANY (classes) AND cardinality(classes) + 1 >= 3 THEN
             k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), greatest(idem.ttl_class(interval '400 days'), k));
         END IF;
