@@ -5,6 +5,9 @@
 -- idem_health's claim_locks reports at least what a claim locks.
 -- Business types used here: cb.*.
 SET idem.partition_width = '1 minute';
+-- (idem_maintain runs in READ COMMITTED only, whatever the session's default:
+-- the environment matrix runs this file under SERIALIZABLE too.)
+SET default_transaction_isolation = 'read committed';
 -- One TTL per class at this width: the shortest of class k (4 of its widths).
 CREATE TEMP TABLE cb_ttls AS
 SELECT k, CASE WHEN k = 0 THEN interval '1 minute' ELSE 4 * idem.class_width(k::smallint) END AS ttl
@@ -61,3 +64,4 @@ SELECT h.value >= (SELECT max(n) FROM cb_locks) AS health_sees_it, h.value <= 55
   FROM idem_health h WHERE h.check_name = 'claim_locks';
 DROP TABLE cb_orders;
 RESET idem.partition_width;
+RESET default_transaction_isolation;
