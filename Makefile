@@ -9,6 +9,8 @@
 #   make install [PG_CONFIG=...] [DESTDIR=...]            install it where pg_config says
 #   make uninstall [PG_CONFIG=...]
 #   make portable [PORTABLE_SCHEMA=public]                the portable edition into dist/ (docs/portable.md)
+#   make installcheck [PG_CONFIG=...]                     the regression and isolation tests against a
+#                                                         running server with idem installed (below)
 # PostgreSQL 15 to 18 (the cargo feature pgNN follows pg_config).
 # CARGO_TARGET_DIR, when set, is where cargo builds (and this finds the
 # result).
@@ -16,16 +18,23 @@
 PG_CONFIG ?= pg_config
 CARGO ?= cargo
 PGRX_VERSION := 0.18.1
-PG_MAJOR := $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
-PKGLIBDIR := $(shell $(PG_CONFIG) --pkglibdir)
-EXTDIR := $(shell $(PG_CONFIG) --sharedir)/extension
+PG_MAJOR = $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+PKGLIBDIR = $(shell $(PG_CONFIG) --pkglibdir)
+EXTDIR = $(shell $(PG_CONFIG) --sharedir)/extension
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # cargo pgrx package lays the files out under their final paths here.
-STAGE := $(TARGET_DIR)/release/idem-pg$(PG_MAJOR)
+# (These ask pg_config when a target uses them: make portable needs none.)
+STAGE = $(TARGET_DIR)/release/idem-pg$(PG_MAJOR)
+
+# cargo-pgrx reads the pg_config of each major from $PGRX_HOME/config.toml
+# (~/.pgrx), which `cargo pgrx init` writes.
+PGRX_CONFIG := $(or $(PGRX_HOME),$(HOME)/.pgrx)/config.toml
 
 all:
 	@$(CARGO) pgrx --version 2>/dev/null | grep -q ' $(PGRX_VERSION)$$' \
 	  || { echo "cargo-pgrx $(PGRX_VERSION) is needed: cargo install cargo-pgrx --version $(PGRX_VERSION) --locked" >&2; exit 1; }
+	@grep -qs '^pg$(PG_MAJOR) = ' '$(PGRX_CONFIG)' \
+	  || { echo "cargo-pgrx does not know PostgreSQL $(PG_MAJOR) ($(PGRX_CONFIG)): cargo pgrx init --pg$(PG_MAJOR) $(PG_CONFIG)" >&2; exit 1; }
 	rm -rf '$(STAGE)'
 	$(CARGO) pgrx package --pg-config '$(PG_CONFIG)' --no-default-features --features pg$(PG_MAJOR)
 
@@ -48,4 +57,37 @@ PORTABLE_SCHEMA ?= public
 portable:
 	python3 scripts/portable.py --out dist --schema '$(PORTABLE_SCHEMA)'
 
-.PHONY: all install uninstall portable
+# make installcheck: the regression (tests/pg_regress) and isolation
+# (tests/isolation) schedules against a running server that has idem
+# installed (make install, the package), the PGXS way: the pg_regress and
+# pg_isolation_regress of PG_CONFIG's PostgreSQL, which drop and create their
+# database (contrib_regression, isolation_regression: the connecting role
+# needs CREATEDB, and superuser for CREATE EXTENSION idem) on the server
+# that PGHOST, PGPORT and PGUSER name. REGRESS / ISOLATION: test names to
+# run instead of the schedules; REGRESS_OPTS / ISOLATION_OPTS: more options
+# for the runners (--host, --port, --user, --launcher...). Results and
+# diffs go to REGRESS_OUT/regress and REGRESS_OUT/isolation.
+# scripts/test.sh runs the schedules through these targets on every major.
+PGXS_TEST = $(shell $(PG_CONFIG) --pkglibdir)/pgxs/src/test
+PG_BINDIR = $(shell $(PG_CONFIG) --bindir)
+REGRESS_OUT ?= target/installcheck
+REGRESS_SCHEDULE ?= tests/pg_regress/schedule
+ISOLATION_SCHEDULE ?= tests/isolation/schedule
+
+installcheck: installcheck-regress installcheck-isolation
+
+# (The isolation specs start from a database with the extension; the
+# regression tests create it themselves.)
+installcheck-regress:
+	@mkdir -p '$(REGRESS_OUT)/regress'
+	'$(PGXS_TEST)/regress/pg_regress' --inputdir=tests/pg_regress --outputdir='$(REGRESS_OUT)/regress' \
+	  --bindir='$(PG_BINDIR)' --dbname=contrib_regression $(REGRESS_OPTS) \
+	  $(or $(REGRESS),--schedule=$(REGRESS_SCHEDULE))
+
+installcheck-isolation:
+	@mkdir -p '$(REGRESS_OUT)/isolation'
+	'$(PGXS_TEST)/isolation/pg_isolation_regress' --inputdir=tests/isolation --outputdir='$(REGRESS_OUT)/isolation' \
+	  --bindir='$(PG_BINDIR)' --dbname=isolation_regression --load-extension=idem $(ISOLATION_OPTS) \
+	  $(or $(ISOLATION),--schedule=$(ISOLATION_SCHEDULE))
+
+.PHONY: all install uninstall portable installcheck installcheck-regress installcheck-isolation

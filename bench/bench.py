@@ -23,6 +23,8 @@ Sections (README.md explains each; each is bench/sections/<name>.py):
               between the dedup step and COMMIT
   portable    the portable edition (plain script) next to the native edition
               and B1/B1r, two databases of one cluster
+  batch       per-key cost of a consumer's batch: idem_claim_many vs single
+              idem_claim statements vs a hand-written unnest ON CONFLICT
 """
 import argparse
 import json
@@ -38,6 +40,7 @@ import time
 import drivers
 from drivers import build_redis_driver, idem_build, idem_so_digest
 from measure import NOISY_CORES, QUIET_CORES, CpuMeter, noise
+from sections import batch as section_batch_mod
 from sections import bytes as section_bytes_mod
 from sections import cleanup as section_cleanup_mod
 from sections import common
@@ -63,6 +66,7 @@ PROFILES = {
     # the latency runs use on, so both modes run), and the sustained section
     # on the pair that matters most (B1r, I2) for 6 s each, in windows of 2 s.
     "smoke": dict(duration=1, rounds=1, clients=[2], sync=["off"], prefill=1000,
+                  steady=2000,
                   latency_duration=1, latency_rounds=1, latency_sync=["on"], latency_clients=2,
                   sustained_seconds=6, sustained_window=2, sustained_clients=2,
                   sustained_variants=["B1r", "I2"],
@@ -72,10 +76,12 @@ PROFILES = {
                   parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
                   cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1,
                   **section_ttl_mod.PROFILES["smoke"], **section_handwritten_mod.PROFILES["smoke"],
-                  **section_kills_mod.PROFILES["smoke"], **section_portable_mod.PROFILES["smoke"]),
+                  **section_kills_mod.PROFILES["smoke"], **section_portable_mod.PROFILES["smoke"],
+                  **section_batch_mod.PROFILES["smoke"]),
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
+                    steady=100000,
                     latency_duration=6, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
                     sustained_seconds=300, sustained_window=30, sustained_clients=2,
                     sustained_variants=SUSTAINED_VARIANTS,
@@ -85,9 +91,11 @@ PROFILES = {
                     parts_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
                     cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2,
                     **section_ttl_mod.PROFILES["default"], **section_handwritten_mod.PROFILES["default"],
-                    **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"]),
+                    **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"],
+                    **section_batch_mod.PROFILES["default"]),
     # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
+                 steady=200000,
                  latency_duration=10, latency_rounds=3, latency_sync=["off", "on"], latency_clients=2,
                  sustained_seconds=300, sustained_window=30, sustained_clients=2,
                  sustained_variants=SUSTAINED_VARIANTS,
@@ -97,12 +105,14 @@ PROFILES = {
                  parts_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
                  cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3,
                  **section_ttl_mod.PROFILES["full"], **section_handwritten_mod.PROFILES["full"],
-                 **section_kills_mod.PROFILES["full"], **section_portable_mod.PROFILES["full"]),
+                 **section_kills_mod.PROFILES["full"], **section_portable_mod.PROFILES["full"],
+                 **section_batch_mod.PROFILES["full"]),
 }
 
-SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod, section_portable_mod]
+SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod, section_portable_mod,
+                   section_batch_mod]
 ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup",
-                "ttl", "handwritten", "kills", "portable"]
+                "ttl", "handwritten", "kills", "portable", "batch"]
 
 # The benchmark's own partitions of idem.claims (partitions section, and the
 # expired partition of the cleanup section) get the index idem's partitions
@@ -190,6 +200,7 @@ class Bench:
         self.pg_bin = a.pg_bin
         self.run_id = 0
         self.fake_maintain = os.environ.get("BENCH_FAKE_MAINTAIN") == "1"
+        self._steady_ready = {}   # databases where reset_main's steady state can be made
         self.raw = {"meta": {}, "runs": [], "latency": [], "latency_pooled": [], "sustained": [],
                     "wal": [], "bytes": [], "scale": [], "partitions": [], "cleanup": {},
                     "loads": [], "errors": [], "notes": [], "ttl": {}, "handwritten": {},
@@ -353,7 +364,13 @@ class Bench:
         self.psql("postgres", f"CREATE DATABASE {db}")
         with open(os.path.join(SQL, "schema.sql")) as f:
             self.psql(db, f.read())
-        self.psql(db, "CREATE EXTENSION idem; CREATE EXTENSION pg_walinspect;")
+        self.psql(db, "CREATE EXTENSION idem")
+        # The WAL figures need pg_walinspect (contrib); a server built without
+        # it still runs the sections that do not read WAL (batch, say).
+        if self.val(db, "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'") == "1":
+            self.psql(db, "CREATE EXTENSION pg_walinspect")
+        elif db == "bench":
+            self.raw["notes"].append("pg_walinspect is not available: the WAL sections will fail")
         self.psql(db, MAKE_PARTITION_SQL)
         self.psql(db, common.BENCH_CLAIM_SQL)
         if self.fake_maintain and not self.has_maintain(db):
@@ -404,10 +421,32 @@ class Bench:
         """Every run starts from the same state: empty business and dedup
         tables except `prefill` committed keys in each dedup store (the
         duplicates I3 reads; B1r's with their result), vacuumed; with
-        checkpoint, then a CHECKPOINT. One psql session."""
+        checkpoint, then a CHECKPOINT. One psql session.
+
+        Steady state (`steady` rows, the default; 0 = fresh tables): the
+        1-day type also holds `steady` completed claims aged evenly over
+        its TTL, as a table that has claimed for a whole day holds them, so
+        every partition of its class that a claim probes is full (ttl.py's
+        AGE_SQL), and each dedup store as many rows, so that both sides
+        probe indexes of the same size."""
+        steady = self.p.get("steady", 0)
+        if steady and not self._steady_ready.get(db):
+            self.psql(db, "SELECT idem_configure('bench', '1 day')")
+            self.psql(db, section_ttl_mod.AGE_SQL)
+            common.maintain_fully(self, db)
+            self._steady_ready[db] = True
+        aged = ""
+        if steady:
+            aged = f"""
+            SELECT bench_age_claims('bench', {steady});
+            SELECT idem_maintain();
+            INSERT INTO dedup (key) SELECT md5('s' || g::text) FROM generate_series(1, {steady}) g;
+            INSERT INTO dedup_r (key, result)
+              SELECT md5('s' || g::text), '{{"ok": true}}' FROM generate_series(1, {steady}) g;
+            INSERT INTO dedup_exc (key) SELECT md5('s' || g::text) FROM generate_series(1, {steady}) g;"""
         self.psql(db, f"""
             TRUNCATE orders, dedup, dedup_r, dedup_exc;
-            TRUNCATE idem.claims;
+            TRUNCATE idem.claims;{aged}
             INSERT INTO dedup (key) SELECT md5('p' || g::text) FROM generate_series(1, {prefill}) g;
             INSERT INTO dedup_r (key, result)
               SELECT md5('p' || g::text), '{{"ok": true}}' FROM generate_series(1, {prefill}) g;
@@ -493,6 +532,9 @@ class Bench:
     def section_portable(self):
         section_portable_mod.run(self)
 
+    def section_batch(self):
+        section_batch_mod.run(self)
+
     # ---- main -------------------------------------------------------------
     def run(self):
         a = self.a
@@ -558,7 +600,7 @@ class Bench:
 def profile_params(a):
     """The profile's parameters with the command line's overrides."""
     p = dict(PROFILES[a.profile])
-    for k in ("duration", "rounds", "prefill", "wal_txns", "bytes_claims", "scale_small",
+    for k in ("duration", "rounds", "prefill", "steady", "wal_txns", "bytes_claims", "scale_small",
               "scale_big", "cleanup_reps", "p99_rows", "sustained_seconds", "sustained_window",
               "latency_duration", "latency_rounds") + \
             tuple(dest for mod in SECTION_MODULES for _, dest, _, _ in mod.OPTIONS):
@@ -654,6 +696,7 @@ def estimate(p, sections, redis, rates=None):
     e["handwritten"] = section_handwritten_mod.estimate(p, R)
     e["kills"] = section_kills_mod.estimate(p, R, redis)
     e["portable"] = section_portable_mod.estimate(p, R)
+    e["batch"] = section_batch_mod.estimate(p, R)
     e = {k: round(v) for k, v in e.items() if k in sections}
     e["total"] = sum(e.values()) + 15
     return e
@@ -684,6 +727,11 @@ def main():
     ap.add_argument("--sync", help="comma list of synchronous_commit values (default off,on)")
     ap.add_argument("--matrix-variants", help="comma list: only these matrix variants (default all; B3 and B0c need redis)")
     ap.add_argument("--prefill", type=int, help="committed keys per dedup store (I3 draws from them)")
+    ap.add_argument("--steady", type=int,
+                    help="steady state: completed claims aged over the 1-day TTL (every partition of "
+                         "its class full) and as many rows per dedup store, before each run of the "
+                         "matrix, latency, sustained and wal sections (0: fresh tables; "
+                         "default 100000, smoke 2000, full 200000)")
     ap.add_argument("--wal-txns", dest="wal_txns", type=int, help="transactions per WAL measurement")
     ap.add_argument("--claims", dest="bytes_claims", type=int, help="claims in the bytes section")
     ap.add_argument("--small-keys", dest="scale_small", type=int, help="live keys, small case (10000)")

@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 
+from sections import batch as section_batch
 from sections import handwritten as section_handwritten
 from sections import kills as section_kills
 from sections import portable as section_portable
@@ -147,6 +148,12 @@ class Report:
                  f"variants in rotating order; median TPS over rounds. ×B0 and ×B1 are ratios of "
                  f"medians (B3: its TPS over B0c, the same C driver without Redis; ×B1 for B3 is "
                  f"that ratio times B0/B1). Range: min–max TPS over rounds.",
+                 "",
+                 (f"Steady state: before each run the 1-day type holds {p.get('steady'):,} completed "
+                  f"claims aged evenly over its TTL (every partition of its class that a claim probes "
+                  f"full) and each hand-written dedup table as many rows."
+                  if p.get("steady") else
+                  "Fresh tables (`--steady 0`): the claim's class has one non-empty partition."),
                  ""]
         for s in syncs:
             lines.append(f"### synchronous_commit = {s}")
@@ -901,7 +908,7 @@ def main():
     r = Report(out)
     for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.partitions, r.cleanup):
         part()
-    for mod in (section_ttl, section_handwritten, section_kills, section_portable):
+    for mod in (section_ttl, section_handwritten, section_kills, section_portable, section_batch):
         mod.report(r)
     r.sort_targets()
     r.svg()

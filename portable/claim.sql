@@ -64,7 +64,10 @@ BEGIN
     IF octet_length(key) > 1024 THEN
         PERFORM idem.fail_with('22023', format('idem: key is %s bytes long; the limit is 1024', octet_length(key)));
     END IF;
-    PERFORM idem.check_biz_type(biz_type);
+    -- (The pattern tested here first: a valid type costs no second call.)
+    IF biz_type !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
+        PERFORM idem.check_biz_type(biz_type);
+    END IF;
 END
 $fn$;
 COMMENT ON FUNCTION idem.check_claim_key(text, text) IS 'Raise 22004 or 22023 for a key or biz_type idem_claim refuses.';
@@ -130,10 +133,11 @@ DECLARE
     t interval;
     o name;
     role oid;
-    caller name := idem.caller_role();
+    caller name;
 BEGIN
     SELECT b.ttl, b.owner INTO t, o FROM idem.biz_types b WHERE b.biz_type = admit.biz_type;
     IF o IS NOT NULL THEN
+        caller := idem.caller_role();
         SELECT r.oid INTO role FROM pg_roles r WHERE r.rolname = o;
         IF role IS NULL THEN
             IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = caller), false) THEN
@@ -180,44 +184,60 @@ CREATE UNLOGGED TABLE idem.key_gates (
 COMMENT ON TABLE idem.key_gates IS 'Portable edition: the key locks. One row per recently claimed digest (idem.key_hash): the transaction that last took it and the claim version it wrote.';
 
 -- Take the key's gate for this transaction, waiting for its holder; with
--- wait false, false (and nothing taken) while another transaction holds it.
--- A new gate is inserted with this transaction as its writer; an existing
--- one is only locked (ON CONFLICT ... DO UPDATE ... WHERE false locks the
--- row it does not update): its writer changes when this transaction
--- writes a claim version of the key (idem.insert_claim, idem.rewrite_claim,
--- idem_forget), so that a call that writes nothing leaves no gate version a
--- REPEATABLE READ snapshot could trip over.
-CREATE FUNCTION idem.take_gate(h bigint, wait boolean) RETURNS boolean
+-- wait false, 'n' (and nothing taken) while another transaction holds it.
+-- A new gate is inserted with this transaction as its writer ('i'); an
+-- existing one is only locked ('l': ON CONFLICT ... DO UPDATE ... WHERE
+-- false locks the row it does not update, and returns no row): its writer
+-- changes when this transaction writes a claim version of the key
+-- (idem.insert_claim, idem.rewrite_claim, idem_forget), so that a call
+-- that writes nothing leaves no gate version a REPEATABLE READ snapshot
+-- could trip over. 'i' also tells that no write of the key committed since
+-- the calling statement's snapshot: its writer's gate would still be there,
+-- since a sweep keeps the gate of every writer this session's snapshot does
+-- not see (docs/design.md §14), so a probe made since that snapshot need
+-- not be made again.
+CREATE FUNCTION idem.lock_gate(h bigint, wait boolean) RETURNS "char"
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     lock_wait text;
+    inserted boolean;
 BEGIN
     IF NOT wait THEN
         -- A committed gate: locked at once, or held by another.
-        PERFORM 1 FROM idem.key_gates g WHERE g.h = take_gate.h FOR UPDATE SKIP LOCKED;
+        PERFORM 1 FROM idem.key_gates g WHERE g.h = lock_gate.h FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
-            RETURN true;
+            RETURN 'l';
         END IF;
-        IF EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = take_gate.h) THEN
-            RETURN false;
+        IF EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = lock_gate.h) THEN
+            RETURN 'n';
         END IF;
         -- None this snapshot sees, but another transaction's first insert
-        -- may be in flight, which only an insert meets: it may wait a
+        -- may be in flight, which only an insert meets, and only by waiting
+        -- for that transaction (docs/design.md §14): it may wait a
         -- millisecond for it (a subtransaction, on this path only).
         lock_wait := current_setting('lock_timeout');
         BEGIN
             PERFORM set_config('lock_timeout', '1ms', true);
-            INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
+            INSERT INTO idem.key_gates AS g (h, writer) VALUES (lock_gate.h, pg_current_xact_id())
                 ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
+            inserted := FOUND;
             PERFORM set_config('lock_timeout', lock_wait, true);
-            RETURN true;
+            RETURN CASE WHEN inserted THEN 'i' ELSE 'l' END;
         EXCEPTION WHEN lock_not_available THEN
-            RETURN false;
+            RETURN 'n';
         END;
     END IF;
-    INSERT INTO idem.key_gates AS g (h, writer) VALUES (take_gate.h, pg_current_xact_id())
+    INSERT INTO idem.key_gates AS g (h, writer) VALUES (lock_gate.h, pg_current_xact_id())
         ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
-    RETURN true;
+    RETURN CASE WHEN FOUND THEN 'i' ELSE 'l' END;
+END
+$fn$;
+COMMENT ON FUNCTION idem.lock_gate(bigint, boolean) IS 'Portable edition: take the key lock (the gate row of digest h) until the transaction ends: i when the gate was inserted, l when an existing one was locked; with wait false, n instead of waiting for another holder.';
+
+CREATE FUNCTION idem.take_gate(h bigint, wait boolean) RETURNS boolean
+    VOLATILE LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN idem.lock_gate(h, wait) <> 'n';
 END
 $fn$;
 COMMENT ON FUNCTION idem.take_gate(bigint, boolean) IS 'Portable edition: take the key lock (the gate row of digest h) until the transaction ends; with wait false, return false instead of waiting for another holder.';
@@ -247,7 +267,6 @@ DECLARE
     me xid8 := pg_current_xact_id_if_assigned();
     gate_part oid;
     gate_tid tid;
-    classes smallint[];
     r record;
     live int := 0;
     late record;
@@ -263,15 +282,18 @@ BEGIN
     -- subtransactions, whose xids come after its own) wrote that version:
     -- rows restored from a plain-script pg_dump of another cluster carry
     -- writers this cluster's counter may not have reached yet.
+    -- (xmin is 32 bits: it is at or after me's low 32 bits, within 2^31.
+    -- The arithmetic is written out: idem.full_xid, a SQL function with a
+    -- FROM clause, is planned again in every transaction, about a sixth of
+    -- a new key's claim; docs/performance.md, "Portable edition".)
     IF me IS NOT NULL THEN
         SELECT g.part, g.tid INTO gate_part, gate_tid FROM idem.key_gates g
-         WHERE g.h = probe.h AND g.writer = me AND idem.full_xid(g.xmin, me) >= me;
+         WHERE g.h = probe.h AND g.writer = me
+           AND ((g.xmin::text::bigint - (me::text::bigint & 4294967295)) & 4294967295) < 2147483648;
         gated := FOUND;
     END IF;
-    SELECT array_agg(DISTINCT tc.ttl_class) INTO classes FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type;
-    IF classes IS NULL THEN
-        RETURN;
-    END IF;
+    -- The type's classes in the same statement (and snapshot) as its rows:
+    -- one statement fewer per probe.
     FOR r IN
         SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.ttl_class,
                c.tableoid::regclass AS part, c.ctid AS tid
@@ -279,7 +301,7 @@ BEGIN
          WHERE idem.key_hash(c.biz_type, c.key) = h
            AND c.biz_type = probe.biz_type
            AND c.key = probe.key
-           AND c.ttl_class = ANY (classes)
+           AND c.ttl_class = ANY (ARRAY(SELECT tc.ttl_class FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type))
     LOOP
         version := r.part::oid || ':' || r.tid;
         versions := versions || version;
@@ -499,16 +521,22 @@ DECLARE
     until timestamptz;
     attempt bigint;
     running boolean;
+    gate "char";
 BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     ttl_us := idem.checked_ttl_us(ttl, 'ttl');
     lease_us := idem.checked_ttl_us(lease, 'lease');
     PERFORM idem.require_writable('idem_claim');
     type_ttl_us := idem.admit(biz_type);
-    ttl_us := coalesce(ttl_us, type_ttl_us,
-                       idem.setting_us('idem.default_ttl', interval '24 hours', 1000000, 34560000000000));
-    IF lease_us > ttl_us THEN
-        PERFORM idem.fail_with('22023', 'idem: lease must not be longer than the claim''s ttl');
+    -- The claim's TTL is needed to check a lease against it, else only for
+    -- a new claim (idem.default_ttl is read then: a duplicate reads no
+    -- setting).
+    IF lease_us IS NOT NULL THEN
+        ttl_us := coalesce(ttl_us, type_ttl_us,
+                           idem.setting_us('idem.default_ttl', interval '24 hours', 1000000, 34560000000000));
+        IF lease_us > ttl_us THEN
+            PERFORM idem.fail_with('22023', 'idem: lease must not be longer than the claim''s ttl');
+        END IF;
     END IF;
     h := idem.key_hash(biz_type, key);
     -- A committed outcome other than a lease is final until it expires,
@@ -524,14 +552,22 @@ BEGIN
             running := idem.lease_until(p.result) > clock_timestamp();
         END IF;
         IF NOT (p.present AND NOT p.own AND (p.state <> 'l' OR running)) THEN
-            IF NOT idem.take_gate(h, coalesce(wait, true)) THEN
+            gate := idem.lock_gate(h, coalesce(wait, true));
+            IF gate = 'n' THEN
                 RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
             END IF;
-            p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
+            -- A gate inserted anew after a first look that saw no version
+            -- of the key: nothing has been written since (idem.lock_gate),
+            -- so a second look would see nothing too.
+            IF gate = 'l' OR cardinality(p.versions) > 0 THEN
+                p := idem.probe(h, biz_type, key, clock_timestamp(), p.versions);
+            END IF;
             running := NULL;
         END IF;
     END IF;
     IF NOT p.present THEN
+        ttl_us := coalesce(ttl_us, type_ttl_us,
+                           idem.setting_us('idem.default_ttl', interval '24 hours', 1000000, 34560000000000));
         t_now := clock_timestamp();
         t_exp := t_now + idem.us_interval(ttl_us);
         IF lease_us IS NULL THEN
@@ -603,15 +639,17 @@ BEGIN
             PERFORM idem.check_lease(p.result);
             holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
         ELSE
-            holds := p.own AND what <> 'idem_checkpoint';
+            holds := p.own AND what NOT IN ('idem_checkpoint', 'idem_release');
         END IF;
         IF NOT holds THEN
             IF leased AND lease_token IS NULL THEN
                 PERFORM idem.not_claimed(key, biz_type, 'is leased: pass the lease_token that idem_claim returned');
+            ELSIF leased AND p.result ->> 'owner_token_sha256' = '' THEN
+                PERFORM idem.not_claimed(key, biz_type, 'was released by its lease holder: claim it again (its token is spent)');
             ELSIF leased THEN
                 PERFORM idem.not_claimed(key, biz_type, 'is leased to another owner (or the lease was taken over)');
             ELSIF p.own THEN
-                PERFORM idem.not_claimed(key, biz_type, 'is not leased: idem_checkpoint needs idem_claim(..., lease => ...)');
+                PERFORM idem.not_claimed(key, biz_type, format('is not leased: %s needs idem_claim(..., lease => ...)', what));
             ELSE
                 PERFORM idem.not_claimed(key, biz_type, 'is claimed by another transaction, not this one');
             END IF;
@@ -623,11 +661,16 @@ BEGIN
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
                                      p.result ->> 'owner_token_sha256', to_jsonb(point), data);
+    ELSIF what = 'idem_release' THEN
+        -- Run out now, its token spent (src/lease.rs, release).
+        new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint,
+                                     least(idem.lease_until(p.result), clock_timestamp()), '',
+                                     p.result -> 'recovery_point', p.result -> 'recovery_data');
     END IF;
     PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
-COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail and idem_checkpoint: rewrite the claim the caller holds (ID003 otherwise).';
+COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
 -- @end
 
 -- @body idem_complete

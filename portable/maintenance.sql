@@ -45,8 +45,13 @@ BEGIN
                AND a.backend_xid IS NOT NULL) s
      ORDER BY x LIMIT 1;
     horizon := least(pg_snapshot_xmin(snap), oldest);
+    -- And the gates no transaction of this cluster wrote: a writer this
+    -- statement's snapshot has not reached yet, on a version it sees (so
+    -- committed), is one a plain-script dump of another cluster brought.
     DELETE FROM idem.key_gates g
-     WHERE g.h IN (SELECT s.h FROM idem.key_gates s WHERE s.writer < horizon FOR UPDATE SKIP LOCKED);
+     WHERE g.h IN (SELECT s.h FROM idem.key_gates s
+                    WHERE s.writer < horizon OR s.writer >= pg_snapshot_xmax(pg_current_snapshot())
+                      FOR UPDATE SKIP LOCKED);
     RETURN NULL;
 END
 $fn$;

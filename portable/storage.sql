@@ -90,14 +90,23 @@ COMMENT ON FUNCTION idem.interval_us(interval) IS 'An interval in microseconds, 
 -- (or pass it when it connects), so here it is read from the session only
 -- when the caller is a superuser; for everyone else it is the database's
 -- stored setting (ALTER DATABASE ... SET), or the default.
+--
+-- No SET search_path of its own: every caller (idem_claim, idem.ttl_class,
+-- idem.class_width, idem.class_max_ttl) pins it, and the SET clause cost
+-- each claim a save and restore of the setting (portable/claim.sql).
 CREATE FUNCTION idem.setting_us(setting text, fallback interval, min_us numeric, max_us numeric) RETURNS bigint
-    STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+    STABLE LANGUAGE plpgsql AS $fn$
 DECLARE
     raw text;
     us numeric;
+    caller name;
 BEGIN
+    IF setting = 'idem.partition_width' THEN
+        -- (the caller once, not once per row of pg_roles)
+        caller := idem.caller_role();
+    END IF;
     IF setting = 'idem.partition_width'
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = idem.caller_role()), false) THEN
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = caller), false) THEN
         SELECT substr(c, length(setting) + 2) INTO raw
           FROM pg_db_role_setting s, unnest(s.setconfig) c
          WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())

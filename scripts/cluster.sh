@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# start | stop | status of idem's private PostgreSQL cluster (port
-# $IDEM_PORT, default 5499, socket and data under the project folder).
+# start | stop | restart | status of idem's private PostgreSQL cluster
+# (port $IDEM_PORT, default 5499, socket and data under the project folder,
+# or under /tmp when the postgres user cannot reach it: lib.sh, cluster_dir).
 # Each PostgreSQL major version has its own (lib.sh: PG_CONFIG picks it).
+#   bash scripts/cluster.sh psql [DB] [PSQL-ARGS...]   psql to it, as postgres
+#                                                     (DB: postgres by default)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 dir="$(cluster_dir)"
@@ -59,6 +62,12 @@ restart)
 status)
   as_postgres "$PG_BIN/pg_ctl" -D "$data" status
   ;;
+psql)
+  shift
+  db=${1:-postgres}
+  [ $# = 0 ] || shift
+  exec "$PG_BIN/psql" -h "${IDEM_HOST:-$dir}" -p "$IDEM_PORT" -U postgres -d "$db" "$@"
+  ;;
 *)
-  echo "usage: $0 start|stop|restart|status" >&2; exit 2 ;;
+  echo "usage: $0 start|stop|restart|status|psql [DB] [PSQL-ARGS...]" >&2; exit 2 ;;
 esac

@@ -73,7 +73,7 @@ DROP FUNCTION IF EXISTS pay(text, text, int);
 $([ $cron = 1 ] && echo "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = 'idem_maintain';")
 CREATE EXTENSION idem;
 SQL
-say "the demo (database $db; psql -h $(cluster_dir) -p $IDEM_PORT -U postgres $db to look around)"
+say "the demo (database $db; to look around: bash scripts/cluster.sh psql $db, or psql -h $(cluster_dir) -p $IDEM_PORT -U postgres $db)"
 play() { psql_idem -d "$db" --echo-queries -v ON_ERROR_STOP=1 "$@"; }
 
 play <<'SQL'

@@ -14,6 +14,20 @@ cd "$ROOT"
 [ "$PG_DEBIAN" = 1 ] \
   || { echo "package.sh builds packages for Debian's own PostgreSQL packages only (PG_CONFIG=$PG_CONFIG is not one)" >&2; exit 1; }
 
+# What the build needs, checked first: each missing piece named with the
+# command that brings it (bash scripts/setup.sh brings them all), rather than
+# a failure deep in cargo-pgrx's log.
+need() { echo "package.sh needs $1: $2" >&2; echo "(bash scripts/setup.sh installs everything the build needs)" >&2; exit 1; }
+command -v cargo >/dev/null || need "a Rust toolchain (1.89 or newer)" "https://rustup.rs"
+cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$" \
+  || need "cargo-pgrx $PGRX_VERSION" "cargo install cargo-pgrx --version $PGRX_VERSION --locked"
+[ -f "$("$PG_CONFIG" --includedir-server)/postgres.h" ] \
+  || need "PostgreSQL $PG_MAJOR's server headers" "apt-get install postgresql-server-dev-$PG_MAJOR"
+command -v clang >/dev/null || need "clang and libclang (pgrx's bindgen)" "apt-get install clang libclang-dev"
+pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+grep -qs "^pg$PG_MAJOR = " "$pgrx_config" \
+  || need "cargo-pgrx pointed at PostgreSQL $PG_MAJOR ($pgrx_config names no pg$PG_MAJOR)" "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
+
 # (awk, not "| head -1": under pipefail a closed pipe would kill the script)
 cargo_field() { awk -F'"' -v k="$1" '$1 == k " = " { print $2; exit }' Cargo.toml; }
 version=$(cargo_field version)
@@ -31,10 +45,13 @@ built="$ROOT/target/package/cargo-pgrx-pg$PG_MAJOR"
 rm -rf "$built"
 say "cargo pgrx package for PostgreSQL $PG_MAJOR (release build, in $CARGO_TARGET_DIR)"
 mkdir -p target/package
+log="target/package/build-pg$PG_MAJOR.log"
 if ! idem_build "$ROOT" cargo pgrx package --pg-config "$PG_CONFIG" "${PG_FEATURE_ARGS[@]}" --out-dir "$built" \
-     > target/package/build-pg$PG_MAJOR.log 2>&1; then
-  grep -E -A8 "^error" target/package/build-pg$PG_MAJOR.log | head -60 >&2
-  echo "cargo pgrx package failed (log: target/package/build-pg$PG_MAJOR.log)" >&2
+     > "$log" 2>&1; then
+  # cargo's "error…" and cargo-pgrx's "Error:", else the log's end; the
+  # message and the log's name whatever the grep finds (set -e, pipefail).
+  { grep -E -A8 "^(error|Error:)" "$log" || tail -30 "$log"; } | head -60 >&2 || true
+  echo "cargo pgrx package failed (log: $log)" >&2
   exit 1
 fi
 for f in "$pkglibdir/idem.so" "$extdir/idem.control" "$extdir/idem--$version.sql"; do

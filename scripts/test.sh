@@ -195,21 +195,19 @@ if [ "$IDEM_SUITE" = full ]; then
   done
 fi
 
-fresh_db() {
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
-}
-
 source "$ROOT/tests/lib/regress.sh"
 
-# run_suite NAME KIND DB INPUTDIR [psql setup...]: the schedule of
-# INPUTDIR against a fresh database of the private cluster (tests/lib/regress.sh).
+# run_suite regress|isolation: `make installcheck-regress` or
+# `make installcheck-isolation` (the Makefile: the schedule run the PGXS way,
+# as a packager runs it against any server) against the private cluster;
+# each test recorded, the diffs of failed ones shown.
 run_suite() {
-  local name=$1 kind=$2 db=$3 dir=$4
-  shift 4
-  fresh_db "$db"
-  [ $# -gt 0 ] && psql_idem -q -d "$db" "$@"
-  regress_run "$kind" "$(cluster_dir)" "$IDEM_PORT" "$db" "$dir" "$OUT/$name" "$OUT/$name.log" \
-    --schedule="$dir/schedule" || true
+  local name=$1
+  PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres \
+    make -C "$ROOT" --no-print-directory "installcheck-$name" PG_CONFIG="$PG_CONFIG" REGRESS_OUT="$OUT" \
+    > "$OUT/$name.log" 2>&1 || true
+  # (No test result at all: the runner did not run; the suite fails.)
+  if [ -z "$(regress_results "$OUT/$name.log")" ]; then record "$name/suite" 1; tail -20 "$OUT/$name.log"; fi
   while read -r test result; do
     echo "$name/$test ... $result"
     if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
@@ -254,12 +252,11 @@ if [ "$IDEM_SUITE" = full ] && [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
   lane_b_pid=$!
 fi
 
-say "pg_regress: SQL API"
-run_suite regress regress idem_regress "$ROOT/tests/pg_regress"
+say "pg_regress: SQL API (make installcheck-regress)"
+run_suite regress
 
-say "pg_isolation_regress: concurrency"
-run_suite isolation isolation idem_isolation "$ROOT/tests/isolation" \
-  -c "CREATE EXTENSION idem"
+say "pg_isolation_regress: concurrency (make installcheck-isolation)"
+run_suite isolation
 
 # Scenario scripts: each is a bash script that exits 0 on success.
 for t in "$ROOT"/tests/scenarios/*.sh; do

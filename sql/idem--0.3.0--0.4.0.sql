@@ -1052,12 +1052,13 @@ BEGIN
            '@extschema@.idem_complete(text, text, jsonb, text)',
            '@extschema@.idem_fail(text, text, jsonb, text)',
            '@extschema@.idem_checkpoint(text, text, text, jsonb, text)',
+           '@extschema@.idem_release(text, text, text)',
            '@extschema@.idem_lookup(text, text)',
            '@extschema@.idem_forget(text, text)']::regprocedure[]) AS f;
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 CREATE FUNCTION idem.published_tables() RETURNS TABLE (pubname name, tablename name, attnames name[])
     STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -1183,3 +1184,23 @@ BEGIN
     END IF;
 END
 $fn$;
+
+-- lease.sql ------------------------------------------------------------------
+CREATE FUNCTION idem_release(key text, biz_type text, lease_token text DEFAULT NULL) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_release';
+COMMENT ON FUNCTION idem_release(text, text, text) IS
+'End a lease early, after a transient failure: pass the lease_token idem_claim returned (or call it in the transaction that took the lease). The claim stays leased but has run out, so the next idem_claim takes it over at once (attempt + 1, recovery point and data kept); the token is spent, and its later use raises ID003. ID003 also for a claim that is not leased, or leased to another owner.';
+
+-- batch.sql ------------------------------------------------------------------
+CREATE FUNCTION idem_claim_many(
+    keys         text[],
+    biz_type     text,
+    ttl          interval DEFAULT NULL,
+    fingerprints text[]   DEFAULT NULL,
+    wait         boolean  DEFAULT true
+) RETURNS TABLE (key text, claimed boolean, state text, result jsonb, first_claimed_at timestamptz, expires_at timestamptz)
+    VOLATILE PARALLEL UNSAFE ROWS 100
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_many';
+COMMENT ON FUNCTION idem_claim_many(text[], text, interval, text[], boolean) IS
+'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim). 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';

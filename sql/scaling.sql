@@ -84,12 +84,13 @@ BEGIN
            '@extschema@.idem_complete(text, text, jsonb, text)',
            '@extschema@.idem_fail(text, text, jsonb, text)',
            '@extschema@.idem_checkpoint(text, text, text, jsonb, text)',
+           '@extschema@.idem_release(text, text, text)',
            '@extschema@.idem_lookup(text, text)',
            '@extschema@.idem_forget(text, text)']::regprocedure[]) AS f;
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 
 -- Uninstall under Citus (docs/scaling.md, "Uninstalling under Citus").

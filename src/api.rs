@@ -4,7 +4,7 @@
 //! calls the protocol, and turns the answer into a datum.
 
 use crate::biztype;
-use crate::datum::text_datum;
+use crate::datum::{text_array, text_datum};
 use crate::errors::{invalid, IdemError};
 use crate::fmgr::Args;
 use crate::guc;
@@ -31,14 +31,19 @@ fn claim_key<'a>(args: Args, key: usize, biz_type: usize) -> ClaimKey<'a> {
     ClaimKey::new(args.text_req(biz_type, "biz_type"), args.text_req(key, "key"))
 }
 
-fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
+/// The columns of idem_claim_result (sql/claim.sql) for an outcome.
+fn outcome_values(o: Outcome) -> (Vec<pg_sys::Datum>, Vec<bool>) {
     let opt = |v: Option<pg_sys::Datum>| (v.unwrap_or(pg_sys::Datum::from(0)), v.is_none());
     let ts = |t: Option<i64>| opt(t.map(pg_sys::Datum::from));
     let (result, result_null) = opt(o.result);
     let (first, first_null) = ts(o.first_claimed_at);
     let (expires, expires_null) = ts(o.expires_at);
-    let mut values = [pg_sys::Datum::from(o.claimed), text_datum(o.state.as_str().as_bytes()), result, first, expires];
-    let mut nulls = [false, false, result_null, first_null, expires_null];
+    let values = vec![pg_sys::Datum::from(o.claimed), text_datum(o.state.as_str().as_bytes()), result, first, expires];
+    (values, vec![false, false, result_null, first_null, expires_null])
+}
+
+fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
+    let (mut values, mut nulls) = outcome_values(o);
     args.composite(&mut values, &mut nulls)
 }
 
@@ -58,6 +63,69 @@ fn claim(args: Args) -> pg_sys::Datum {
     outcome_datum(args, protocol::claim(&req))
 }
 sql_function!(idem_claim, pg_finfo_idem_claim, claim);
+
+// idem_claim_many(keys text[], biz_type text, ttl interval DEFAULT NULL,
+//                 fingerprints text[] DEFAULT NULL, wait boolean DEFAULT true)
+//   RETURNS TABLE (key text, claimed boolean, state text, result jsonb,
+//                  first_claimed_at timestamptz, expires_at timestamptz)
+arguments!(claim_many_args: KEYS = 0 "keys", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINTS = 3 "fingerprints", WAIT = 4 "wait");
+fn claim_many(args: Args) -> pg_sys::Datum {
+    use claim_many_args::*;
+    let keys = args.datum(KEYS).unwrap_or_else(|| IdemError::NullArgument("keys").fail());
+    let biz_type = args.text_req(BIZ_TYPE, "biz_type");
+    check_biz_type(biz_type);
+    let keys = text_array(keys, "keys");
+    let fingerprints = args.datum(FINGERPRINTS).map(|d| text_array(d, "fingerprints"));
+    if fingerprints.as_ref().is_some_and(|f| f.len() != keys.len()) {
+        invalid("fingerprints must have one element per key (NULL for a key without one)");
+    }
+    if crate::storage::Path::now() == crate::storage::Path::Citus {
+        // Citus delegates a call by one key; a batch spans workers.
+        IdemError::FeatureNotSupported(
+            "idem_claim_many is not supported when Citus distributes idem.claims".into(),
+            Some("Claim each key with SELECT * FROM idem_claim(key, biz_type) as its own statement (delegated to the key's worker), in one transaction (docs/scaling.md).".into()),
+        )
+        .fail();
+    }
+    let ttl_us = args.interval(TTL).map(|iv| guc::checked_ttl(&iv, "ttl"));
+    let wait = args.bool(WAIT).unwrap_or(true);
+    let keys: Vec<ClaimKey> = keys
+        .into_iter()
+        .map(|k| ClaimKey::new(biz_type, k.unwrap_or_else(|| IdemError::NullArgument("key").fail())))
+        .collect();
+    // Claimed in the order of their bytes, whatever the input order: two
+    // batches with keys in common wait for each other in one direction only
+    // (no deadlock). The sort is stable, so of a key given twice the first
+    // in input order claims and the later one is answered as a duplicate.
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| keys[a].key.cmp(keys[b].key));
+    let mut outcomes: Vec<Option<Outcome>> = (0..keys.len()).map(|_| None).collect();
+    for i in order {
+        // A batch of many thousand keys can be cancelled between two keys.
+        pg_sys::check_for_interrupts!();
+        let req = ClaimRequest {
+            key: keys[i],
+            ttl_us,
+            fingerprint: fingerprints.as_ref().and_then(|f| f[i]),
+            wait,
+            lease_us: None,
+        };
+        outcomes[i] = Some(protocol::claim(&req));
+    }
+    let rows = keys
+        .iter()
+        .zip(outcomes)
+        .map(|(k, o)| {
+            let o = o.expect("every key was claimed");
+            let (mut values, mut nulls) = outcome_values(o);
+            values.insert(0, text_datum(k.key));
+            nulls.insert(0, false);
+            (values, nulls)
+        })
+        .collect();
+    args.return_rows(rows)
+}
+sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many);
 
 // idem_lookup(key text, biz_type text) RETURNS idem_claim_result
 arguments!(lookup_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
@@ -101,6 +169,16 @@ fn checkpoint(args: Args) -> pg_sys::Datum {
     pg_sys::Datum::from(0)
 }
 sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, checkpoint);
+
+// idem_release(key text, biz_type text, lease_token text DEFAULT NULL)
+arguments!(release_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", LEASE_TOKEN = 2 "lease_token");
+fn release(args: Args) -> pg_sys::Datum {
+    use release_args::*;
+    let k = claim_key(args, KEY, BIZ_TYPE);
+    protocol::finish(&k, Finish::Release, args.text(LEASE_TOKEN));
+    pg_sys::Datum::from(0)
+}
+sql_function!(idem_release, pg_finfo_idem_release, release);
 
 // idem_forget(key text, biz_type text) RETURNS boolean
 arguments!(forget_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
@@ -390,10 +468,12 @@ mod tests {
         let declared: &[(&str, &[&str])] = &[
             ("idem_claim(text,text,interval,text,boolean,interval)", super::claim_args::NAMES),
             ("idem_lookup(text,text)", super::lookup_args::NAMES),
+            ("idem_claim_many(text[],text,interval,text[],boolean)", super::claim_many_args::NAMES),
             ("idem_complete(text,text,jsonb,text)", super::complete_args::NAMES),
             ("idem_fail(text,text,jsonb,text)", super::fail_args::NAMES),
             ("idem_checkpoint(text,text,text,jsonb,text)", super::checkpoint_args::NAMES),
             ("idem_forget(text,text)", super::forget_args::NAMES),
+            ("idem_release(text,text,text)", super::release_args::NAMES),
             ("idem_configure(text,interval)", super::configure_args::NAMES),
             ("idem_set_owner(text,regrole)", super::set_owner_args::NAMES),
             ("idem.key_hash(text,text)", super::key_hash_args::NAMES),
@@ -402,7 +482,11 @@ mod tests {
         ];
         for (signature, names) in declared {
             let sql = Spi::get_one_with_args::<Vec<String>>(
-                "SELECT proargnames::text[] FROM pg_proc WHERE oid = $1::regprocedure",
+                // The input arguments' names (a RETURNS TABLE's columns are
+                // OUT arguments).
+                "SELECT array_agg(a.n ORDER BY a.i)
+                   FROM pg_proc p, unnest(p.proargnames, p.proargmodes::text[]) WITH ORDINALITY AS a(n, m, i)
+                  WHERE p.oid = $1::regprocedure AND coalesce(a.m, 'i') IN ('i', 'b', 'v')",
                 &[(*signature).into()],
             )
             .unwrap()

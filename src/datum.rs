@@ -35,6 +35,32 @@ pub unsafe fn varlena_bytes<'a>(d: pg_sys::Datum) -> &'a [u8] {
     }
 }
 
+/// The elements of a text[] datum in order, a NULL element as None (valid
+/// for the call); 22023 for an array of more than one dimension.
+pub fn text_array<'a>(d: pg_sys::Datum, what: &str) -> Vec<Option<&'a [u8]>> {
+    // SAFETY: `d` is a non-NULL text[] argument: detoasted, it is an
+    // ArrayType whose elements deconstruct_array returns as `n` datums and
+    // `n` null flags, in the current memory context.
+    unsafe {
+        let arr = pg_sys::pg_detoast_datum(d.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+        if (*arr).ndim > 1 {
+            crate::errors::invalid(format!("{what} must be a one-dimensional array"));
+        }
+        let (mut elems, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        pg_sys::deconstruct_array(
+            arr,
+            pg_sys::TEXTOID,
+            -1,
+            false,
+            pg_sys::TYPALIGN_INT as std::ffi::c_char,
+            &mut elems,
+            &mut nulls,
+            &mut n,
+        );
+        (0..n as usize).map(|i| (!*nulls.add(i)).then(|| varlena_bytes(*elems.add(i)))).collect()
+    }
+}
+
 /// A detoasted copy of a varlena datum in the current memory context.
 ///
 /// # Safety

@@ -118,8 +118,22 @@ impl Lease {
         jsonb_concat(doc, jsonb_object1("recovery_data", self.data))
     }
 
-    /// Whether `token` is this lease's token.
+    /// Whether `token` is this lease's token (a released lease has none).
     pub fn token_matches(&self, token: Option<&[u8]>) -> bool {
-        token.is_some_and(|t| sha256_hex(t) == self.owner_token_sha256)
+        !self.released() && token.is_some_and(|t| sha256_hex(t) == self.owner_token_sha256)
+    }
+
+    /// Hand the lease back (idem_release): it has run out as of `now`, so
+    /// the next claim takes it over at once, with the attempt and recovery
+    /// data kept; and its token is spent, so the former holder can no
+    /// longer finish, checkpoint or release it.
+    pub fn release(&mut self, now: i64) {
+        self.until = self.until.min(now);
+        self.owner_token_sha256.clear();
+    }
+
+    /// Whether the holder handed the lease back (no claim took it over yet).
+    pub fn released(&self) -> bool {
+        self.owner_token_sha256.is_empty()
     }
 }

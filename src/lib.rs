@@ -47,6 +47,8 @@ extension_sql_file!("../sql/guards.sql", name = "guards", requires = ["maintenan
 extension_sql_file!("../sql/scaling.sql", name = "scaling", requires = ["guards"]);
 extension_sql_file!("../sql/replication.sql", name = "replication", requires = ["scaling"]);
 extension_sql_file!("../sql/metrics.sql", name = "metrics", requires = ["replication"]);
+extension_sql_file!("../sql/lease.sql", name = "lease", requires = ["metrics"]);
+extension_sql_file!("../sql/batch.sql", name = "batch", requires = ["lease"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -250,11 +250,17 @@ pub fn lookup(k: &ClaimKey) -> Outcome {
     }
 }
 
-/// What idem_complete, idem_fail and idem_checkpoint do to a claim.
+/// What idem_complete, idem_fail, idem_checkpoint and idem_release do to a
+/// claim.
 pub enum Finish<'a> {
     Complete(Option<pg_sys::Datum>),
     Fail(pg_sys::Datum),
-    Checkpoint { point: &'a [u8], data: Option<pg_sys::Datum> },
+    Checkpoint {
+        point: &'a [u8],
+        data: Option<pg_sys::Datum>,
+    },
+    /// End the lease now (a transient failure): the next claim takes over.
+    Release,
 }
 
 impl Finish<'_> {
@@ -263,6 +269,7 @@ impl Finish<'_> {
             Finish::Complete(_) => "idem_complete",
             Finish::Fail(_) => "idem_fail",
             Finish::Checkpoint { .. } => "idem_checkpoint",
+            Finish::Release => "idem_release",
         }
     }
 }
@@ -284,15 +291,19 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     let lease = leased.then(|| Lease::from_datum(row.result));
     let holds = match &lease {
         Some(lease) => row.own || lease.token_matches(lease_token),
-        None => row.own && !matches!(what, Finish::Checkpoint { .. }),
+        None => row.own && !matches!(what, Finish::Checkpoint { .. } | Finish::Release),
     };
     if !holds {
         match (&lease, lease_token) {
             (Some(_), None) => not_claimed(k, "is leased: pass the lease_token that idem_claim returned"),
-            (Some(_), Some(_)) => not_claimed(k, "is leased to another owner (or the lease was taken over)"),
-            (None, _) if row.own => {
-                not_claimed(k, "is not leased: idem_checkpoint needs idem_claim(..., lease => ...)")
+            (Some(lease), Some(_)) if lease.released() => {
+                not_claimed(k, "was released by its lease holder: claim it again (its token is spent)")
             }
+            (Some(_), Some(_)) => not_claimed(k, "is leased to another owner (or the lease was taken over)"),
+            (None, _) if row.own => match what {
+                Finish::Release => not_claimed(k, "is not leased: idem_release needs idem_claim(..., lease => ...)"),
+                _ => not_claimed(k, "is not leased: idem_checkpoint needs idem_claim(..., lease => ...)"),
+            },
             (None, _) => not_claimed(k, "is claimed by another transaction, not this one"),
         }
     }
@@ -315,6 +326,13 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             lease.until = now().saturating_add(lease.lease_us).min(row.expires_at);
             store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
             metrics::count(k, Event::Checkpointed);
+        }
+        Finish::Release => {
+            // Still leased, but run out: the next idem_claim takes it over
+            // (attempt + 1, recovery point and data as they are).
+            let mut lease = lease.expect("checked above: only a leased claim is released");
+            lease.release(now());
+            store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
         }
     }
     drop(held);

@@ -20,7 +20,7 @@ const size = Number(process.env.BENCH_POOL || 8);
 const pool = new Pool({ max: size, min: size });
 const idem = createIdem({ pool, singleTenant: true, prepare: process.env.BENCH_PREPARE === '1' });
 const app = express();
-app.use(express.json());
+app.use(express.json({ verify: idem.rawBody }));
 
 // The business work, the same in every variant.
 async function createOrder(client, key, body) {

@@ -61,6 +61,13 @@ type ClaimResult struct {
 	// LeaseToken: lease mode only (WithLease), from Result; Complete, Fail
 	// and Checkpoint pass it.
 	LeaseToken string
+	// Lease mode, claimed: Attempt is 1 for a first claim, 2, 3, ... after
+	// a lease that ran out was taken over; RecoveryPoint and RecoveryData
+	// are the last Checkpoint of an earlier attempt ("" and nil: none), so
+	// the work resumes there instead of repeating an external call.
+	Attempt       int
+	RecoveryPoint string
+	RecoveryData  json.RawMessage
 
 	tx       any
 	finished State
@@ -164,10 +171,19 @@ func Claim(ctx context.Context, tx any, key, bizType string, opts ...ClaimOption
 	}
 	if cfg.lease > 0 && c.Claimed && c.Result != nil {
 		var l struct {
-			Token string `json:"lease_token"`
+			Token         string          `json:"lease_token"`
+			Attempt       int             `json:"attempt"`
+			RecoveryPoint *string         `json:"recovery_point"`
+			RecoveryData  json.RawMessage `json:"recovery_data"`
 		}
 		if json.Unmarshal(c.Result, &l) == nil {
-			c.LeaseToken = l.Token
+			c.LeaseToken, c.Attempt = l.Token, max(l.Attempt, 1)
+			if l.RecoveryPoint != nil {
+				c.RecoveryPoint = *l.RecoveryPoint
+			}
+			if len(l.RecoveryData) > 0 && string(l.RecoveryData) != "null" {
+				c.RecoveryData = l.RecoveryData
+			}
 		}
 	}
 	return c, nil
@@ -201,7 +217,7 @@ func (c *ClaimResult) Fail(ctx context.Context, errDoc any) error {
 }
 
 // Checkpoint records a recovery point of a leased claim (idem_checkpoint)
-// in tx (nil: the claim's), renewing the lease.
+// in tx (nil: the claim's), renewing the lease. It counts once tx commits.
 func (c *ClaimResult) Checkpoint(ctx context.Context, tx any, point string, data any) error {
 	if c.LeaseToken == "" {
 		return errors.New("idem: Checkpoint needs a claim made WithLease")
@@ -212,6 +228,10 @@ func (c *ClaimResult) Checkpoint(ctx context.Context, tx any, point string, data
 	return call(ctx, tx, "idem_checkpoint", `SELECT idem_checkpoint($1, $2, $3, $4::jsonb, $5)::text`,
 		c.Key, c.BizType, point, data, c.LeaseToken)
 }
+
+// inTx: the claim finished (Complete, Fail) in another transaction than
+// the one that made it: lease mode, where the claim commits first.
+func (c *ClaimResult) inTx(tx any) { c.tx = tx }
 
 // Finished is StateCompleted or StateFailed after Complete or Fail, else "".
 func (c *ClaimResult) Finished() State { return c.finished }

@@ -186,6 +186,8 @@ type route struct {
 	excludeFields []string
 	store         func(int) bool
 	anonymous     *bool
+	lease         time.Duration
+	retryAfter    int
 }
 
 // RouteOption changes one route's behaviour from the Config's.
@@ -215,11 +217,26 @@ func StoreStatus(store func(status int) bool) RouteOption { return func(r *route
 // Anonymous: this route's Config.Anonymous.
 func Anonymous(anonymous bool) RouteOption { return func(r *route) { r.anonymous = &anonymous } }
 
+// Lease: lease mode, for handlers that call services outside the database
+// (whole seconds, at least 1). The claim commits before the handler runs,
+// with a lease of this length, so it outlives a crash of the process; the
+// handler's writes and the stored response are a second transaction (Tx),
+// the response stored with the lease token. A duplicate meanwhile gets 409
+// at once; a handler that fails (an answer not stored, a panic, a lost
+// process) leaves the lease to run out, and the next retry takes it over
+// (ClaimOf: Attempt, RecoveryPoint, RecoveryData; record points with
+// Checkpoint). Set the route's RetryAfter to about the lease.
+func Lease(d time.Duration) RouteOption { return func(r *route) { r.lease = d } }
+
+// RetryAfter: this route's Config.RetryAfter (seconds, on its 409 and 503).
+func RetryAfter(seconds int) RouteOption { return func(r *route) { r.retryAfter = seconds } }
+
 type ctxKey struct{}
 
 type requestState struct {
 	tx    pgx.Tx
 	claim *ClaimResult
+	pool  TxBeginner
 }
 
 // Tx is the transaction of the request being handled (the claim's), or
@@ -241,6 +258,32 @@ func ClaimOf(ctx context.Context) *ClaimResult {
 	return nil
 }
 
+// Checkpoint records a recovery point of the request's leased claim (a
+// route with Lease) and renews the lease, committed at once in a
+// transaction of its own: the request's may still roll back, and a retry
+// that takes the lease over must find the point (ClaimOf(ctx).RecoveryPoint
+// and RecoveryData) so as not to repeat the external call before it.
+func Checkpoint(ctx context.Context, point string, data any) error {
+	s, ok := ctx.Value(ctxKey{}).(*requestState)
+	if !ok || s.claim == nil || s.claim.LeaseToken == "" {
+		return errors.New("idem: Checkpoint needs a request on a route in lease mode")
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return &Error{Code: SQLState(err), Op: "idem_checkpoint", Err: err}
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := s.claim.Checkpoint(ctx, tx, point, data); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return &Error{Code: SQLState(err), Op: "idem_checkpoint", Err: err}
+	}
+	s.claim.RecoveryPoint = point
+	s.claim.RecoveryData, _ = json.Marshal(data)
+	return nil
+}
+
 // Route returns the middleware of one idempotent operation: bizType is
 // idem's business type (one per endpoint or operation,
 // ^[A-Za-z0-9_.:-]{1,64}$; it panics otherwise, at start-up). Wrap the
@@ -250,9 +293,15 @@ func (m *Middleware) Route(bizType string, opts ...RouteOption) func(http.Handle
 	if !bizTypePattern.MatchString(bizType) {
 		panic(fmt.Sprintf("idem: business type %q does not match %s", bizType, bizTypePattern))
 	}
-	rt := &route{bizType: bizType}
+	rt := &route{bizType: bizType, retryAfter: m.cfg.RetryAfter}
 	for _, o := range opts {
 		o(rt)
+	}
+	if rt.lease != 0 && (rt.lease < time.Second || rt.lease%time.Second != 0) {
+		panic(fmt.Sprintf("idem: route %s: the lease is whole seconds, at least 1 (got %s)", bizType, rt.lease))
+	}
+	if rt.retryAfter <= 0 {
+		rt.retryAfter = m.cfg.RetryAfter
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(rt, next, w, r) })
@@ -270,18 +319,18 @@ func (m *Middleware) problem(w http.ResponseWriter, slug, detail string, retryAf
 	_, _ = w.Write(body)
 }
 
-func (m *Middleware) unavailable(w http.ResponseWriter, err error) {
+func (m *Middleware) unavailable(w http.ResponseWriter, err error, retryAfter int) {
 	code := SQLState(err)
 	if code == "" {
 		code = "connection lost"
 	}
 	m.problem(w, "transient-failure", "A transient database failure ("+code+
-		"); nothing was done, retry with the same Idempotency-Key.", m.cfg.RetryAfter)
+		"); nothing was done, retry with the same Idempotency-Key.", retryAfter)
 }
 
-func (m *Middleware) inProgress(w http.ResponseWriter) {
+func (m *Middleware) inProgress(w http.ResponseWriter, rt *route) {
 	m.problem(w, "request-in-progress",
-		"A request with this Idempotency-Key is being processed; retry later with the same key.", m.cfg.RetryAfter)
+		"A request with this Idempotency-Key is being processed; retry later with the same key.", rt.retryAfter)
 }
 
 // WriteError answers a handler's database error: 503 with Retry-After
@@ -289,7 +338,7 @@ func (m *Middleware) inProgress(w http.ResponseWriter) {
 // retry runs again), else 500. Either way the middleware rolls back.
 func (m *Middleware) WriteError(w http.ResponseWriter, err error) {
 	if IsTransient(err) {
-		m.unavailable(w, err)
+		m.unavailable(w, err, m.cfg.RetryAfter)
 		return
 	}
 	m.cfg.ErrorLog.Printf("idem: handler error: %v", err)
@@ -299,7 +348,7 @@ func (m *Middleware) WriteError(w http.ResponseWriter, err error) {
 // internal answers an error that is neither the caller's nor transient.
 func (m *Middleware) internal(w http.ResponseWriter, r *http.Request, rt *route, err error) {
 	if IsTransient(err) {
-		m.unavailable(w, err)
+		m.unavailable(w, err, rt.retryAfter)
 		return
 	}
 	m.cfg.ErrorLog.Printf("idem: %s %s (%s): %v", r.Method, r.URL.Path, rt.bizType, err)
@@ -316,7 +365,7 @@ func (m *Middleware) anonymous(rt *route) bool {
 // notStored answers a failure to store the response or to commit.
 func (m *Middleware) notStored(w http.ResponseWriter, r *http.Request, rt *route, err error) {
 	if IsTransient(err) {
-		m.unavailable(w, err)
+		m.unavailable(w, err, rt.retryAfter)
 		return
 	}
 	m.cfg.ErrorLog.Printf("idem: %s %s (%s): storing the response: %v", r.Method, r.URL.Path, rt.bizType, err)
@@ -389,12 +438,16 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	if rt.lockTimeout != 0 {
 		lockTimeout = rt.lockTimeout
 	}
-	c, err := Claim(ctx, tx, scoped, rt.bizType, WithFingerprint(fp), WithWait(wait), WithTTL(rt.ttl), WithLockTimeout(lockTimeout))
+	claimOpts := []ClaimOption{WithFingerprint(fp), WithWait(wait), WithTTL(rt.ttl), WithLockTimeout(lockTimeout)}
+	if rt.lease > 0 {
+		claimOpts = append(claimOpts, WithLease(rt.lease))
+	}
+	c, err := Claim(ctx, tx, scoped, rt.bizType, claimOpts...)
 	switch {
 	case errors.Is(err, ErrLockTimeout):
 		// The claim's own wait for the first request ran out: that one is
 		// still in progress.
-		m.inProgress(w)
+		m.inProgress(w, rt)
 		return
 	case errors.Is(err, ErrFingerprintMismatch):
 		m.problem(w, "idempotency-key-reused", "This Idempotency-Key was first used for a different request; "+
@@ -407,7 +460,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	if !c.Claimed {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if c.State == StateInProgress {
-			m.inProgress(w)
+			m.inProgress(w, rt)
 			return
 		}
 		stored, ok := fromDocument(c.Result)
@@ -433,7 +486,25 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 
-	rec := m.run(next, r, &requestState{tx: tx, claim: c})
+	if rt.lease > 0 {
+		// Lease mode: the claim commits now, so that it outlives this
+		// process and a takeover finds the recovery points; the handler's
+		// writes and the stored response are a second transaction. (The
+		// deferred rollback is of tx, whichever it is.) Failing from here
+		// on leaves the lease to run out.
+		if err := tx.Commit(ctx); err != nil {
+			m.internal(w, r, rt, err)
+			return
+		}
+		second, err := m.cfg.Pool.Begin(ctx)
+		if err != nil {
+			m.internal(w, r, rt, err)
+			return
+		}
+		tx = second
+		c.inTx(tx)
+	}
+	rec := m.run(next, r, &requestState{tx: tx, claim: c, pool: m.cfg.Pool})
 	if !store(rec.status) {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		rec.send(w)
@@ -473,7 +544,7 @@ func (m *Middleware) runUnclaimed(rt *route, store func(int) bool, next http.Han
 		return
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rec := m.run(next, r, &requestState{tx: tx})
+	rec := m.run(next, r, &requestState{tx: tx, pool: m.cfg.Pool})
 	if store(rec.status) {
 		if err := tx.Commit(ctx); err != nil {
 			m.internal(w, r, rt, err)

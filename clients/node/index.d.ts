@@ -97,7 +97,7 @@ export interface Options {
   anonymous?: boolean;
   /** Base URI of the problem types in error bodies: type = problemBase + slug. */
   problemBase?: string;
-  /** The claim as a named prepared statement (default false; not behind PgBouncer in transaction mode before 1.21). */
+  /** The claim as a named prepared statement after its own BEGIN, one round trip more than the default (default false; not behind PgBouncer in transaction mode before 1.21). */
   prepare?: boolean;
   /** Where the refusal of a request without a tenant is logged (default console). */
   logger?: { error(message: string): void };
@@ -135,6 +135,8 @@ export declare class Idem {
   express(options: RouteOptions): ExpressMiddleware;
   /** Express error handler: transient database errors become 503 + Retry-After. */
   expressErrorHandler(): ExpressErrorHandler;
+  /** The verify option of Express's body parsers: keeps the body's bytes (req.rawBody), which the fingerprint counts. */
+  rawBody(req: any, res: any, buf: Buffer): void;
   /** Fastify plugin; routes opt in with config: { idem: RouteOptions }. */
   readonly fastify: FastifyPlugin;
 }
@@ -142,6 +144,7 @@ export declare class Idem {
 export declare function createIdem(options: CreateOptions): Idem;
 export declare function expressMiddleware(idem: Idem, options: RouteOptions): ExpressMiddleware;
 export declare function expressErrorHandler(idem: Idem): ExpressErrorHandler;
+export declare function keepRawBody(req: any, res: any, buf: Buffer): void;
 export declare const idemFastify: FastifyPlugin;
 export declare function canonicalJson(value: unknown): string;
 export declare function canonicalRequest(req: CanonicalRequest, excludeFields?: string[]): Buffer;

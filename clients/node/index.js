@@ -1,7 +1,7 @@
 'use strict';
 const { Idem, replay, storedResponse, PROBLEMS, DEFAULT_PROBLEM_BASE, TRANSIENT_REFUSALS, defaultStore } = require('./lib/core');
 const { parseKeyField } = require('./lib/key');
-const { expressMiddleware, expressErrorHandler } = require('./lib/express');
+const { expressMiddleware, expressErrorHandler, keepRawBody } = require('./lib/express');
 const { idemFastify } = require('./lib/fastify');
 const { canonicalJson, canonicalBody, canonicalRequest, canonicalTarget, fingerprint } = require('./lib/fingerprint');
 const { isTransient, isConnectionError, TRANSIENT_SQLSTATES } = require('./lib/errors');
@@ -14,6 +14,9 @@ Idem.prototype.express = function express(options) {
 Idem.prototype.expressErrorHandler = function errorHandler() {
   return expressErrorHandler(this);
 };
+// The verify option of Express's body parsers: keeps the bytes the
+// fingerprint counts (req.rawBody).
+Idem.prototype.rawBody = keepRawBody;
 Object.defineProperty(Idem.prototype, 'fastify', {
   get() {
     const idem = this;
@@ -35,6 +38,7 @@ module.exports = {
   idemFastify,
   expressMiddleware,
   expressErrorHandler,
+  keepRawBody,
   canonicalJson,
   canonicalBody,
   canonicalRequest,

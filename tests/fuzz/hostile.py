@@ -503,7 +503,8 @@ def run(h):
         real = r[1][0][0]
         for fn, q in (("idem_complete", "SELECT idem_complete(%s, %s, NULL, %s)"),
                       ("idem_fail", "SELECT idem_fail(%s, %s, '{}', %s)"),
-                      ("idem_checkpoint", "SELECT idem_checkpoint(%s, %s, 'p', NULL, %s)")):
+                      ("idem_checkpoint", "SELECT idem_checkpoint(%s, %s, 'p', NULL, %s)"),
+                      ("idem_release", "SELECT idem_release(%s, %s, %s)")):
             if tok == real:
                 continue
             r = h.call(fn, sql.SQL(q), [key, biz, tok], conn=c2)

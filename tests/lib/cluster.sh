@@ -9,7 +9,10 @@
 #                                     scenario that runs servers of its own
 #                                     (another tree, or two at once)
 #   pc_init DIR PORT [CONF-LINE...]   DIR made anew, then pc_initdb with $PG_BIN
-#   pc_start / pc_restart / pc_stop   (DIR as set by pc_init; pc_stop is immediate)
+#   pc_start [VAR=VALUE...] / pc_restart / pc_stop
+#                                     (DIR as set by pc_init; pc_stop is immediate;
+#                                     VAR=VALUE: the postmaster's environment, which
+#                                     sudo would otherwise reset)
 #   pc_psql ARGS...                   psql to it (ON_ERROR_STOP, no psqlrc)
 #   pc_until DB SQL [WHAT]            poll until SQL returns t (a safety limit
 #                                     of 120 s fails the test: it waits for a
@@ -38,7 +41,7 @@ pc_init() {
 pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   local bin=$1 dir=$2 port=$3
   shift 3
-  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
   {
     echo "listen_addresses = ''"
     echo "unix_socket_directories = '$dir'"
@@ -49,7 +52,7 @@ pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   } >> "$dir/data/postgresql.conf"
 }
 
-pc_start() { as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -w start >/dev/null; }
+pc_start() { as_postgres env "$@" "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -w start >/dev/null; }
 pc_restart() { as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -m fast -w restart >/dev/null; }
 pc_stop() { [ -z "$PC_DIR" ] || as_postgres "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true; }
 

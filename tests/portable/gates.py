@@ -266,6 +266,20 @@ def foreign_gate(obs):
           f" (first {first}, second {box.get('value', box.get('error'))}, {rows} claim rows)")
     app.close()
     other.close()
+    # Maintenance removes such a gate (a committed writer its snapshot has
+    # not reached: no transaction of this cluster wrote it), whatever
+    # snapshots other sessions hold, so it cannot outlive the next run.
+    held = connect(args.app)
+    held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    held.execute("SELECT 'snapshot taken'")
+    obs.execute("UPDATE idem.key_gates SET writer = (pg_current_xact_id()::text::bigint + 1000000)::text::xid8"
+                " WHERE h = idem.key_hash('gate.foreign', 'f-key')")
+    with connect(args.owner) as o:
+        o.execute("SELECT idem_maintain()")
+    left = obs.execute("SELECT count(*) FROM idem.key_gates WHERE h = idem.key_hash('gate.foreign', 'f-key')").fetchone()[0]
+    held.execute("ROLLBACK")
+    held.close()
+    check(left == 0, f"maintenance removed the gate that names an xid this cluster has not reached ({left} left)")
 
 
 # ---- 5. what maintenance removes, and what it keeps ---------------------------

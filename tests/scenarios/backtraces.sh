@@ -24,9 +24,7 @@ BACKTRACE='stack backtrace|^ *[0-9]+: |[[:space:]]at [^ ]+\.rs:[0-9]+|rust_begin
 
 start() { # extra postgresql.conf lines...
   pc_init "$(cluster_dir)/backtraces" "${IDEM_BT_PORT:-5473}" "$@"
-  # (sudo resets the environment: set it on the postmaster's command line)
-  as_postgres env RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=1 \
-    "$PG_BIN/pg_ctl" -D "$PC_DIR/data" -l "$PC_DIR/server.log" -w start >/dev/null
+  pc_start RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=1
   local pm
   pm=$(head -1 "$PC_DIR/data/postmaster.pid")
   tr '\0' '\n' < "/proc/$pm/environ" | grep -qx RUST_BACKTRACE=1 \

@@ -37,5 +37,11 @@ check "the end" 'maintenance dropped its partition'
 if grep -q 'the claim is in the default partition' "$out"; then
   echo "FAIL: the demo's new claim went to the default partition, so the partition dropped is not the one that held it"; fails=$((fails + 1))
 else echo "ok: the partition dropped is the one that held the claim"; fi
+# The README's follow-up, as it is written: psql into the demo's database,
+# wherever the cluster lives (under the checkout, or /tmp for a checkout
+# under /root).
+charged=$(bash "$ROOT/scripts/cluster.sh" psql "$db" -X -Atc "SELECT count(*) FROM charges WHERE order_no = 'A-1001'" 2>&1 || true)
+if [ "$charged" = 1 ]; then echo "ok: bash scripts/cluster.sh psql $db reaches the demo's database"
+else echo "FAIL: bash scripts/cluster.sh psql $db answered '$charged', not the demo's one charge"; fails=$((fails + 1)); fi
 echo "demo checks failed: $fails"
 [ "$fails" = 0 ]

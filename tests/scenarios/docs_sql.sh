@@ -9,7 +9,9 @@
 # tests/docs/sql_blocks.py does the parsing and the line mapping. Then
 # tests/docs/names.py: every idem.* setting and SQLSTATE the pages name
 # exists (pg_settings with the library loaded; idem's objects; the README's
-# SQLSTATE table, src/errors.rs or PostgreSQL's codes).
+# SQLSTATE table, src/errors.rs or PostgreSQL's codes). And tests/docs/paths.py:
+# the files, links, `bash …` and `make …` commands and the project layout
+# that README.md and docs/development.md name exist.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PG_BIN
 export DOC_LOG="$ROOT/target/docs_sql.log"
@@ -62,6 +64,9 @@ dbs+=(doc_names)
 psql_idem -q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS doc_names WITH (FORCE)" -c "CREATE DATABASE doc_names"
 psql_idem -q -d doc_names -c "CREATE EXTENSION idem"
 PG_CONFIG="$PG_CONFIG" python3 "$ROOT/tests/docs/names.py" "$ROOT" doc_names || failed=$((failed + 1))
+
+say "files, links and commands named in the README and the development guide"
+python3 "$ROOT/tests/docs/paths.py" "$ROOT" || failed=$((failed + 1))
 
 echo
 echo "$files files with sql blocks, $runnable blocks to run, $failed files failed (psql output: $DOC_LOG)"

@@ -69,7 +69,8 @@ for path in direct sql; do
   want=in_progress; [ "$path" = sql ] && want=absent
   expect "$path: lookup of a claim still open on the primary" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")" "$want"
   for call in "idem_claim('new', 'pay')" "idem_claim('done', 'pay')" "idem_complete('done', 'pay')" \
-              "idem_fail('done', 'pay', '{}')" "idem_checkpoint('done', 'pay', 'p')" "idem_forget('done', 'pay')" \
+              "idem_fail('done', 'pay', '{}')" "idem_checkpoint('done', 'pay', 'p')" "idem_release('done', 'pay', 'x')" \
+              "idem_claim_many(ARRAY['new'], 'pay')" "idem_forget('done', 'pay')" \
               "idem_configure('pay', '1 hour')" "idem_set_owner('pay', NULL)"; do
     got=$(replica -d standby -c "\\set VERBOSITY verbose" -c "SELECT $call" 2>&1 | (grep -E "^ERROR|^HINT" || true) | tr '\n' ' ')
     case "$got" in

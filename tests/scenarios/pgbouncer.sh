@@ -43,7 +43,7 @@ stop_all() {
     fi
     rm -f "$dir/pgbouncer-$m.pid"
   done
-  as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+  pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
 }
@@ -61,13 +61,10 @@ expect() { # description, actual, expected
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 # ---- the cluster and the two PgBouncers --------------------------------------
-rm -rf "$dir" "$out"
-mkdir -p "$dir" "$out"
-chown postgres:postgres "$dir"
-chmod 700 "$dir"
-pc_initdb "$PG_BIN" "$dir" "$PG_PORT" \
-  "max_connections = 50"
-as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+rm -rf "$out"
+mkdir -p "$out"
+pc_init "$dir" "$PG_PORT" "max_connections = 50"
+pc_start
 direct() { "$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres "$@"; }
 direct -d postgres -c "CREATE DATABASE pgb" \
   -c "CREATE ROLE app LOGIN NOINHERIT" -c "CREATE ROLE app_a" -c "GRANT app_a TO app"

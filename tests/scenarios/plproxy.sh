@@ -9,6 +9,7 @@
 # must stay up whichever shard goes down (as in production, where proxies
 # and shards are separate machines).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
 started=$(date +%s.%N)
 
 base="$(cluster_dir)/shard"
@@ -17,10 +18,11 @@ SHARD_PORTS=(5521 5522 5523)
 nodes=(proxy s0 s1 s2)
 ports=("$PROXY_PORT" "${SHARD_PORTS[@]}")
 
+# Each node is a cluster of the cluster library (tests/lib/cluster.sh) in
+# $base/NODE: PC_DIR names it for pc_start and pc_stop.
 stop_all() {
   for n in "${nodes[@]}"; do
-    [ -f "$base/$n/data/postmaster.pid" ] &&
-      as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -m immediate -w stop >/dev/null 2>&1
+    [ ! -f "$base/$n/data/postmaster.pid" ] || (PC_DIR="$base/$n"; pc_stop)
   done
   true
 }
@@ -48,32 +50,17 @@ say "creating 4 clusters under $base (proxy :$PROXY_PORT, shards :${SHARD_PORTS[
 for i in "${!nodes[@]}"; do
   n=${nodes[$i]}
   as_postgres mkdir -p "$base/$n"
-  as_postgres "$PG_BIN/initdb" -D "$base/$n/data" --auth=trust --username=postgres \
-    -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
   # synchronous_commit stays on: an acknowledged commit must survive the
   # immediate stop below (fsync off is fine, the kernel keeps the writes).
-  cat >> "$base/$n/data/postgresql.conf" <<CONF
-listen_addresses = '127.0.0.1'
-port = ${ports[$i]}
-unix_socket_directories = ''   # TCP only: no socket path length limit
-shared_buffers = 16MB
-max_connections = 40
-max_wal_senders = 0
-wal_level = minimal
-fsync = off
-full_page_writes = off
-max_worker_processes = 8
-log_min_messages = warning
-CONF
-  if [ "$n" != proxy ]; then
-    cat >> "$base/$n/data/postgresql.conf" <<CONF
-shared_preload_libraries = 'pg_cron'
-cron.database_name = 'orders_${n#s}'
-CONF
-  fi
+  # TCP only: no socket path length limit.
+  conf=("listen_addresses = '127.0.0.1'" "unix_socket_directories = ''" "shared_buffers = 16MB"
+        "max_connections = 40" "max_wal_senders = 0" "wal_level = minimal" "full_page_writes = off"
+        "max_worker_processes = 8" "log_min_messages = warning")
+  [ "$n" = proxy ] || conf+=("shared_preload_libraries = 'pg_cron'" "cron.database_name = 'orders_${n#s}'")
+  pc_initdb "$PG_BIN" "$base/$n" "${ports[$i]}" "${conf[@]}"
 done
 for n in "${nodes[@]}"; do
-  as_postgres "$PG_BIN/pg_ctl" -D "$base/$n/data" -l "$base/$n/server.log" -w start >/dev/null &
+  (PC_DIR="$base/$n"; pc_start) &
 done
 wait
 

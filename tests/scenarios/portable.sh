@@ -228,7 +228,9 @@ for d in "$ROOT"/tests/portable/expected_diffs/isolation/*.diff; do
 done
 # A `wait => false` claim that meets another session's uncommitted first
 # claim of the key tries the gate in a subtransaction with lock_timeout =
-# 1 ms (docs/portable.md, "Key lock"): on a loaded machine isolationtester
+# 1 ms (docs/portable.md, "Key lock"; no SQL statement meets another
+# transaction's uncommitted key without waiting for it, docs/design.md §14,
+# "wait => false"): on a loaded machine isolationtester
 # can see that millisecond's lock wait and print the step as waiting, then
 # completed, with the same answer. Each such step's waiting form is an
 # alternative expected output (NAME_1.out, NAME_2.out, …: one step waiting

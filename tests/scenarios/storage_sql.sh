@@ -10,20 +10,16 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 PORT=5541
-dir="$(cluster_dir)/sqlpath"
 out="$IDEM_TARGET/test-out/sql_access"
-stop() { as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true; }
-trap stop EXIT
-stop
-rm -rf "$dir" "$out"
-mkdir -p "$dir" "$out"
-chown postgres:postgres "$dir"
-chmod 700 "$dir"
-pc_initdb "$PG_BIN" "$dir" "$PORT" \
+trap pc_stop EXIT
+rm -rf "$out"
+mkdir -p "$out"
+pc_init "$(cluster_dir)/sqlpath" "$PORT" \
   "max_prepared_transactions = 10" \
   "idem.storage_access = sql"
-as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
-psql_sql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U postgres "$@"; }
+pc_start
+dir=$PC_DIR
+psql_sql() { pc_psql -q "$@"; }
 
 fails=0
 source "$ROOT/tests/lib/regress.sh"

@@ -120,6 +120,8 @@ class Run:
                 return self.recent[rnd.randrange(len(self.recent))]
             self.fresh += 1
             key = f"{self.args.run_id}-{self.fresh}"
+            if self.args.long_every and self.fresh % self.args.long_every == 0:
+                key += "L"  # claimed with --long-ttl (see claim_ttl)
             self.recent.append(key)
             self.counts["picked_fresh_key"] += 1
             return key
@@ -129,8 +131,17 @@ MODES = ["commit", "rollback", "error", "nowait", "savepoint"]
 WEIGHTS = [50, 15, 15, 15, 5]
 CLAIM_SQL = (
     "SELECT claimed, state, result, first_claimed_at, expires_at "
-    "FROM idem_claim(%s, 'stress', wait => %s)"
+    "FROM idem_claim(%s, 'stress', ttl => %s, wait => %s)"
 )
+
+
+def claim_ttl(args, key):
+    """The ttl argument for a key: --long-ttl for every --long-every-th new
+    key (marked "L"), the type's own TTL (NULL) for the rest. Long claims
+    outlive any recovery, however slow the machine, so the checks after a
+    fault always have acknowledged live claims to look for; short ones
+    expire and rotate partitions during the run."""
+    return dt.timedelta(seconds=args.long_ttl) if key.endswith("L") else None
 BIZ_SQL = (
     "INSERT INTO stress_biz (seq, key, claimed_at, expires_at, outcome, worker) "
     "VALUES (%s, %s, %s, %s, %s, %s)"
@@ -166,14 +177,14 @@ def worker(run, wid, budget):
                 # A claim undone by ROLLBACK TO SAVEPOINT leaves nothing: the
                 # same transaction claims the key again.
                 cur.execute("SAVEPOINT s")
-                cur.execute(CLAIM_SQL, (key, True))
+                cur.execute(CLAIM_SQL, (key, claim_ttl(args, key), True))
                 r = cur.fetchone()
                 if r[0]:
                     cur.execute(BIZ_SQL, (seq, key, r[3], r[4], "rolledback", wid))
                     c["savepoint_rolled_back_claim"] += 1
                 cur.execute("ROLLBACK TO SAVEPOINT s")
                 mode = "commit"
-            cur.execute(CLAIM_SQL, (key, mode != "nowait"))
+            cur.execute(CLAIM_SQL, (key, claim_ttl(args, key), mode != "nowait"))
             claimed, state, result, first_at, expires_at = cur.fetchone()
             if claimed != (state == "new"):
                 run.fail(f"claimed={claimed} with state={state} for {key}")
@@ -515,7 +526,7 @@ def recover(run, fault_kind):
             with run.lock:
                 run.unresolved.add(seq)
             continue
-        cur.execute(CLAIM_SQL, (key, True))
+        cur.execute(CLAIM_SQL, (key, claim_ttl(args, key), True))
         claimed, state, result, first_at, expires_at = cur.fetchone()
         present = biz_exists(seq)
         if claimed:
@@ -769,6 +780,9 @@ def main():
     p.add_argument("--dup", type=float, default=0.30, help="share of claims that reuse an earlier key")
     p.add_argument("--recent", type=int, default=20000, help="how many earlier keys a duplicate is drawn from")
     p.add_argument("--ttl", type=float, default=3.0, help="TTL of the claims, seconds")
+    p.add_argument("--long-every", type=int, default=0,
+                   help="every Nth new key is claimed with --long-ttl (0: none)")
+    p.add_argument("--long-ttl", type=float, default=600.0, help="TTL of those claims, seconds")
     p.add_argument("--width", type=float, default=1.0, help="idem.partition_width, seconds (at least 0.1)")
     p.add_argument("--maintain-every", type=float, default=0.25, help="seconds between idem_maintain() runs")
     p.add_argument("--maintain-pause", type=float, default=0.03,

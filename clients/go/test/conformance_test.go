@@ -44,6 +44,7 @@ type conformanceReq struct {
 	Key          []string        `json:"key"`
 	Tenant       json.RawMessage `json:"tenant"` // absent: the default; null: none
 	Body         *string         `json:"body"`
+	ContentType  string          `json:"content_type"`
 	Route        string          `json:"route"`
 	Query        string          `json:"query"`
 	Status       int             `json:"status"`
@@ -136,7 +137,11 @@ func (s *server) request(c conformanceCase, rq conformanceReq, u string, hold bo
 		body = *rq.Body
 	}
 	req, _ := http.NewRequest(http.MethodPost, target, strings.NewReader(fill(body, u)))
-	req.Header.Set("Content-Type", "application/json")
+	contentType := "application/json"
+	if rq.ContentType != "" {
+		contentType = rq.ContentType
+	}
+	req.Header.Set("Content-Type", contentType)
 	for _, line := range rq.Key {
 		req.Header.Add("Idempotency-Key", fill(line, u))
 	}

@@ -121,29 +121,9 @@ func concurrentNoWait(t *testing.T, s *server) {
 func killed(t *testing.T, s *server, phase string) {
 	u := runID()
 	key := u + "-killed"
-	done := make(chan response, 1)
-	go func() { done <- send(s.order("/orders", key, u, map[string]string{"X-Test-Pause": phase})) }()
-	// (read-write: the open does not wait for the server's)
-	fifo, err := os.OpenFile(s.fifo, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		line, _ := bufio.NewReader(fifo).ReadString('\n')
-		lines <- line
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case r := <-done:
-		fifo.Close()
-		t.Fatalf("the request was answered before the kill point %s: %s; server log:\n%s", phase, r, s.log)
-	}
-	fifo.Close()
-	s.kill()
-	if r := <-done; line != phase+"\n" || r.err == nil {
-		t.Fatalf("killed at %s (%q): the client got %s", phase, line, r)
+	line, killedResp := sendAndKill(t, s, s.order("/orders", key, u, map[string]string{"X-Test-Pause": phase}))
+	if line != phase+"\n" || killedResp.err == nil {
+		t.Fatalf("killed at %s (%q): the client got %s", phase, line, killedResp)
 	}
 	// The killed server's transaction ends when its backend sees the
 	// connection gone (through PgBouncer, when PgBouncer closes it): wait
@@ -172,5 +152,72 @@ func killed(t *testing.T, s *server, phase string) {
 	}
 	if n := rowsOf(t, u); n != 1 {
 		t.Fatalf("after the retry: %d business rows", n)
+	}
+}
+
+// sendAndKill sends req, which stops at a kill point (the server
+// announces it on the FIFO and blocks there), then SIGKILLs the server:
+// the line the server wrote, and what the client got.
+func sendAndKill(t *testing.T, s *server, req *http.Request) (string, response) {
+	done := make(chan response, 1)
+	go func() { done <- send(req) }()
+	// (read-write: the open does not wait for the server's)
+	fifo, err := os.OpenFile(s.fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(fifo).ReadString('\n')
+		lines <- line
+	}()
+	var line string
+	select {
+	case line = <-lines:
+	case r := <-done:
+		fifo.Close()
+		t.Fatalf("%s was answered before its kill point: %s; server log:\n%s", req.URL.Path, r, s.log)
+	}
+	fifo.Close()
+	s.kill()
+	return line, <-done
+}
+
+// Lease mode: the server killed after its external call and the call's
+// checkpoint (the claim committed before the handler, the handler's own
+// transaction not). Once idem_leases shows the lease ran out, the retry
+// takes it over (attempt 2), resumes after the checkpoint without calling
+// again, and commits the business row; the next retry is replayed.
+func leaseTakeover(t *testing.T, s *server) {
+	u := runID()
+	key := u + "-lease-takeover"
+	external := map[string]string{"X-Test-External": "1"}
+	if line, r := sendAndKill(t, s, s.order("/charges", key, u,
+		map[string]string{"X-Test-External": "1", "X-Test-Pause": "after_checkpoint"})); line != "after_checkpoint\n" || r.err == nil {
+		t.Fatalf("killed after the checkpoint (%q): the client got %s", line, r)
+	}
+	lease := "SELECT %s FROM idem_leases WHERE biz_type = 'charges.create' AND key = $1"
+	var point string
+	if err := checkDB.QueryRow(context.Background(), fmt.Sprintf(lease, "recovery_point"), "4:acme:"+key).Scan(&point); err != nil || point != "called" {
+		t.Fatalf("after the kill: the lease's recovery point %q (%v)", point, err)
+	}
+	if n := rowsOf(t, u); n != 1 {
+		t.Fatalf("after the kill: %d rows (the external call's only)", n)
+	}
+	s.start()
+	untilTrue(t, "the lease ran out", fmt.Sprintf(lease, "coalesce(bool_or(ran_out), false)"), "4:acme:"+key)
+	r := send(s.order("/charges", key, u, external))
+	if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "" || r.header.Get("X-Attempt") != "2" {
+		t.Fatalf("the retry after the lease ran out: %s", r)
+	}
+	again := send(s.order("/charges", key, u, external))
+	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, r.body) {
+		t.Fatalf("the next retry: %s (the first answer: %s)", again, r)
+	}
+	var calls, writes int
+	checkDB.QueryRow(context.Background(), "SELECT count(*) FILTER (WHERE tenant = 'external'), count(*) FILTER (WHERE tenant = 'acme') "+
+		"FROM conformance_rows WHERE run = $1", u).Scan(&calls, &writes)
+	if calls != 1 || writes != 1 {
+		t.Fatalf("%d external calls, %d business rows (want one of each)", calls, writes)
 	}
 }

@@ -49,7 +49,7 @@ function rateLimit(req, res, next) {
 }
 
 const app = express();
-app.use(express.json());
+app.use(express.json({ verify: idem.rawBody })); // keeps the bytes the fingerprint counts
 app.post('/orders', authenticate, rateLimit, idem.express({ bizType: 'orders.create' }), async (req, res) => {
   // req.idem.query: the connection whose transaction holds the claim.
   const { rows } = await req.idem.query(

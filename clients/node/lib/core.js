@@ -65,7 +65,7 @@ const DEFAULTS = {
   singleTenant: false, // no tenant hook: every caller shares one key space
   anonymous: false, // with a tenant hook: no tenant -> the shared scope, instead of 500
   problemBase: DEFAULT_PROBLEM_BASE,
-  prepare: false, // the claim as a named prepared statement (not behind PgBouncer in transaction mode before 1.21)
+  prepare: false, // the claim as a named prepared statement, after its own BEGIN (not behind PgBouncer in transaction mode before 1.21)
   logger: console,
   hooks: {},
 };
@@ -280,26 +280,26 @@ class Idem {
         await client.query('BEGIN');
         return { ctx };
       }
-      await client.query('BEGIN');
-      // The claim and the bound of its wait in one round trip: lock_timeout
+      // The claim and the bound of its wait in one statement: lock_timeout
       // is made transaction-local before the claim (the CTE is evaluated
       // first: the claim's key comes from it) and restored after it (the
       // select list is evaluated on the claim's row), so that the handler's
       // own lock waits keep the session's setting. With prepare: a named
-      // statement, parsed once per connection.
+      // statement, parsed once per connection, after its own BEGIN; else
+      // BEGIN and the claim go as one simple query (one round trip), the
+      // values as escaped literals.
       const args = [scoped, `${route.lockTimeout}ms`, route.bizType, fp === undefined ? null : fp, route.wait];
-      let call = `${this.fn('idem_claim')}(s.k, $3, fingerprint => $4, wait => $5`;
-      if (route.lease !== null) {
-        args.push(route.lease);
-        call += ', lease => make_interval(secs => $6)';
-      }
-      const text = 'WITH s AS MATERIALIZED (SELECT $1::text AS k, current_setting(\'lock_timeout\') AS prev, '
-        + 'set_config(\'lock_timeout\', $2, true) AS bound) '
-        + `SELECT c.claimed, c.state, c.result, set_config('lock_timeout', s.prev, true) FROM s, LATERAL ${call}) c`;
-      const query = route.prepare ? { name: `idem_claim_${this.schemaTag}${route.lease !== null ? '_lease' : ''}`, text, values: args } : { text, values: args };
+      if (route.lease !== null) args.push(route.lease);
       let c;
       try {
-        c = (await client.query(query)).rows[0];
+        if (route.prepare) {
+          await client.query('BEGIN');
+          const name = `idem_claim_${this.schemaTag}${route.lease !== null ? '_lease' : ''}`;
+          c = (await client.query({ name, text: this.#claimText(route, (i) => `$${i + 1}`), values: args })).rows[0];
+        } else {
+          const literal = (i) => (args[i] === null ? 'NULL' : typeof args[i] === 'string' ? client.escapeLiteral(args[i]) : String(args[i]));
+          c = (await client.query(`BEGIN; ${this.#claimText(route, literal)}`))[1].rows[0];
+        }
       } catch (err) {
         if (err && err.code === '55P03') {
           // The wait for the first request's transaction ran out: still in progress.
@@ -328,8 +328,7 @@ class Idem {
           recoveryData: r.recovery_data === undefined ? null : r.recovery_data,
           until: r.lease_until || null,
         };
-        await client.query('COMMIT');
-        await client.query('BEGIN');
+        await client.query('COMMIT; BEGIN');
         ctx.checkpoint = (point, data) => this.#checkpoint(ctx, point, data);
       }
       return { ctx };
@@ -341,6 +340,16 @@ class Idem {
       if (isTransient(err)) return { response: this.#unavailable(route, err) };
       throw err;
     }
+  }
+
+  // The claim statement, its values written by value(i): $1 key, $2
+  // lock_timeout, $3 biz_type, $4 fingerprint, $5 wait, $6 lease seconds.
+  #claimText(route, value) {
+    const lease = route.lease !== null ? `, lease => make_interval(secs => ${value(5)})` : '';
+    return `WITH s AS MATERIALIZED (SELECT ${value(0)}::text AS k, current_setting('lock_timeout') AS prev, `
+      + `set_config('lock_timeout', ${value(1)}, true) AS bound) `
+      + 'SELECT c.claimed, c.state, c.result, set_config(\'lock_timeout\', s.prev, true) '
+      + `FROM s, LATERAL ${this.fn('idem_claim')}(s.k, ${value(2)}, fingerprint => ${value(3)}, wait => ${value(4)}${lease}) c`;
   }
 
   // A recovery point, committed at once on its own connection (the request's
@@ -384,15 +393,28 @@ class Idem {
         this.#release(ctx);
         return {};
       }
-      if (ctx.key !== null) {
+      if (ctx.key === null) {
+        if (route.hooks.beforeCommit) await route.hooks.beforeCommit(ctx);
+        await client.query('COMMIT');
+      } else {
         const omitted = Boolean(streamed) || (body !== null && body !== undefined && body.length > route.maxStoredBody);
         const doc = storedResponse(route, status, headers, body, omitted);
-        const fn = status >= 400 ? 'idem_fail' : 'idem_complete';
-        await client.query(`SELECT ${this.fn(fn)}($1, $2, $3::jsonb, lease_token => $4)`,
-          [ctx.key, ctx.bizType, JSON.stringify(doc), ctx.lease ? ctx.lease.token : null]);
+        const fn = this.fn(status >= 400 ? 'idem_fail' : 'idem_complete');
+        const token = ctx.lease ? ctx.lease.token : null;
+        if (route.hooks.beforeCommit) {
+          await client.query(`SELECT ${fn}($1, $2, $3::jsonb, lease_token => $4)`,
+            [ctx.key, ctx.bizType, JSON.stringify(doc), token]);
+          await route.hooks.beforeCommit(ctx);
+          await client.query('COMMIT');
+        } else {
+          // The stored response and COMMIT in one round trip (one simple
+          // query, the values as escaped literals): if storing fails, the
+          // COMMIT does not run and the catch below rolls back.
+          const lit = (v) => (v === null ? 'NULL' : client.escapeLiteral(v));
+          await client.query(`SELECT ${fn}(${lit(ctx.key)}, ${lit(ctx.bizType)}, ${lit(JSON.stringify(doc))}::jsonb, `
+            + `lease_token => ${lit(token)}); COMMIT`);
+        }
       }
-      if (route.hooks.beforeCommit) await route.hooks.beforeCommit(ctx);
-      await client.query('COMMIT');
       this.#release(ctx);
     } catch (err) {
       await this.#discard(ctx, err);

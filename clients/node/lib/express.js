@@ -89,12 +89,48 @@ function intercept(idem, ctx, res) {
   };
 }
 
+/**
+ * The verify option of Express's body parsers: keeps the bytes the parser
+ * read (req.rawBody), which the fingerprint counts, as the other idem
+ * clients do (docs/http.md, "The fingerprint"):
+ *   app.use(express.json({ verify: idem.rawBody }), express.urlencoded({ extended: false, verify: idem.rawBody }))
+ */
+function keepRawBody(req, res, buf) {
+  req.rawBody = buf;
+}
+
+// The request body as received: kept by a parser (keepRawBody), or read
+// here when no parser has read the stream (it is then req.rawBody for the
+// handler). A body a parser consumed without keeping its bytes cannot be
+// fingerprinted as the rule says: an error, not a second rule (a parsed
+// form would count as its fields, so reordered fields would replay).
+function bodyBytes(req) {
+  if (Buffer.isBuffer(req.rawBody)) return Promise.resolve(req.rawBody);
+  if (req.readableEnded) {
+    if (req.headers['content-length'] === '0') return Promise.resolve(Buffer.alloc(0));
+    return Promise.reject(new TypeError('idem-pg: a body parser read the request body without keeping its bytes, '
+      + 'which the fingerprint counts: give it verify: idem.rawBody (express.json({ verify: idem.rawBody }), '
+      + 'express.urlencoded({ extended: false, verify: idem.rawBody }), ...)'));
+  }
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      req.rawBody = Buffer.concat(chunks);
+      resolve(req.rawBody);
+    });
+    req.on('error', reject);
+  });
+}
+
 /** Per-route middleware: app.post('/orders', idem.express({ bizType: 'orders.create' }), handler). */
 function expressMiddleware(idem, options) {
   const route = idem.route(options);
   return function idemMiddleware(req, res, next) {
-    const view = { method: req.method, path: req.originalUrl || req.url, headers: req.headers, body: req.body };
-    idem.begin(view, route, req).then((outcome) => {
+    bodyBytes(req).then((body) => {
+      const view = { method: req.method, path: req.originalUrl || req.url, headers: req.headers, body };
+      return idem.begin(view, route, req);
+    }).then((outcome) => {
       if (outcome.response) {
         req.idem = null;
         send(res, outcome.response);
@@ -126,4 +162,4 @@ function expressErrorHandler(idem) {
   };
 }
 
-module.exports = { expressMiddleware, expressErrorHandler };
+module.exports = { expressMiddleware, expressErrorHandler, keepRawBody };

@@ -18,7 +18,7 @@ function send(base, kase, req, u) {
   const d = TABLE.defaults;
   let path = req.route || kase.route || d.route;
   if (req.query) path += `?${req.query}`;
-  const headers = [['content-type', 'application/json']];
+  const headers = [['content-type', req.content_type || 'application/json']];
   for (const line of req.key || []) headers.push(['idempotency-key', expand(line, u)]);
   const tenant = 'tenant' in req ? req.tenant : d.tenant;
   if (tenant !== null) headers.push(['x-tenant', tenant]);

@@ -140,3 +140,30 @@ test('the key header: missing, malformed, quoted, too long with the tenant; bad 
   assert.throws(() => idem.route({ bizType: 'ok', lease: 0.5 }), /lease/);
   assert.throws(() => new Idem({}), /pool/);
 });
+
+test('express: a body a parser read without verify: idem.rawBody is refused (500, the reason in the error), never fingerprinted as parsed', async () => {
+  const express = require('express');
+  // No request reaches the pool: the refusal comes first.
+  const idem = new Idem({ pool: { connect: async () => { throw new Error('the pool was reached'); } }, singleTenant: true });
+  const app = express();
+  app.use(express.urlencoded({ extended: false }));
+  app.post('/form', idem.express({ bizType: 'unit.form' }), (req, res) => res.status(201).end());
+  let seen = null;
+  app.use((err, req, res, next) => {
+    seen = err;
+    res.status(500).end();
+  });
+  const server = app.listen(0, '127.0.0.1');
+  await new Promise((resolve) => server.once('listening', resolve));
+  try {
+    const r = await fetch(`http://127.0.0.1:${server.address().port}/form`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', 'idempotency-key': '"0123456789abcdef-form"' },
+      body: 'b=2&a=1',
+    });
+    assert.equal(r.status, 500);
+    assert.match(String(seen && seen.message), /verify: idem\.rawBody/);
+  } finally {
+    server.close();
+  }
+});

@@ -17,6 +17,13 @@ from typing import Any, Callable, Optional
 import httpx
 import psycopg
 
+# One client for every request of the runner and driver.py: httpx.post
+# builds a client per call, and with it a TLS context that loads the CA
+# bundle (a quarter of a second per request on a loaded machine). No
+# keep-alive: each request has a connection of its own, as with
+# httpx.post (a killed and restarted server meets no stale connection).
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
 TABLE = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance.json")))
 WAITING = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
            " AND objid::bigint = (hashtext(%s)::bigint & 4294967295)")
@@ -31,7 +38,7 @@ def send(base: str, case: dict[str, Any], req: dict[str, Any], u: str) -> Option
     path = req.get("route") or case.get("route") or d["route"]
     if req.get("query"):
         path += "?" + req["query"]
-    headers: list[tuple[str, str]] = [("Content-Type", "application/json")]
+    headers: list[tuple[str, str]] = [("Content-Type", req.get("content_type", "application/json"))]
     for line in req.get("key", []):
         headers.append(("Idempotency-Key", expand(line, u)))
     tenant = req["tenant"] if "tenant" in req else d["tenant"]
@@ -44,8 +51,8 @@ def send(base: str, case: dict[str, Any], req: dict[str, Any], u: str) -> Option
     if req.get("hold"):
         headers.append(("X-Conformance-Hold", u))
     try:
-        return httpx.post(base + path, content=expand(req.get("body", d["body"]), u).encode(), headers=headers,
-                          timeout=120)
+        return HTTP.post(base + path, content=expand(req.get("body", d["body"]), u).encode(), headers=headers,
+                         timeout=120)
     except httpx.TransportError:
         return None
 

@@ -104,7 +104,7 @@ def charges(request: HttpRequest) -> HttpResponse:
 def conformance(request: HttpRequest) -> HttpResponse:
     """The conformance handler of tests/middleware/README.md."""
     h = request.headers.get
-    with connection.cursor() as cur:
+    with transaction.atomic(), connection.cursor() as cur:
         if h("X-Conformance-Hold"):
             cur.execute(common.CONFORMANCE_HOLD, (h("X-Conformance-Hold"),))
         cur.execute(common.CONFORMANCE_INSERT, common.conformance_params(request.body, h))
@@ -118,7 +118,12 @@ def conformance(request: HttpRequest) -> HttpResponse:
     return resp
 
 
-urlpatterns = [*(path(p.lstrip("/"), conformance) for p in common.CONFORMANCE_PATHS),
+# Lease mode: the claim has committed; the view's atomic block is its own
+# transaction (in the other routes, a savepoint of the request's).
+conformance_leased = transaction.non_atomic_requests(conformance)
+
+urlpatterns = [*(path(p.lstrip("/"), conformance_leased if common.leased(p) else conformance)
+                 for p in common.CONFORMANCE_PATHS),
     path("charges", charges),
     path("charges-short", charges),
     path("health", health),

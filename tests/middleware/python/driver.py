@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 import httpx
 import psycopg
 
+import conformance
+
 SERVER, PORT, APP_CONNINFO, CHECK_CONNINFO, LABEL, FIFO = sys.argv[1:7]
 N = 20
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,7 +103,7 @@ def up() -> bool:
     if server.poll() is not None:
         raise SystemExit(f"the {SERVER} server exited with {server.returncode}")
     try:
-        return httpx.get(f"{BASE}/health", timeout=60).status_code == 200
+        return conformance.HTTP.get(f"{BASE}/health", timeout=60).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -123,8 +125,8 @@ def post(path: str, key: Optional[str], body: Any, tenant: str = "tenant-a", raw
         headers["Idempotency-Key"] = f'"{key}"'
     headers.update({k.replace("_", "-"): v for k, v in extra.items()})
     try:
-        return httpx.post(BASE + path, content=body if isinstance(body, (str, bytes)) else json.dumps(body),
-                          headers=headers, timeout=300)
+        return conformance.HTTP.post(BASE + path, content=body if isinstance(body, (str, bytes)) else json.dumps(body),
+                                     headers=headers, timeout=300)
     except httpx.TransportError:
         return None
 
@@ -426,7 +428,6 @@ def single_tenant() -> None:
 
 
 def conformance_table() -> None:
-    import conformance
     conformance.run(BASE, CHECK_CONNINFO, check)
 
 

@@ -3,6 +3,7 @@ to async handlers by a dependency. uvicorn fastapi_app:app"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -16,7 +17,12 @@ import testapp_common as common
 
 app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, connection=connect_each_time(common.CONNINFO, prepare_threshold=None),
-                   routes=common.ROUTES, policy=common.POLICY)
+                   routes={k: r for k, r in common.ROUTES.items() if k not in common.CONFORMANCE_ROUTES},
+                   policy=common.POLICY)
+# The conformance routes without the kill points' phase hook, the way most
+# apps run: the response is stored and committed in one round trip.
+app.add_middleware(IdempotencyMiddleware, connection=connect_each_time(common.CONNINFO, prepare_threshold=None),
+                   routes=common.CONFORMANCE_ROUTES, policy=dataclasses.replace(common.POLICY, phase_hook=None))
 
 
 @app.get("/health")
@@ -101,8 +107,7 @@ async def charges(request: Request, ctx: IdemContext = Depends(idem_context)) ->
     return JSONResponse({"id": order_id, "attempt": ctx.attempt}, status_code=201)
 
 
-async def conformance(request: Request, ctx: IdemContext = Depends(idem_context)) -> Any:
-    """The conformance handler of tests/middleware/README.md."""
+async def conformance_work(request: Request, ctx: IdemContext) -> int:
     h = request.headers.get
     if h("x-conformance-hold"):
         await ctx.conn.execute(common.CONFORMANCE_HOLD, (h("x-conformance-hold"),))
@@ -110,6 +115,19 @@ async def conformance(request: Request, ctx: IdemContext = Depends(idem_context)
     (row_id,) = await cur.fetchone()  # type: ignore[misc]
     if h("x-conformance-fail"):
         await ctx.conn.execute(common.conformance_fail(h("x-conformance-fail", "")))
+    return int(row_id)
+
+
+async def conformance(request: Request, ctx: IdemContext = Depends(idem_context)) -> Any:
+    """The conformance handler of tests/middleware/README.md."""
+    h = request.headers.get
+    if common.leased(request.url.path):
+        # Lease mode: the claim has committed; the handler's writes are a
+        # transaction of its own.
+        async with ctx.conn.transaction():
+            row_id = await conformance_work(request, ctx)
+    else:
+        row_id = await conformance_work(request, ctx)
     status, headers, body = common.conformance_answer(row_id, h)
     return Response(body, status_code=status, headers=dict(headers))
 

@@ -14,6 +14,7 @@ import os
 import re
 import threading
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qs
 
 from idem_http import Policy, RequestInfo, Route
 
@@ -88,9 +89,15 @@ CONFORMANCE_ROUTES = {
     ("POST", "/conformance/orders-short-wait"): Route("conformance.shortwait", lock_timeout="200ms"),
     ("POST", "/conformance/orders-anonymous"): Route("conformance.anonymous", anonymous=True),
     ("POST", "/conformance/orders-2xx-only"): Route("conformance.only2xx", store_status=lambda s: 200 <= s < 300),
+    ("POST", "/conformance/orders-lease"): Route("conformance.lease", lease="60 seconds"),
 }
 ROUTES.update(CONFORMANCE_ROUTES)
 CONFORMANCE_PATHS = [p for (_, p) in CONFORMANCE_ROUTES]
+
+
+def leased(path: str) -> bool:
+    """The conformance route in lease mode: its handler opens its own transaction."""
+    return CONFORMANCE_ROUTES[("POST", path)].lease is not None
 
 CONFORMANCE_HOLD = "SELECT pg_advisory_xact_lock(hashtext(%s))"
 CONFORMANCE_INSERT = "INSERT INTO conformance_rows (run, tenant, status) VALUES (%s, %s, %s) RETURNING id"
@@ -110,7 +117,11 @@ def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]]) -> 
 
 
 def conformance_params(body: bytes, headers: Callable[[str], Optional[str]]) -> tuple[Any, ...]:
-    return (json.loads(body)["run"], headers("x-tenant"), int(headers("x-conformance-status") or 201))
+    if (headers("content-type") or "").startswith("application/x-www-form-urlencoded"):
+        run = parse_qs(body.decode())["run"][0]
+    else:
+        run = json.loads(body)["run"]
+    return (run, headers("x-tenant"), int(headers("x-conformance-status") or 201))
 
 
 def order_outcome(body: dict) -> tuple[int, dict] | None:

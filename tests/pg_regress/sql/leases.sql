@@ -87,3 +87,54 @@ SELECT biz_type, key, attempt, recovery_point, recovery_data, ran_out,
   FROM idem_leases WHERE biz_type = 'batch';
 SELECT count(*) AS views_mention_token
   FROM information_schema.columns WHERE table_name = 'idem_leases' AND column_name LIKE '%token%';
+
+-- A transient failure: the holder hands the lease back with its token, and
+-- the next arrival takes over at once (no waiting for the lease to run
+-- out), counted as attempt 2, with the recovery point and data kept.
+SELECT result->>'lease_token' AS rtok FROM idem_claim('rel-1', 'charge', lease => '1 hour') \gset
+SELECT idem_checkpoint('rel-1', 'charge', 'charge_created', '{"charge_id":"ch_9"}', :'rtok');
+SELECT state FROM idem_lookup('rel-1', 'charge');
+SELECT idem_release('rel-1', 'charge', :'rtok');
+SELECT ran_out, attempt, recovery_point, recovery_data FROM idem_leases WHERE key = 'rel-1';
+-- Its token is spent: a second release, a checkpoint or a completion with it is ID003.
+\set VERBOSITY default
+SELECT idem_release('rel-1', 'charge', :'rtok');
+\set VERBOSITY sqlstate
+SELECT idem_complete('rel-1', 'charge', '{"late":true}', :'rtok');
+CREATE TEMP TABLE rel1b AS SELECT * FROM idem_claim('rel-1', 'charge', lease => '1 hour');
+SELECT claimed, state, result->'attempt' AS attempt, result->'recovery_point' AS point,
+       result->'recovery_data' AS data
+  FROM rel1b;
+SELECT result->>'lease_token' AS rtok2 FROM rel1b \gset
+-- After the takeover the old token stays refused; the new holder finishes.
+SELECT idem_release('rel-1', 'charge', :'rtok');
+SELECT idem_complete('rel-1', 'charge', '{"charged":true}', :'rtok2');
+SELECT claimed, state, result FROM idem_claim('rel-1', 'charge');
+-- A finished claim is not released: ID003, and it stays completed.
+SELECT idem_release('rel-1', 'charge', :'rtok2');
+SELECT state FROM idem_lookup('rel-1', 'charge');
+-- Without the token, with a wrong one, or on a key nobody claimed: ID003.
+SELECT result->>'lease_token' AS rtok3 FROM idem_claim('rel-2', 'charge', lease => '1 hour') \gset
+SELECT idem_release('rel-2', 'charge');
+SELECT idem_release('rel-2', 'charge', 'wrong-token');
+SELECT idem_release('rel-none', 'charge', :'rtok3');
+SELECT claimed, state FROM idem_claim('rel-2', 'charge');
+-- The transaction that took the lease may release it without the token; a
+-- claim that is not leased is not released (ID003: roll back instead).
+BEGIN;
+SELECT claimed FROM idem_claim('rel-3', 'charge', lease => '1 hour');
+SELECT idem_release('rel-3', 'charge');
+COMMIT;
+SELECT claimed, result->'attempt' AS attempt FROM idem_claim('rel-3', 'charge', lease => '1 hour');
+BEGIN;
+SELECT claimed FROM idem_claim('plain-2', 'charge');
+SELECT idem_release('plain-2', 'charge');
+ROLLBACK;
+-- A release rolled back never happened: the token still works.
+BEGIN;
+SELECT idem_release('rel-2', 'charge', :'rtok3');
+ROLLBACK;
+SELECT idem_complete('rel-2', 'charge', '{"ok":true}', :'rtok3');
+-- Bad input.
+SELECT idem_release(NULL, 'charge', 'x');
+SELECT idem_release('rel-2', NULL, 'x');

@@ -21,8 +21,10 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -34,8 +36,10 @@ import (
 )
 
 // killPoint: signal the test, then block until it kills the process.
-func killPoint(phase string, r *http.Request) {
-	if r.Header.Get("X-Test-Pause") != phase {
+func killPoint(phase string, r *http.Request) { pause(phase, r.Header) }
+
+func pause(phase string, h http.Header) {
+	if h.Get("X-Test-Pause") != phase {
 		return
 	}
 	f, err := os.OpenFile(os.Getenv("IDEM_TEST_SIGNAL"), os.O_WRONLY, 0)
@@ -60,6 +64,10 @@ var routes = []routeSpec{
 	{"/conformance/orders-anonymous", "conformance.anonymous", []idem.RouteOption{idem.Anonymous(true)}},
 	{"/conformance/orders-2xx-only", "conformance.only2xx",
 		[]idem.RouteOption{idem.StoreStatus(func(s int) bool { return s >= 200 && s < 300 })}},
+	{"/conformance/orders-lease", "conformance.lease", []idem.RouteOption{idem.Lease(60 * time.Second)}},
+	// The lease takeover test's: a lease that runs out soon after the
+	// server is killed.
+	{"/charges", "charges.create", []idem.RouteOption{idem.Lease(time.Second)}},
 	// The concurrency and kill tests': duplicates wait as long as the test
 	// holds the first request (its own bound, not the verdict).
 	{"/orders", "orders.create", []idem.RouteOption{idem.LockTimeout(2 * time.Minute)}},
@@ -68,35 +76,60 @@ var routes = []routeSpec{
 // answer is what the business handler decided; each framework renders it
 // its own way.
 type answer struct {
-	status int
-	id     int64
-	err    error
+	status  int
+	id      int64
+	attempt int
+	err     error
 }
+
+// pool: the server's, for the stand-in of an external call.
+var pool *pgxpool.Pool
 
 // business is the handler of every route, on the middleware's transaction.
 func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer {
 	var in struct {
 		Run string `json:"run"`
 	}
-	if err := json.Unmarshal(body, &in); err != nil || in.Run == "" {
+	if strings.HasPrefix(h.Get("Content-Type"), "application/x-www-form-urlencoded") {
+		form, _ := url.ParseQuery(string(body))
+		in.Run = form.Get("run")
+	} else if json.Unmarshal(body, &in) != nil {
+		in.Run = ""
+	}
+	if in.Run == "" {
 		return answer{status: http.StatusBadRequest}
+	}
+	a := answer{status: http.StatusCreated}
+	if c := idem.ClaimOf(ctx); c != nil && c.LeaseToken != "" && h.Get("X-Test-External") != "" {
+		// Lease mode's use: a call outside the database (here a row
+		// committed on its own, tenant 'external'), recorded by a
+		// checkpoint; an attempt that takes the lease over resumes after
+		// it and does not call again.
+		a.attempt = c.Attempt
+		if c.RecoveryPoint != "called" {
+			if _, err := pool.Exec(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, 'external', 0)", in.Run); err != nil {
+				return answer{err: err}
+			}
+			if err := idem.Checkpoint(ctx, "called", map[string]string{"run": in.Run}); err != nil {
+				return answer{err: err}
+			}
+		}
+		pause("after_checkpoint", h)
 	}
 	if hold := h.Get("X-Conformance-Hold"); hold != "" {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", hold); err != nil {
 			return answer{err: err}
 		}
 	}
-	status := http.StatusCreated
 	if s := h.Get("X-Conformance-Status"); s != "" {
-		status, _ = strconv.Atoi(s)
+		a.status, _ = strconv.Atoi(s)
 	}
 	var tenant *string
 	if t := h.Get("X-Tenant"); t != "" {
 		tenant = &t
 	}
-	a := answer{status: status}
 	if err := tx.QueryRow(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id",
-		in.Run, tenant, status).Scan(&a.id); err != nil {
+		in.Run, tenant, a.status).Scan(&a.id); err != nil {
 		return answer{err: err}
 	}
 	if code := h.Get("X-Conformance-Fail"); code != "" {
@@ -110,12 +143,16 @@ func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer
 func (a answer) headers(h http.Header) {
 	h.Set("Location", "/conformance/rows/"+strconv.FormatInt(a.id, 10))
 	h.Set("X-Conformance-Row", strconv.FormatInt(a.id, 10))
+	if a.attempt > 0 {
+		h.Set("X-Attempt", strconv.Itoa(a.attempt))
+	}
 }
 
 func main() {
 	router := flag.String("router", "nethttp", "nethttp, chi, echo or gin")
 	flag.Parse()
-	pool, err := pgxpool.New(context.Background(), os.Getenv("IDEM_TEST_DSN"))
+	var err error
+	pool, err = pgxpool.New(context.Background(), os.Getenv("IDEM_TEST_DSN"))
 	if err != nil {
 		log.Fatal(err)
 	}

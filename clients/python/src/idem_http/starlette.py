@@ -214,14 +214,15 @@ class IdempotencyMiddleware:
         leased = route.lease is not None and key is not None
         c: Optional[AsyncClaim] = None
         try:
-            await conn.execute("BEGIN")
             if key is not None and scope_name is not None:
                 c = await claim_row(conn, policy.scoped_key(key, scope_name), route.biz_type,
                                     fingerprint=policy.fingerprint_of(info, route, scope_name),
                                     wait=policy.wait if route.wait is None else route.wait, ttl=route.ttl,
-                                    lease=route.lease, lock_timeout=policy.lock_timeout_for(route))
+                                    lease=route.lease, lock_timeout=policy.lock_timeout_for(route), begin=True)
                 if not c.claimed or leased:
                     await conn.execute("COMMIT")
+            else:
+                await conn.execute("BEGIN")
         except Exception as e:
             await _rollback(conn)
             await _send_response(send, self._error_answer(e, route))
@@ -232,6 +233,10 @@ class IdempotencyMiddleware:
             return
 
         async def store(resp: Response) -> None:
+            if c is not None and not leased and policy.phase_hook is None:
+                # Nothing runs between storing and COMMIT: one round trip.
+                await c.finish_and_commit(resp.to_document(policy.stored_headers), resp.status >= 400)
+                return
             if c is not None:
                 doc = resp.to_document(policy.stored_headers)
                 if resp.status < 400:
