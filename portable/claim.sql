@@ -430,19 +430,41 @@ CREATE FUNCTION idem.not_claimed(key text, biz_type text, why text) RETURNS void
 $fn$;
 COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a call on a claim the caller does not hold.';
 
--- The new claim row (src/storage/sql.rs, insert): in its TTL's class, after
--- registering the type in that class when no committed or own registration
--- covers the row's expiry (a registration spans up to the end of the class
--- width the expiry falls in); this transaction's gate for the key (digest
--- h) then names it.
+-- The new claim row (src/storage/sql.rs, insert): in its TTL's class, or
+-- in a wider one when the type is in three classes already (the rule of
+-- src/storage/type_classes.rs, choose; a class another transaction is
+-- adding, told by its advisory lock on the type's digest, counts as one),
+-- after registering the type in that class when no committed or own
+-- registration covers the row's expiry (a registration spans up to the
+-- end of the class width the expiry falls in); this transaction's gate for
+-- the key (digest h) then names it.
 CREATE FUNCTION idem.insert_claim(h bigint, biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
                                   state "char", fingerprint text, result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     k smallint := idem.ttl_class(expires_at - claimed_at);
+    classes smallint[];
     span numeric;
     e numeric;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
+        -- Registrations of other transactions still running are not seen
+        -- here; the type's advisory lock, held by the transaction that
+        -- adds a class until it ends, tells one is being added. Never
+        -- waited for: claims of a new type stay independent.
+        IF pg_try_advisory_xact_lock(idem.key_hash(biz_type, '')) THEN
+            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+        ELSE
+            -- One more class may be on its way: leave it the last slot.
+            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+            classes := CASE WHEN cardinality(classes) > 0 THEN classes || (-1)::smallint ELSE classes END;
+        END IF;
+        IF NOT k = ANY (classes) AND cardinality(classes) + 1 >= 3 THEN
+            k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), greatest(idem.ttl_class(interval '400 days'), k));
+        END IF;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc
                     WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k AND tc.until >= insert_claim.expires_at) THEN
         span := greatest(idem.interval_us(idem.class_width(k)), 1);
@@ -457,7 +479,7 @@ BEGIN
     UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = c.tableoid, tid = c.ctid FROM c WHERE g.h = insert_claim.h;
 END
 $fn$;
-COMMENT ON FUNCTION idem.insert_claim(bigint, text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class, registering the type there first when needed, and name it in this transaction''s gate for the key.';
+COMMENT ON FUNCTION idem.insert_claim(bigint, text, text, timestamptz, timestamptz, "char", text, jsonb) IS 'Insert a claim row into its TTL class (or a wider one: at most three classes per type), registering the type there first when needed, and name it in this transaction''s gate for the key.';
 
 CREATE FUNCTION idem.rewrite_claim(h bigint, part regclass, tid tid, state "char", result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$

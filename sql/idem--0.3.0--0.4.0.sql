@@ -889,16 +889,27 @@ WITH s AS (
      ORDER BY 3 NULLS FIRST, 1
      LIMIT 1
 ), k AS (
-    -- The relations one claim locks, for the business type whose claims
-    -- look into the most partitions: idem.claims, the default partition and
-    -- idem.type_classes (with their indexes), and each partition of the
-    -- type's classes that can hold a live claim, with its index.
-    SELECT coalesce(max(n), 0) * 2 + 5 AS locks,
-           (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
-      FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
-              FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
-              JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until
-             GROUP BY t.biz_type) x
+    -- The relations one claim can lock, for the business type whose
+    -- claims look into the most partitions: idem.claims, the default
+    -- partition, idem.type_classes and idem.biz_types (with their indexes),
+    -- and each partition of the type's classes that can hold a live claim,
+    -- with its index (docs/design.md §1: at most 7 + 2 × 3 × 8 = 55 while
+    -- maintenance keeps up).
+    -- Under Citus a claim on a worker reads no registrations: it looks
+    -- into every class's partitions that can hold a claim made until now
+    -- (src/storage/direct.rs), whatever its type; this counts them in
+    -- the coordinator's list, which every shard's partitions follow.
+    SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2 + 7 AS locks,
+           CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
+      FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
+              FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
+                      FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
+                      JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until
+                     GROUP BY t.biz_type) y) x,
+           (SELECT idem.is_distributed('idem.claims') AS citus,
+                   count(*) FILTER (WHERE NOT b.is_default
+                                      AND b.range_from <= now() + idem.class_max_ttl(b.ttl_class) + idem.class_width(b.ttl_class)) AS n
+              FROM idem.partition_bounds b) c
 ), d AS (
     SELECT idem.default_partition_rows(10000) AS n
 ), l AS (
@@ -947,11 +958,11 @@ SELECT 'partition_horizon',
 UNION ALL
 SELECT 'claim_locks',
        CASE WHEN k.locks > current_setting('max_locks_per_transaction')::int THEN 'critical'
-            WHEN k.locks > 16 + 6 THEN 'warning' ELSE 'ok' END,
+            WHEN k.locks > 7 + 2 * 8 THEN 'warning' ELSE 'ok' END,
        k.locks,
        CASE WHEN k.biz_type IS NULL THEN 'no business type has claims in a TTL class yet'
             ELSE format('a claim of %s locks up to %s relations (max_locks_per_transaction = %s)', k.biz_type, k.locks, current_setting('max_locks_per_transaction')) END,
-       'A type whose claims were made with TTLs of many classes (per-call ttl) looks into each class: give the type one TTL with idem_configure; if expired partitions pile up, run SELECT idem_maintain().'
+       'A type whose claims were made with TTLs of several classes (per-call ttl) looks into each, at most three: give the type one TTL with idem_configure; if expired partitions pile up, run SELECT idem_maintain().'
   FROM k
 UNION ALL
 SELECT 'stuck_leases',

@@ -384,22 +384,20 @@ impl Opened {
         }
     }
 
-    /// Insert a new claim row into the partition of its TTL class whose
-    /// range holds its expiry (else the default partition), its type
-    /// registered in that class first. The key is locked, so no other claim
-    /// of the key can probe between our probe and this insert.
+    /// Insert a new claim row into the partition of its TTL class (the one
+    /// type_classes::place picks) whose range holds its expiry (else the
+    /// default partition), its type registered in that class first. The
+    /// key is locked, so no other claim of the key can probe between our
+    /// probe and this insert.
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        let class = if self.list.legacy {
-            partitions::LEGACY_CLASS
-        } else {
-            ttl_class::of_ttl(new.expires_at - new.claimed_at)
-        };
-        if !self.list.legacy && self.registry.is_some() {
-            let mut registered = self.registered.borrow_mut();
-            if !registered.covers(class, new.expires_at) {
-                type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
+        let class = match self.registry {
+            _ if self.list.legacy => partitions::LEGACY_CLASS,
+            Some(registry) => {
+                let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
+                type_classes::place(registry, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at)
             }
-        }
+            None => ttl_class::of_ttl(new.expires_at - new.claimed_at),
+        };
         let target = self
             .list
             .parts

@@ -8,19 +8,25 @@
 //! a transaction that wrote a key's row keeps its lock until it ends
 //! (`hold_until_end`). Both use one tag, so a key is never locked two ways.
 //!
-//! pg_locks shows it as an advisory lock with objsubid = 18756 ('ID').
+//! pg_locks shows it as an advisory lock with objsubid = 18756 ('ID'); the
+//! type lock (`KeyLock::for_type`) as one with objsubid = 18772 ('IT').
 
 use pgrx::pg_sys;
 
 const KEYLOCK_FIELD4: u16 = 0x4944;
+const TYPELOCK_FIELD4: u16 = 0x4954;
 
 fn tag(hash: i64) -> pg_sys::LOCKTAG {
+    tag_of(hash, KEYLOCK_FIELD4)
+}
+
+fn tag_of(hash: i64, field4: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         // SAFETY: a backend global, set once at connection, read on the backend's only thread.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
         locktag_field2: ((hash as u64) >> 32) as u32,
         locktag_field3: hash as u32,
-        locktag_field4: KEYLOCK_FIELD4,
+        locktag_field4: field4,
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     }
@@ -34,6 +40,17 @@ pub struct KeyLock(pg_sys::LOCKTAG);
 impl KeyLock {
     pub fn acquire(hash: i64) -> KeyLock {
         KeyLock::try_acquire(hash, true).expect("a waiting LockAcquire returns with the lock")
+    }
+
+    /// The type lock of `biz_type`, in the same way: held for the moment a
+    /// claim decides which TTL class its type goes into next and registers
+    /// it there (type_classes.rs), so that two such decisions are made one
+    /// after the other. Its holder waits for nothing else meanwhile.
+    pub fn for_type(biz_type: &[u8]) -> KeyLock {
+        let tag = tag_of(crate::key::key_hash(biz_type, b""), TYPELOCK_FIELD4);
+        // SAFETY: a transaction-level lock on a fully initialised tag; KeyLock's Drop releases it.
+        unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
+        KeyLock(tag)
     }
 
     /// None if `wait` is off and another transaction holds it.

@@ -29,35 +29,37 @@ use crate::ttl_class;
 use pgrx::pg_sys;
 use std::cell::RefCell;
 
-/// An int2[] datum of `values`, in the current memory context.
-fn int2_array(values: &[i16]) -> pg_sys::Datum {
-    let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| pg_sys::Datum::from(*v)).collect();
-    // SAFETY: `datums` holds `values.len()` int2 datums, passed by value (int2's length and alignment).
-    unsafe {
-        let array = pg_sys::construct_array(
-            datums.as_mut_ptr(),
-            datums.len() as i32,
-            pg_sys::INT2OID,
-            2,
-            true,
-            b's' as std::ffi::c_char,
-        );
-        pg_sys::Datum::from(array)
-    }
-}
-
 /// Every row of the key, expired or not (this transaction's own expired
 /// row still counts), found through the digest index as on the direct path.
 /// Only in the TTL classes the key's type is registered in
 /// (type_classes.rs): every row of the type, wherever it is, is of one.
+/// Three classes at a time (a type is in at most three:
+/// type_classes::MAX_CLASSES, more only across a change of
+/// idem.partition_width), each up to the latest expiry registered in it:
+/// the planner prunes to the partitions that can hold a claim of the type,
+/// those the direct path opens, so a claim locks as few (docs/design.md
+/// §1). Slots not needed repeat the first class.
+const _: () = assert!(type_classes::MAX_CLASSES == 3, "PROBE has a slot per class");
 static PROBE: Statement = Statement::new(
     c"SELECT state, claimed_at, expires_at, fingerprint, result, xmin, tableoid, ctid, ttl_class
         FROM idem.claims
        WHERE idem.key_hash(biz_type, key) OPERATOR(pg_catalog.=) $1
          AND biz_type OPERATOR(pg_catalog.=) $2
          AND key OPERATOR(pg_catalog.=) $3
-         AND ttl_class OPERATOR(pg_catalog.=) ANY ($4)",
-    &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT2ARRAYOID],
+         AND (ttl_class OPERATOR(pg_catalog.=) $4 AND expires_at OPERATOR(pg_catalog.<=) $5
+              OR ttl_class OPERATOR(pg_catalog.=) $6 AND expires_at OPERATOR(pg_catalog.<=) $7
+              OR ttl_class OPERATOR(pg_catalog.=) $8 AND expires_at OPERATOR(pg_catalog.<=) $9)",
+    &[
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT2OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT2OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT2OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
 );
 
 /// 0.3.0's schema (this library installed, ALTER EXTENSION idem UPDATE not
@@ -228,10 +230,19 @@ impl SqlStore {
         let rows = match catalog::type_classes_oid() {
             Some(registry) => {
                 let registered = type_classes::read(registry, k.biz_type);
-                let classes = int2_array(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>());
+                let slots: Vec<Vec<Option<pg_sys::Datum>>> = registered
+                    .classes
+                    .chunks(type_classes::MAX_CLASSES)
+                    .map(|chunk| {
+                        (0..type_classes::MAX_CLASSES)
+                            .map(|i| chunk.get(i).unwrap_or(&chunk[0]))
+                            .flat_map(|&(class, until)| [Some(pg_sys::Datum::from(class)), ts(until)])
+                            .collect()
+                    })
+                    .collect();
                 *self.registered.borrow_mut() = registered;
                 let _fresh = FreshSnapshot::push();
-                PROBE.query_as_owner(&[key[0], key[1], key[2], Some(classes)])
+                slots.iter().flat_map(|few| PROBE.query_as_owner(&[&key[..], &few[..]].concat())).collect()
             }
             None => {
                 let _fresh = FreshSnapshot::push();
@@ -293,7 +304,7 @@ impl SqlStore {
 
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
         keep_locked(k);
-        if catalog::type_classes_oid().is_none() {
+        let Some(registry) = catalog::type_classes_oid() else {
             INSERT_0_3.execute_as_owner(&[
                 ts(new.expires_at),
                 ts(new.claimed_at),
@@ -304,14 +315,10 @@ impl SqlStore {
                 new.result,
             ]);
             return;
-        }
-        let class = ttl_class::of_ttl(new.expires_at - new.claimed_at);
-        {
-            let mut registered = self.registered.borrow_mut();
-            if !registered.covers(class, new.expires_at) {
-                type_classes::register(&mut registered, k.biz_type, class, new.expires_at);
-            }
-        }
+        };
+        let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
+        let class =
+            type_classes::place(registry, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at);
         INSERT.execute_as_owner(&[
             ts(new.expires_at),
             ts(new.claimed_at),

@@ -10,9 +10,19 @@
 //! (its registration was written before that row, under the same key lock).
 //! Reading more classes than needed costs a probe; missing one would let a
 //! key be claimed twice.
+//!
+//! A type goes into at most MAX_CLASSES classes (docs/design.md §1, "At
+//! most three classes per type"): a claim whose TTL's class would be one
+//! more goes into the nearest wider class the type is in, or into the
+//! class of the longest TTL, which is at least as wide as any claim's. Its
+//! row lingers longer (up to that class's width), and expires when its TTL
+//! says. So the partitions a claim locks are bounded whatever TTLs its type
+//! has been claimed with.
 
+use super::keylock::KeyLock;
 use crate::datum::{text_datum, varlena_bytes};
 use crate::errors::internal;
+use crate::guc::MAX_TTL_US;
 use crate::spi::Statement;
 use crate::ttl_class;
 use pgrx::pg_sys;
@@ -122,6 +132,45 @@ fn add(classes: &mut Vec<(i16, i64)>, class: i16, until: i64) {
     }
 }
 
+/// The most TTL classes a type's claims go into.
+pub const MAX_CLASSES: usize = 3;
+
+/// The class a claim of `biz_type` whose TTL is of class `natural` goes
+/// into, registered there (for its expiry `expires_at`) when no committed
+/// or own registration covers it. `registered` is what the claim read of
+/// the registry `relid` under its key lock. A class the type is not in is
+/// decided under the type lock, on the registrations read again (another
+/// claim of the type may have just added one), so that claims of one type
+/// add classes one at a time and MAX_CLASSES holds.
+pub fn place(relid: pg_sys::Oid, registered: &mut Registered, biz_type: &[u8], natural: i16, expires_at: i64) -> i16 {
+    let _decided;
+    let class = if registered.classes.iter().any(|c| c.0 == natural) {
+        natural
+    } else {
+        _decided = KeyLock::for_type(biz_type);
+        *registered = read(relid, biz_type);
+        let top = ttl_class::of_ttl(MAX_TTL_US as i64);
+        choose(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>(), natural, top)
+    };
+    if !registered.covers(class, expires_at) {
+        register(registered, biz_type, class, expires_at);
+    }
+    class
+}
+
+/// The class for a claim of class `natural` of a type in `classes`
+/// (sorted): its own while the type has room for it, leaving room for the
+/// widest one (`top`, the class of the longest TTL); else the nearest wider
+/// one the type is in, or `top`. A class at least as wide as its own always
+/// holds the claim within about 7 of its partitions (a claim's expiry is
+/// at most its class's longest TTL away).
+fn choose(classes: &[i16], natural: i16, top: i16) -> i16 {
+    if classes.contains(&natural) || classes.len() + 1 < MAX_CLASSES {
+        return natural;
+    }
+    classes.iter().copied().find(|&c| c >= natural).unwrap_or(top.max(natural))
+}
+
 /// Register `biz_type` in class `k` for claims expiring up to the end of
 /// the width-aligned slot of the class that holds `expires_at` (so a type
 /// claiming steadily writes one registration per width of its class, and a
@@ -144,4 +193,43 @@ pub fn register(registered: &mut Registered, biz_type: &[u8], k: i16, expires_at
     ]);
     registered.settled.push((k, until));
     add(&mut registered.classes, k, until);
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn a_type_goes_into_at_most_three_classes() {
+        let top = 34;
+        // Whatever order a type is claimed with TTLs of every class in,
+        // it ends up in at most MAX_CLASSES classes, each claim in a class
+        // at least as wide as its own.
+        let orders: [Vec<i16>; 4] = [
+            (0..=top).collect(),
+            (0..=top).rev().collect(),
+            (0..=top).map(|k| (k * 7) % (top + 1)).collect(),
+            [16, 26, 34, 0, 5, 30].into(),
+        ];
+        for order in orders {
+            let mut classes: Vec<i16> = Vec::new();
+            for natural in order {
+                let k = choose(&classes, natural, top);
+                assert!(k >= natural, "class {natural} went into narrower {k}");
+                if let Err(i) = classes.binary_search(&k) {
+                    classes.insert(i, k);
+                }
+                assert!(classes.len() <= MAX_CLASSES, "{classes:?}");
+            }
+        }
+        // The first two classes a type is claimed in are its own; a third
+        // that is wider than both is the widest.
+        assert_eq!(choose(&[], 16, top), 16);
+        assert_eq!(choose(&[16], 10, top), 10);
+        assert_eq!(choose(&[10, 16], 12, top), 16);
+        assert_eq!(choose(&[10, 16], 20, top), top);
+        assert_eq!(choose(&[10, 16, 34], 3, top), 10);
+    }
 }

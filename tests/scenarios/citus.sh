@@ -133,6 +133,37 @@ check "step 6: idem_schedule_maintenance() made the pg_cron job (unscheduled now
 check "step 6: maintenance made the partitions of the 30-day TTL class, reaching past 30 days" \
   test "$(C -Atc "SELECT count(*) >= 6 AND max(range_to) > now() + interval '30 days' FROM idem_partitions WHERE ttl_class = idem.ttl_class('30 days')")" = t
 
+say "relations one claim locks on a worker, and idem_health's claim_locks on the coordinator"
+# A worker-direct claim (of the first key whose shard is on worker 1, the
+# others are refused with 0A000), rolled back; idem's relations only (Citus
+# locks its catalogs too; a worker's pg_class hides the shards from other
+# sessions' queries, so they are told by name).
+locks=$(bash "$CLUSTER" psql w1 -At <<'SQL' | tail -1
+DO $$
+DECLARE
+    n bigint;
+BEGIN
+    FOR i IN 1..200 LOOP
+        BEGIN
+            PERFORM idem_claim('locks-' || i, 'payment', ttl => interval '1 hour');
+            SELECT count(DISTINCT l.relation) INTO n FROM pg_locks l
+             WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation::regclass::text LIKE 'idem.%';
+            RAISE SQLSTATE 'XX999';
+        EXCEPTION
+            WHEN SQLSTATE 'XX999' THEN PERFORM set_config('idem_test.locks', n::text, false); RETURN;
+            WHEN SQLSTATE '0A000' THEN NULL;
+        END;
+    END LOOP;
+END
+$$;
+SELECT current_setting('idem_test.locks', true);
+SQL
+)
+health=$(C -Atc "SELECT value::int FROM idem_health WHERE check_name = 'claim_locks'")
+echo "   a claim on worker 1 locks $locks of idem's relations; idem_health's claim_locks says $health"
+check "idem_health's claim_locks sees at least what a worker's claim locks (and the claim locks more than the tables)" \
+  test "${locks:-999}" -le "${health:-0}" -a "${locks:-0}" -gt 6
+
 say "ALTER EXTENSION idem UPDATE on the cluster, from every shipped version after idem_distribute (tests/citus/upgrade.sh)"
 bash "$ROOT/tests/citus/upgrade.sh" || fails=$((fails + $?))
 
