@@ -268,6 +268,10 @@ DECLARE
     gate_part oid;
     gate_tid tid;
     r record;
+    classes smallint[];
+    untils timestamptz[];
+    k1 smallint; k2 smallint; k3 smallint;
+    u1 timestamptz; u2 timestamptz; u3 timestamptz;
     live int := 0;
     late record;
     have_late boolean := false;
@@ -292,8 +296,27 @@ BEGIN
            AND ((g.xmin::text::bigint - (me::text::bigint & 4294967295)) & 4294967295) < 2147483648;
         gated := FOUND;
     END IF;
-    -- The type's classes in the same statement (and snapshot) as its rows:
-    -- one statement fewer per probe.
+    -- The type's classes, each with the latest expiry registered in it,
+    -- first, in a statement of their own: given to the probe as values,
+    -- they let the planner prune, before anything is locked, to the
+    -- partitions that can hold a row of the type -- those of its classes
+    -- that start before that expiry, as on the native paths
+    -- (src/storage/sql.rs, PROBE): the relation bound of docs/design.md §1.
+    -- (Read in the probe's own statement, as a subquery, they would be
+    -- known only at run time, after every partition was locked; without
+    -- the expiry, a narrow class's premade partitions would be locked too.)
+    -- Three classes per statement (a type is in at most three, more only in
+    -- the rare cases docs/design.md §1 names: then more statements).
+    SELECT array_agg(x.k ORDER BY x.k), array_agg(x.u ORDER BY x.k) INTO classes, untils
+      FROM (SELECT tc.ttl_class AS k, max(tc.until) AS u FROM idem.type_classes tc
+             WHERE tc.biz_type = probe.biz_type GROUP BY tc.ttl_class) x;
+    IF classes IS NULL THEN
+        RETURN;
+    END IF;
+    FOR i IN 1 .. cardinality(classes) BY 3 LOOP
+    k1 := classes[i]; u1 := untils[i];
+    k2 := coalesce(classes[i + 1], k1); u2 := coalesce(untils[i + 1], u1);
+    k3 := coalesce(classes[i + 2], k1); u3 := coalesce(untils[i + 2], u1);
     FOR r IN
         SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.ttl_class,
                c.tableoid::regclass AS part, c.ctid AS tid
@@ -301,7 +324,9 @@ BEGIN
          WHERE idem.key_hash(c.biz_type, c.key) = h
            AND c.biz_type = probe.biz_type
            AND c.key = probe.key
-           AND c.ttl_class = ANY (ARRAY(SELECT tc.ttl_class FROM idem.type_classes tc WHERE tc.biz_type = probe.biz_type))
+           AND (c.ttl_class = k1 AND c.expires_at <= u1
+                OR c.ttl_class = k2 AND c.expires_at <= u2
+                OR c.ttl_class = k3 AND c.expires_at <= u3)
     LOOP
         version := r.part::oid || ':' || r.tid;
         versions := versions || version;
@@ -320,6 +345,7 @@ BEGIN
             late := r;
             have_late := true;
         END IF;
+    END LOOP;
     END LOOP;
     IF live > 1 THEN
         PERFORM idem.fail_with('55000', format('idem: %s live claims of one key in idem.claims', live),

@@ -220,7 +220,11 @@ WITH s AS (
     -- into every class's partitions that can hold a claim made until now
     -- (src/storage/direct.rs), whatever its type; this counts them in
     -- the coordinator's list, which every shard's partitions follow.
-    SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2 + 7 AS locks,
+    -- The portable edition (its gate table, idem.key_gates, exists) locks
+    -- 8 more: idem.key_gates and its key, and the catalogs its SQL reads
+    -- (pg_roles, pg_authid with two indexes, pg_db_role_setting with one).
+    SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
+           + CASE WHEN to_regclass('idem.key_gates') IS NULL THEN 7 ELSE 15 END AS locks,
            CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
