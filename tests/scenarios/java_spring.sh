@@ -1,35 +1,60 @@
 #!/usr/bin/env bash
-# clients/java (the Spring Boot starter, @Idempotent) built offline with
-# Maven from the repository scripts/setup.d/85-java.sh filled, in a copy
-# of the folder, under Spring Boot 3.5 and 4.0. The build runs the
-# starter's own test (a call outside a transaction is refused before it
-# runs) and clients/java/it: StarterRulesTest in process against this
-# cluster (a claim whose method threw never commits, read-only refused,
-# TransactionTemplate), and ExampleAppTest: the README's example
-# application started from its jar (java -jar), driven over HTTP, verdicts
-# from the business rows: 20 concurrent duplicates (JdbcTemplate; JPA and
-# JdbcTemplate in one transaction) make one row and one answer, a retry
-# replays, another payload gets ID001, a rollback in the method leaves no
-# claim, a duplicate of an open first call gets 409 after
-# idem.wait-timeout, SIGKILL mid-handler and after COMMIT (at states the
-# app reports) then a retry: one charge. A failing JUnit test fails the
-# build and this scenario.
+# clients/java (the Spring Boot starter: @Idempotent, and the
+# Idempotency-Key filter of Spring MVC) built offline with Maven from the
+# repository scripts/setup.d/85-java.sh filled, in a copy of the folder,
+# under Spring Boot 3.5 and 4.0, against this scenario's own cluster (port
+# 5441) and PgBouncer in transaction mode in front of it (5442). The build
+# runs the starter's own tests (a call outside a transaction is refused
+# before it runs; the conformance table's canonical JSON, body and target
+# pairs and problem types) and clients/java/it:
+#   * StarterRulesTest in process (a claim whose method threw never
+#     commits, read-only refused, TransactionTemplate);
+#   * ExampleAppTest: the README's example application started from its
+#     jar (java -jar), driven over HTTP, verdicts from the business rows:
+#     20 concurrent duplicates (JdbcTemplate; JPA and JdbcTemplate in one
+#     transaction) make one row and one answer, a retry replays, another
+#     payload gets ID001, a rollback in the method leaves no claim, a
+#     duplicate of an open first call gets 409 after idem.wait-timeout,
+#     SIGKILL mid-handler and after COMMIT (at states the app reports) then
+#     a retry: one charge;
+#   * ConformanceTest: the Java runner of tests/middleware/conformance.json
+#     (the rules of docs/http.md, shared with the Python, Node and Go
+#     clients: 400s, tenants whose names collide kept apart, 401/403/429/5xx
+#     not stored and the retry runs, 409 + Retry-After, 422, 503, claims
+#     finished by other code) against the conformance server's jar (the
+#     filter on Spring MVC), connected directly and through PgBouncer; and
+#     20 concurrent duplicates through each: one business row, one answer.
+# A failing JUnit test fails the build and this scenario.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 db=java_spring
-work=$(mktemp -d /tmp/java_spring.XXXXXX)
+PG_PORT=5441 PGB_PORT=5442
+work=
 cleanup() {
   # An application the test started and could not stop (the test died): by this run's path.
-  kill_matching " -jar $work/"
-  rm -rf "$work"
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+  [ -z "$work" ] || kill_matching " -jar $work/"
+  pgb_stop
+  pc_stop
+  [ -z "$work" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v mvn >/dev/null || fail "mvn missing: run scripts/setup.d/85-java.sh"
+[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
+t_start=$(date +%s)
+work=$(mktemp -d /tmp/java_spring.XXXXXX)
 
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-psql_idem -q -d $db -c "CREATE EXTENSION idem"
+pc_init "$(cluster_dir)/java-spring" $PG_PORT "max_connections = 200"
+pc_start
+pc_psql -q -d postgres -c "CREATE DATABASE $db"
+pc_psql -q -d $db <<'SQL'
+CREATE EXTENSION idem;
+-- tests/middleware/README.md, "The server a runner needs"
+CREATE TABLE conformance_rows (id bigserial PRIMARY KEY, run text NOT NULL, tenant text, status int NOT NULL);
+CREATE FUNCTION raise_sqlstate(code text) RETURNS void LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'failure % raised by the test handler', code USING ERRCODE = code; END $$;
+SQL
+pgb_start $PGB_PORT 60
 
 # The README's application is the one tested: each block it marks with
 # "<!-- file: PATH -->" is that file, to the byte.
@@ -49,8 +74,9 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
   mkdir -p "$dir"
   tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$dir" -xf -
   local t0=$(date +%s)
-  if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$(client_host)" \
-          -Didem.it.pgport="$(client_port)" -Didem.it.database=$db ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
+  if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$PC_DIR" \
+          -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT \
+          -Didem.it.conformance="$ROOT/tests/middleware/conformance.json" ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
     grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | head -60
     for f in "$dir"/it/target/app-logs/*.log; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -20 "$f"; }; done
     fail "Boot $boot: mvn verify of clients/java failed (log above)"
@@ -76,7 +102,7 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
 }
 pass 3.5.7 6 "" 2
 pass 4.0.7 2 "OutsideTransactionTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction" 3
-q() { psql_idem -d $db -Atc "$1"; }
+q() { pc_psql -d $db -Atc "$1"; }
 # Across every test: no request id was charged or ordered twice.
 dups=$(q "SELECT (SELECT count(*) FROM (SELECT 1 FROM payments GROUP BY request_id HAVING count(*) > 1) p)
               + (SELECT count(*) FROM (SELECT 1 FROM shop_orders GROUP BY request_id HAVING count(*) > 1) o)")
