@@ -28,9 +28,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 db=java_spring
-PG_PORT=5441 PGB_PORT=5442
-work=
+PG_PORT=5441 PGB_PORT=5442 KAFKA_PORT=5443 KAFKA_CONTROLLER_PORT=5444
+work= kafka_pid=
 cleanup() {
+  [ -z "$kafka_pid" ] || { kill -KILL "$kafka_pid" 2>/dev/null; wait "$kafka_pid" 2>/dev/null; }
   # An application the test started and could not stop (the test died): by this run's path.
   [ -z "$work" ] || kill_matching " -jar $work/"
   pgb_stop
@@ -56,6 +57,33 @@ CREATE FUNCTION raise_sqlstate(code text) RETURNS void LANGUAGE plpgsql AS
 SQL
 pgb_start $PGB_PORT 60
 
+# The Kafka broker: Kafka 4.1 in KRaft mode (one node, broker and
+# controller), its own process, as operators run it; the jars are
+# Maven Central's (scripts/setup.d/85-java.sh). It starts while Maven
+# builds; KafkaLedgerTest waits until it answers.
+[ -f "$IDEM_KAFKA_LIBS/.complete" ] || fail "no Kafka broker in $IDEM_KAFKA_LIBS: run scripts/setup.d/85-java.sh"
+mkdir -p "$work/kafka"
+cat > "$work/kafka/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$work/kafka/data
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=2
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+PROPS
+kafka_java=(java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$IDEM_KAFKA_LIBS/*")
+("${kafka_java[@]}" kafka.tools.StorageTool format -c "$work/kafka/server.properties" \
+   -t "$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+   > "$work/kafka/format.log" 2>&1 && exec "${kafka_java[@]}" kafka.Kafka "$work/kafka/server.properties") > "$work/kafka/broker.log" 2>&1 &
+kafka_pid=$!
+
 # The README's application is the one tested: each block it marks with
 # "<!-- file: PATH -->" is that file, to the byte.
 python3 - "$ROOT/clients/java" <<'PY' || fail "clients/java/README.md and the example's files differ"
@@ -75,7 +103,7 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
   tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$dir" -xf -
   local t0=$(date +%s)
   if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$PC_DIR" \
-          -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT \
+          -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT -Didem.it.kafka=127.0.0.1:$KAFKA_PORT \
           -Didem.it.conformance="$ROOT/tests/middleware/conformance.json" ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
     grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | head -60
     for f in "$dir"/it/target/app-logs/*.log; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -20 "$f"; }; done
@@ -83,10 +111,14 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
   fi
   echo "Boot $boot: mvn verify $(( $(date +%s) - t0 )) s"
   # The tests ran (not skipped by a property): Surefire's reports say how many.
-  local report
+  local report kafka_report= # the Kafka test: Boot 3.5's pass only
+  [ -n "$filter" ] || kafka_report=it/target/surefire-reports/TEST-dev.idem.it.KafkaLedgerTest.xml
   for report in idem-spring-boot-starter/target/surefire-reports/TEST-dev.idem.spring.OutsideTransactionTest.xml \
+                idem-spring-boot-starter/target/surefire-reports/TEST-dev.idem.spring.web.ConformancePairsTest.xml \
                 it/target/surefire-reports/TEST-dev.idem.it.StarterRulesTest.xml \
-                it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml; do
+                it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml \
+                it/target/surefire-reports/TEST-dev.idem.it.ConformanceTest.xml \
+                $kafka_report; do
     [ -f "$dir/$report" ] || fail "Boot $boot: no report $report"
     local counts=$(head -3 "$dir/$report" | grep -o 'testsuite [^>]*' | grep -oE '(tests|failures|errors|skipped)="[0-9]+"' | tr '\n' ' ')
     echo "  $counts($(basename "$report" .xml | sed 's/^TEST-//'))"
@@ -95,16 +127,23 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
   done
   case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml")" in
     *"tests=\"$expected\""*) ;; *) fail "Boot $boot: ExampleAppTest did not run its $expected tests";; esac
+  # Every case of the table, through both servers, and 20 duplicates through each.
+  local cases=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["cases"]))' "$ROOT/tests/middleware/conformance.json")
+  case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ConformanceTest.xml")" in
+    *"tests=\"$(( 2 * cases + 2 ))\""*) ;; *) fail "Boot $boot: ConformanceTest did not run the table's $cases cases twice";; esac
   # The application's mapper is the one of its Boot line.
   grep -qh "Spring Boot ::  *(v$boot)" "$dir"/it/target/app-logs/*.log || fail "Boot $boot: the application did not run on $boot"
   grep -qh "results as JSON through the application's Jackson $4 ObjectMapper" "$dir"/it/target/app-logs/*.log \
     || fail "Boot $boot: results not through the application's Jackson $4 mapper"
 }
 pass 3.5.7 6 "" 2
-pass 4.0.7 2 "OutsideTransactionTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction" 3
+pass 4.0.7 2 "OutsideTransactionTest,ConformancePairsTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction,ConformanceTest" 3
+xacts=$("$PG_BIN/psql" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' -v db=$db '$1 == db {print $2}')
+[ "${xacts:-0}" -gt 0 ] || fail "no transaction went through PgBouncer"
 q() { pc_psql -d $db -Atc "$1"; }
 # Across every test: no request id was charged or ordered twice.
 dups=$(q "SELECT (SELECT count(*) FROM (SELECT 1 FROM payments GROUP BY request_id HAVING count(*) > 1) p)
               + (SELECT count(*) FROM (SELECT 1 FROM shop_orders GROUP BY request_id HAVING count(*) > 1) o)")
 [ "$dups" = 0 ] || fail "$dups request ids have more than one business row"
-echo "business rows: $(q "SELECT count(*) FROM payments") payments, $(q "SELECT count(*) FROM shop_orders") orders, one per request id"
+echo "business rows: $(q "SELECT count(*) FROM payments") payments, $(q "SELECT count(*) FROM shop_orders") orders, one per request id;" \
+  "PgBouncer: $xacts transactions; $(( $(date +%s) - t_start )) s in all"

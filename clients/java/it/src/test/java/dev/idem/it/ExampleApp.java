@@ -20,8 +20,13 @@ final class ExampleApp implements AutoCloseable {
         this(System.getProperty("idem.it.jar"), List.of("--spring.datasource.url=" + jdbcUrl, "--example.test-hooks=true"), log, extra);
     }
 
-    /** Any Spring Boot application's jar, with these arguments. */
+    /** A web application's jar, with these arguments. */
     ExampleApp(String jar, List<String> arguments, Path log, String... extra) throws Exception {
+        this(jar, STARTED, arguments, log, extra);
+    }
+
+    /** Any Spring Boot application's jar: started once it prints a line matching started (a port in its group 1, if it has one). */
+    ExampleApp(String jar, Pattern started, List<String> arguments, Path log, String... extra) throws Exception {
         String java = ProcessHandle.current().info().command().orElse("java");
         // C1 only and the serial collector: a faster start on a busy 2-core
         // test machine (seconds, not a minute); the application is the same.
@@ -31,8 +36,8 @@ final class ExampleApp implements AutoCloseable {
         cmd.addAll(List.of(extra));
         this.log = log;
         this.process = new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(log.toFile()).start();
-        Matcher m = awaitLine(STARTED);
-        this.port = Integer.parseInt(m.group(1));
+        Matcher m = awaitLine(started);
+        this.port = m.groupCount() > 0 ? Integer.parseInt(m.group(1)) : -1;
     }
 
     int port() { return port; }
