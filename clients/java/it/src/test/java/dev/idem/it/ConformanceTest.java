@@ -41,7 +41,8 @@ import org.junit.jupiter.api.TestFactory;
  * (tests/middleware/conformance.json; its format in tests/middleware/README.md):
  * every case against the conformance server's jar (java -jar; the
  * Idempotency-Key filter on Spring MVC), connected to the database directly
- * and through PgBouncer in transaction mode (-Didem.it.pgbouncer=host:port),
+ * and through PgBouncer in transaction mode (-Didem.it.pgbouncer=host:port;
+ * -Didem.it.conformance-via=direct for the first only),
  * with a real HTTP client; the business rows counted on the test's own
  * connection. Then 20 concurrent duplicates against each: one row, one
  * answer. Every wait is for a state the database shows.
@@ -59,13 +60,17 @@ class ConformanceTest {
         assertEquals(1, table.get("format").asInt(), "the table's format");
         String direct = TestDatabase.jdbcUrl();
         db = DriverManager.getConnection(direct + "&ApplicationName=idem-conformance-runner");
-        String[] via = required("idem.it.pgbouncer").split(":");
+        String[] bouncer = System.getProperty("idem.it.pgbouncer", ":").split(":");
         // PgBouncer 1.18 in transaction mode keeps no named prepared statements: pgJDBC without them.
-        String pooled = "jdbc:postgresql://" + via[0] + ":" + via[1] + "/" + required("idem.it.database") + "?user=postgres&prepareThreshold=0";
-        // Both servers start at once (two JVMs: the start is most of their cost).
+        String pooled = "jdbc:postgresql://" + bouncer[0] + ":" + bouncer[1] + "/" + required("idem.it.database") + "?user=postgres&prepareThreshold=0";
+        // -Didem.it.conformance-via: which of the two (default both; they start at once).
+        List<String> via = List.of(System.getProperty("idem.it.conformance-via", "direct,pgbouncer").split(","));
+        Map<String, String> urls = new LinkedHashMap<>();
+        if (via.contains("direct")) urls.put("direct", direct);
+        if (via.contains("pgbouncer")) urls.put("pgbouncer", pooled);
         ExecutorService starter = Executors.newFixedThreadPool(2);
         Map<String, Future<ExampleApp>> starting = new LinkedHashMap<>();
-        for (Map.Entry<String, String> e : Map.of("direct", direct, "pgbouncer", pooled).entrySet()) {
+        for (Map.Entry<String, String> e : urls.entrySet()) {
             starting.put(e.getKey(), starter.submit(() -> new ExampleApp(required("idem.it.conformance-jar"),
                     List.of("--spring.datasource.url=" + e.getValue() + "&ApplicationName=idem-conformance-" + e.getKey(),
                             "--idem.http.problem-base=" + table.get("problem_base").asText()),
