@@ -226,15 +226,13 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             internal(request, response, rt, e);
             return;
         }
-        boolean open = true;
-        try {
+        try { // (every path below ends the transaction; the finally clause is for an exception)
             String[] claim;
             try {
                 claim = claim(rt, scoped, fingerprint);
             } catch (SQLException e) {
                 String state = e.getSQLState();
                 rollback(tx);
-                open = false;
                 if ("55P03".equals(state) || "57014".equals(state)) {
                     inProgress(response); // the bounded wait for the first request ran out: still in progress
                 } else if ("ID001".equals(state)) {
@@ -247,7 +245,6 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             }
             if (!"t".equals(claim[0])) {
                 rollback(tx);
-                open = false;
                 replay(response, claim[1], claim[2]);
                 return;
             }
@@ -257,7 +254,6 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 chain.doFilter(req, rec);
             } catch (ServletException | IOException | RuntimeException e) {
                 rollback(tx);
-                open = false;
                 SQLException sql = sqlCause(e);
                 if (sql != null && transientFailure(sql)) {
                     rec.reset();
@@ -271,7 +267,6 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 // Not stored (or the handler's own @Transactional code marked the
                 // transaction rollback-only): rolled back, claim included; the retry runs.
                 rollback(tx);
-                open = false;
                 rec.copyBodyToResponse();
                 return;
             }
@@ -280,12 +275,10 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 finish(status < 400 ? "idem_complete" : "idem_fail", scoped, rt.bizType, doc);
             } catch (SQLException e) {
                 rollback(tx);
-                open = false;
                 rec.reset();
                 notStored(request, response, rt, e);
                 return;
             }
-            open = false;
             try {
                 transactions.commit(tx);
             } catch (RuntimeException e) {
@@ -296,7 +289,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             }
             rec.copyBodyToResponse();
         } finally {
-            if (open) rollback(tx);
+            rollback(tx); // a no-op once committed or rolled back
         }
     }
 
