@@ -35,6 +35,7 @@ stop_all() {
   return 0
 }
 trap stop_all EXIT
+trap "exit 1" INT TERM
 PC_DIR=$dir
 work=$(mktemp -d /tmp/middleware-java-bench.XXXXXX)
 tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$work" -xf -

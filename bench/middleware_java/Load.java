@@ -40,7 +40,8 @@ public class Load {
         int rounds = Integer.parseInt(args[1]), requests = Integer.parseInt(args[2]), warmup = Integer.parseInt(args[4]);
         concurrency = Integer.parseInt(args[3]);
         ExecutorService pool = Executors.newFixedThreadPool(concurrency);
-        client = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).executor(pool).build();
+        // (its own executor: the workers block in send, on the pool's threads)
+        client = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
         List<String> keys = run(pool, "a", warmup, null);
         run(pool, "b", warmup, keys);
         run(pool, "c", warmup, null);
