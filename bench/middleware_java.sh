@@ -29,7 +29,7 @@ done
 dir="$(cluster_dir)/middleware-java-bench"
 work= server=
 stop_all() {
-  [ -z "$server" ] || { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
+  [ -z "$server" ] || { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true; }
   pc_stop
   if [ -n "$work" ]; then rm -rf "$work"; fi
   return 0
