@@ -141,3 +141,5 @@ IDEM_PY="$IDEM_VENV/bin/python"
 # scripts/setup.d/85-java.sh; tests run offline from it.
 IDEM_MAVEN_REPO="${IDEM_MAVEN_REPO:-/var/cache/idem/m2}"
 mvn_idem() { mvn -B -Dmaven.repo.local="$IDEM_MAVEN_REPO" "$@"; }
+# The Kafka broker's jars (clients/java/it/kafka-broker/pom.xml's version), for java_spring.sh.
+IDEM_KAFKA_LIBS="${IDEM_KAFKA_LIBS:-/var/cache/idem/kafka/$(sed -n 's#^  <version>\(.*\)</version>#\1#p' "$ROOT/clients/java/it/kafka-broker/pom.xml" 2>/dev/null)}"

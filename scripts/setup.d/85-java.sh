@@ -2,8 +2,10 @@
 # For tests/scenarios/java_spring.sh: Maven, and every artifact the build
 # of clients/java needs under Spring Boot 3.5 and 4.0 (Spring Boot,
 # Hibernate, pgJDBC, JUnit, Maven's
-# plugins and Surefire's JUnit provider) fetched from Maven Central into
-# $IDEM_MAVEN_REPO (lib.sh), so that the scenario builds offline. The JDK
+# plugins and Surefire's JUnit provider, spring-kafka) fetched from Maven
+# Central into $IDEM_MAVEN_REPO (lib.sh), so that the scenario builds
+# offline; and the jars of the Kafka broker the scenario runs (kafka_2.13,
+# KRaft) copied into $IDEM_KAFKA_LIBS. The JDK
 # comes from 30-examples.sh. Skipped when that repository already served
 # these pom files.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -33,4 +35,12 @@ if [ ! -f "$stamp" ]; then
   rm -rf "$scratch" "$scratch.log"
   mkdir -p "$(dirname "$stamp")"
   touch "$stamp"
+fi
+
+if [ ! -f "$IDEM_KAFKA_LIBS/.complete" ]; then
+  say "fetching the Kafka broker's jars ($IDEM_KAFKA_LIBS)"
+  rm -rf "$IDEM_KAFKA_LIBS"
+  mvn_idem -q -f "$src/it/kafka-broker/pom.xml" dependency:copy-dependencies -DoutputDirectory="$IDEM_KAFKA_LIBS" \
+    || { rm -rf "$IDEM_KAFKA_LIBS"; exit 1; }
+  touch "$IDEM_KAFKA_LIBS/.complete"
 fi

@@ -1,35 +1,89 @@
 #!/usr/bin/env bash
-# clients/java (the Spring Boot starter, @Idempotent) built offline with
-# Maven from the repository scripts/setup.d/85-java.sh filled, in a copy
-# of the folder, under Spring Boot 3.5 and 4.0. The build runs the
-# starter's own test (a call outside a transaction is refused before it
-# runs) and clients/java/it: StarterRulesTest in process against this
-# cluster (a claim whose method threw never commits, read-only refused,
-# TransactionTemplate), and ExampleAppTest: the README's example
-# application started from its jar (java -jar), driven over HTTP, verdicts
-# from the business rows: 20 concurrent duplicates (JdbcTemplate; JPA and
-# JdbcTemplate in one transaction) make one row and one answer, a retry
-# replays, another payload gets ID001, a rollback in the method leaves no
-# claim, a duplicate of an open first call gets 409 after
-# idem.wait-timeout, SIGKILL mid-handler and after COMMIT (at states the
-# app reports) then a retry: one charge. A failing JUnit test fails the
-# build and this scenario.
+# clients/java (the Spring Boot starter: @Idempotent, and the
+# Idempotency-Key filter of Spring MVC) built offline with Maven from the
+# repository scripts/setup.d/85-java.sh filled, in a copy of the folder,
+# under Spring Boot 3.5 and 4.0, against this scenario's own cluster (port
+# 5441) and PgBouncer in transaction mode in front of it (5442). The build
+# runs the starter's own tests (a call outside a transaction is refused
+# before it runs; the conformance table's canonical JSON, body and target
+# pairs and problem types) and clients/java/it:
+#   * StarterRulesTest in process (a claim whose method threw never
+#     commits, read-only refused, TransactionTemplate);
+#   * ExampleAppTest: the README's example application started from its
+#     jar (java -jar), driven over HTTP, verdicts from the business rows:
+#     20 concurrent duplicates (JdbcTemplate; JPA and JdbcTemplate in one
+#     transaction) make one row and one answer, a retry replays, another
+#     payload gets ID001, a rollback in the method leaves no claim, a
+#     duplicate of an open first call gets 409 after idem.wait-timeout,
+#     SIGKILL mid-handler and after COMMIT (at states the app reports) then
+#     a retry: one charge;
+#   * ConformanceTest: the Java runner of tests/middleware/conformance.json
+#     (the rules of docs/http.md, shared with the Python, Node and Go
+#     clients: 400s, tenants whose names collide kept apart, 401/403/429/5xx
+#     not stored and the retry runs, 409 + Retry-After, 422, 503, claims
+#     finished by other code) against the conformance server's jar (the
+#     filter on Spring MVC), connected directly and through PgBouncer; and
+#     20 concurrent duplicates through each: one business row, one answer.
+# A failing JUnit test fails the build and this scenario.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 db=java_spring
-work=$(mktemp -d /tmp/java_spring.XXXXXX)
+PG_PORT=5441 PGB_PORT=5442 KAFKA_PORT=5443 KAFKA_CONTROLLER_PORT=5444
+work= kafka_pid=
 cleanup() {
+  [ -z "$kafka_pid" ] || { kill -KILL "$kafka_pid" 2>/dev/null; wait "$kafka_pid" 2>/dev/null || true; }
   # An application the test started and could not stop (the test died): by this run's path.
-  kill_matching " -jar $work/"
-  rm -rf "$work"
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" 2>/dev/null || true
+  [ -z "$work" ] || kill_matching " -jar $work/"
+  pgb_stop
+  pc_stop
+  [ -z "$work" ] || rm -rf "$work"
+  return 0
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v mvn >/dev/null || fail "mvn missing: run scripts/setup.d/85-java.sh"
+[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
+t_start=$(date +%s)
+work=$(mktemp -d /tmp/java_spring.XXXXXX)
 
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-psql_idem -q -d $db -c "CREATE EXTENSION idem"
+pc_init "$(cluster_dir)/java-spring" $PG_PORT "max_connections = 200"
+pc_start
+pc_psql -q -d postgres -c "CREATE DATABASE $db"
+pc_psql -q -d $db <<'SQL'
+CREATE EXTENSION idem;
+-- tests/middleware/README.md, "The server a runner needs"
+CREATE TABLE conformance_rows (id bigserial PRIMARY KEY, run text NOT NULL, tenant text, status int NOT NULL);
+CREATE FUNCTION raise_sqlstate(code text) RETURNS void LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'failure % raised by the test handler', code USING ERRCODE = code; END $$;
+SQL
+pgb_start $PGB_PORT 60
+
+# The Kafka broker: Kafka 4.1 in KRaft mode (one node, broker and
+# controller), its own process, as operators run it; the jars are
+# Maven Central's (scripts/setup.d/85-java.sh). It starts while Maven
+# builds; KafkaLedgerTest waits until it answers.
+[ -f "$IDEM_KAFKA_LIBS/.complete" ] || fail "no Kafka broker in $IDEM_KAFKA_LIBS: run scripts/setup.d/85-java.sh"
+mkdir -p "$work/kafka"
+cat > "$work/kafka/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$work/kafka/data
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=2
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+PROPS
+kafka_java=(java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$IDEM_KAFKA_LIBS/*")
+("${kafka_java[@]}" kafka.tools.StorageTool format -c "$work/kafka/server.properties" \
+   -t "$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+   > "$work/kafka/format.log" 2>&1 && exec "${kafka_java[@]}" kafka.Kafka "$work/kafka/server.properties") > "$work/kafka/broker.log" 2>&1 &
+kafka_pid=$!
 
 # The README's application is the one tested: each block it marks with
 # "<!-- file: PATH -->" is that file, to the byte.
@@ -42,25 +96,33 @@ print(f"README: {len(blocks)} files shown, {len(bad)} differ {bad or ''}")
 sys.exit(1 if bad or len(blocks) < 8 else 0)
 PY
 # Spring Boot 3.5 runs every test; 4.0 (the same code: its Jackson 3
-# mapper, Hibernate 7) all but the application tests that restart or hold
-# it: the JSON round trip, JdbcTemplate, JPA and ID001 through one start.
-pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
-  local boot=$1 expected=$2 filter=$3 dir="$work/boot-$1"
+# mapper, Hibernate 7, Spring MVC 7) what differs by Boot line: the
+# starter's tests, the example's first tests (the JSON round trip,
+# JdbcTemplate, JPA, ID001, the filter's route) through one start, and the
+# conformance table through the direct server (PgBouncer's path and the
+# Kafka consumer's are the same code on both lines; they run under 3.5).
+pass() { # boot-version tests-expected surefire-filter("": all) jackson-major conformance-via
+  local boot=$1 expected=$2 filter=$3 via=$5 dir="$work/boot-$1"
   mkdir -p "$dir"
   tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$dir" -xf -
   local t0=$(date +%s)
-  if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$(client_host)" \
-          -Didem.it.pgport="$(client_port)" -Didem.it.database=$db ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
+  if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$PC_DIR" \
+          -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT -Didem.it.kafka=127.0.0.1:$KAFKA_PORT \
+          -Didem.it.conformance="$ROOT/tests/middleware/conformance.json" -Didem.it.conformance-via=$via ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
     grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | head -60
     for f in "$dir"/it/target/app-logs/*.log; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -20 "$f"; }; done
     fail "Boot $boot: mvn verify of clients/java failed (log above)"
   fi
   echo "Boot $boot: mvn verify $(( $(date +%s) - t0 )) s"
   # The tests ran (not skipped by a property): Surefire's reports say how many.
-  local report
+  local report kafka_report= # the Kafka test: Boot 3.5's pass only
+  [ -n "$filter" ] || kafka_report=it/target/surefire-reports/TEST-dev.idem.it.KafkaLedgerTest.xml
   for report in idem-spring-boot-starter/target/surefire-reports/TEST-dev.idem.spring.OutsideTransactionTest.xml \
+                idem-spring-boot-starter/target/surefire-reports/TEST-dev.idem.spring.web.ConformancePairsTest.xml \
                 it/target/surefire-reports/TEST-dev.idem.it.StarterRulesTest.xml \
-                it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml; do
+                it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml \
+                it/target/surefire-reports/TEST-dev.idem.it.ConformanceTest.xml \
+                $kafka_report; do
     [ -f "$dir/$report" ] || fail "Boot $boot: no report $report"
     local counts=$(head -3 "$dir/$report" | grep -o 'testsuite [^>]*' | grep -oE '(tests|failures|errors|skipped)="[0-9]+"' | tr '\n' ' ')
     echo "  $counts($(basename "$report" .xml | sed 's/^TEST-//'))"
@@ -69,16 +131,24 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major
   done
   case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml")" in
     *"tests=\"$expected\""*) ;; *) fail "Boot $boot: ExampleAppTest did not run its $expected tests";; esac
+  # Every case of the table, through each server, and 20 duplicates through each.
+  local cases=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["cases"]))' "$ROOT/tests/middleware/conformance.json")
+  local servers=$(echo "$via" | tr ',' '\n' | wc -l)
+  case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ConformanceTest.xml")" in
+    *"tests=\"$(( servers * (cases + 1) ))\""*) ;; *) fail "Boot $boot: ConformanceTest did not run the table's $cases cases via $via";; esac
   # The application's mapper is the one of its Boot line.
   grep -qh "Spring Boot ::  *(v$boot)" "$dir"/it/target/app-logs/*.log || fail "Boot $boot: the application did not run on $boot"
   grep -qh "results as JSON through the application's Jackson $4 ObjectMapper" "$dir"/it/target/app-logs/*.log \
     || fail "Boot $boot: results not through the application's Jackson $4 mapper"
 }
-pass 3.5.7 6 "" 2
-pass 4.0.7 2 "OutsideTransactionTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction" 3
-q() { psql_idem -d $db -Atc "$1"; }
+pass 3.5.7 7 "" 2 direct,pgbouncer
+pass 4.0.7 3 "OutsideTransactionTest,ConformancePairsTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction+idempotencyKeyFilterRoute,ConformanceTest" 3 direct
+xacts=$("$PG_BIN/psql" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' -v db=$db '$1 == db {print $2}')
+[ "${xacts:-0}" -gt 0 ] || fail "no transaction went through PgBouncer"
+q() { pc_psql -d $db -Atc "$1"; }
 # Across every test: no request id was charged or ordered twice.
 dups=$(q "SELECT (SELECT count(*) FROM (SELECT 1 FROM payments GROUP BY request_id HAVING count(*) > 1) p)
               + (SELECT count(*) FROM (SELECT 1 FROM shop_orders GROUP BY request_id HAVING count(*) > 1) o)")
 [ "$dups" = 0 ] || fail "$dups request ids have more than one business row"
-echo "business rows: $(q "SELECT count(*) FROM payments") payments, $(q "SELECT count(*) FROM shop_orders") orders, one per request id"
+echo "business rows: $(q "SELECT count(*) FROM payments") payments, $(q "SELECT count(*) FROM shop_orders") orders, one per request id;" \
+  "PgBouncer: $xacts transactions; $(( $(date +%s) - t_start )) s in all"

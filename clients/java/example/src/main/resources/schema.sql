@@ -16,3 +16,7 @@ CREATE TABLE IF NOT EXISTS order_events (
   id bigserial PRIMARY KEY,
   order_id bigint NOT NULL,
   kind text NOT NULL);
+CREATE TABLE IF NOT EXISTS refunds (
+  id bigserial PRIMARY KEY,
+  payment_id bigint NOT NULL,
+  amount_cents bigint NOT NULL);

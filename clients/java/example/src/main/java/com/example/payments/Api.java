@@ -5,9 +5,12 @@ import com.example.payments.OrderService.OrderView;
 import com.example.payments.PaymentService.InsufficientFunds;
 import com.example.payments.PaymentService.PayCommand;
 import com.example.payments.PaymentService.Receipt;
+import com.example.payments.PaymentService.Refund;
+import com.example.payments.PaymentService.RefundCommand;
 import dev.idem.spring.IdempotencyException;
 import dev.idem.spring.IdempotencyInProgressException;
 import dev.idem.spring.IdempotencyKeyReusedException;
+import dev.idem.spring.web.IdempotentRequest;
 import org.springframework.http.HttpStatus;
 import org.springframework.http.ProblemDetail;
 import org.springframework.http.ResponseEntity;
@@ -35,6 +38,19 @@ public class Api {
     @PostMapping("/orders")
     public OrderView place(@RequestHeader("Request-Id") String requestId, @RequestBody NewOrder order) {
         return orders.place(requestId, order);
+    }
+
+    /**
+     * Idempotent by the client's Idempotency-Key header (docs/http.md): the
+     * filter claims the key in the request's transaction, this method's
+     * writes join it, and the response is stored with them; a retry gets it
+     * back with Idempotent-Replayed: true.
+     */
+    @PostMapping("/refunds")
+    @IdempotentRequest(bizType = "refund")
+    public ResponseEntity<Refund> refund(@RequestBody RefundCommand cmd) {
+        Refund refund = payments.refund(cmd);
+        return ResponseEntity.status(HttpStatus.CREATED).header("Location", "/refunds/" + refund.refundId()).body(refund);
     }
 
     @ExceptionHandler(IdempotencyKeyReusedException.class) // ID001: same key, different request

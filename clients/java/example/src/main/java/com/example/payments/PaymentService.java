@@ -10,6 +10,8 @@ import org.springframework.transaction.annotation.Transactional;
 public class PaymentService {
     public record PayCommand(String requestId, String accountId, String orderNo, long amountCents) { }
     public record Receipt(long paymentId, String orderNo, long amountCents, String status) { }
+    public record RefundCommand(long paymentId, long amountCents) { }
+    public record Refund(long refundId, long paymentId, long amountCents) { }
 
     public static class InsufficientFunds extends RuntimeException {
         InsufficientFunds(String accountId) { super("insufficient funds on " + accountId); }
@@ -31,5 +33,12 @@ public class PaymentService {
             throw new InsufficientFunds(cmd.accountId()); // rolls back the payment and the claim: a retry runs again
         }
         return new Receipt(id, cmd.orderNo(), cmd.amountCents(), "charged");
+    }
+
+    @Transactional // joins the request's transaction, which the Idempotency-Key filter opened
+    public Refund refund(RefundCommand cmd) {
+        Long id = jdbc.queryForObject("INSERT INTO refunds (payment_id, amount_cents) VALUES (?, ?) RETURNING id",
+                Long.class, cmd.paymentId(), cmd.amountCents());
+        return new Refund(id, cmd.paymentId(), cmd.amountCents());
     }
 }

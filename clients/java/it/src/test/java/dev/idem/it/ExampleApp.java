@@ -9,7 +9,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
-/** The example application's jar, started as users start it: java -jar. */
+/** An application's jar (the example's, the conformance server's), started as users start it: java -jar. */
 final class ExampleApp implements AutoCloseable {
     private static final Pattern STARTED = Pattern.compile("Tomcat started on port\\D*(\\d+)");
     private final Process process;
@@ -17,17 +17,27 @@ final class ExampleApp implements AutoCloseable {
     private final int port;
 
     ExampleApp(String jdbcUrl, Path log, String... extra) throws Exception {
+        this(System.getProperty("idem.it.jar"), List.of("--spring.datasource.url=" + jdbcUrl, "--example.test-hooks=true"), log, extra);
+    }
+
+    /** A web application's jar, with these arguments. */
+    ExampleApp(String jar, List<String> arguments, Path log, String... extra) throws Exception {
+        this(jar, STARTED, arguments, log, extra);
+    }
+
+    /** Any Spring Boot application's jar: started once it prints a line matching started (a port in its group 1, if it has one). */
+    ExampleApp(String jar, Pattern started, List<String> arguments, Path log, String... extra) throws Exception {
         String java = ProcessHandle.current().info().command().orElse("java");
         // C1 only and the serial collector: a faster start on a busy 2-core
         // test machine (seconds, not a minute); the application is the same.
         List<String> cmd = new ArrayList<>(List.of(java, "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
-                "-jar", System.getProperty("idem.it.jar"),
-                "--server.port=0", "--spring.datasource.url=" + jdbcUrl, "--example.test-hooks=true"));
+                "-jar", jar, "--server.port=0"));
+        cmd.addAll(arguments);
         cmd.addAll(List.of(extra));
         this.log = log;
         this.process = new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(log.toFile()).start();
-        Matcher m = awaitLine(STARTED);
-        this.port = Integer.parseInt(m.group(1));
+        Matcher m = awaitLine(started);
+        this.port = m.groupCount() > 0 ? Integer.parseInt(m.group(1)) : -1;
     }
 
     int port() { return port; }

@@ -283,4 +283,34 @@ class ExampleAppTest {
         assertEquals(1, count("SELECT count(*) FROM payments WHERE request_id = ?", key));
         assertEquals(before - 300, balance("rich"));
     }
+
+    @Test
+    @Order(7)
+    void idempotencyKeyFilterRoute() throws Exception {
+        long paymentId = System.nanoTime();
+        String key = "\"" + UUID.randomUUID() + "\"";
+        HttpRequest refund = post("/refunds", "{\"paymentId\":" + paymentId + ",\"amountCents\":300}").header("Idempotency-Key", key).build();
+        Set<String> bodies = new HashSet<>();
+        int firsts = 0;
+        for (HttpResponse<String> r : concurrently(20, refund)) {
+            assertEquals(201, r.statusCode(), r.body());
+            bodies.add(r.body() + " " + r.headers().firstValue("Location").orElse(""));
+            if (r.headers().firstValue("Idempotent-Replayed").isEmpty()) firsts++;
+        }
+        assertEquals(1, bodies.size(), "20 duplicates, one answer: " + bodies);
+        assertEquals(1, firsts, "one first answer, 19 replays");
+        assertEquals(1, count("SELECT count(*) FROM refunds WHERE payment_id = ?", paymentId));
+        assertEquals(count("SELECT id FROM refunds WHERE payment_id = ?", paymentId),
+                JSON.readTree(bodies.iterator().next().split(" ")[0]).get("refundId").asLong());
+
+        // The same key for another amount: 422 problem, nothing written; no key: 400.
+        HttpResponse<String> other = send(post("/refunds", "{\"paymentId\":" + paymentId + ",\"amountCents\":999}")
+                .header("Idempotency-Key", key).build());
+        assertEquals(422, other.statusCode(), other.body());
+        assertEquals("application/problem+json", other.headers().firstValue("Content-Type").orElse(""));
+        assertTrue(JSON.readTree(other.body()).get("type").asText().endsWith("#idempotency-key-reused"), other.body());
+        HttpResponse<String> none = send(post("/refunds", "{\"paymentId\":" + paymentId + ",\"amountCents\":300}").build());
+        assertEquals(400, none.statusCode(), none.body());
+        assertEquals(1, count("SELECT count(*) FROM refunds WHERE payment_id = ?", paymentId));
+    }
 }
