@@ -127,6 +127,9 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major co
     local counts=$(head -3 "$dir/$report" | grep -o 'testsuite [^>]*' | grep -oE '(tests|failures|errors|skipped)="[0-9]+"' | tr '\n' ' ')
     echo "  $counts($(basename "$report" .xml | sed 's/^TEST-//'))"
     case "$counts" in *'failures="0"'*'errors="0"'*|*'errors="0"'*'failures="0"'*) ;; *) fail "Boot $boot: $report: failures or errors";; esac
+    # (ConformanceTest skips, as such, the table's cases the Java filter
+    # cannot serve yet: checked below against the table)
+    case "$report" in *ConformanceTest.xml) continue;; esac
     case "$counts" in *'skipped="0"'*) ;; *) fail "Boot $boot: $report: skipped tests";; esac
   done
   case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ExampleAppTest.xml")" in
@@ -136,6 +139,13 @@ pass() { # boot-version tests-expected surefire-filter("": all) jackson-major co
   local servers=$(echo "$via" | tr ',' '\n' | wc -l)
   case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ConformanceTest.xml")" in
     *"tests=\"$(( servers * (cases + 1) ))\""*) ;; *) fail "Boot $boot: ConformanceTest did not run the table's $cases cases via $via";; esac
+  # Skipped: exactly the cases of what the filter lacks (ConformanceTest.notInTheJavaFilter:
+  # lease mode; clients/java/README.md, "Not yet"), through each server.
+  local lacking=$(python3 -c 'import json, sys
+print(sum(1 for c in json.load(open(sys.argv[1]))["cases"] if c.get("rule") == "lease-mode"))' "$ROOT/tests/middleware/conformance.json")
+  case "$(head -3 "$dir/it/target/surefire-reports/TEST-dev.idem.it.ConformanceTest.xml")" in
+    *"skipped=\"$(( servers * lacking ))\""*) ;; *) fail "Boot $boot: ConformanceTest skipped other than the $lacking cases the filter lacks";; esac
+  echo "  the conformance table: $((cases - lacking)) of $cases cases through each server ($lacking need lease mode, which the Java filter lacks)"
   # The application's mapper is the one of its Boot line.
   grep -qh "Spring Boot ::  *(v$boot)" "$dir"/it/target/app-logs/*.log || fail "Boot $boot: the application did not run on $boot"
   grep -qh "results as JSON through the application's Jackson $4 ObjectMapper" "$dir"/it/target/app-logs/*.log \

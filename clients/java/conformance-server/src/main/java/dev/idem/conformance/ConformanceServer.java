@@ -131,13 +131,26 @@ public class ConformanceServer {
         return ResponseEntity.status(201).contentType(MediaType.APPLICATION_JSON).body("{\"id\":" + id + ",\"amount\":" + amount + "}");
     }
 
+    private static MediaType contentType(HttpServletRequest request) {
+        try {
+            return request.getContentType() == null ? MediaType.APPLICATION_JSON : MediaType.parseMediaType(request.getContentType());
+        } catch (org.springframework.util.InvalidMimeTypeException e) {
+            return MediaType.APPLICATION_JSON;
+        }
+    }
+
     private ResponseEntity<String> handle(byte[] body, HttpServletRequest request) {
         String hold = request.getHeader("X-Conformance-Hold");
         if (hold != null) {
             jdbc.queryForObject("SELECT pg_advisory_xact_lock(hashtext(?))::text", String.class, hold);
         }
-        Object doc = Json.parse(body == null ? "{}" : new String(body, StandardCharsets.UTF_8));
-        String run = String.valueOf(((Map<?, ?>) doc).get("run"));
+        String text = body == null ? "" : new String(body, StandardCharsets.UTF_8);
+        String run;
+        if (MediaType.APPLICATION_FORM_URLENCODED.includes(contentType(request))) {
+            run = request.getParameter("run");  // the container's form field, which the filter's request gives
+        } else {
+            run = String.valueOf(((Map<?, ?>) Json.parse(text.isEmpty() ? "{}" : text)).get("run"));
+        }
         String statusHeader = request.getHeader("X-Conformance-Status");
         int status = statusHeader == null ? 201 : Integer.parseInt(statusHeader);
         Long id = jdbc.queryForObject("INSERT INTO conformance_rows (run, tenant, status) VALUES (?, ?, ?) RETURNING id",

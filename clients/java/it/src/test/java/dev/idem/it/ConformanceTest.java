@@ -98,7 +98,10 @@ class ConformanceTest {
         for (Map.Entry<String, ExampleApp> server : servers.entrySet()) {
             List<DynamicNode> cases = new ArrayList<>();
             for (JsonNode c : table.get("cases")) {
-                cases.add(DynamicTest.dynamicTest(c.get("name").asText(), () -> runCase(server.getValue().port(), c)));
+                String missing = notInTheJavaFilter(c);
+                cases.add(DynamicTest.dynamicTest(c.get("name").asText(), missing != null
+                        ? () -> org.junit.jupiter.api.Assumptions.abort("not in the Java filter yet: " + missing)
+                        : () -> runCase(server.getValue().port(), c)));
             }
             out.add(DynamicContainer.dynamicContainer(server.getKey(), cases));
         }
@@ -139,6 +142,14 @@ class ConformanceTest {
         return m.appendTail(b).toString();
     }
 
+    /**
+     * What a case needs that the Java filter does not have yet (clients/java/README.md,
+     * "Not yet"), or null: lease mode. Such cases are reported as skipped, never as passed.
+     */
+    static String notInTheJavaFilter(JsonNode c) {
+        return "lease-mode".equals(c.path("rule").asText()) ? "lease mode" : null;
+    }
+
     static String runId() {
         byte[] b = new byte[6];
         new SecureRandom().nextBytes(b);
@@ -151,7 +162,8 @@ class ConformanceTest {
                 : c.hasNonNull("route") ? c.get("route").asText() : defaults.get("route").asText();
         String target = "http://127.0.0.1:" + port + route + (rq.hasNonNull("query") ? "?" + rq.get("query").asText() : "");
         String body = rq.has("body") ? rq.get("body").asText() : defaults.get("body").asText();
-        HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(target)).header("Content-Type", "application/json")
+        HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(target))
+                .header("Content-Type", rq.hasNonNull("content_type") ? rq.get("content_type").asText() : "application/json")
                 .POST(HttpRequest.BodyPublishers.ofString(fill(body, u)));
         if (rq.has("key")) for (JsonNode line : rq.get("key")) b.header("Idempotency-Key", fill(line.asText(), u));
         if (!rq.has("tenant")) {

@@ -530,5 +530,52 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
 
         @Override
         public long getContentLengthLong() { return body.length; }
+
+        // A form's fields: the container would parse them from the stream,
+        // which the filter has read, so they are parsed here from the same
+        // bytes (query string first, then the body, as the container does).
+        private Map<String, String[]> params;
+
+        private Map<String, String[]> params() {
+            if (params != null) return params;
+            String type = getContentType();
+            if (type == null || !type.toLowerCase(java.util.Locale.ROOT).startsWith("application/x-www-form-urlencoded")) {
+                return params = super.getParameterMap();
+            }
+            String enc = getCharacterEncoding();
+            Charset cs = enc == null ? StandardCharsets.UTF_8 : Charset.forName(enc);
+            Map<String, List<String>> acc = new java.util.LinkedHashMap<>();
+            addFields(acc, getQueryString(), cs);
+            addFields(acc, new String(body, cs), cs);
+            Map<String, String[]> out = new java.util.LinkedHashMap<>();
+            acc.forEach((k, v) -> out.put(k, v.toArray(new String[0])));
+            return params = java.util.Collections.unmodifiableMap(out);
+        }
+
+        private static void addFields(Map<String, List<String>> acc, String encoded, Charset cs) {
+            if (encoded == null || encoded.isEmpty()) return;
+            for (String pair : encoded.split("&")) {
+                if (pair.isEmpty()) continue;
+                int eq = pair.indexOf('=');
+                String k = java.net.URLDecoder.decode(eq < 0 ? pair : pair.substring(0, eq), cs);
+                String v = eq < 0 ? "" : java.net.URLDecoder.decode(pair.substring(eq + 1), cs);
+                acc.computeIfAbsent(k, x -> new ArrayList<>()).add(v);
+            }
+        }
+
+        @Override
+        public String getParameter(String name) {
+            String[] v = params().get(name);
+            return v == null || v.length == 0 ? null : v[0];
+        }
+
+        @Override
+        public Map<String, String[]> getParameterMap() { return params(); }
+
+        @Override
+        public java.util.Enumeration<String> getParameterNames() { return java.util.Collections.enumeration(params().keySet()); }
+
+        @Override
+        public String[] getParameterValues(String name) { return params().get(name); }
     }
 }
