@@ -61,6 +61,8 @@ COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claim
 
 -- claim.sql: idem_configure with on_failure, a new function; the roles
 -- granted idem_configure(biz_type, ttl) are granted it too.
+COMMENT ON FUNCTION idem_configure(text, interval) IS
+'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards. Keeps the type''s owner and on_failure policy.';
 CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure_policy';
