@@ -621,7 +621,7 @@ $fn$;
 -- locked and probed; the caller must hold the claim (made by this
 -- transaction, or leased with the token passed).
 CREATE FUNCTION idem.finish(what text, key text, biz_type text, new_state "char", new_result jsonb,
-                            point text, data jsonb, lease_token text) RETURNS void
+                            point text, data jsonb, lease_token text, merge boolean DEFAULT false) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     h bigint;
@@ -667,6 +667,18 @@ BEGIN
         locked := idem.take_gate(h, true);
     END LOOP;
     IF what = 'idem_checkpoint' THEN
+        -- (src/protocol.rs, merged: checked before anything is written)
+        IF merge AND data IS NOT NULL THEN
+            IF jsonb_typeof(data) <> 'object' THEN
+                PERFORM idem.fail_with('22023', 'idem: merge => true needs data that is a JSON object');
+            ELSIF jsonb_typeof(p.result -> 'recovery_data') = 'object' THEN
+                data := (p.result -> 'recovery_data') || data;
+            ELSIF coalesce(jsonb_typeof(p.result -> 'recovery_data'), 'null') <> 'null' THEN
+                PERFORM idem.fail_with('22023', 'idem: merge => true needs the stored recovery data to be a JSON object (checkpoint it without merge first)');
+            END IF;
+        ELSIF merge THEN
+            data := p.result -> 'recovery_data';
+        END IF;
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
                                      p.result ->> 'owner_token_sha256', to_jsonb(point), data);
@@ -687,7 +699,7 @@ BEGIN
     PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
-COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
+COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text, boolean) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
 -- @end
 
 -- @body idem_complete
@@ -714,6 +726,14 @@ $fn$;
 -- @body idem_checkpoint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
+    PERFORM @extschema@.idem_checkpoint(key, biz_type, point, data, lease_token, false);
+END
+$fn$;
+-- @end
+
+-- @body idem_checkpoint_merge
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     IF point IS NULL THEN
         PERFORM idem.fail_with('22004', 'idem: point must not be NULL');
@@ -721,7 +741,7 @@ BEGIN
     IF octet_length(point) < 1 OR octet_length(point) > 256 THEN
         PERFORM idem.fail_with('22023', 'idem: point must be 1 to 256 bytes long');
     END IF;
-    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token);
+    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token, coalesce(merge, false));
 END
 $fn$;
 -- @end

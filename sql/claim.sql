@@ -51,6 +51,15 @@ CREATE FUNCTION idem_claim_id(key text, biz_type text, first_claimed_at timestam
 COMMENT ON FUNCTION idem_claim_id(text, text, timestamptz) IS
 'The id of the claim of (biz_type, key) first claimed at first_claimed_at (as idem_claim returns it): a UUID derived from the three, the same on every attempt, takeover and retry of that claim and different for a claim of the key after it expired. Pass it downstream as a provider''s idempotency key. Not a secret: anyone who knows the key and the time can compute it.';
 
+-- With merge => true, the recovery data is merged into, not replaced: a
+-- separate function, as idem_configure's third argument is (sql/claim.sql
+-- says why).
+CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb, lease_token text, merge boolean) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
+COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+
 CREATE FUNCTION idem_lookup(key text, biz_type text) RETURNS idem_claim_result
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_lookup';

@@ -59,8 +59,8 @@ END
 $$;
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
--- claim.sql: idem_configure with on_failure, a new function; the roles
--- granted idem_configure(biz_type, ttl) are granted it too.
+-- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
+-- new functions with the privileges of the old forms (below).
 COMMENT ON FUNCTION idem_configure(text, interval) IS
 'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards. Keeps the type''s owner and on_failure policy.';
 CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text) RETURNS void
@@ -69,16 +69,38 @@ CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text) RET
 COMMENT ON FUNCTION idem_configure(text, interval, text) IS
 'Set the TTL of a business type (as idem_configure(biz_type, ttl)) and what a failure stored with idem_fail does to the next arrival: replay (NULL is the same; every later arrival is answered failed with the error until the claim expires) or retry (the next arrival claims the key anew, told {attempt, previous_error} in result; a completed key is still never claimed again before it expires). 22023 for another value. Keeps the type''s owner.';
 REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text) FROM PUBLIC;
+-- With merge => true, the recovery data is merged into, not replaced: a
+-- separate function, as idem_configure's third argument is (sql/claim.sql
+-- says why).
+CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb, lease_token text, merge boolean) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
+COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+
+-- The new forms of idem_configure and idem_checkpoint get the privileges
+-- their old forms have: PUBLIC's (revoked by a hardened installation:
+-- docs/operations.md § Grants) and every role's an operator granted.
 DO $$
 DECLARE
+    pair text[];
     g record;
 BEGIN
-    FOR g IN SELECT a.grantee::regrole::text AS grantee, a.is_grantable
-               FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-              WHERE p.oid = '@extschema@.idem_configure(text, interval)'::regprocedure
-                AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner LOOP
-        EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.idem_configure(text, interval, text) TO ' || g.grantee
-                || CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END;
+    FOREACH pair SLICE 1 IN ARRAY ARRAY[
+        ['idem_configure(text, interval)', 'idem_configure(text, interval, text)'],
+        ['idem_checkpoint(text, text, text, jsonb, text)', 'idem_checkpoint(text, text, text, jsonb, text, boolean)']] LOOP
+        EXECUTE pg_catalog.format('%s EXECUTE ON FUNCTION @extschema@.%s %s PUBLIC',
+            CASE WHEN pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[1])::regprocedure, 'EXECUTE')
+                 THEN 'GRANT' ELSE 'REVOKE' END, pair[2],
+            CASE WHEN pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[1])::regprocedure, 'EXECUTE')
+                 THEN 'TO' ELSE 'FROM' END);
+        FOR g IN SELECT a.grantee::regrole::text AS grantee, a.is_grantable
+                   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+                  WHERE p.oid = ('@extschema@.' || pair[1])::regprocedure
+                    AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner LOOP
+            EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.' || pair[2] || ' TO ' || g.grantee
+                    || CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END;
+        END LOOP;
     END LOOP;
 END
 $$;

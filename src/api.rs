@@ -174,7 +174,9 @@ fn fail(args: Args) -> pg_sys::Datum {
 sql_function!(idem_fail, pg_finfo_idem_fail, fail);
 
 // idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL)
-arguments!(checkpoint_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", POINT = 2 "point", DATA = 3 "data", LEASE_TOKEN = 4 "lease_token");
+// and idem_checkpoint(key, biz_type, point, data, lease_token, merge boolean):
+// one body (merge false when the form has none).
+arguments!(checkpoint_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", POINT = 2 "point", DATA = 3 "data", LEASE_TOKEN = 4 "lease_token", MERGE = 5 "merge");
 fn checkpoint(args: Args) -> pg_sys::Datum {
     use checkpoint_args::*;
     let k = claim_key(args, KEY, BIZ_TYPE);
@@ -182,10 +184,12 @@ fn checkpoint(args: Args) -> pg_sys::Datum {
     if point.is_empty() || point.len() > 256 {
         invalid("point must be 1 to 256 bytes long");
     }
-    protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA) }, args.text(LEASE_TOKEN));
+    let merge = args.bool(MERGE).unwrap_or(false);
+    protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA), merge }, args.text(LEASE_TOKEN));
     pg_sys::Datum::from(0)
 }
 sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, checkpoint);
+sql_function!(idem_checkpoint_merge, pg_finfo_idem_checkpoint_merge, checkpoint);
 
 // idem_release(key text, biz_type text, lease_token text DEFAULT NULL)
 arguments!(release_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", LEASE_TOKEN = 2 "lease_token");
@@ -503,7 +507,8 @@ mod tests {
             ("idem_claim_many(text[],text,interval,text[],boolean)", super::claim_many_args::NAMES),
             ("idem_complete(text,text,jsonb,text)", super::complete_args::NAMES),
             ("idem_fail(text,text,jsonb,text)", super::fail_args::NAMES),
-            ("idem_checkpoint(text,text,text,jsonb,text)", super::checkpoint_args::NAMES),
+            ("idem_checkpoint(text,text,text,jsonb,text)", &super::checkpoint_args::NAMES[..5]),
+            ("idem_checkpoint(text,text,text,jsonb,text,boolean)", super::checkpoint_args::NAMES),
             ("idem_forget(text,text)", super::forget_args::NAMES),
             ("idem_release(text,text,text)", super::release_args::NAMES),
             ("idem_claim_id(text,text,timestamp with time zone)", super::claim_id_args::NAMES),

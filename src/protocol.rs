@@ -22,7 +22,7 @@
 
 use crate::backend::now;
 use crate::biztype;
-use crate::datum::{jsonb_concat, jsonb_decode, jsonb_encode, jsonb_field, jsonb_object1, jsonb_without};
+use crate::datum::{jsonb_concat, jsonb_decode, jsonb_encode, jsonb_field, jsonb_object1, jsonb_type, jsonb_without};
 use crate::errors::{internal, invalid, IdemError};
 use crate::guc;
 use crate::key::ClaimKey;
@@ -329,6 +329,9 @@ pub enum Finish<'a> {
     Checkpoint {
         point: &'a [u8],
         data: Option<pg_sys::Datum>,
+        /// Merge `data` into the recovery data (its fields added to the
+        /// stored object's) instead of replacing it.
+        merge: bool,
     },
     /// End the lease now (a transient failure): the next claim takes over.
     Release,
@@ -400,12 +403,12 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             }
             metrics::count(k, Event::Failed);
         }
-        Finish::Checkpoint { point, data } => {
+        Finish::Checkpoint { point, data, merge } => {
             // Recording progress also renews the lease, never beyond the
             // claim's expiry.
             let mut lease = lease.expect("checked above: only a leased claim takes a checkpoint");
+            lease.data = if merge { merged(lease.data, data) } else { data };
             lease.point = Some(crate::datum::jsonb_string(point));
-            lease.data = data;
             lease.until = now().saturating_add(lease.lease_us).min(row.expires_at);
             store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
             metrics::count(k, Event::Checkpointed);
@@ -419,6 +422,24 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
         }
     }
     drop(held);
+}
+
+/// A checkpoint's data merged into the stored recovery data: the stored
+/// object with the new object's fields added (replacing those of the same
+/// name, jsonb's ||); stored data that is absent or JSON null counts as
+/// {}, and no new data keeps the stored data. 22023 for data that is not
+/// an object, before anything is written.
+fn merged(stored: Option<pg_sys::Datum>, data: Option<pg_sys::Datum>) -> Option<pg_sys::Datum> {
+    let Some(data) = data else { return stored };
+    if jsonb_type(data) != b"object" {
+        invalid("merge => true needs data that is a JSON object");
+    }
+    match stored.map(|s| (s, jsonb_type(s))) {
+        None => Some(data),
+        Some((_, t)) if t == b"null" => Some(data),
+        Some((s, t)) if t == b"object" => Some(jsonb_concat(s, data)),
+        Some(_) => invalid("merge => true needs the stored recovery data to be a JSON object (checkpoint it without merge first)"),
+    }
 }
 
 fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
