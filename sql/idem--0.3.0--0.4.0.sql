@@ -85,15 +85,19 @@ DO $$
 DECLARE
     pair text[];
     g record;
+    old_public boolean;
 BEGIN
     FOREACH pair SLICE 1 IN ARRAY ARRAY[
         ['idem_configure(text, interval)', 'idem_configure(text, interval, text)'],
         ['idem_checkpoint(text, text, text, jsonb, text)', 'idem_checkpoint(text, text, text, jsonb, text, boolean)']] LOOP
-        EXECUTE pg_catalog.format('%s EXECUTE ON FUNCTION @extschema@.%s %s PUBLIC',
-            CASE WHEN pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[1])::regprocedure, 'EXECUTE')
-                 THEN 'GRANT' ELSE 'REVOKE' END, pair[2],
-            CASE WHEN pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[1])::regprocedure, 'EXECUTE')
-                 THEN 'TO' ELSE 'FROM' END);
+        -- (Changed only where they differ: a fresh install's default ACL
+        -- stays the default.)
+        old_public := pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[1])::regprocedure, 'EXECUTE');
+        IF old_public AND NOT pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[2])::regprocedure, 'EXECUTE') THEN
+            EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.' || pair[2] || ' TO PUBLIC';
+        ELSIF NOT old_public AND pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[2])::regprocedure, 'EXECUTE') THEN
+            EXECUTE 'REVOKE EXECUTE ON FUNCTION @extschema@.' || pair[2] || ' FROM PUBLIC';
+        END IF;
         FOR g IN SELECT a.grantee::regrole::text AS grantee, a.is_grantable
                    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
                   WHERE p.oid = ('@extschema@.' || pair[1])::regprocedure
