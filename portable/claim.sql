@@ -156,6 +156,13 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in microseconds (NULL if none); 42501 if the type is reserved for a role the caller is not a member of.';
 
+-- Read only where a stored failure is found (src/biztype.rs, retry_failed).
+CREATE FUNCTION idem.retries_failures(biz_type text) RETURNS boolean
+    STABLE LANGUAGE sql AS $fn$
+    SELECT coalesce((SELECT b.on_failure = 'retry' FROM idem.biz_types b WHERE b.biz_type = retries_failures.biz_type), false)
+$fn$;
+COMMENT ON FUNCTION idem.retries_failures(text) IS 'Whether biz_type''s on_failure is retry: the next arrival after a stored failure claims the key anew.';
+
 -- The key lock: the key's gate row, one per digest, in a table only the
 -- extension's owner reaches (docs/design.md §14). Taking it is an INSERT ...
 -- ON CONFLICT that inserts the gate or locks the one there: a concurrent
@@ -368,11 +375,13 @@ CREATE FUNCTION idem.outcome_of_row(state "char", own boolean, result jsonb, cla
 BEGIN
     RETURN ROW(false,
                CASE WHEN state = 'l' THEN 'in_progress'
-                    WHEN state = 'f' THEN 'failed'
+                    WHEN state IN ('f', 'r') THEN 'failed'
                     WHEN state = 'c' THEN 'completed'
                     WHEN own THEN 'in_progress'
                     ELSE 'completed' END,
-               CASE WHEN state = 'l' THEN NULL ELSE result END,
+               -- (r: the error without its attempt; p: a retry's
+               -- {attempt, previous_error} is for its claimer only)
+               CASE WHEN state IN ('l', 'p') THEN NULL WHEN state = 'r' THEN result -> 'error' ELSE result END,
                claimed_at, expires_at)::@extschema@.idem_claim_result;
 END
 $fn$;
@@ -548,6 +557,8 @@ DECLARE
     attempt bigint;
     running boolean;
     gate "char";
+    retrying boolean := false;
+    previous jsonb;
 BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     ttl_us := idem.checked_ttl_us(ttl, 'ttl');
@@ -577,7 +588,12 @@ BEGIN
             PERFORM idem.check_lease(p.result);
             running := idem.lease_until(p.result) > clock_timestamp();
         END IF;
-        IF NOT (p.present AND NOT p.own AND (p.state <> 'l' OR running)) THEN
+        -- A stored failure of a type that retries is claimed anew: under
+        -- the key's gate, as a new claim.
+        IF p.present AND p.state IN ('f', 'r') AND NOT p.own THEN
+            retrying := idem.retries_failures(biz_type);
+        END IF;
+        IF NOT (p.present AND NOT p.own AND (p.state <> 'l' OR running) AND NOT retrying) THEN
             gate := idem.lock_gate(h, coalesce(wait, true));
             IF gate = 'n' THEN
                 RETURN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result;
@@ -611,6 +627,21 @@ BEGIN
             'The same idempotency key was reused for a different request; use a new key for a new intent.');
     END IF;
     t_now := clock_timestamp();
+    -- (src/protocol.rs, retry: the key is gated here, either way.)
+    IF p.state IN ('f', 'r') AND NOT p.own AND (retrying OR p.gated AND idem.retries_failures(biz_type)) THEN
+        attempt := CASE WHEN p.state = 'r' THEN (p.result ->> 'attempt')::bigint ELSE 1 END + 1;
+        previous := CASE WHEN p.state = 'r' THEN p.result -> 'error' ELSE p.result END;
+        IF lease_us IS NULL THEN
+            PERFORM idem.rewrite_claim(h, p.part, p.tid, 'p', jsonb_build_object('attempt', attempt, 'previous_error', previous));
+            RETURN ROW(true, 'new', jsonb_build_object('attempt', attempt, 'previous_error', previous),
+                       p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
+        END IF;
+        token := idem.random_hex(16);
+        until := least(t_now + idem.us_interval(lease_us), p.expires_at);
+        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL));
+        RETURN ROW(true, 'new', idem.lease_view(attempt, until, token, NULL, NULL) || jsonb_build_object('previous_error', previous),
+                   p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
+    END IF;
     -- (running: a lease seen running without the lock, never taken over.)
     IF p.state <> 'l' OR p.own OR running THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
@@ -638,7 +669,7 @@ $fn$;
 -- locked and probed; the caller must hold the claim (made by this
 -- transaction, or leased with the token passed).
 CREATE FUNCTION idem.finish(what text, key text, biz_type text, new_state "char", new_result jsonb,
-                            point text, data jsonb, lease_token text) RETURNS void
+                            point text, data jsonb, lease_token text, merge boolean DEFAULT false) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     h bigint;
@@ -684,9 +715,29 @@ BEGIN
         locked := idem.take_gate(h, true);
     END LOOP;
     IF what = 'idem_checkpoint' THEN
+        -- (src/protocol.rs, merged: checked before anything is written)
+        IF merge AND data IS NOT NULL THEN
+            IF jsonb_typeof(data) <> 'object' THEN
+                PERFORM idem.fail_with('22023', 'idem: merge => true needs data that is a JSON object');
+            ELSIF jsonb_typeof(p.result -> 'recovery_data') = 'object' THEN
+                data := (p.result -> 'recovery_data') || data;
+            ELSIF coalesce(jsonb_typeof(p.result -> 'recovery_data'), 'null') <> 'null' THEN
+                PERFORM idem.fail_with('22023', 'idem: merge => true needs the stored recovery data to be a JSON object (checkpoint it without merge first)');
+            END IF;
+        ELSIF merge THEN
+            data := p.result -> 'recovery_data';
+        END IF;
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
                                      p.result ->> 'owner_token_sha256', to_jsonb(point), data);
+    ELSIF what = 'idem_fail' THEN
+        -- A retried claim's failure keeps its attempt while the type
+        -- retries (src/protocol.rs, finish).
+        IF (leased OR p.state = 'p' AND p.result IS NOT NULL) AND (p.result ->> 'attempt')::bigint > 1
+           AND idem.retries_failures(biz_type) THEN
+            new_state := 'r';
+            new_result := jsonb_build_object('attempt', (p.result ->> 'attempt')::bigint, 'error', new_result);
+        END IF;
     ELSIF what = 'idem_release' THEN
         -- Run out now, its token spent (src/lease.rs, release).
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint,
@@ -696,7 +747,7 @@ BEGIN
     PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
-COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
+COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text, boolean) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
 -- @end
 
 -- @body idem_complete
@@ -723,6 +774,14 @@ $fn$;
 -- @body idem_checkpoint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
+    PERFORM @extschema@.idem_checkpoint(key, biz_type, point, data, lease_token, false);
+END
+$fn$;
+-- @end
+
+-- @body idem_checkpoint_merge
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
     PERFORM idem.check_claim_key(key, biz_type);
     IF point IS NULL THEN
         PERFORM idem.fail_with('22004', 'idem: point must not be NULL');
@@ -730,8 +789,19 @@ BEGIN
     IF octet_length(point) < 1 OR octet_length(point) > 256 THEN
         PERFORM idem.fail_with('22023', 'idem: point must be 1 to 256 bytes long');
     END IF;
-    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token);
+    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token, coalesce(merge, false));
 END
+$fn$;
+-- @end
+
+-- @body idem_claim_id
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    -- src/key.rs, claim_id: the same bytes (convert_to to the database's
+    -- own encoding: the text's bytes as stored).
+    SELECT encode(set_byte(set_byte(d, 6, (get_byte(d, 6) & 15) | 128), 8, (get_byte(d, 8) & 63) | 128), 'hex')::uuid
+      FROM (SELECT substring(sha256(convert_to(biz_type, getdatabaseencoding()) || decode('00', 'hex')
+                                    || convert_to(key, getdatabaseencoding()) || decode('00', 'hex')
+                                    || int8send(idem.us_since_2000(first_claimed_at))) FROM 1 FOR 16) AS d) s
 $fn$;
 -- @end
 
@@ -801,6 +871,23 @@ BEGIN
     PERFORM idem.admit(biz_type);
     INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at) VALUES (biz_type, ttl, now())
         ON CONFLICT ON CONSTRAINT biz_types_pkey DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at;
+END
+$fn$;
+-- @end
+
+-- @body idem_configure_policy
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM idem.check_biz_type(biz_type);
+    PERFORM idem.checked_ttl_us(ttl, 'ttl');
+    IF on_failure NOT IN ('replay', 'retry') THEN
+        PERFORM idem.fail_with('22023', 'idem: on_failure must be replay or retry (or NULL: replay)');
+    END IF;
+    PERFORM idem.require_writable('idem_configure');
+    PERFORM idem.admit(biz_type);
+    INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at, on_failure) VALUES (biz_type, ttl, now(), on_failure)
+        ON CONFLICT ON CONSTRAINT biz_types_pkey DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at,
+                                                            on_failure = EXCLUDED.on_failure;
 END
 $fn$;
 -- @end

@@ -297,7 +297,14 @@ def main():
     lines = [header.rstrip("\n"), "-- Removes what idem_portable.sql created: schema idem with every claim,", "-- and the API.",
              "BEGIN;", "SET LOCAL client_min_messages = warning;"]
     lines += [f"DROP VIEW IF EXISTS {args.schema}.{v} CASCADE;" for v in views]
-    lines += [f"DROP FUNCTION IF EXISTS {args.schema}.{fn} CASCADE;" for fn in sorted(set(fns))]
+    # Every signature of each name (idem_configure has two): a DROP by the
+    # bare name refuses a name that is not unique.
+    names = ", ".join(quote_literal(fn) for fn in sorted(set(fns)))
+    lines += ["DO $u$", "DECLARE", "    f regprocedure;", "BEGIN",
+              f"    FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = {quote_literal(args.schema)}::regnamespace",
+              f"                AND p.proname = ANY (ARRAY[{names}]) LOOP",
+              "        EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', f);",
+              "    END LOOP;", "END", "$u$;"]
     lines += [f"DROP TYPE IF EXISTS {args.schema}.{t} CASCADE;" for t in types]
     lines += ["DROP SCHEMA IF EXISTS idem CASCADE;", "COMMIT;", ""]
     with open(os.path.join(args.out, "idem_portable_uninstall.sql"), "w", encoding="utf-8") as f:

@@ -45,6 +45,21 @@ CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb 
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text) IS
 'Record a recovery point (e.g. charge_created) and its data on a leased claim, in the caller''s transaction, and renew the lease (never beyond the claim''s expiry). Pass the lease_token idem_claim returned (or call it in the transaction that took the lease). A later takeover is told the last point. ID003 for anyone else.';
 
+CREATE FUNCTION idem_claim_id(key text, biz_type text, first_claimed_at timestamptz) RETURNS uuid
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_id';
+COMMENT ON FUNCTION idem_claim_id(text, text, timestamptz) IS
+'The id of the claim of (biz_type, key) first claimed at first_claimed_at (as idem_claim returns it): a UUID derived from the three, the same on every attempt, takeover and retry of that claim and different for a claim of the key after it expired. Pass it downstream as a provider''s idempotency key. Not a secret: anyone who knows the key and the time can compute it.';
+
+-- With merge => true, the recovery data is merged into, not replaced: a
+-- separate function, as idem_configure's third argument is (sql/claim.sql
+-- says why).
+CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb, lease_token text, merge boolean) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
+COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+
 CREATE FUNCTION idem_lookup(key text, biz_type text) RETURNS idem_claim_result
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_lookup';
@@ -62,8 +77,18 @@ CREATE FUNCTION idem_configure(biz_type text, ttl interval) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure';
 COMMENT ON FUNCTION idem_configure(text, interval) IS
-'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards. Keeps the type''s owner.';
+'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards. Keeps the type''s owner and on_failure policy.';
 REVOKE EXECUTE ON FUNCTION idem_configure(text, interval) FROM PUBLIC;
+
+-- The same with the type's policy for stored failures. A separate function
+-- rather than a third argument with a default: the two-argument form, and
+-- the grants operators gave on it by that signature, stay as they were.
+CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure_policy';
+COMMENT ON FUNCTION idem_configure(text, interval, text) IS
+'Set the TTL of a business type (as idem_configure(biz_type, ttl)) and what a failure stored with idem_fail does to the next arrival: replay (NULL is the same; every later arrival is answered failed with the error until the claim expires) or retry (the next arrival claims the key anew, told {attempt, previous_error} in result; a completed key is still never claimed again before it expires). 22023 for another value. Keeps the type''s owner.';
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text) FROM PUBLIC;
 
 CREATE FUNCTION idem_set_owner(biz_type text, owner regrole) RETURNS void
     VOLATILE PARALLEL UNSAFE

@@ -49,6 +49,66 @@ BEGIN
 END
 $$;
 
+-- A type's policy for stored failures (idem_configure's on_failure).
+DO $$
+BEGIN
+    IF idem.citus_node() IS DISTINCT FROM 'worker' THEN
+        ALTER TABLE idem.biz_types ADD COLUMN on_failure text CHECK (on_failure IN ('replay', 'retry'));
+    END IF;
+END
+$$;
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
+
+-- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
+-- new functions with the privileges of the old forms (below).
+COMMENT ON FUNCTION idem_configure(text, interval) IS
+'Set the TTL of a business type (1 second to 400 days); NULL returns it to idem.default_ttl. Applies to claims made afterwards. Keeps the type''s owner and on_failure policy.';
+CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure_policy';
+COMMENT ON FUNCTION idem_configure(text, interval, text) IS
+'Set the TTL of a business type (as idem_configure(biz_type, ttl)) and what a failure stored with idem_fail does to the next arrival: replay (NULL is the same; every later arrival is answered failed with the error until the claim expires) or retry (the next arrival claims the key anew, told {attempt, previous_error} in result; a completed key is still never claimed again before it expires). 22023 for another value. Keeps the type''s owner.';
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text) FROM PUBLIC;
+-- With merge => true, the recovery data is merged into, not replaced: a
+-- separate function, as idem_configure's third argument is (sql/claim.sql
+-- says why).
+CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb, lease_token text, merge boolean) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
+COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+
+-- The new forms of idem_configure and idem_checkpoint get the privileges
+-- their old forms have: PUBLIC's (revoked by a hardened installation:
+-- docs/operations.md § Grants) and every role's an operator granted.
+DO $$
+DECLARE
+    pair text[];
+    g record;
+    old_public boolean;
+BEGIN
+    FOREACH pair SLICE 1 IN ARRAY ARRAY[
+        ['idem_configure(text, interval)', 'idem_configure(text, interval, text)'],
+        ['idem_checkpoint(text, text, text, jsonb, text)', 'idem_checkpoint(text, text, text, jsonb, text, boolean)']] LOOP
+        -- (Changed only where they differ: a fresh install's default ACL
+        -- stays the default.)
+        old_public := pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[1])::regprocedure, 'EXECUTE');
+        IF old_public AND NOT pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[2])::regprocedure, 'EXECUTE') THEN
+            EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.' || pair[2] || ' TO PUBLIC';
+        ELSIF NOT old_public AND pg_catalog.has_function_privilege('public', ('@extschema@.' || pair[2])::regprocedure, 'EXECUTE') THEN
+            EXECUTE 'REVOKE EXECUTE ON FUNCTION @extschema@.' || pair[2] || ' FROM PUBLIC';
+        END IF;
+        FOR g IN SELECT a.grantee::regrole::text AS grantee, a.is_grantable
+                   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+                  WHERE p.oid = ('@extschema@.' || pair[1])::regprocedure
+                    AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner LOOP
+            EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.' || pair[2] || ' TO ' || g.grantee
+                    || CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
 -- maintenance.sql ------------------------------------------------------------
 
 -- What makes idem_maintain run once at a time: its EXCLUSIVE lock on this
@@ -843,7 +903,7 @@ SELECT coalesce(c.biz_type, t.biz_type) AS biz_type,
        coalesce(t.ttl, idem.setting_interval('idem.default_ttl', '24 hours')) AS ttl,
        count(c.*) AS live_keys,
        count(c.*) FILTER (WHERE c.state IN ('p', 'c')) AS completed,
-       count(c.*) FILTER (WHERE c.state = 'f') AS failed,
+       count(c.*) FILTER (WHERE c.state IN ('f', 'r')) AS failed,
        count(c.*) FILTER (WHERE c.state = 'l') AS in_progress,
        min(c.claimed_at) AS oldest_claim,
        max(c.claimed_at) AS newest_claim
@@ -1195,6 +1255,13 @@ CREATE FUNCTION idem_release(key text, biz_type text, lease_token text DEFAULT N
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_release';
 COMMENT ON FUNCTION idem_release(text, text, text) IS
 'End a lease early, after a transient failure: pass the lease_token idem_claim returned (or call it in the transaction that took the lease). The claim stays leased but has run out, so the next idem_claim takes it over at once (attempt + 1, recovery point and data kept); the token is spent, and its later use raises ID003. ID003 also for a claim that is not leased, or leased to another owner.';
+
+-- claim.sql: the claim id -----------------------------------------------------
+CREATE FUNCTION idem_claim_id(key text, biz_type text, first_claimed_at timestamptz) RETURNS uuid
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_id';
+COMMENT ON FUNCTION idem_claim_id(text, text, timestamptz) IS
+'The id of the claim of (biz_type, key) first claimed at first_claimed_at (as idem_claim returns it): a UUID derived from the three, the same on every attempt, takeover and retry of that claim and different for a claim of the key after it expired. Pass it downstream as a provider''s idempotency key. Not a secret: anyone who knows the key and the time can compute it.';
 
 -- batch.sql ------------------------------------------------------------------
 CREATE FUNCTION idem_claim_many(

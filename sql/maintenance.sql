@@ -711,7 +711,7 @@ SELECT coalesce(c.biz_type, t.biz_type) AS biz_type,
        coalesce(t.ttl, idem.setting_interval('idem.default_ttl', '24 hours')) AS ttl,
        count(c.*) AS live_keys,
        count(c.*) FILTER (WHERE c.state IN ('p', 'c')) AS completed,
-       count(c.*) FILTER (WHERE c.state = 'f') AS failed,
+       count(c.*) FILTER (WHERE c.state IN ('f', 'r')) AS failed,
        count(c.*) FILTER (WHERE c.state = 'l') AS in_progress,
        min(c.claimed_at) AS oldest_claim,
        max(c.claimed_at) AS newest_claim

@@ -15,9 +15,10 @@ CREATE TABLE idem.biz_types (
     ttl        interval,                 -- NULL: idem.default_ttl applies
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    owner      name                      -- NULL: every role may use the type
+    owner      name,                     -- NULL: every role may use the type
+    on_failure text CHECK (on_failure IN ('replay', 'retry'))  -- NULL: replay
 );
-COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims (idem_configure) and the role whose members alone may use it (idem_set_owner).';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
 -- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of biz_type and
 -- key). Written in Rust; the claim path computes the same value itself.
@@ -52,7 +53,7 @@ CREATE TABLE idem.claims (
     expires_at  timestamptz NOT NULL,
     claimed_at  timestamptz NOT NULL,
     ttl_class   smallint    NOT NULL,   -- idem.ttl_class(expires_at - claimed_at)
-    state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased
+    state       "char"      NOT NULL,   -- p: claimed, not finished; c: completed; f: failed; l: leased; r: failed after a retry
     biz_type    text        NOT NULL,
     key         text        NOT NULL,
     fingerprint text,

@@ -127,6 +127,23 @@ fn claim_many(args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many);
 
+// idem_claim_id(key text, biz_type text, first_claimed_at timestamptz)
+//   RETURNS uuid (IMMUTABLE STRICT): the claim's id, derived from what
+// identifies one claim of a key (docs/design.md §6, "The claim id").
+arguments!(claim_id_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", FIRST_CLAIMED_AT = 2 "first_claimed_at");
+fn claim_id(args: Args) -> pg_sys::Datum {
+    use claim_id_args::*;
+    let first = args.datum(FIRST_CLAIMED_AT).map_or(0, |d| d.value() as i64);
+    let uuid = crate::key::claim_id(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default(), first);
+    // SAFETY: a palloc'd block of exactly the 16 bytes a uuid datum (by reference) holds.
+    unsafe {
+        let p = pg_sys::palloc(uuid.len()) as *mut u8;
+        std::ptr::copy_nonoverlapping(uuid.as_ptr(), p, uuid.len());
+        pg_sys::Datum::from(p)
+    }
+}
+sql_function!(idem_claim_id, pg_finfo_idem_claim_id, claim_id);
+
 // idem_lookup(key text, biz_type text) RETURNS idem_claim_result
 arguments!(lookup_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
 fn lookup(args: Args) -> pg_sys::Datum {
@@ -157,7 +174,9 @@ fn fail(args: Args) -> pg_sys::Datum {
 sql_function!(idem_fail, pg_finfo_idem_fail, fail);
 
 // idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL)
-arguments!(checkpoint_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", POINT = 2 "point", DATA = 3 "data", LEASE_TOKEN = 4 "lease_token");
+// and idem_checkpoint(key, biz_type, point, data, lease_token, merge boolean):
+// one body (merge false when the form has none).
+arguments!(checkpoint_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", POINT = 2 "point", DATA = 3 "data", LEASE_TOKEN = 4 "lease_token", MERGE = 5 "merge");
 fn checkpoint(args: Args) -> pg_sys::Datum {
     use checkpoint_args::*;
     let k = claim_key(args, KEY, BIZ_TYPE);
@@ -165,10 +184,12 @@ fn checkpoint(args: Args) -> pg_sys::Datum {
     if point.is_empty() || point.len() > 256 {
         invalid("point must be 1 to 256 bytes long");
     }
-    protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA) }, args.text(LEASE_TOKEN));
+    let merge = args.bool(MERGE).unwrap_or(false);
+    protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA), merge }, args.text(LEASE_TOKEN));
     pg_sys::Datum::from(0)
 }
 sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, checkpoint);
+sql_function!(idem_checkpoint_merge, pg_finfo_idem_checkpoint_merge, checkpoint);
 
 // idem_release(key text, biz_type text, lease_token text DEFAULT NULL)
 arguments!(release_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", LEASE_TOKEN = 2 "lease_token");
@@ -195,19 +216,34 @@ fn biz_type_arg<'a>(args: Args, n: usize) -> &'a str {
     std::str::from_utf8(b).expect("biz_type is validated ASCII")
 }
 
-// idem_configure(biz_type text, ttl interval)
-arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl");
-fn configure(args: Args) -> pg_sys::Datum {
+// idem_configure(biz_type text, ttl interval) and
+// idem_configure(biz_type text, ttl interval, on_failure text): one body,
+// the policy set only by the form that names it.
+arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl", ON_FAILURE = 2 "on_failure");
+fn configure(args: Args, with_policy: bool) -> pg_sys::Datum {
     use configure_args::*;
     let biz_type = biz_type_arg(args, BIZ_TYPE);
     if let Some(iv) = args.interval(TTL) {
         guc::checked_ttl(&iv, "ttl");
     }
+    let on_failure = with_policy.then(|| args.text(ON_FAILURE));
+    if let Some(Some(policy)) = on_failure {
+        if policy != b"replay" && policy != b"retry" {
+            invalid("on_failure must be replay or retry (or NULL: replay)");
+        }
+    }
     protocol::require_writable("idem_configure");
-    biztype::configure(biz_type, args.datum(TTL));
+    biztype::configure(biz_type, args.datum(TTL), on_failure);
     pg_sys::Datum::from(0)
 }
-sql_function!(idem_configure, pg_finfo_idem_configure, configure);
+fn configure_ttl(args: Args) -> pg_sys::Datum {
+    configure(args, false)
+}
+fn configure_policy(args: Args) -> pg_sys::Datum {
+    configure(args, true)
+}
+sql_function!(idem_configure, pg_finfo_idem_configure, configure_ttl);
+sql_function!(idem_configure_policy, pg_finfo_idem_configure_policy, configure_policy);
 
 // idem_set_owner(biz_type text, owner regrole)
 arguments!(set_owner_args: BIZ_TYPE = 0 "biz_type", OWNER = 1 "owner");
@@ -471,10 +507,13 @@ mod tests {
             ("idem_claim_many(text[],text,interval,text[],boolean)", super::claim_many_args::NAMES),
             ("idem_complete(text,text,jsonb,text)", super::complete_args::NAMES),
             ("idem_fail(text,text,jsonb,text)", super::fail_args::NAMES),
-            ("idem_checkpoint(text,text,text,jsonb,text)", super::checkpoint_args::NAMES),
+            ("idem_checkpoint(text,text,text,jsonb,text)", &super::checkpoint_args::NAMES[..5]),
+            ("idem_checkpoint(text,text,text,jsonb,text,boolean)", super::checkpoint_args::NAMES),
             ("idem_forget(text,text)", super::forget_args::NAMES),
             ("idem_release(text,text,text)", super::release_args::NAMES),
-            ("idem_configure(text,interval)", super::configure_args::NAMES),
+            ("idem_claim_id(text,text,timestamp with time zone)", super::claim_id_args::NAMES),
+            ("idem_configure(text,interval)", &super::configure_args::NAMES[..2]),
+            ("idem_configure(text,interval,text)", super::configure_args::NAMES),
             ("idem_set_owner(text,regrole)", super::set_owner_args::NAMES),
             ("idem.key_hash(text,text)", super::key_hash_args::NAMES),
             ("idem.partition_from(regclass)", super::partition_bound_args::NAMES),

@@ -33,6 +33,9 @@ pub struct BizType {
     /// setting, and the type stays closed until a superuser names an owner
     /// again (`require_owner_member`).
     pub owner: Option<pg_sys::NameData>,
+    /// on_failure = 'retry': the next arrival after a stored failure claims
+    /// the key anew (protocol.rs); false: the failure is replayed.
+    pub retry_failed: bool,
 }
 
 /// The most business types a backend keeps settings of: a server with
@@ -180,17 +183,37 @@ fn require_owner_member(biz_type: &[u8], settings: &BizType) {
     }
 }
 
-/// Set (or, with None, clear) a type's TTL, keeping its owner. A type
-/// reserved for a role is configured only by that role's members (whoever
-/// else may call idem_configure).
-pub fn configure(biz_type: &str, ttl: Option<pg_sys::Datum>) {
+/// Set (or, with None, clear) a type's TTL, keeping its owner, and with
+/// `on_failure` (idem_configure's three-argument form: Some(None) is the
+/// default, replay) its policy for stored failures too. A type reserved for
+/// a role is configured only by that role's members (whoever else may call
+/// idem_configure).
+pub fn configure(biz_type: &str, ttl: Option<pg_sys::Datum>, on_failure: Option<Option<&[u8]>>) {
     require_owner_member(biz_type.as_bytes(), &settings(biz_type));
     static UPSERT: Statement = Statement::new(
         c"INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at) VALUES ($1, $2, $3)
           ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at",
         &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TIMESTAMPTZOID],
     );
-    write(&UPSERT, biz_type, ttl);
+    static UPSERT_POLICY: Statement = Statement::new(
+        c"INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at, on_failure) VALUES ($1, $2, $3, $4)
+          ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at,
+                                               on_failure = EXCLUDED.on_failure",
+        &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    );
+    match on_failure {
+        None => write(&UPSERT, biz_type, ttl, None),
+        Some(policy) => {
+            if !has_column(catalog::biz_types_oid(), c"on_failure") {
+                IdemError::ObjectNotInPrerequisiteState(
+                    "idem_configure's on_failure needs the 0.4.0 schema".into(),
+                    Some("Run ALTER EXTENSION idem UPDATE.".into()),
+                )
+                .fail();
+            }
+            write(&UPSERT_POLICY, biz_type, ttl, Some(policy.map(text_datum)))
+        }
+    }
 }
 
 /// Set (or, with None, clear) a type's owner role, keeping its TTL; stored
@@ -211,7 +234,7 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
     );
     require_owner_member(biz_type.as_bytes(), &settings(biz_type));
     if owner_column_type(catalog::biz_types_oid()) != Some(pg_sys::NAMEOID) {
-        return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from));
+        return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from), None);
     }
     let mut name = pg_sys::NameData::default();
     // SAFETY: GetUserNameFromId raises for a missing role (regrole input checked it exists) and returns a
@@ -221,18 +244,21 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
         pg_sys::namestrcpy(&mut name, pg_sys::GetUserNameFromId(role, false));
         pg_sys::Datum::from(&raw mut name)
     });
-    write(&UPSERT, biz_type, datum);
+    write(&UPSERT, biz_type, datum, None);
 }
 
-fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>) {
+/// Upsert a type's settings row: `value` is $2, `more` (when the statement
+/// has it) $4.
+fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>, more: Option<Option<pg_sys::Datum>>) {
     // The time is passed in rather than written as now(): Citus refuses
     // non-immutable functions in the DO UPDATE SET of a reference table.
     // It is SQL's now(), the transaction's start, not backend::now(): the
     // clock claims are judged by.
     // SAFETY: reads the current transaction's start time; no precondition.
     let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-    let (n, _) =
-        upsert.execute_as_owner(&[Some(text_datum(biz_type.as_bytes())), value, Some(pg_sys::Datum::from(now))]);
+    let mut params = vec![Some(text_datum(biz_type.as_bytes())), value, Some(pg_sys::Datum::from(now))];
+    params.extend(more);
+    let (n, _) = upsert.execute_as_owner(&params);
     if n != 1 {
         internal(format!("writing the settings of biz_type {biz_type} touched {n} rows"));
     }
@@ -242,23 +268,30 @@ fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>) {
 /// A business type's settings, read now through SQL on idem.biz_types.
 fn read(name: &str) -> BizType {
     static READ: Statement = Statement::new(
-        c"SELECT ttl, owner FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, owner, on_failure OPERATOR(pg_catalog.=) 'retry' FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        &[pg_sys::TEXTOID],
+    );
+    // 0.4.0 before the failure policy: replay.
+    static READ_NO_POLICY: Statement = Statement::new(
+        c"SELECT ttl, owner, false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
     // An older schema (the new library installed, ALTER EXTENSION UPDATE not
     // run yet): 0.3.0's owner is a regrole, 0.2.0 has none. Claims keep
     // working meanwhile.
     static READ_0_3: Statement = Statement::new(
-        c"SELECT ttl, (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) owner::pg_catalog.oid)
+        c"SELECT ttl, (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) owner::pg_catalog.oid), false
             FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
     static READ_0_2: Statement = Statement::new(
-        c"SELECT ttl, NULL::pg_catalog.name FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, NULL::pg_catalog.name, false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
-    let read = match owner_column_type(catalog::biz_types_oid()) {
-        Some(t) if t == pg_sys::NAMEOID => &READ,
+    let relid = catalog::biz_types_oid();
+    let read = match owner_column_type(relid) {
+        Some(t) if t == pg_sys::NAMEOID && has_column(relid, c"on_failure") => &READ,
+        Some(t) if t == pg_sys::NAMEOID => &READ_NO_POLICY,
         Some(_) => &READ_0_3,
         None => &READ_0_2,
     };
@@ -269,7 +302,15 @@ fn read(name: &str) -> BizType {
         ttl_us: row[0].map(|d| guc::interval_us(unsafe { &*d.cast_mut_ptr::<pg_sys::Interval>() }) as i64),
         // SAFETY: column 2 of READ is a name datum (by reference) in this memory context.
         owner: row[1].map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::NameData>() }),
+        retry_failed: row[2].is_some_and(|d| d.value() != 0),
     }
+}
+
+/// Whether a table of idem.biz_types' shape has a column (one a newer
+/// schema added).
+fn has_column(relid: pg_sys::Oid, name: &std::ffi::CStr) -> bool {
+    // SAFETY: a catalog lookup by a NUL-terminated name.
+    unsafe { pg_sys::get_attnum(relid, name.as_ptr()) != pg_sys::InvalidAttrNumber as i16 }
 }
 
 /// The type of the owner column of a table of idem.biz_types' shape (name
@@ -314,7 +355,8 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
         }
         let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as _);
         let column = |name: &std::ffi::CStr| pg_sys::get_attnum(relid, name.as_ptr());
-        let (biz_type, ttl, owner) = (column(c"biz_type"), column(c"ttl"), column(c"owner"));
+        let (biz_type, ttl, owner, on_failure) =
+            (column(c"biz_type"), column(c"ttl"), column(c"owner"), column(c"on_failure"));
         if biz_type == pg_sys::InvalidAttrNumber as i16
             || ttl == pg_sys::InvalidAttrNumber as i16
             || (*(*index).rd_index).indnatts != 1
@@ -340,7 +382,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
         let mut found = BizType::default();
         if pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-            let last = ttl.max(owner);
+            let last = ttl.max(owner).max(on_failure);
             pg_sys::slot_getsomeattrs_int(slot, last as i32);
             let values = std::slice::from_raw_parts((*slot).tts_values, last as usize);
             let nulls = std::slice::from_raw_parts((*slot).tts_isnull, last as usize);
@@ -358,6 +400,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
                         role_name_data(pg_sys::Oid::from(d.value() as u32))
                     }
                 }),
+                retry_failed: at(on_failure).is_some_and(|d| crate::datum::varlena_bytes(d) == b"retry"),
             };
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);

@@ -92,6 +92,16 @@ pub fn jsonb_field(doc: pg_sys::Datum, key: &str) -> Option<pg_sys::Datum> {
     has.then(|| call2(pg_sys::F_JSONB_OBJECT_FIELD, doc, k))
 }
 
+/// jsonb_typeof(doc): object, array, string, number, boolean or null.
+pub fn jsonb_type(doc: pg_sys::Datum) -> Vec<u8> {
+    // SAFETY: jsonb_typeof takes one jsonb datum and returns a text datum.
+    let t = unsafe {
+        pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(pg_sys::F_JSONB_TYPEOF), pg_sys::InvalidOid, doc)
+    };
+    // SAFETY: a text datum in the current memory context.
+    unsafe { varlena_bytes(t) }.to_vec()
+}
+
 /// `doc - key`.
 pub fn jsonb_without(doc: pg_sys::Datum, key: &str) -> pg_sys::Datum {
     call2(pg_sys::F_JSONB_DELETE_JSONB_TEXT, doc, text_datum(key.as_bytes()))

@@ -127,3 +127,26 @@ mod tests {
         }
     }
 }
+
+/// A claim's id: a UUID (version 8) made of the first 128 bits of the
+/// SHA-256 of biz_type, a zero byte, the key, a zero byte, and the claim's
+/// first_claimed_at in microseconds since 2000-01-01 UTC (8 bytes, big
+/// endian). Text holds no zero byte, so no two claims share the input; and
+/// a claim keeps its first_claimed_at through takeovers, retries, moves by
+/// maintenance and dump and restore, so its id never changes. The
+/// portable edition computes the same bytes in SQL.
+pub fn claim_id(biz_type: &[u8], key: &[u8], first_claimed_at: i64) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(biz_type)
+        .chain_update([0])
+        .chain_update(key)
+        .chain_update([0])
+        .chain_update(first_claimed_at.to_be_bytes())
+        .finalize();
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id[6] = (id[6] & 0x0f) | 0x80; // version 8
+    id[8] = (id[8] & 0x3f) | 0x80; // the RFC 9562 variant
+    id
+}

@@ -11,7 +11,9 @@
 //!     nothing written. Under REPEATABLE READ / SERIALIZABLE a row this
 //!     snapshot cannot see raises 40001, as INSERT ... ON CONFLICT does;
 //!   - a committed leased claim (lease.rs): in_progress while the lease
-//!     runs, taken over by this claim once it has run out.
+//!     runs, taken over by this claim once it has run out;
+//!   - a committed failure of a type whose on_failure is retry: claimed
+//!     anew (`retry`); a completed claim is final whatever the policy.
 //!
 //! docs/design.md says why no two claims of a key ever commit.
 //!
@@ -20,13 +22,15 @@
 
 use crate::backend::now;
 use crate::biztype;
-use crate::errors::{invalid, IdemError};
+use crate::datum::{jsonb_concat, jsonb_decode, jsonb_encode, jsonb_field, jsonb_object1, jsonb_type, jsonb_without};
+use crate::errors::{internal, invalid, IdemError};
 use crate::guc;
 use crate::key::ClaimKey;
 use crate::lease::Lease;
 use crate::metrics::{self, Event};
 use crate::storage::{
-    Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_LEASED, STATE_PENDING,
+    is_failure, Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_FAILED_RETRIED,
+    STATE_LEASED, STATE_PENDING,
 };
 use pgrx::pg_sys;
 
@@ -94,7 +98,7 @@ impl Outcome {
             State::InProgress
         } else {
             match row.state {
-                STATE_FAILED => State::Failed,
+                STATE_FAILED | STATE_FAILED_RETRIED => State::Failed,
                 STATE_COMPLETED => State::Completed,
                 // Claimed and committed without idem_complete: completed,
                 // no result. Still pending in this very transaction: ours.
@@ -102,10 +106,19 @@ impl Outcome {
                 _ => State::Completed,
             }
         };
+        let result = match row.state {
+            _ if running => None,
+            // The error as idem_fail stored it, without the attempt.
+            STATE_FAILED_RETRIED => row.result.and_then(|doc| jsonb_field(doc, "error")),
+            // A retry's {attempt, previous_error} is for its claimer only
+            // (a claim committed unfinished reads completed, no result).
+            STATE_PENDING => None,
+            _ => row.result,
+        };
         Outcome {
             claimed: false,
             state,
-            result: if running { None } else { row.result },
+            result,
             first_claimed_at: Some(row.claimed_at),
             expires_at: Some(row.expires_at),
         }
@@ -149,7 +162,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
         // running lease and a second worker would claim the key.
         invalid("lease must not be longer than the claim's ttl");
     }
-    let (store, found) = Storage::find(k, Intent::Claim { wait: req.wait });
+    let (store, found) = Storage::find(k, Intent::Claim { wait: req.wait, retry_failed: settings.retry_failed });
     match found {
         Found::Busy(row) => answered(k, Outcome::in_progress(row.as_ref())),
         Found::Absent(held) => {
@@ -177,6 +190,9 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
         Found::Row(row, held) => {
             check_duplicate(k, req.fingerprint, &row);
             let now = now();
+            if settings.retry_failed && is_failure(row.state) && !row.own {
+                return retry(&store, k, req, &row, now);
+            }
             if row.state != STATE_LEASED || row.own {
                 return answered(k, Outcome::of_row(&row));
             }
@@ -201,6 +217,61 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             }
         }
     }
+}
+
+/// A type's on_failure = retry: the first arrival after a stored failure
+/// claims the key anew, in the failed claim's row (its first_claimed_at and
+/// expiry stay: a retry does not lengthen the key's life), and is told
+/// which attempt it is and the error the last one stored. `row` is a
+/// committed failure, found under the key lock: of two arrivals, the second
+/// waits for the first and then finds its claim.
+fn retry(store: &Storage, k: &ClaimKey, req: &ClaimRequest, row: &Row, now: i64) -> Outcome {
+    let (last, error) = match row.state {
+        STATE_FAILED_RETRIED => {
+            let doc = row.result.unwrap_or_else(|| internal("a retried failure has no document"));
+            (attempt_of(doc, "error"), jsonb_field(doc, "error"))
+        }
+        _ => (1, row.result),
+    };
+    let attempt = last + 1;
+    let (state, stored, told) = match req.lease_us {
+        None => {
+            let doc = retry_doc(attempt, "previous_error", error);
+            (STATE_PENDING, doc, doc)
+        }
+        Some(lease_us) => {
+            let until = now.saturating_add(lease_us).min(row.expires_at);
+            let (lease, token) = Lease::new(attempt, lease_us, until, None, None);
+            let told = jsonb_concat(lease.for_owner(Some(&token)), jsonb_object1("previous_error", error));
+            (STATE_LEASED, lease.to_datum(), told)
+        }
+    };
+    store.rewrite(row, k, state, Some(stored));
+    metrics::count(k, Event::Claimed);
+    Outcome {
+        claimed: true,
+        state: State::New,
+        result: Some(told),
+        first_claimed_at: Some(row.claimed_at),
+        expires_at: Some(row.expires_at),
+    }
+}
+
+/// {"attempt": attempt, field: value}: what a retry stores and is told
+/// (field previous_error), and a retried claim's failure (field error).
+fn retry_doc(attempt: i64, field: &str, value: Option<pg_sys::Datum>) -> pg_sys::Datum {
+    jsonb_concat(jsonb_encode(&Attempt { attempt }), jsonb_object1(field, value))
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Attempt {
+    attempt: i64,
+}
+
+/// The attempt a retry document counts (its `field`, any JSON, left out of
+/// the decoding).
+fn attempt_of(doc: pg_sys::Datum, field: &str) -> i64 {
+    jsonb_decode::<Attempt>(jsonb_without(doc, field), "a retry document").attempt
 }
 
 /// A claim that did not claim, counted by what it was told.
@@ -258,6 +329,9 @@ pub enum Finish<'a> {
     Checkpoint {
         point: &'a [u8],
         data: Option<pg_sys::Datum>,
+        /// Merge `data` into the recovery data (its fields added to the
+        /// stored object's) instead of replacing it.
+        merge: bool,
     },
     /// End the lease now (a transient failure): the next claim takes over.
     Release,
@@ -279,7 +353,7 @@ impl Finish<'_> {
 /// passes.
 pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     require_writable(what.function());
-    biztype::admit(k);
+    let settings = biztype::admit(k);
     let (store, found) = Storage::find(k, Intent::Update);
     let (row, held) = match found {
         Found::Row(row, held) => (row, held),
@@ -314,15 +388,27 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             metrics::count(k, Event::Completed);
         }
         Finish::Fail(error) => {
-            store.rewrite(&row, k, STATE_FAILED, Some(error));
+            // A retried claim's failure keeps its attempt, for the next
+            // retry to count on (only while the type retries: replayed,
+            // the error is stored as given).
+            let attempt = match (&lease, row.state, row.result) {
+                (Some(lease), _, _) => lease.attempt,
+                (None, STATE_PENDING, Some(doc)) => attempt_of(doc, "previous_error"),
+                _ => 1,
+            };
+            if settings.retry_failed && attempt > 1 {
+                store.rewrite(&row, k, STATE_FAILED_RETRIED, Some(retry_doc(attempt, "error", Some(error))));
+            } else {
+                store.rewrite(&row, k, STATE_FAILED, Some(error));
+            }
             metrics::count(k, Event::Failed);
         }
-        Finish::Checkpoint { point, data } => {
+        Finish::Checkpoint { point, data, merge } => {
             // Recording progress also renews the lease, never beyond the
             // claim's expiry.
             let mut lease = lease.expect("checked above: only a leased claim takes a checkpoint");
+            lease.data = if merge { merged(lease.data, data) } else { data };
             lease.point = Some(crate::datum::jsonb_string(point));
-            lease.data = data;
             lease.until = now().saturating_add(lease.lease_us).min(row.expires_at);
             store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
             metrics::count(k, Event::Checkpointed);
@@ -336,6 +422,24 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
         }
     }
     drop(held);
+}
+
+/// A checkpoint's data merged into the stored recovery data: the stored
+/// object with the new object's fields added (replacing those of the same
+/// name, jsonb's ||); stored data that is absent or JSON null counts as
+/// {}, and no new data keeps the stored data. 22023 for data that is not
+/// an object, before anything is written.
+fn merged(stored: Option<pg_sys::Datum>, data: Option<pg_sys::Datum>) -> Option<pg_sys::Datum> {
+    let Some(data) = data else { return stored };
+    if jsonb_type(data) != b"object" {
+        invalid("merge => true needs data that is a JSON object");
+    }
+    match stored.map(|s| (s, jsonb_type(s))) {
+        None => Some(data),
+        Some((_, t)) if t == b"null" => Some(data),
+        Some((s, t)) if t == b"object" => Some(jsonb_concat(s, data)),
+        Some(_) => invalid("merge => true needs the stored recovery data to be a JSON object (checkpoint it without merge first)"),
+    }
 }
 
 fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {

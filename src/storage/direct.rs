@@ -242,7 +242,7 @@ impl Opened {
                     Some(writer) => {
                         drop(lock);
                         let waits = match intent {
-                            Intent::Claim { wait } => wait,
+                            Intent::Claim { wait, .. } => wait,
                             Intent::Update => true,
                             Intent::Forget => !writer.inserting,
                         };

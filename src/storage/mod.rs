@@ -36,6 +36,14 @@ pub const STATE_PENDING: u8 = b'p';
 pub const STATE_COMPLETED: u8 = b'c';
 pub const STATE_FAILED: u8 = b'f';
 pub const STATE_LEASED: u8 = b'l';
+/// Failed again after a retry (a type with on_failure = retry): result is
+/// {attempt, error}, so that the next retry knows which attempt it is.
+pub const STATE_FAILED_RETRIED: u8 = b'r';
+
+/// Whether a row's state is a stored failure (idem_fail).
+pub fn is_failure(state: u8) -> bool {
+    state == STATE_FAILED || state == STATE_FAILED_RETRIED
+}
 
 /// A live row of one key, as a probe found it.
 pub struct Row {
@@ -71,8 +79,10 @@ pub struct Writer {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
     /// Claim it: a committed final outcome may be answered as it is; absent
-    /// or leased, the key must be locked against other claimers.
-    Claim { wait: bool },
+    /// or leased, the key must be locked against other claimers, and so
+    /// must a committed failure when `retry_failed` (the type's policy:
+    /// the claim then takes it anew).
+    Claim { wait: bool, retry_failed: bool },
     /// Change the row (finish, checkpoint): always locked, always waiting
     /// for another writer.
     Update,

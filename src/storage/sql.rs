@@ -18,7 +18,7 @@ use super::columns;
 use super::keylock::{self, KeyLock};
 use super::type_classes::{self, Registered};
 use super::writer;
-use super::{Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
+use super::{is_failure, Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
 use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
 use crate::errors::IdemError;
@@ -185,14 +185,15 @@ impl SqlStore {
     /// again, now that whoever held it has ended.
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         require_read_committed();
-        if let Intent::Claim { .. } = intent {
+        if let Intent::Claim { retry_failed, .. } = intent {
             if let Some(row) = self.probe(k, crate::backend::now()) {
-                if row.state != STATE_LEASED && !row.own {
+                let retried = retry_failed && is_failure(row.state);
+                if row.state != STATE_LEASED && !retried && !row.own {
                     return Found::Row(row, Held(None));
                 }
             }
         }
-        let wait = intent != Intent::Claim { wait: false };
+        let wait = !matches!(intent, Intent::Claim { wait: false, .. });
         let lock = {
             // A wait is counted (and timed) when another transaction holds
             // the key as we ask for it.

@@ -1,4 +1,4 @@
--- What idem.key_hash, idem.ttl_class, idem.class_width and
+-- What idem.key_hash, idem_claim_id, idem.ttl_class, idem.class_width and
 -- idem.class_max_ttl return on a fixed set of inputs, one line each, for
 -- tests/scenarios/portable.sh to compare between the editions (run as a
 -- superuser: it sets idem.partition_width). The keys include multi-byte
@@ -18,6 +18,15 @@ SELECT 'key_hash|' || t || '|' || md5(k) || '|' || octet_length(k) || '|' || ide
         UNION ALL SELECT 'type.' || (g % 64), left(md5(g::text) || repeat('ü€😀', g % 9), g % 45) FROM generate_series(1, 2000) g
         UNION ALL SELECT repeat('T', 1 + g % 64), repeat(chr(160 + g), g) FROM generate_series(1, 300) g
         UNION ALL SELECT 'ab', 'c' UNION ALL SELECT 'a', 'bc') s
+ ORDER BY 1;
+-- idem_claim_id on the same keys, at times from 2000 (0 microseconds) on,
+-- before it (negative), and to the microsecond.
+SELECT 'claim_id|' || t || '|' || md5(k) || '|' || extract(epoch FROM at) || '|' || idem_claim_id(k, t, at)
+  FROM (SELECT 'payment' AS t, 'req-42' AS k
+        UNION ALL SELECT 'x', repeat('😀', 256)
+        UNION ALL SELECT repeat('t', 64), repeat('z', 1023)
+        UNION ALL SELECT 'type.' || (g % 64), left(md5(g::text) || repeat('ü€😀', g % 9), g % 45) FROM generate_series(1, 200) g) s,
+       (VALUES (timestamptz '2000-01-01 00:00:00+00'), ('1999-12-31 23:59:59.999999+00'), ('2026-12-06 01:02:03.456789+00')) v(at)
  ORDER BY 1;
 CREATE TEMP TABLE widths (w text);
 INSERT INTO widths VALUES ('1 minute'), ('100 milliseconds'), ('7 seconds'), ('13 minutes'), ('1 day'), ('400 days');

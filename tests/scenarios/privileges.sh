@@ -129,6 +129,7 @@ GRANT EXECUTE ON FUNCTION
     idemapi.idem_complete(text, text, jsonb, text),
     idemapi.idem_fail(text, text, jsonb, text),
     idemapi.idem_checkpoint(text, text, text, jsonb, text),
+    idemapi.idem_checkpoint(text, text, text, jsonb, text, boolean),
     idemapi.idem_lookup(text, text),
     idemapi.idem_issue_token(text, interval),
     idemapi.idem_consume_token(text, text),
@@ -144,6 +145,7 @@ GRANT $R_USER TO $R_ADMIN;
 GRANT EXECUTE ON FUNCTION
     idemapi.idem_forget(text, text),
     idemapi.idem_configure(text, interval),
+    idemapi.idem_configure(text, interval, text),
     idemapi.idem_define_machine(text, jsonb),
     idemapi.idem_maintain(),
     idemapi.idem_schedule_maintenance(text)

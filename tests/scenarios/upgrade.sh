@@ -65,6 +65,11 @@ SQL
   if [ "$has_owner" = 1 ]; then
     psql_idem -q -d "$db" -c "SELECT idem_configure('owned', '5 hours')" -c "SELECT idem_set_owner('owned', 'upgrade_owner')" >/dev/null
   fi
+  # An operator's grant of idem_configure(biz_type, ttl), and a hardened
+  # idem_checkpoint (PUBLIC revoked, one role granted).
+  psql_idem -q -d "$db" -c "GRANT EXECUTE ON FUNCTION idem_configure(text, interval) TO upgrade_stranger" \
+    -c "REVOKE EXECUTE ON FUNCTION idem_checkpoint(text, text, text, jsonb, text) FROM PUBLIC" \
+    -c "GRANT EXECUTE ON FUNCTION idem_checkpoint(text, text, text, jsonb, text) TO upgrade_member"
   psql_idem -q -d "$db" -c "ALTER EXTENSION idem UPDATE"
   out=$(psql_idem -At -d "$db" <<'SQL'
 SELECT 'version=' || extversion FROM pg_extension WHERE extname = 'idem';
@@ -105,6 +110,21 @@ SQL
     [ "$member" = t ] || { echo "FAIL: the owner's member could not claim after the upgrade: $member"; fails=$((fails + 1)); }
   fi
 
+  # 0.4.0's idem_configure(biz_type, ttl, on_failure) is granted to the
+  # roles granted the two-argument form; under the retry policy the claim
+  # idem_fail refused before the update is claimed anew.
+  retried=$(psql_idem -At -d "$db" -c "SET ROLE upgrade_stranger" -c "SELECT idem_configure('pay', '3 days', 'retry')" \
+              -c "RESET ROLE" -c "SELECT claimed || '/' || (result->>'attempt') || '/' || (result->'previous_error')::text FROM idem_claim('refused', 'pay')" 2>&1 | tail -1)
+  echo "  granted on_failure, refused claim retried: $retried"
+  [ "$retried" = 'true/2/{"reason": "card declined"}' ] || { echo "FAIL: configure with on_failure by a role granted idem_configure before the upgrade, then a retry: $retried"; fails=$((fails + 1)); }
+  # The new idem_checkpoint form has the old one's privileges.
+  merge_acl=$(psql_idem -At -d "$db" -c "SELECT has_function_privilege('public', 'idem_checkpoint(text, text, text, jsonb, text, boolean)', 'EXECUTE')
+                                                || '/' || has_function_privilege('upgrade_member', 'idem_checkpoint(text, text, text, jsonb, text, boolean)', 'EXECUTE')")
+  echo "  idem_checkpoint with merge, PUBLIC/granted role: $merge_acl"
+  [ "$merge_acl" = false/true ] || { echo "FAIL: idem_checkpoint with merge after a hardened idem_checkpoint: $merge_acl"; fails=$((fails + 1)); }
+  psql_idem -q -d "$db" -c "REVOKE EXECUTE ON FUNCTION idem_configure(text, interval), idem_configure(text, interval, text) FROM upgrade_stranger" \
+    -c "REVOKE EXECUTE ON FUNCTION idem_checkpoint(text, text, text, jsonb, text), idem_checkpoint(text, text, text, jsonb, text, boolean) FROM upgrade_member" \
+    -c "UPDATE pg_proc SET proacl = NULL WHERE proname = 'idem_checkpoint'"  # the default ACL again, as a fresh install has it (no GRANT restores NULL)
   psql_idem -At -d "$db" -f "$ROOT/tests/upgrade/schema.sql" > "$work/upgraded-$old.txt"
   if diff -u "$work/fresh.txt" "$work/upgraded-$old.txt" > "$work/diff-$old.txt"; then
     echo "schema after $old → $current equals a fresh $current install"

@@ -26,7 +26,7 @@ SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer,
   JOIN pg_extension e ON e.oid = d.refobjid
  WHERE e.extname = 'idem'
    AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_lookup', 'idem_forget', 'idem_configure')
- ORDER BY p.proname;
+ ORDER BY p.proname, p.pronargs;
 
 -- Storage: schema idem, no rights for PUBLIC.
 SELECT has_schema_privilege('public', 'idem', 'USAGE') AS public_usage,

@@ -131,17 +131,18 @@ SELECT regexp_replace(pg_temp.try($$SELECT idem_claim('dmg-1', 'dmg')$$), 'damag
 --     restored) admits superusers only and is named in the message.
 SELECT idem_configure('own.res', '1 hour');
 SELECT idem_set_owner('own.res', 'regress_idem_payments');
-GRANT EXECUTE ON FUNCTION idem_configure(text, interval), idem_set_owner(text, regrole) TO regress_idem_mallory, regress_idem_alice;
+GRANT EXECUTE ON FUNCTION idem_configure(text, interval), idem_configure(text, interval, text), idem_set_owner(text, regrole) TO regress_idem_mallory, regress_idem_alice;
 SET ROLE regress_idem_mallory;
 SELECT pg_temp.try($$SELECT idem_configure('own.res', '1 second')$$);
+SELECT pg_temp.try($$SELECT idem_configure('own.res', '1 hour', 'retry')$$);
 SELECT pg_temp.try($$SELECT idem_set_owner('own.res', 'regress_idem_mallory')$$);
 SELECT pg_temp.try($$SELECT idem_configure('own.open', '2 hours')$$);
 RESET ROLE;
-SELECT biz_type, to_char(ttl, 'HH24:MI:SS') AS ttl, owner FROM idem.biz_types WHERE biz_type IN ('own.res', 'own.open') ORDER BY 1;
+SELECT biz_type, to_char(ttl, 'HH24:MI:SS') AS ttl, owner, on_failure FROM idem.biz_types WHERE biz_type IN ('own.res', 'own.open') ORDER BY 1;
 SET ROLE regress_idem_alice;
 SELECT pg_temp.try($$SELECT idem_configure('own.res', '3 hours')$$);
 RESET ROLE;
-REVOKE EXECUTE ON FUNCTION idem_configure(text, interval), idem_set_owner(text, regrole) FROM regress_idem_mallory, regress_idem_alice;
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval), idem_configure(text, interval, text), idem_set_owner(text, regrole) FROM regress_idem_mallory, regress_idem_alice;
 CREATE ROLE regress_idem_gone NOLOGIN;
 GRANT regress_idem_gone TO regress_idem_alice;
 SELECT idem_set_owner('own.gone', 'regress_idem_gone');
