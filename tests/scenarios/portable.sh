@@ -62,9 +62,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 # The private server's port: 5546 on 15, and a port of its own on each other
 # major (major_port in scripts/lib.sh: 5646 on 16). The server
-# listens on a socket in this major's cluster folder only, but
-# tests/portable/pooler.sh puts PgBouncer on 127.0.0.1:PORT+1000, and
-# scripts/test.sh runs the majors side by side. PORTABLE_PORT picks another.
+# listens on a socket in this major's cluster folder and on 127.0.0.1:PORT
+# (one check of step 1 connects over TCP), tests/portable/pooler.sh puts
+# PgBouncer on 127.0.0.1:PORT+1000, and scripts/test.sh runs the majors
+# side by side. PORTABLE_PORT picks another.
 PORT="${PORTABLE_PORT:-$(major_port 5546)}"
 # The private server is of the same major as PG_CONFIG's
 # (tests/portable/tree.sh), compared with the native edition on the suite's
@@ -100,7 +101,8 @@ fi
 
 pc_initdb "$TLE_BIN" "$dir" "$PORT" \
   "max_prepared_transactions = 10" \
-  "max_connections = 60"
+  "max_connections = 60" \
+  "listen_addresses = '127.0.0.1'"
 # pg_cron where the private tree has it; its jobs run in background workers
 # (no connection over the network, which this server does not listen on).
 CRON_DB=portable_cron
@@ -163,6 +165,40 @@ check "pg_tle: every view reads" "idem_health idem_leases idem_maintenance idem_
   "$(for v in $(psql_as tle_admin tle_smoke -Atc "SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.objid = c.oid AND d.deptype = 'e'
        JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idem' WHERE c.relkind = 'v' AND c.relname LIKE 'idem\_%' ORDER BY 1"); do
        psql_as tle_admin tle_smoke -Atc "SELECT count(*) FROM $v" >/dev/null && printf '%s ' "$v"; done | sed 's/ $//')"
+
+# A session connected over TCP skips the look at pg_stat_get_activity in
+# idem.require_writable (a parallel worker has no client port): the calls
+# its parallel workers make are still refused, and only the leader's claim
+# is written.
+check "pg_tle, over TCP: calls in parallel workers refused (25000), the leader's claim kept" \
+  "t|t|25000|25000|25000|1" "$("$TLE_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PORT" -U tle_admin -d tle_smoke -At <<'SQL' | paste -sd '|'
+CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END $$;
+CREATE FUNCTION pg_temp.claim_in_worker(k text) RETURNS text PARALLEL SAFE LANGUAGE sql
+    AS $$ SELECT state FROM idem_claim(k, 'tcp.par') $$;
+CREATE FUNCTION pg_temp.complete_in_worker(k text) RETURNS text PARALLEL SAFE LANGUAGE sql
+    AS $$ SELECT idem_complete(k, 'tcp.par')::text $$;
+SELECT inet_client_port() IS NOT NULL;
+SELECT claimed FROM idem_claim('p-1', 'tcp.par');
+SET max_parallel_workers_per_gather = 2;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+DO $$ BEGIN PERFORM set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
+                                    THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'on', false); END $$;
+SELECT pg_temp.try($$SELECT pg_temp.claim_in_worker('p-2')$$);
+SELECT pg_temp.try($$SELECT pg_temp.claim_in_worker('p-1')$$);
+SELECT pg_temp.try($$SELECT pg_temp.complete_in_worker('p-1')$$);
+DO $$ BEGIN PERFORM set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
+                                    THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'off', false); END $$;
+SELECT count(*) FROM idem_lookup('p-1', 'tcp.par') l, idem_lookup('p-2', 'tcp.par') m
+ WHERE l.state = 'completed' AND m.state = 'absent';
+SQL
+)"
 
 echo "== 2. plain script, as the database owner"
 psql_as postgres postgres -c "CREATE DATABASE plain OWNER plain_owner"
