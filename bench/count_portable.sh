@@ -12,11 +12,27 @@
 # (prepared statements, synchronous_commit off), and the difference over the
 # difference is printed per transaction (the backend's start left out).
 #
-#   bash bench/count_portable.sh [-n N] [REV ...]     # N = 300
+# With --tcp the transactions come from psql over TCP (127.0.0.1, port
+# COUNT_PORT, default 5553) to a server running under callgrind, and only
+# that session's backend is counted: what a client connected over the
+# network costs (a single-user backend, like a Unix-socket client, has no
+# client address; idem.require_writable tells them apart). Autovacuum is
+# off there, as it is in a single-user backend: an ANALYZE during a run
+# would make the session plan its statements again.
+#
+#   bash bench/count_portable.sh [-n N] [--tcp] [REV ...]     # N = 300
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 N=300
-if [ "${1:-}" = -n ]; then N="$2"; shift 2; fi
+TCP=0
+COUNT_PORT="${COUNT_PORT:-5553}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) N="$2"; shift 2 ;;
+    --tcp) TCP=1; shift ;;
+    *) break ;;
+  esac
+done
 N0=$((N / 10))
 [ "$N0" -ge 1 ] || { echo "N must be at least 10" >&2; exit 1; }
 [ $# -gt 0 ] || set -- .
@@ -49,7 +65,19 @@ for name, steps, prefix in (("b1", "EXECUTE d('{k}'); EXECUTE ins('{k}'); ", "b1
 PY
 chown -R postgres "$WORK"
 
-count() {   # instructions of one single-user session running $1.sql
+count() {   # instructions of one session running $1.sql
+  if [ "$TCP" = 1 ]; then
+    local pid f
+    "$PG_BIN/psql" -X -q -At -h 127.0.0.1 -p "$COUNT_PORT" -U postgres -d bench \
+      -c "SELECT pg_backend_pid()" -f "$WORK/$1.sql" > "$WORK/$1.out" 2> "$WORK/$1.log"
+    pid=$(head -1 "$WORK/$1.out")
+    grep -q "ERROR" "$WORK/$1.log" && { echo "$1: an SQL error:" >&2; grep -m3 ERROR "$WORK/$1.log" >&2; exit 1; }
+    # (the backend writes its counts when it exits, after psql has gone)
+    f="$WORK/callgrind.tcp.$pid"
+    for _ in $(seq 600); do grep -q "^totals:" "$f" 2>/dev/null && break; sleep 0.1; done
+    sed -n 's/^totals: *//p' "$f"
+    return
+  fi
   as_postgres valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.$1" \
     "$PG_BIN/postgres" --single -D "$DATA" bench < "$WORK/$1.sql" > "$WORK/$1.log" 2>&1
   grep -q "ERROR" "$WORK/$1.log" && { echo "$1: an SQL error:" >&2; grep -m3 ERROR "$WORK/$1.log" >&2; exit 1; }
@@ -78,11 +106,21 @@ for rev in "$@"; do
     -c "SELECT count(*) FROM generate_series(0, $N) g, LATERAL idem_claim('p-' || lpad(g::text, 30, '0'), 'bench') c" \
     -c "VACUUM ANALYZE" >/dev/null
   as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null
+  if [ "$TCP" = 1 ]; then
+    as_postgres valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$WORK/callgrind.tcp.%p" \
+      "$PG_BIN/postgres" -D "$DATA" -c listen_addresses=127.0.0.1 -c unix_socket_directories="$WORK" \
+      -p "$COUNT_PORT" -c autovacuum=off > "$WORK/server-tcp.log" 2>&1 &
+    for _ in $(seq 600); do "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$COUNT_PORT" && break; sleep 0.2; done
+  fi
   row=()
   for v in b1 i1 i2 i3; do
     long=$(count "$v")
     short=$(count "$v-short")
     row+=($(((long - short) / (N - N0))))
   done
+  if [ "$TCP" = 1 ]; then   # (and wait for valgrind to write its last counts)
+    as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null
+    wait
+  fi
   printf '%-14s %12d %12d %12d %12d\n' "$(git -C "$ROOT" rev-parse --short "${rev/#./HEAD}")$([ "$rev" = . ] && echo '+wt' || true)" "${row[@]}"
 done
