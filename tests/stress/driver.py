@@ -406,11 +406,14 @@ def verifier(run):
     sabotaged = False
     while not run.stop.wait(0.5):
         live = live_acked(run, 0.5, full=False)
-        if args.sabotage and not sabotaged and len(live) > args.sabotage:
+        # (with --long-every, victims among the long claims only: they are
+        # still live at the final check however long the run took)
+        candidates = [v for v in live if v[0].endswith("L")] if args.long_every else live
+        if args.sabotage and not sabotaged and len(candidates) > args.sabotage:
             # Negative control: evict live acknowledged claims behind the
             # clients' backs (idem_forget, the operator's tool). The run
             # must then FAIL; scenarios use it to show the checks can fail.
-            victims = rnd.sample(live, args.sabotage)
+            victims = rnd.sample(candidates, args.sabotage)
             conn.execute("SELECT idem_forget(k, 'stress') FROM unnest(%s::text[]) k", ([v[0] for v in victims],))
             print(f"sabotage: evicted {len(victims)} live acknowledged claims with idem_forget", flush=True)
             sabotaged = True
