@@ -62,6 +62,7 @@ NOT_NAMES = {
     "control": "the control file's name, idem.control",
     "defualt_ttl": "operations.md's example of a misspelt setting that is refused",
     "claims_0_3": "0.3.0's idem.claims while the update to 0.4.0 copies it",
+    "http": "the Java starter's Spring properties, idem.http.* (clients/java/README.md)",
 }
 
 
