@@ -41,12 +41,12 @@ SELECT idem_configure('retry.pay', '1 millisecond', 'retry');  -- 22023
 SELECT count(*) FROM idem.biz_types WHERE biz_type LIKE 'retry.%';
 SELECT idem_configure('retry.pay', '1 hour', 'retry');
 SELECT idem_configure('retry.replay', '1 hour', 'replay');
-SELECT biz_type, ttl, on_failure FROM idem.biz_types WHERE biz_type LIKE 'retry.%' ORDER BY 1;
+SELECT biz_type, extract(epoch FROM ttl) AS ttl_s, on_failure FROM idem.biz_types WHERE biz_type LIKE 'retry.%' ORDER BY 1;
 -- The two-argument form keeps the policy; NULL is replay.
 SELECT idem_configure('retry.pay', '2 hours');
-SELECT biz_type, ttl, on_failure FROM idem.biz_types WHERE biz_type = 'retry.pay';
+SELECT biz_type, extract(epoch FROM ttl) AS ttl_s, on_failure FROM idem.biz_types WHERE biz_type = 'retry.pay';
 SELECT idem_configure('retry.replay', '1 hour', NULL);
-SELECT biz_type, ttl, on_failure FROM idem.biz_types WHERE biz_type = 'retry.replay';
+SELECT biz_type, extract(epoch FROM ttl) AS ttl_s, on_failure FROM idem.biz_types WHERE biz_type = 'retry.replay';
 -- Revoked from PUBLIC, as the two-argument form.
 SELECT p.oid::regprocedure, EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0) AS public_may
   FROM pg_proc p WHERE p.proname = 'idem_configure' ORDER BY 1::text;

@@ -41,7 +41,9 @@ SELECT claimed, state FROM idem_claim('env-2', 'env', ttl => '5 hours');
 -- Maintenance run from such a session drops nothing live and makes whole
 -- hours (in UTC) only.
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT jsonb_array_length(idem_maintain()->'partitions_dropped') AS dropped;
+-- (What it drops depends on the time: partitions of earlier tests' short
+-- TTLs that have ended. The duplicates below show the live claims kept.)
+SELECT jsonb_typeof(idem_maintain()->'partitions_dropped') AS dropped;
 COMMIT;
 SET TimeZone = 'Asia/Jakarta';
 SET timezone_abbreviations = 'Default';
