@@ -803,11 +803,12 @@ $fn$;
 -- @body idem_claim_id
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
     -- src/key.rs, claim_id: the same bytes (convert_to to the database's
-    -- own encoding: the text's bytes as stored).
+    -- own encoding: the text's bytes as stored). Nothing of schema idem:
+    -- callers have no USAGE on it (idem.us_since_2000 written out).
     SELECT encode(set_byte(set_byte(d, 6, (get_byte(d, 6) & 15) | 128), 8, (get_byte(d, 8) & 63) | 128), 'hex')::uuid
       FROM (SELECT substring(sha256(convert_to(biz_type, getdatabaseencoding()) || decode('00', 'hex')
                                     || convert_to(key, getdatabaseencoding()) || decode('00', 'hex')
-                                    || int8send(idem.us_since_2000(first_claimed_at))) FROM 1 FOR 16) AS d) s
+                                    || int8send((extract(epoch FROM first_claimed_at - timestamptz '2000-01-01 00:00:00+00') * 1000000)::bigint)) FROM 1 FOR 16) AS d) s
 $fn$;
 -- @end
 

@@ -73,6 +73,7 @@ run_checks() { # db installer
   want ok $OTHER "$db" "SELECT idem_claim('b3', 'priv.job', lease => '1 minute'); SELECT idem_checkpoint('b3', 'priv.job', 's', '{}');
                          SELECT idem_complete('b3', 'priv.job')" "$tag"
   expect "${tag}as $OTHER: lookup" "$(answer $OTHER "$db" "SELECT state FROM idem_lookup('b2', 'priv.pay')")" failed
+  expect "${tag}as $OTHER: the claim id" "$(answer $OTHER "$db" "SELECT idem_claim_id('b2', 'priv.pay', first_claimed_at) = idem_claim_id('b2', 'priv.pay', first_claimed_at) FROM idem_lookup('b2', 'priv.pay')")" t
   expect "${tag}as $OTHER: a token spent once" \
     "$(answer $OTHER "$db" "SELECT idem_consume_token(t, 'priv.form'), idem_consume_token(t, 'priv.form') FROM idem_issue_token('priv.form') t")" "t|f"
   want ok $OTHER "$db" "CREATE TABLE priv_orders (id int PRIMARY KEY, status text); INSERT INTO priv_orders VALUES (1, 'CREATED'), (2, 'SHIPPED');
