@@ -53,7 +53,11 @@ $$;
 DO $$
 BEGIN
     IF idem.citus_node() IS DISTINCT FROM 'worker' THEN
-        ALTER TABLE idem.biz_types ADD COLUMN on_failure text CHECK (on_failure IN ('replay', 'retry'));
+        -- (column and constraint apart, the constraint named as CREATE TABLE
+        -- names it: Citus refuses a column added with an unnamed constraint
+        -- on its reference table)
+        ALTER TABLE idem.biz_types ADD COLUMN on_failure text;
+        ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_on_failure_check CHECK (on_failure IN ('replay', 'retry'));
     END IF;
 END
 $$;
@@ -953,7 +957,7 @@ WITH s AS (
     -- claims look into the most partitions: idem.claims, the default
     -- partition, idem.type_classes and idem.biz_types (with their indexes),
     -- and each partition of the type's classes that can hold a live claim,
-    -- with its index (docs/design.md §1: at most 7 + 2 × 3 × 8 = 55 while
+    -- with its index (docs/design.md §1: at most 7 + 2 x 3 x 8 = 55 while
     -- maintenance keeps up).
     -- Under Citus a claim on a worker reads no registrations: it looks
     -- into every class's partitions that can hold a claim made until now
@@ -963,7 +967,9 @@ WITH s AS (
     -- 8 more: idem.key_gates and its key, and the catalogs its SQL reads
     -- (pg_roles, pg_authid with two indexes, pg_db_role_setting with one).
     SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN to_regclass('idem.key_gates') IS NULL THEN 7 ELSE 15 END AS locks,
+           + CASE WHEN EXISTS (SELECT FROM pg_class g JOIN pg_namespace n ON n.oid = g.relnamespace
+                               WHERE n.nspname = 'idem' AND g.relname = 'key_gates')
+                  THEN 15 ELSE 7 END AS locks,
            CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n

@@ -16,6 +16,9 @@ SELECT idem.key_hash('payment', 'req-42') = x'a92dbefcb3a3fdeb'::bigint AS pinne
 -- The key lock: the key's gate row (idem.key_gates), whose writer is this
 -- transaction and which names the claim version it wrote; nothing in
 -- pg_locks names the key (no advisory lock, no lock-table entry per key).
+-- (The type's first claim, committed first: a claim that adds a TTL class
+-- to its type holds one advisory lock on the type, never one per key.)
+SELECT claimed FROM idem_claim('lock-0', 'pe');
 BEGIN;
 SELECT claimed FROM idem_claim('lock-1', 'pe');
 SELECT g.writer = pg_current_xact_id() AS gate_is_ours, g.part = c.tableoid AND g.tid = c.ctid AS gate_names_the_claim
