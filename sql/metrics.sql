@@ -224,9 +224,7 @@ WITH s AS (
     -- 8 more: idem.key_gates and its key, and the catalogs its SQL reads
     -- (pg_roles, pg_authid with two indexes, pg_db_role_setting with one).
     SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN EXISTS (SELECT FROM pg_class g JOIN pg_namespace n ON n.oid = g.relnamespace
-                               WHERE n.nspname = 'idem' AND g.relname = 'key_gates')
-                  THEN 15 ELSE 7 END AS locks,
+           + CASE WHEN e.portable THEN 15 ELSE 7 END AS locks,
            CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
@@ -236,7 +234,12 @@ WITH s AS (
            (SELECT idem.is_distributed('idem.claims') AS citus,
                    count(*) FILTER (WHERE NOT b.is_default
                                       AND b.range_from <= now() + idem.class_max_ttl(b.ttl_class) + idem.class_width(b.ttl_class)) AS n
-              FROM idem.partition_bounds b) c
+              FROM idem.partition_bounds b) c,
+           -- (from the catalogs, which every role reads: to_regclass on
+           -- schema idem needs USAGE; and in FROM, where Citus plans it)
+           (SELECT count(*) > 0 AS portable
+              FROM pg_class g JOIN pg_namespace n ON n.oid = g.relnamespace
+             WHERE n.nspname = 'idem' AND g.relname = 'key_gates') e
 ), d AS (
     SELECT idem.default_partition_rows(10000) AS n
 ), l AS (

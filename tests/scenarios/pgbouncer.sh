@@ -247,7 +247,7 @@ for ex in python node rust java; do
   echo "== example $ex through PgBouncer (transaction mode, pool_size 2) =="
   t0=$(date +%s%N)
   if IDEM_HOST="$dir" IDEM_PORT=$PG_PORT IDEM_CLIENT_HOST=127.0.0.1 IDEM_CLIENT_PORT=$TX_PORT \
-      bash "$ROOT/tests/scenarios/examples.sh" "$ex" > "$out/example-$ex.log" 2>bash "$ROOT/tests/scenarios/examples_$ex.sh" > "$out/example-$ex.log" 2>&1; then1; then
+      bash "$ROOT/tests/scenarios/examples.sh" "$ex" > "$out/example-$ex.log" 2>&1; then
     status=0
   else
     status=1
