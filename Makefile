@@ -1,5 +1,5 @@
 # make && make install, the way PGXS extensions build, which is what
-# `pgxn install idem` runs (tests/scenarios/pgxn.sh runs it). idem is written
+# `pgxn install idem` runs (tests/scenarios/packaging.sh pgxn runs it). idem is written
 # in Rust: this drives cargo-pgrx, which must be installed first, with a
 # Rust toolchain (1.89 or newer; rustup):
 #   cargo install cargo-pgrx --version 0.18.1 --locked

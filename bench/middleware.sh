@@ -34,7 +34,7 @@
 # and synchronous_commit = off like the project's other benchmarks' default
 # runs (a commit does not wait for the WAL flush: the numbers are CPU and
 # round trips, not the disk). Packages as users get them: idem-http's wheel
-# in a fresh venv (wheelhouse of scripts/setup.d/80-middleware-python.sh,
+# in a fresh venv (wheelhouse of scripts/setup.sh --tool middleware_python,
 # plus psycopg-pool and pyinstrument from PyPI, kept in .venv-wheels/
 # middleware-bench), idem-pg by npm pack + npm install with express and pg.
 # --profile: after the rounds, one more run of a and c each under pyinstrument
@@ -55,7 +55,7 @@ source "$ROOT/tests/lib/cluster.sh"
 #
 # Its own PostgreSQL 15 cluster (port 5592, BENCH_MW_GO_PORT), unix socket
 # only, fsync on and synchronous_commit = off as for Python and Node.
-# Modules from the cache of scripts/setup.d/80-middleware-go.sh.
+# Modules from the cache of scripts/setup.sh --tool middleware_go.
 bench_go() {
   source "$ROOT/tests/lib/go.sh"
   PG_PORT=${BENCH_MW_GO_PORT:-5592}
@@ -69,7 +69,7 @@ bench_go() {
   trap stop_all EXIT
   PC_DIR=$dir
   stop_all
-  bash "$ROOT/scripts/setup.d/80-middleware-go.sh"
+  bash "$ROOT/scripts/setup.sh" --tool middleware_go
   go_env
   work=$(mktemp -d /tmp/middleware-go-bench.XXXXXX)
   (cd "$ROOT/clients/go/test" && go build -o "$work/bench" ./bench)
@@ -137,7 +137,7 @@ echo "load average at start: $load_start"
 echo "rounds $ROUNDS, $REQUESTS requests per run, $CONCURRENCY connections, warm-up $WARMUP per variant"
 
 # ---- Python: idem-http's wheel in a fresh venv ----------------------------------
-bash "$ROOT/scripts/setup.d/80-middleware-python.sh"
+bash "$ROOT/scripts/setup.sh" --tool middleware_python
 say "idem-http: wheel, fresh venv (FastAPI, uvicorn, psycopg, psycopg-pool)"
 venv="$work/venv"
 python3 -m venv "$venv"

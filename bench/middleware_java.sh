@@ -14,7 +14,7 @@
 #
 # Its own PostgreSQL 15 cluster (port 5445, BENCH_MW_JAVA_PORT), unix
 # socket only, fsync on and synchronous_commit = off as the other
-# middleware benchmarks. Maven's repository from scripts/setup.d/85-java.sh.
+# middleware benchmarks. Maven's repository from scripts/setup.sh --tool java.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 PG_PORT=${BENCH_MW_JAVA_PORT:-5445}

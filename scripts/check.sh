@@ -35,7 +35,7 @@ fi
 source "$ROOT/tests/lib/regress.sh"
 
 # The schedules of the path (those scripts/test.sh and
-# tests/scenarios/storage_sql.sh run); a test named on the command line runs
+# tests/scenarios/hardening.sh storage_sql run); a test named on the command line runs
 # from whichever schedule holds it, each schedule in a database of its own
 # (with the extension created first).
 in_schedule() { # schedule-file: its tests that were asked for (all if none)

@@ -133,12 +133,12 @@ client_host() { echo "${IDEM_CLIENT_HOST:-${IDEM_HOST:-$(cluster_dir)}}"; }
 client_port() { echo "${IDEM_CLIENT_PORT:-$IDEM_PORT}"; }
 
 # Python for the project's drivers and examples: a venv under the project
-# (Debian 12's system Python refuses pip installs), made by setup.d/10-python.sh.
+# (Debian 12's system Python refuses pip installs), made by setup.sh --tool python.
 IDEM_VENV="$ROOT/.venv$IDEM_OS_SUFFIX"
 IDEM_PY="$IDEM_VENV/bin/python"
 
 # Maven for clients/java: its own repository cache, filled by
-# scripts/setup.d/85-java.sh; tests run offline from it.
+# scripts/setup.sh --tool java; tests run offline from it.
 IDEM_MAVEN_REPO="${IDEM_MAVEN_REPO:-/var/cache/idem/m2}"
 mvn_idem() { mvn -B -Dmaven.repo.local="$IDEM_MAVEN_REPO" "$@"; }
 # The Kafka broker's jars (clients/java/it/kafka-broker/pom.xml's version), for java_spring.sh.

@@ -4,8 +4,7 @@
 # skipped when already done.
 #   bash scripts/setup.sh            what building and running idem needs (the demo's part)
 #   bash scripts/setup.sh --tests    also the test suite's tools: TEST_TOOLS below
-#   bash scripts/setup.sh --tool NAME...   only these tools (a tool_NAME below, or a
-#                                    file of scripts/setup.d/), nothing else
+#   bash scripts/setup.sh --tool NAME...   only these tools (a tool_NAME below), nothing else
 # Not installed here: a Rust toolchain (rustup, https://rustup.rs), Rust
 # 1.89 or newer to build (idem's locked dependencies need it), 1.95 or newer
 # for the tests (pgrx-tests' sysinfo); checked first.
@@ -16,17 +15,15 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # The test suite's own tools (language drivers, toolchains, exporters), in
-# this order, each idempotent: a tool_NAME function here, or a file of
-# scripts/setup.d/. The core suite that runs on the other majors
-# (scripts/test.sh, IDEM_SUITE=core) needs only Python and ps.
-TEST_TOOLS=(10-python.sh stress examples 50-pgbouncer.sh monitoring pgxn 80-middleware-go.sh middleware_node
-            80-middleware-python.sh 85-java.sh)
-CORE_TOOLS=(10-python.sh stress)
-run_tool() { case "$1" in *.sh) bash "$ROOT/scripts/setup.d/$1" ;; *) "tool_${1//-/_}" ;; esac; }
+# this order, each idempotent: a tool_NAME function here. The core suite
+# that runs on the other majors (scripts/test.sh, IDEM_SUITE=core) needs only Python and ps.
+TEST_TOOLS=(python stress examples pgbouncer monitoring pgxn middleware_go middleware_node middleware_python java)
+CORE_TOOLS=(python stress)
+run_tool() { "tool_${1//-/_}"; }
 
 # The crash and failover tests (tests/lib/cluster.sh) find a postmaster's
 # children with ps, which minimal Debian images lack. (amcheck and
-# pg_basebackup come with postgresql-15; psycopg with 10-python.sh.)
+# pg_basebackup come with postgresql-15; psycopg with tool_python.)
 tool_stress() (
   if ! dpkg-query -W -f='${Status}' procps 2>/dev/null | grep -q "install ok installed"; then
     say "installing procps (ps, for the crash and failover tests)"
@@ -38,7 +35,7 @@ tool_stress() (
 # tests/scenarios/examples_*.sh): Node.js with npm and the `pg` package,
 # a JDK with Debian's PostgreSQL JDBC driver, the Rust example (built with
 # its pinned crates).
-# Python's psycopg comes with the venv (10-python.sh). Each step is skipped
+# Python's psycopg comes with the venv (tool_python). Each step is skipped
 # when already done.
 tool_examples() (
   apt_missing=()
@@ -71,7 +68,7 @@ tool_examples() (
   # must not be reused; see lib.sh)
   (cd "$rust_dir" && cargo build --locked --quiet --target-dir "$rust_dir/target$IDEM_OS_SUFFIX")
 )
-# For tests/scenarios/prometheus.sh, dashboard.sh and sql_exporter.sh: Debian's
+# For tests/scenarios/monitoring.sh (prometheus, dashboard, sql_exporter): Debian's
 # prometheus-postgres-exporter (0.11.1), curl to scrape it, PyYAML to read
 # the queries file. The package enables its own service on a machine with
 # systemd (on :9187, for a local PostgreSQL); the scenario neither needs nor
@@ -87,7 +84,7 @@ tool_monitoring() (
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 )
-# For tests/scenarios/pgxn.sh: Debian's PGXN client (pgxnclient 1.3), which
+# For tests/scenarios/packaging.sh pgxn: Debian's PGXN client (pgxnclient 1.3), which
 # `pgxn install`s idem from a distribution zip with the Makefile, and unzip,
 # which the test lists the zip with (not on a minimal Debian 12).
 tool_pgxn() (
@@ -105,7 +102,7 @@ tool_pgxn() (
 # types for the .d.ts check; clients/node/test/package.json), fetched once
 # into npm's cache, so that the scenario's `npm install --prefer-offline`
 # in a fresh folder needs no network. Node.js and npm come from
-# tool_examples, PgBouncer from setup.d/50-pgbouncer.sh. Skipped when the cache
+# tool_examples, PgBouncer from tool_pgbouncer. Skipped when the cache
 # already holds what that package.json asks for.
 tool_middleware_node() (
   spec="$ROOT/clients/node/test/package.json"
@@ -119,6 +116,138 @@ tool_middleware_node() (
     rm -rf "$scratch"
     mkdir -p "$stamp_dir"
     touch "$stamp"
+  fi
+)
+
+# A Python venv with the client driver (psycopg 3 from PyPI) and the
+# property-testing library, for the stress driver, fuzz tests and examples.
+tool_python() (
+  PY_PACKAGES=("psycopg[binary]==3.2.*" "hypothesis==6.*")
+  if [ ! -x "$IDEM_PY" ]; then
+    say "creating the Python venv in $IDEM_VENV"
+    python3 -m venv "$IDEM_VENV"
+  fi
+  if ! "$IDEM_PY" -c "import psycopg, hypothesis" 2>/dev/null; then
+    say "installing Python packages: ${PY_PACKAGES[*]}"
+    "$IDEM_PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
+)
+# PgBouncer (Debian 12's package, 1.18) for tests/scenarios/pgbouncer.sh,
+# which runs its own PgBouncer on loopback in front of its own cluster. On a
+# machine with systemd, the package also enables its own service on
+# 127.0.0.1:6432; the scenario neither needs nor touches it.
+tool_pgbouncer() (
+  if [ ! -x /usr/sbin/pgbouncer ]; then
+    say "installing pgbouncer (Debian package, for the pooler scenario)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null
+  fi
+)
+# What tests/scenarios/middleware_go.sh needs: a Go toolchain (GO_MIN or
+# newer, tests/lib/go.sh) and the modules of the Go client (clients/go:
+# pgx) and of its test servers (clients/go/test: chi, echo, gin), downloaded
+# from the Go module proxy once into /var/cache/idem/go/mod, so that the
+# scenario builds offline (GOPROXY=off). A machine without a new enough Go
+# gets Debian's (1.19), which only fetches the toolchain module that the go
+# command itself would take from the proxy; that one is used from then on.
+# Skipped when the cache already holds what both go.sum files name.
+tool_middleware_go() (
+  source "$ROOT/tests/lib/go.sh"
+
+  go_env online
+  if ! go_new_enough; then
+    if ! command -v go >/dev/null; then
+      say "installing Debian's Go, to fetch a newer toolchain with"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+    fi
+    say "fetching the Go toolchain module golang.org/toolchain@$GO_TOOLCHAIN from the Go module proxy"
+    mkdir -p "$GO_CACHE_DIR"
+    dir=$(cd /tmp && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json "golang.org/toolchain@$GO_TOOLCHAIN" |
+          sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -n "$dir" ] && [ -f "$dir/bin/go" ] || { echo "the toolchain module did not unpack" >&2; exit 1; }
+    # (the module cache is read-only and keeps no execute bits; the go
+    # command sets them the same way when it switches toolchains)
+    chmod -R u+w "$dir" && chmod +x "$dir"/bin/* "$dir"/pkg/tool/*/*
+    echo "$dir" > "$GO_CACHE_DIR/goroot"
+    go_env online
+    go_new_enough || { echo "the toolchain in $dir is not Go $GO_MIN or newer" >&2; exit 1; }
+  fi
+
+  stamp="$GO_CACHE_DIR/.complete-$(cat "$ROOT/clients/go/go.sum" "$ROOT/clients/go/test/go.sum" | sha256sum | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    say "downloading the Go client's modules (pgx, chi, echo, gin) into $GO_CACHE_DIR/mod"
+    (cd "$ROOT/clients/go" && go mod download)
+    (cd "$ROOT/clients/go/test" && go mod download)
+    touch "$stamp"
+  fi
+)
+# What tests/scenarios/middleware_python.sh needs: the wheels of the web
+# frameworks the idem-http package integrates with (FastAPI, Starlette,
+# uvicorn, Django, SQLAlchemy), of its client (httpx), of psycopg 3 and of
+# the build backend (setuptools), downloaded from PyPI once into a local
+# wheelhouse. The scenario then builds idem-http's wheel and installs it,
+# with these, into a fresh venv of its own, offline (pip --no-index
+# --find-links), exactly as a user's `pip install` would.
+# Skipped when the wheelhouse already holds every requirement.
+tool_middleware_python() (
+  MW_WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
+  MW_REQUIREMENTS=("psycopg[binary]==3.2.*" "psycopg-pool==3.2.*" "fastapi==0.115.*" "starlette" "uvicorn==0.32.*"
+                   "Django==5.1.*" "SQLAlchemy==2.0.*" "httpx==0.27.*"
+                   "setuptools>=69" "wheel" "build==1.2.*" "mypy==1.13.*")
+  stamp="$MW_WHEELHOUSE/.complete-$(printf '%s\n' "${MW_REQUIREMENTS[@]}" | md5sum | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    say "downloading the middleware scenario's wheels into $MW_WHEELHOUSE"
+    mkdir -p "$MW_WHEELHOUSE"
+    # (the project venv's pip: tool_python made it; Debian's python3 may have none)
+    "$IDEM_PY" -m pip download -q --disable-pip-version-check --only-binary=:all: \
+      -d "$MW_WHEELHOUSE" "${MW_REQUIREMENTS[@]}"
+    touch "$stamp"
+  fi
+)
+# For tests/scenarios/java_spring.sh: Maven, and every artifact the build
+# of clients/java needs under Spring Boot 3.5 and 4.0 (Spring Boot,
+# Hibernate, pgJDBC, JUnit, Maven's
+# plugins and Surefire's JUnit provider, spring-kafka) fetched from Maven
+# Central into $IDEM_MAVEN_REPO (lib.sh), so that the scenario builds
+# offline; and the jars of the Kafka broker the scenario runs (kafka_2.13,
+# KRaft) copied into $IDEM_KAFKA_LIBS. The JDK
+# comes from tool_examples. Skipped when that repository already served
+# these pom files.
+tool_java() (
+  command -v mvn >/dev/null || {
+    say "installing Maven"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends maven >/dev/null
+  }
+
+  src="$ROOT/clients/java"
+  stamp="$IDEM_MAVEN_REPO/.idem-stamps/$(cat "$src"/pom.xml "$src"/*/pom.xml | sha256sum | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    say "filling Maven's repository for clients/java ($IDEM_MAVEN_REPO)"
+    scratch=$(mktemp -d /tmp/java-setup.XXXXXX)
+    tar -C "$src" --exclude=target -cf - . | tar -C "$scratch" -xf -
+    # The whole build with the starter's database-free test (that resolves
+    # Surefire's provider); the application test needs a database and is
+    # left out here (no test of that name matches in its module).
+    # Both Spring Boot lines the scenario builds (JAVA_BOOT_VERSIONS there).
+    for boot in 3.5.7 4.0.7; do
+      if ! (cd "$scratch" && mvn_idem -q clean verify -Dspring-boot.version=$boot -Dtest=OutsideTransactionTest \
+              -Dsurefire.failIfNoSpecifiedTests=false) > "$scratch.log" 2>&1; then
+        tail -40 "$scratch.log"; rm -rf "$scratch" "$scratch.log"; exit 1
+      fi
+    done
+    rm -rf "$scratch" "$scratch.log"
+    mkdir -p "$(dirname "$stamp")"
+    touch "$stamp"
+  fi
+
+  if [ ! -f "$IDEM_KAFKA_LIBS/.complete" ]; then
+    say "fetching the Kafka broker's jars ($IDEM_KAFKA_LIBS)"
+    rm -rf "$IDEM_KAFKA_LIBS"
+    mvn_idem -q -f "$src/it/kafka-broker/pom.xml" dependency:copy-dependencies -DoutputDirectory="$IDEM_KAFKA_LIBS" \
+      || { rm -rf "$IDEM_KAFKA_LIBS"; exit 1; }
+    touch "$IDEM_KAFKA_LIBS/.complete"
   fi
 )
 
@@ -234,11 +363,6 @@ if [ $tests = 1 ]; then
   tools=("${TEST_TOOLS[@]}")
   [ "${IDEM_SUITE:-full}" != core ] || tools=("${CORE_TOOLS[@]}")
   for t in "${tools[@]}"; do run_tool "$t"; done
-  # (a file of scripts/setup.d/ not listed above runs too, last)
-  for f in "$ROOT"/scripts/setup.d/*.sh; do
-    [ -e "$f" ] && [ "${IDEM_SUITE:-full}" != core ] || continue
-    printf '%s\n' "${TEST_TOOLS[@]}" | grep -qx "$(basename "$f")" || bash "$f"
-  done
 fi
 
 step "building and installing the extension (release build)"

@@ -90,8 +90,7 @@ if [ "$IDEM_SUITE" = full ] && [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
 fi
 ! wanted regress || { say "pg_regress: SQL API (make installcheck-regress)"; run_suite regress; }
 ! wanted isolation || { say "pg_isolation_regress: concurrency (make installcheck-isolation)"; run_suite isolation; }
-for t in "$ROOT"/tests/scenarios/*.sh; do
-  name=$(basename "$t" .sh)
+for name in $(scenario_names); do
   wanted "$name" || continue
   if [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; then continue; fi
   [ ${#lane[@]} = 0 ] || ! in_list "$name" "${lane[@]}" || continue

@@ -1,7 +1,7 @@
 //! Every error idem's Rust code raises, each with its SQLSTATE. The README's
 //! SQLSTATE table is this enum written out, plus the codes the PL/pgSQL parts
 //! raise (ID002 illegal transition, P0002 no such row, 42703, ...);
-//! tests/scenarios/sqlstates.sh checks the table against both.
+//! tests/scenarios/hardening.sh sqlstates checks the table against both.
 //!
 //! Keys appear in messages with their exact bytes (they are text in the
 //! database's encoding, which is what a message must be in), never through

@@ -12,8 +12,9 @@ letter):
   (`scripts/test.sh`, `tests/scenarios/examples_*.sh`) matches a file;
   paths the tree generates (`dist/`, `target/`, `bench/out/`) are exempt;
 * every `bash FILE ...` names a file, and, when FILE dispatches on its first
-  argument (`case "${1...`), that argument is one of its cases
-  (`bash scripts/cluster.sh psql`); every `make [VAR=...] TARGET` names a
+  argument (`case "${1...`, or a file of scenarios), that argument is one of
+  its cases (`bash scripts/cluster.sh psql`, `bash tests/scenarios/hardening.sh
+  encodings`); every `make [VAR=...] TARGET` names a
   target of the Makefile;
 * a "Project layout" section's block lists folders and files that
   exist: the top folders, and the files under src/ by indentation.
@@ -72,8 +73,11 @@ def make_targets():
 
 
 def dispatch_cases(script):
-    """The words a script dispatches on (`case "${1:-start}" in` ... `word)`), or None."""
+    """The words a script dispatches on (`case "${1:-start}" in` ... `word)`, or
+    its scenario_NAME functions: tests/lib/scenarios.sh), or None."""
     text = open(script, encoding="utf-8").read()
+    if re.search(r'^scenario_main "\$@"$', text, re.M):
+        return set(re.findall(r"^scenario_([a-z0-9_]+)\(\) \{$", text, re.M))
     m = re.search(r'^case "\$\{?1[^"]*" in\n(.*?)^esac', text, re.M | re.S)
     if not m:
         return None

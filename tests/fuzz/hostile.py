@@ -1,6 +1,6 @@
 """Property and fuzz tests over the arguments of every idem function.
 
-Run by tests/scenarios/hostile_input.sh (which makes the database and reads
+Run by tests/scenarios/hardening.sh hostile_input (which makes the database and reads
 the server log); by hand:
 
     .venv/bin/python tests/fuzz/hostile.py --dsn 'host=... port=5499 user=postgres dbname=hostile_fuzz'

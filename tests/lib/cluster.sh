@@ -128,7 +128,7 @@ pc_until() { # DB SQL [WHAT]
   exit 1
 }
 
-declare -A SESSION_FD SESSION_PID SESSION_SENT
+declare -gA SESSION_FD SESSION_PID SESSION_SENT
 session_open() { # NAME DB
   local fifo="$PC_DIR/$1.in" fd
   rm -f "$fifo" && mkfifo "$fifo"

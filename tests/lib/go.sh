@@ -1,5 +1,5 @@
 # The Go toolchain and module cache of the Go client's test (source it
-# after scripts/lib.sh): scripts/setup.d/80-middleware-go.sh fills the
+# after scripts/lib.sh): scripts/setup.sh --tool middleware_go fills the
 # cache from the Go module proxy; tests/scenarios/middleware_go.sh builds
 # offline from it.
 #   go_env [online]   exports GOROOT's PATH, GOMODCACHE, GOCACHE and, unless

@@ -13,7 +13,9 @@
 #                                    nothing is decided by it
 #   prepare_servers SCRIPT[:ARG]...  tests/servers/SCRIPT [ARG] each, built in the background
 #   run_suite regress|isolation      `make installcheck-NAME` against the private cluster
-#   run_scenario NAME                tests/scenarios/NAME.sh, recorded as scenario/NAME
+#   scenario_names                   every scenario, by name (tests/lib/scenarios.sh)
+#   scenario_file NAME               the file that holds it (nothing if none)
+#   run_scenario NAME                that scenario, recorded as scenario/NAME
 #   run_major LABEL COMMAND...       another major's core suite (test.sh), counted as LABEL/<test>
 #   run_recorded NAME LOG COMMAND... a command that passes or fails as one test
 #   lane_start NAME...               those scenarios one after another in a second lane
@@ -99,10 +101,26 @@ in_list() { # word list...
   printf '%s\n' "$@" | grep -qx -- "$w"
 }
 
+# A scenario is a file tests/scenarios/NAME.sh, or a function scenario_NAME
+# in a file of several (tests/lib/scenarios.sh).
+scenario_names() {
+  local f names
+  for f in "$ROOT"/tests/scenarios/*.sh; do
+    names=$(sed -n 's/^scenario_\([a-z0-9_]*\)() {$/\1/p' "$f")
+    if [ -n "$names" ]; then echo "$names"; else basename "$f" .sh; fi
+  done | sort
+}
+scenario_file() { # name
+  if [ -e "$ROOT/tests/scenarios/$1.sh" ]; then echo "$ROOT/tests/scenarios/$1.sh"; return; fi
+  grep -l "^scenario_$1() {\$" "$ROOT"/tests/scenarios/*.sh 2> /dev/null | head -1 || true
+}
+
 run_scenario() { # name
+  local file
   say "scenario: $1"
   step_started=$SECONDS
-  if bash "$ROOT/tests/scenarios/$1.sh" > "$OUT/scenario-$1.log" 2>&1; then
+  file=$(scenario_file "$1")
+  if [ -n "$file" ] && bash "$file" "$1" > "$OUT/scenario-$1.log" 2>&1; then
     record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s)"
   else record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
   step_done "scenario/$1"
@@ -114,7 +132,7 @@ lane_start() { # name...
   : > "$OUT/lane-b.records"
   (RECORDS="$OUT/lane-b.records"
    step_started=$SECONDS
-   for name in "$@"; do [ ! -e "$ROOT/tests/scenarios/$name.sh" ] || run_scenario "$name"; done
+   for name in "$@"; do [ -z "$(scenario_file "$name")" ] || run_scenario "$name"; done
   ) > "$OUT/lane-b.out" 2>&1 &
   lane_b_pid=$!
 }

@@ -8,7 +8,7 @@ and each dashboard panel has an id, a position and at least one target.
 
     python3 tests/monitoring/check_dashboard.py QUERIES.yaml DASHBOARD.json [SCRAPE.txt]
 
-With a scrape of /metrics (tests/scenarios/prometheus.sh), every metric the
+With a scrape of /metrics (tests/scenarios/monitoring.sh prometheus), every metric the
 dashboard uses must also be in the scrape. Exit status 0 when all holds."""
 import json
 import re

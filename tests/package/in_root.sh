@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run by tests/scenarios/package.sh inside a Debian 12 root that has only
+# Run by tests/scenarios/packaging.sh package inside a Debian 12 root that has only
 # Debian's PostgreSQL 15 (tests/servers/debian-root.sh bookworm, through in-trixie.sh):
 # install idem's package with apt-get as a server's operator would, create
 # the extension from it in a cluster of that PostgreSQL, use it, remove the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session settings against the portable edition, as
-# tests/scenarios/environments.sh runs the native one: the round trip
+# tests/scenarios/hardening.sh environments runs the native one: the round trip
 # (claim, complete, fail, lookup, leases and checkpoints, forget, TTLs from
 # arguments, configured types and idem.default_ttl, tokens, transitions and
 # guards) and every view, tests/portable/environments.sql, first under the

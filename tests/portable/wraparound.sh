@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The portable edition after transaction-id wraparound, on a throw-away
 # cluster of the pg_tle tree (tests/portable/tree.sh) aged on purpose: the
-# counterpart of tests/scenarios/wraparound.sh.
+# counterpart of tests/scenarios/hardening.sh wraparound.
 #
 # SQL shows only a row's raw xmin, which a frozen row keeps; after the
 # 32-bit xid counter wraps, a new transaction (or subtransaction) can be

@@ -73,7 +73,7 @@ if [ "$IDEM_LIB" != "$("$PG_CONFIG" --pkglibdir)" ]; then
   install -m 644 "$IDEM_SHARE"/extension/idem.control \
                  "$IDEM_SHARE"/extension/idem--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 fi
-bash "$ROOT/scripts/setup.d/10-python.sh"
+bash "$ROOT/scripts/setup.sh" --tool python
 
 export CITUS_DB=idem_citus PG_BIN
 CLUSTER="$ROOT/tests/citus/cluster.sh"

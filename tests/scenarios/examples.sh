@@ -5,7 +5,7 @@
 #                                               one line "ok: NAME" or "FAIL: NAME" each
 #   bash tests/scenarios/examples.sh NAME       one of them (java, node, python, rust)
 # Their toolchains and drivers: bash scripts/setup.sh --tool examples (and the
-# Python venv, scripts/setup.d/10-python.sh).
+# Python venv, scripts/setup.sh --tool python).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
 # Shared by the examples: each works in a fresh database $db with idem.

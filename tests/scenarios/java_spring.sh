@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # clients/java (the Spring Boot starter: @Idempotent, and the
 # Idempotency-Key filter of Spring MVC) built offline with Maven from the
-# repository scripts/setup.d/85-java.sh filled, in a copy of the folder,
+# repository scripts/setup.sh --tool java filled, in a copy of the folder,
 # under Spring Boot 3.5 and 4.0, against this scenario's own cluster (port
 # 5441) and PgBouncer in transaction mode in front of it (5442). The build
 # runs the starter's own tests (a call outside a transaction is refused
@@ -41,8 +41,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-command -v mvn >/dev/null || fail "mvn missing: run scripts/setup.d/85-java.sh"
-[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
+command -v mvn >/dev/null || fail "mvn missing: run bash scripts/setup.sh --tool java"
+[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run bash scripts/setup.sh --tool pgbouncer"
 t_start=$(date +%s)
 work=$(mktemp -d /tmp/java_spring.XXXXXX)
 
@@ -60,9 +60,9 @@ pgb_start $PGB_PORT 60
 
 # The Kafka broker: Kafka 4.1 in KRaft mode (one node, broker and
 # controller), its own process, as operators run it; the jars are
-# Maven Central's (scripts/setup.d/85-java.sh). It starts while Maven
+# Maven Central's (scripts/setup.sh --tool java). It starts while Maven
 # builds; KafkaLedgerTest waits until it answers.
-[ -f "$IDEM_KAFKA_LIBS/.complete" ] || fail "no Kafka broker in $IDEM_KAFKA_LIBS: run scripts/setup.d/85-java.sh"
+[ -f "$IDEM_KAFKA_LIBS/.complete" ] || fail "no Kafka broker in $IDEM_KAFKA_LIBS: run bash scripts/setup.sh --tool java"
 mkdir -p "$work/kafka"
 cat > "$work/kafka/server.properties" <<PROPS
 process.roles=broker,controller

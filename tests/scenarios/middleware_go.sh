@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Go client (clients/go: idem.Claim over pgx and database/sql, and the
 # net/http middleware), built offline from the module cache that
-# scripts/setup.d/80-middleware-go.sh filled from the Go module proxy:
+# scripts/setup.sh --tool middleware_go filled from the Go module proxy:
 #   * go vet and go test -race of the package itself (the key field, the
 #     scope, RFC 8785 canonical JSON against the conformance table's pairs,
 #     the stored document; no database);
@@ -47,10 +47,10 @@ PC_DIR=$dir
 stop_all
 fail() { echo "FAIL $*"; exit 1; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
-bash "$ROOT/scripts/setup.d/80-middleware-go.sh"   # a no-op once the module cache is complete
+[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run bash scripts/setup.sh --tool pgbouncer"
+bash "$ROOT/scripts/setup.sh" --tool middleware_go   # a no-op once the module cache is complete
 go_env
-go_new_enough || fail "no Go $GO_MIN or newer: run scripts/setup.d/80-middleware-go.sh"
+go_new_enough || fail "no Go $GO_MIN or newer: run bash scripts/setup.sh --tool middleware_go"
 work=$(mktemp -d /tmp/middleware-go.XXXXXX)
 export TMPDIR=$work   # go test's scratch folders (the test server's binary) are this run's
 rm -rf "$out"

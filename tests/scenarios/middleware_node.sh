@@ -39,7 +39,7 @@ stop_all
 fail() { echo "FAIL $*"; exit 1; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 command -v node >/dev/null || fail "node missing: run bash scripts/setup.sh --tool examples"
-[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run scripts/setup.d/50-pgbouncer.sh"
+[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run bash scripts/setup.sh --tool pgbouncer"
 work=$(mktemp -d /tmp/middleware-node.XXXXXX)
 
 # ---- the cluster and PgBouncer -------------------------------------------------
@@ -71,7 +71,7 @@ t0=$(date +%s%N)
 mkdir -p "$work/pack" "$work/app"
 tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
 echo "npm pack: $tarball ($(tar tzf "$work/pack/$tarball" | paste -sd' '))"
-# What users' projects add, from npm (the machine's npm cache: setup.d/80).
+# What users' projects add, from npm (the machine's npm cache: scripts/setup.sh --tool middleware_node).
 cp "$ROOT/clients/node/test/package.json" "$work/app/package.json"
 (cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
 resolved=$(cd "$work/app" && node -p "require.resolve('idem-pg')")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python middleware package (clients/python, "idem-http") as users get it:
 # its wheel is built and installed into a fresh venv with FastAPI, uvicorn,
-# Django, SQLAlchemy and httpx (from the wheelhouse scripts/setup.d/
-# 80-middleware-python.sh downloaded from PyPI), then three real servers on
+# Django, SQLAlchemy and httpx (from the wheelhouse that `bash scripts/setup.sh
+# --tool middleware_python` downloaded from PyPI), then three real servers on
 # loopback (uvicorn + FastAPI with the ASGI middleware, Django's runserver with
 # its middleware and ATOMIC_REQUESTS, uvicorn + SQLAlchemy sessions) are sent
 # real HTTP requests (httpx) against this scenario's own PostgreSQL cluster
@@ -56,7 +56,7 @@ work=$(mktemp -d /tmp/middleware-python.XXXXXX)
 rm -rf "$out"
 mkdir -p "$out"
 
-bash "$ROOT/scripts/setup.d/80-middleware-python.sh"   # a no-op once the wheelhouse is complete
+bash "$ROOT/scripts/setup.sh" --tool middleware_python   # a no-op once the wheelhouse is complete
 
 # ---- the package, built and installed as a user would ------------------------
 say "building idem-http's wheel and installing it into a fresh venv"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# idem behind a real PgBouncer (Debian's 1.18, scripts/setup.d/50-pgbouncer.sh),
+# idem behind a real PgBouncer (Debian's 1.18, scripts/setup.sh --tool pgbouncer),
 # in transaction mode and in session mode, in front of its own small cluster,
 # with real clients: psql, psycopg 3, pgjdbc, node-postgres, tokio-postgres.
 #   * the lease-stealing attempt with psql: client A takes a lease, client B on the

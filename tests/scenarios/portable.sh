@@ -331,7 +331,7 @@ echo "== 6. after transaction-id wraparound"
 bash "$ROOT/tests/portable/wraparound.sh" || fails=$((fails + 1))
 
 # (PgBouncer: the Debian root of 17 may not have it yet)
-[ -x /usr/sbin/pgbouncer ] || bash "$ROOT/scripts/setup.d/50-pgbouncer.sh"
+[ -x /usr/sbin/pgbouncer ] || bash "$ROOT/scripts/setup.sh" --tool pgbouncer
 PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/pooler.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/pooler.sh"; fails=$((fails + 1)); }
 PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/privileges.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/privileges.sh"; fails=$((fails + 1)); }
 PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/environments.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/environments.sh"; fails=$((fails + 1)); }

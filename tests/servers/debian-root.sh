@@ -8,7 +8,7 @@
 #       not be installed on the host; a debootstrapped root keeps them apart.
 #   bash tests/servers/debian-root.sh bookworm [--host-packages]
 #       Debian 12 with Debian's PostgreSQL 15 and nothing else: a server as
-#       idem's Debian package meets it, for tests/scenarios/package.sh to
+#       idem's Debian package meets it, for tests/scenarios/packaging.sh package to
 #       install the package into for real (apt-get install ./….deb, CREATE
 #       EXTENSION, apt-get remove) without touching the host's PostgreSQL.
 #       Commands run in it with in-trixie.sh, pointed at it:

@@ -6,7 +6,7 @@
 # same time (scripts/test.sh runs the units beside them). The same binaries
 # as the installed server, pg_cron and PL/Proxy included; PostgreSQL finds
 # its folders relative to its programs, so the copy's pg_config names the
-# copy's folders (tests/scenarios/pgxn.sh relies on the same).
+# copy's folders (tests/scenarios/packaging.sh pgxn relies on the same).
 #
 #   PG_CONFIG=$(bash tests/servers/pg15-copy.sh)     ensure it, print its pg_config
 #

@@ -1,7 +1,7 @@
 -- claim_ttl: how long a claim lives. Per-call ttl > idem_configure > idem.default_ttl,
 -- and an expired claim no longer counts. Business types used here: ttl, ttl.*.
 -- (Intervals are printed as seconds: the output must not depend on the
--- session's IntervalStyle; tests/scenarios/environments.sh varies it.)
+-- session's IntervalStyle; tests/scenarios/hardening.sh environments varies it.)
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idem;
 RESET client_min_messages;

@@ -2,7 +2,7 @@
 -- and what they say on a server that does not preload idem (the suite's
 -- cluster): counters off, and how to turn them on. Nothing printed here
 -- depends on the time. The counters themselves, on a cluster that preloads
--- idem: tests/scenarios/metrics.sh.
+-- idem: tests/scenarios/monitoring.sh metrics.
 -- A database of its own: what the suite's other tests leave behind
 -- (partitions, claims, leases, maintenance reports) does not show here.
 SET client_min_messages = warning;

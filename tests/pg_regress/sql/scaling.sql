@@ -1,6 +1,6 @@
 -- scaling: the Citus entry point without Citus, and the storage-access
 -- setting (docs/scaling.md). The SQL path itself is tested by
--- tests/scenarios/storage_sql.sh on a cluster configured with it.
+-- tests/scenarios/hardening.sh storage_sql on a cluster configured with it.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idem;
 RESET client_min_messages;

@@ -1,4 +1,35 @@
 #!/usr/bin/env bash
+# Monitoring: idem's metrics, the Prometheus exporters' queries with real exporters, the Grafana dashboard.
+# One scenario per function: bash tests/scenarios/monitoring.sh NAME (NAME: dashboard, metrics, prometheus, sql_exporter);
+# scripts/test.sh runs each as scenario/NAME (tests/lib/scenarios.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/scenarios.sh"
+
+# The Grafana dashboard (monitoring/idem-dashboard.json) uses only metrics
+# and labels that the postgres_exporter queries file
+# (monitoring/idem-queries.yaml) exports (tests/monitoring/check_dashboard.py),
+# and the checker does catch a dashboard that does not. The live check,
+# against a real exporter's scrape: tests/scenarios/monitoring.sh prometheus.
+scenario_dashboard() {
+check="$ROOT/tests/monitoring/check_dashboard.py"
+queries="$ROOT/monitoring/idem-queries.yaml"
+dashboard="$ROOT/monitoring/idem-dashboard.json"
+work=$(mktemp -d /tmp/idem-dashboard.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+python3 "$check" "$queries" "$dashboard"
+
+# The checker itself: a misspelt metric, and a label its query lacks.
+sed 's/idem_claims_total/idem_claim_total/' "$dashboard" > "$work/bad-metric.json"
+sed 's/sum by (biz_type) (rate(idem_waits_total/sum by (key) (rate(idem_waits_total/' "$dashboard" > "$work/bad-label.json"
+for bad in bad-metric bad-label; do
+  if python3 "$check" "$queries" "$work/$bad.json" > "$work/$bad.out" 2>&1; then
+    echo "FAIL: the checker accepted $bad.json"; exit 1
+  fi
+  echo "the checker refuses $bad.json: $(grep -m1 FAIL "$work/$bad.out")"
+done
+}
+
 # idem_metrics on a cluster that preloads idem (its own, port
 # ${IDEM_METRICS_PORT:-5471}): a known workload, then every counter checked
 # for its exact value. Covers each outcome where the protocol decides it
@@ -9,7 +40,7 @@
 # slots is full, idem_health's metrics check, and that a restart empties
 # the counters. No verdict depends on time: concurrent steps wait for the
 # state they need (pg_stat_activity, the session's own output).
-source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+scenario_metrics() {
 source "$ROOT/tests/lib/assert.sh"
 source "$ROOT/tests/lib/cluster.sh"
 trap pc_stop EXIT
@@ -251,3 +282,240 @@ expect "the duplicate after restart" "$(q m1 "SELECT state FROM idem_claim('p1',
 expect "pay after restart and a duplicate" "$(counters m1 pay)" "1|0|1|0|0|0|0|0|0|0|0|0"
 
 finish "metrics"
+}
+
+# monitoring/idem-queries.yaml with Debian's prometheus-postgres-exporter
+# (0.11.1 on Debian 12), for real: a cluster of its own that preloads idem,
+# listening on 127.0.0.1:${IDEM_PROM_PG_PORT:-5472}; the exporter on
+# 127.0.0.1:${IDEM_PROM_PORT:-9472}, logged in as a role that has only the
+# monitoring grants of docs/operations.md (idem_monitor) and pg_monitor; a
+# known workload; then /metrics scraped with curl and the values checked:
+# counters per business type, counters on, maintenance, health (a stuck
+# lease shows as a warning), the queries file loaded without error, and
+# every metric the Grafana dashboard uses present in the scrape.
+# A second workload and scrape: the counters grew by exactly its claims.
+scenario_prometheus() {
+source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/cluster.sh"
+exporter=/usr/bin/prometheus-postgres-exporter
+[ -x "$exporter" ] || { echo "FAIL: $exporter is missing (bash scripts/setup.sh --tests installs it)"; exit 1; }
+pg_port=${IDEM_PROM_PG_PORT:-5472}
+web=127.0.0.1:${IDEM_PROM_PORT:-9472}
+exporter_pid=
+cleanup() {
+  [ -z "$exporter_pid" ] || kill "$exporter_pid" 2>/dev/null || true
+  pc_stop
+}
+trap cleanup EXIT
+pc_init "$(cluster_dir)/prometheus" "$pg_port" "shared_preload_libraries = 'idem'" "listen_addresses = '127.0.0.1'"
+pc_start
+q() { pc_psql -d appdb -Atc "$1"; }
+
+pc_psql -q -d postgres -c "CREATE DATABASE appdb"
+pc_psql -q -d appdb >/dev/null <<'SQL'
+CREATE EXTENSION idem;
+SELECT idem_maintain();
+-- The monitoring role of docs/operations.md (Grants), and a login for the exporter.
+CREATE ROLE idem_monitor NOLOGIN;
+GRANT SELECT ON idem_metrics, idem_maintenance, idem_health TO idem_monitor;
+CREATE ROLE exporter LOGIN IN ROLE idem_monitor, pg_monitor;
+SQL
+
+say "workload 1: payments and refunds"
+pc_psql -q -d appdb >/dev/null <<'SQL'
+-- payment: 4 claims completed, 3 duplicates, 1 failure and its duplicate, 1 ID001
+BEGIN; SELECT idem_claim('p1', 'payment', fingerprint => 'a'); SELECT idem_complete('p1', 'payment', '{"ok": 1}'); COMMIT;
+BEGIN; SELECT idem_claim('p2', 'payment'); SELECT idem_complete('p2', 'payment'); COMMIT;
+BEGIN; SELECT idem_claim('p3', 'payment'); SELECT idem_complete('p3', 'payment'); COMMIT;
+BEGIN; SELECT idem_claim('p4', 'payment'); SELECT idem_fail('p4', 'payment', '{"e": "declined"}'); COMMIT;
+SELECT idem_claim('p1', 'payment', fingerprint => 'a');
+SELECT idem_claim('p2', 'payment');
+SELECT idem_claim('p3', 'payment');
+SELECT idem_claim('p4', 'payment');
+\set ON_ERROR_STOP off
+SELECT idem_claim('p1', 'payment', fingerprint => 'b');
+\set ON_ERROR_STOP on
+-- refund: 2 claims, one of them a lease left stuck (its end moved 2 hours back)
+SELECT idem_claim('r1', 'refund');
+SELECT idem_claim('r2', 'refund', lease => '1 hour');
+UPDATE idem.claims SET result = jsonb_set(result, '{lease_until_us}',
+         to_jsonb(((extract(epoch FROM now() - interval '2 hours') - 946684800) * 1000000)::bigint))
+ WHERE biz_type = 'refund' AND key = 'r2';
+SQL
+# A duplicate that waits for the first claim's transaction.
+session_open A appdb
+session_open B appdb
+session_run A "BEGIN; SELECT claimed FROM idem_claim('p5', 'payment');"
+session_send B "SELECT 'B got ' || state FROM idem_claim('p5', 'payment');"
+pc_until appdb "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'B' AND wait_event_type = 'Lock'" "B waits for A"
+session_run A "SELECT idem_complete('p5', 'payment'); COMMIT;"
+session_wait B
+session_close A
+session_close B
+
+say "the exporter: $($exporter --version 2>&1 | head -1)"
+DATA_SOURCE_NAME="host=127.0.0.1 port=$pg_port user=exporter dbname=appdb sslmode=disable" \
+  "$exporter" --web.listen-address="$web" --extend.query-path="$ROOT/monitoring/idem-queries.yaml" \
+  --log.level=warn > "$PC_DIR/exporter.log" 2>&1 &
+exporter_pid=$!
+scrape() { # FILE: /metrics into FILE, once the exporter answers (it may still be starting)
+  local i
+  for i in $(seq 1 600); do
+    if curl -sf "http://$web/metrics" -o "$1" 2>/dev/null && grep -q "^pg_up" "$1"; then return 0; fi
+    kill -0 "$exporter_pid" 2>/dev/null || { echo "FAIL: the exporter exited:"; cat "$PC_DIR/exporter.log"; exit 1; }
+    sleep 0.1
+  done
+  echo "FAIL: no answer from http://$web/metrics in 60 s"; cat "$PC_DIR/exporter.log"; exit 1
+}
+# value FILE METRIC LABEL=VALUE...: the sample of METRIC whose labels include
+# every LABEL=VALUE given (exactly one).
+value() {
+  local file=$1 metric=$2; shift 2
+  python3 - "$file" "$metric" "$@" <<'PY'
+import re, sys
+path, metric, want = sys.argv[1], sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:])
+found = []
+for line in open(path):
+    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)', line)
+    if not m or m.group(1) != metric:
+        continue
+    labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+    if all(labels.get(k) == v for k, v in want.items()):
+        found.append(m.group(3))
+print(found[0] if len(found) == 1 else f"<{len(found)} samples>")
+PY
+}
+scrape "$PC_DIR/scrape1.txt"
+grep -E '^(pg_up|pg_exporter_user_queries_load_error|pg_exporter_last_scrape_error)' "$PC_DIR/scrape1.txt"
+expect "pg_up" "$(value "$PC_DIR/scrape1.txt" pg_up)" 1
+expect "the queries file loaded" "$(value "$PC_DIR/scrape1.txt" pg_exporter_user_queries_load_error)" 0
+expect "no scrape error" "$(value "$PC_DIR/scrape1.txt" pg_exporter_last_scrape_error)" 0
+grep '^idem_' "$PC_DIR/scrape1.txt" | grep -E 'biz_type="payment"|counters|health_level|maintenance_(runs|last_skipped|skipped)' | sed 's/^/  /'
+
+p() { value "$PC_DIR/$1" "$2" datname=appdb biz_type="$3"; }
+# payment: claims p1-p5; duplicates completed p1-p3 and p5 (B); failed p4; ID001 p1 (b); waits 1
+expect "idem_claims_total payment" "$(p scrape1.txt idem_claims_total payment)" 5
+expect "idem_duplicates_completed_total payment" "$(p scrape1.txt idem_duplicates_completed_total payment)" 4
+expect "idem_duplicates_failed_total payment" "$(p scrape1.txt idem_duplicates_failed_total payment)" 1
+expect "idem_fingerprint_mismatches_total payment" "$(p scrape1.txt idem_fingerprint_mismatches_total payment)" 1
+expect "idem_completes_total payment" "$(p scrape1.txt idem_completes_total payment)" 4
+expect "idem_fails_total payment" "$(p scrape1.txt idem_fails_total payment)" 1
+expect "idem_waits_total payment" "$(p scrape1.txt idem_waits_total payment)" 1
+expect "idem_wait_seconds_total payment > 0" "$(python3 -c "print(float('$(p scrape1.txt idem_wait_seconds_total payment)') > 0)")" True
+expect "idem_claims_total refund" "$(p scrape1.txt idem_claims_total refund)" 2
+expect "idem_counters_enabled" "$(value "$PC_DIR/scrape1.txt" idem_counters_enabled datname=appdb)" 1
+expect "idem_maintenance_runs_recorded" "$(value "$PC_DIR/scrape1.txt" idem_maintenance_runs_recorded datname=appdb)" 1
+expect "idem_maintenance_last_skipped" "$(value "$PC_DIR/scrape1.txt" idem_maintenance_last_skipped datname=appdb)" 0
+h() { value "$PC_DIR/$1" idem_health_level datname=appdb check_name="$2"; }
+expect "health maintenance_overdue" "$(h scrape1.txt maintenance_overdue)" 0
+expect "health stuck_leases (warning)" "$(h scrape1.txt stuck_leases)" 2
+expect "stuck leases measured" "$(value "$PC_DIR/scrape1.txt" idem_health_value datname=appdb check_name=stuck_leases)" 1
+expect "health metrics" "$(h scrape1.txt metrics)" 0
+python3 "$ROOT/tests/monitoring/check_dashboard.py" "$ROOT/monitoring/idem-queries.yaml" \
+  "$ROOT/monitoring/idem-dashboard.json" "$PC_DIR/scrape1.txt" || fails=$((fails + 1))
+
+say "workload 2: 3 more payments, 2 duplicates; the counters grow by exactly that"
+q "SELECT count(idem_claim('q' || i, 'payment')) FROM generate_series(1, 3) i" >/dev/null
+q "SELECT count(idem_claim('p' || i, 'payment')) FROM generate_series(2, 3) i" >/dev/null
+scrape "$PC_DIR/scrape2.txt"
+expect "idem_claims_total payment" "$(p scrape2.txt idem_claims_total payment)" 8
+expect "idem_duplicates_completed_total payment" "$(p scrape2.txt idem_duplicates_completed_total payment)" 6
+expect "idem_claims_total refund" "$(p scrape2.txt idem_claims_total refund)" 2
+
+finish "prometheus"
+}
+
+# monitoring/sql_exporter/*.collector.yml, sql_exporter's collector files:
+# the maintained way to export idem's metrics (postgres_exporter's
+# --extend.query-path, which monitoring/idem-queries.yaml is for, has been
+# deprecated since its 0.13). The sql_exporter binary is not packaged in
+# Debian or the package registries this project's machines reach, so the
+# binary is not run here; tests/monitoring/check_collector.py runs every
+# query of the collector files against a live cluster of its own that
+# preloads idem (port ${IDEM_SQLX_PG_PORT:-5476}), logged in as a role with
+# only the monitoring grants of docs/operations.md (idem_monitor) and
+# pg_monitor, after a known workload, and checks that they export exactly
+# the metrics, labels and values of postgres_exporter's queries file, with
+# no NULL sql_exporter could not scan. Then the checker is shown to refuse
+# broken collector files.
+scenario_sql_exporter() {
+source "$ROOT/tests/lib/cluster.sh"
+python3 -c "import yaml" 2>/dev/null || { echo "FAIL: PyYAML is missing (bash scripts/setup.sh --tests installs python3-yaml)"; exit 1; }
+check="$ROOT/tests/monitoring/check_collector.py"
+queries="$ROOT/monitoring/idem-queries.yaml"
+collectors=("$ROOT"/monitoring/sql_exporter/*.collector.yml)
+trap pc_stop EXIT
+pc_init "$(cluster_dir)/sql_exporter" "${IDEM_SQLX_PG_PORT:-5476}" "shared_preload_libraries = 'idem'"
+pc_start
+work="$PC_DIR/work"
+mkdir -p "$work"
+
+pc_psql -q -d postgres -c "CREATE DATABASE appdb"
+pc_psql -q -d appdb >/dev/null <<'SQL'
+CREATE EXTENSION idem;
+SELECT idem_maintain();
+CREATE ROLE idem_monitor NOLOGIN;
+GRANT SELECT ON idem_metrics, idem_maintenance, idem_health TO idem_monitor;
+CREATE ROLE exporter LOGIN IN ROLE idem_monitor, pg_monitor;
+SQL
+
+say "a workload that moves every counter"
+pc_psql -q -d appdb >/dev/null <<'SQL'
+BEGIN; SELECT idem_claim('p1', 'payment', fingerprint => 'a'); SELECT idem_complete('p1', 'payment', '{"ok": 1}'); COMMIT;
+BEGIN; SELECT idem_claim('p2', 'payment'); SELECT idem_fail('p2', 'payment', '{"e": "declined"}'); COMMIT;
+SELECT idem_claim('p1', 'payment', fingerprint => 'a');
+SELECT idem_claim('p2', 'payment');
+\set ON_ERROR_STOP off
+SELECT idem_claim('p1', 'payment', fingerprint => 'b');
+SELECT idem_complete('p1', 'payment');
+\set ON_ERROR_STOP on
+-- a lease, its checkpoint, then one that ran out and is taken over
+CREATE TABLE tok AS SELECT result->>'lease_token' AS t FROM idem_claim('r1', 'refund', lease => '1 hour');
+SELECT idem_checkpoint('r1', 'refund', 'sent', '{}', t) FROM tok;
+SELECT idem_claim('r1', 'refund', wait => false);
+UPDATE idem.claims SET result = jsonb_set(result, '{lease_until_us}',
+         to_jsonb(((extract(epoch FROM now() - interval '2 hours') - 946684800) * 1000000)::bigint))
+ WHERE biz_type = 'refund' AND key = 'r1';
+SELECT idem_claim('r1', 'refund');
+SQL
+# A duplicate that waits for the first claim's transaction, and a
+# serialization failure (a snapshot older than the claim it meets).
+session_open A appdb
+session_open B appdb
+session_run A "BEGIN; SELECT claimed FROM idem_claim('p3', 'payment');"
+session_send B "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; SELECT 'B got ' || state FROM idem_claim('p3', 'payment');"
+pc_until appdb "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'B' AND wait_event_type = 'Lock'" "B waits for A"
+session_run A "SELECT idem_complete('p3', 'payment'); COMMIT;"
+session_wait B
+session_run B "ROLLBACK;"
+session_close A
+session_close B
+pc_psql -d appdb -Atc "SELECT biz_type, claims, duplicates_completed, waits, serialization_failures, takeovers, not_held
+                         FROM idem_metrics WHERE biz_type IN ('payment', 'refund') ORDER BY 1" | sed 's/^/  /'
+
+say "the collector files against the live server, as the exporter's role"
+conn=(-h "$PC_DIR" -p "$PC_PORT" -U exporter -d appdb)
+fails=0
+python3 "$check" "$queries" "${collectors[@]}" -- "${conn[@]}" || fails=$((fails + 1))
+
+say "the checker refuses broken collector files"
+main="$ROOT/monitoring/sql_exporter/idem.collector.yml"
+health="$ROOT/monitoring/sql_exporter/idem_health.collector.yml"
+sed 's/values: \[claims_total\]/values: [claim_total]/' "$main" > "$work/bad-column.collector.yml"
+sed 's/coalesce(last_duration_ms \/ 1000, 0)::float8 AS last_duration_seconds/NULL::float8 AS last_duration_seconds/' "$main" > "$work/bad-null.collector.yml"
+sed 's/metric_name: idem_fails_total/metric_name: idem_failures_total/' "$main" > "$work/bad-name.collector.yml"
+sed 's/key_labels: \[datname, check_name\]/key_labels: [datname]/' "$health" > "$work/bad-labels.collector.yml"
+for bad in bad-column bad-null bad-name bad-labels; do
+  if [ "$bad" = bad-labels ]; then files=("$main" "$work/$bad.collector.yml"); else files=("$work/$bad.collector.yml" "$health"); fi
+  cmp -s "${files[0]}" "$main" && cmp -s "${files[1]}" "$health" && { echo "FAIL: $bad: the sed changed nothing"; fails=$((fails + 1)); continue; }
+  if python3 "$check" "$queries" "${files[@]}" -- "${conn[@]}" > "$work/$bad.out" 2>&1; then
+    echo "FAIL: the checker accepted $bad"; fails=$((fails + 1))
+  else
+    echo "the checker refuses $bad: $(grep -m1 FAIL "$work/$bad.out")"
+  fi
+done
+echo "sql_exporter checks failed: $fails"
+[ "$fails" = 0 ]
+}
+
+scenario_main "$@"

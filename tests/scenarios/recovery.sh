@@ -1,0 +1,918 @@
+#!/usr/bin/env bash
+# Recovery: crashes, failover, hot standby, logical replication, dump and restore, backtraces of internal errors.
+# One scenario per function: bash tests/scenarios/recovery.sh NAME (NAME: backtraces, crash, dump_restore, failover, hot_standby, logical);
+# scripts/test.sh runs each as scenario/NAME (tests/lib/scenarios.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+source "$ROOT/tests/lib/scenarios.sh"
+
+# No Rust backtrace ever reaches a client, whatever the server's
+# environment: a cluster of its own (port ${IDEM_BT_PORT:-5473}) whose
+# postmaster runs with RUST_BACKTRACE=1 and RUST_LIB_BACKTRACE=1, first
+# loading idem on demand, then preloading it (shared_preload_libraries).
+# Each time, errors of every kind idem can send, read in psql's verbose
+# form (message, DETAIL, HINT, CONTEXT, location):
+#   - an internal error (XX000): a damaged lease document;
+#   - idem's own SQLSTATEs (ID001, ID003);
+#   - PostgreSQL errors raised inside idem's Rust frames, which pgrx
+#     re-raises with a backtrace when one was captured: lock_timeout
+#     (55P03) and statement_timeout (57014) while waiting for a concurrent
+#     claim;
+#   - a Rust panic: a lease document whose attempt counter is at its
+#     maximum; arithmetic overflow panics where overflow checks are
+#     compiled in (debug builds), and wraps in a release build, where the
+#     scenario says no panic was reachable.
+scenario_backtraces() {
+source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/cluster.sh"
+trap pc_stop EXIT
+# Signs of a Rust backtrace (std's format: numbered frames, "at file:line").
+BACKTRACE='stack backtrace|^ *[0-9]+: |[[:space:]]at [^ ]+\.rs:[0-9]+|rust_begin_unwind|std::panicking|core::panicking|pgrx_pg_sys::'
+
+start() { # extra postgresql.conf lines...
+  pc_init "$(cluster_dir)/backtraces" "${IDEM_BT_PORT:-5473}" "$@"
+  pc_start RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=1
+  local pm
+  pm=$(head -1 "$PC_DIR/data/postmaster.pid")
+  tr '\0' '\n' < "/proc/$pm/environ" | grep -qx RUST_BACKTRACE=1 \
+    || { echo "FAIL: the postmaster's environment lacks RUST_BACKTRACE=1"; exit 1; }
+  echo "postmaster $pm runs with $(tr '\0' '\n' < "/proc/$pm/environ" | grep '^RUST' | tr '\n' ' ')"
+  pc_psql -q -d postgres -c "CREATE DATABASE bt"
+  pc_psql -q -d bt -c "CREATE EXTENSION idem" -c "SELECT idem_maintain()" >/dev/null
+}
+
+# check WHAT SQLSTATE SQL: run SQL (its last statement must fail with
+# SQLSTATE), and look at everything the client was sent.
+check() {
+  local what=$1 state=$2 sql=$3 out
+  out=$(pc_psql -d bt -v ON_ERROR_STOP=0 -v VERBOSITY=verbose -v SHOW_CONTEXT=always -c '\set QUIET on' -c "$sql" 2>&1 || true)
+  if ! grep -q "ERROR:  $state:" <<<"$out"; then
+    fail "$what: expected SQLSTATE $state, got: $out"
+  elif grep -Eq "$BACKTRACE" <<<"$out"; then
+    fail "$what: a backtrace reached the client:"; echo "$out" | head -40
+  else
+    echo "ok: $what: $(grep -m1 "ERROR:" <<<"$out" | cut -c1-150)"
+    grep -E "^(DETAIL|CONTEXT|LOCATION):" <<<"$out" | sed 's/^/      /' | head -4
+  fi
+}
+
+errors() {
+  pc_psql -q -d bt >/dev/null <<'SQL'
+SELECT idem_claim('dmg', 'bt', lease => '1 second');
+UPDATE idem.claims SET result = result - 'lease_until_us' WHERE state = 'l' AND key = 'dmg';
+BEGIN; SELECT idem_claim('fp', 'bt', fingerprint => 'a'); SELECT idem_complete('fp', 'bt'); COMMIT;
+SELECT idem_claim('ovf', 'bt', lease => '1 second');
+UPDATE idem.claims SET result = jsonb_set(jsonb_set(result, '{attempt}', '9223372036854775807'),
+         '{lease_until_us}', to_jsonb(((extract(epoch FROM now() - interval '1 hour') - 946684800) * 1000000)::bigint))
+ WHERE key = 'ovf';
+SQL
+  check "XX000, a damaged lease document" XX000 "SELECT idem_claim('dmg', 'bt')"
+  check "ID001, a fingerprint mismatch" ID001 "SELECT idem_claim('fp', 'bt', fingerprint => 'b')"
+  check "ID003, finishing what one does not hold" ID003 "SELECT idem_complete('nobody', 'bt')"
+  session_open holder bt
+  session_run holder "BEGIN; SELECT claimed FROM idem_claim('held', 'bt');"
+  check "55P03, lock_timeout while waiting (a PostgreSQL error inside Rust frames)" 55P03 \
+    "SET lock_timeout = '50ms'; SELECT idem_claim('held', 'bt')"
+  check "57014, statement_timeout while waiting" 57014 \
+    "SET statement_timeout = '50ms'; SELECT idem_claim('held', 'bt')"
+  session_run holder "ROLLBACK;"
+  session_close holder
+  local out
+  out=$(pc_psql -d bt -v ON_ERROR_STOP=0 -v VERBOSITY=verbose -v SHOW_CONTEXT=always \
+        -c "SELECT claimed, result->>'attempt' AS attempt FROM idem_claim('ovf', 'bt', lease => '1 minute')" 2>&1 || true)
+  if grep -q "ERROR:" <<<"$out"; then
+    check "a Rust panic (attempt counter overflow)" XX000 "SELECT idem_claim('ovf', 'bt', lease => '1 minute')"
+  else
+    echo "note: no Rust panic reachable in this build (overflow wraps without overflow checks): $(echo "$out" | tr '\n' ' ' | tr -s ' ')"
+  fi
+}
+
+say "idem loaded on demand (not preloaded)"
+start
+errors
+pc_stop
+say "idem preloaded (shared_preload_libraries = 'idem': loaded by the postmaster)"
+start "shared_preload_libraries = 'idem'"
+errors
+finish "backtrace"
+}
+
+# Crash recovery under the stress load: a private cluster (port 5510, fsync
+# and synchronous_commit on, commit_delay 2 ms so that crashes catch
+# COMMITs in flight) is crashed three times in the middle of the stress run
+# -- kill -9 of the postmaster alone; of the postmaster and all its
+# children at once; of one busy backend (the postmaster then resets the
+# rest) -- and recovers. After each recovery the driver retries every key
+# whose COMMIT got no answer (a lost transaction must claim again, a
+# surviving one must replay its stored outcome), checks that claimed work
+# cut off before COMMIT left nothing, and that every acknowledged claim
+# still live replays; at the end, the stress invariants and amcheck. While
+# fewer than 4 COMMITs were caught in flight it crashes again (at most 6
+# crashes); none at all fails the test. Every fourth new key is claimed
+# with a 10-minute TTL, so that acknowledged claims are still live after a
+# recovery however long it took on a loaded machine (the others, 6 s, expire
+# and rotate partitions during the run). About 35 s.
+# Bigger: CRASH_FAULTS=9 CRASH_EVERY=20 CRASH_TIMEOUT=1800 bash tests/scenarios/recovery.sh crash
+scenario_crash() {
+
+dir="$(cluster_dir)/stress/crash"
+port=5510
+faults=${CRASH_FAULTS:-3}
+every=${CRASH_EVERY:-7}
+out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
+mkdir -p "$out" "$(dirname "$dir")"
+trap 'bash "$ROOT/tests/lib/cluster.sh" destroy "$dir"' EXIT
+
+bash "$ROOT/tests/lib/cluster.sh" init "$dir" $port crash
+bash "$ROOT/tests/lib/cluster.sh" start "$dir"
+"$PG_BIN/psql" -X -q -h "$dir" -p $port -U postgres -d postgres -c "CREATE DATABASE stress_crash"
+dsn="host=$dir port=$port user=postgres dbname=stress_crash"
+
+set +e
+# (timeout: a hung run must not hang the suite)
+timeout "${CRASH_TIMEOUT:-300}" "$IDEM_PY" "$ROOT/tests/stress/driver.py" --dsn "$dsn" --fault crash --faults "$faults" --fault-at "$every" \
+  --min-inflight "${CRASH_MIN_INFLIGHT:-4}" --max-faults $((faults + 3)) \
+  --fault-cmd "bash '$ROOT/tests/lib/cluster.sh' crash '$dir' {n}" \
+  --ttl 6 --width 0.5 --long-every 4 --claims 400 --summary "$out/crash.json"
+rc=$?
+set -e
+if [ $rc -ne 0 ]; then
+  echo "--- server log (last 40 lines)"
+  tail -40 "$dir/server.log"
+  exit $rc
+fi
+# The run must have exercised what it claims to test.
+"$IDEM_PY" - "$out/crash.json" "$faults" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+faults = int(sys.argv[2])
+tot = {}
+for r in s["recoveries"]:
+    for k, v in r.items():
+        tot[k] = tot.get(k, 0) + v
+bad = []
+if len(s["recoveries"]) < faults:
+    bad.append(f"{len(s['recoveries'])} recoveries, expected {faults}")
+if tot.get("in_flight", 0) == 0:
+    bad.append("no crash caught a COMMIT in flight: the retry of in-flight keys was not exercised")
+if tot.get("acked_live_checked", 0) < 100:
+    bad.append("fewer than 100 acknowledged live claims were checked after the crashes")
+if s["counts"].get("hit_by_fault", 0) < faults:
+    bad.append("the crashes hit fewer transactions than there were crashes")
+print(f"crashes: {len(s['recoveries'])}")
+print(f"in flight at the crashes: {tot.get('in_flight', 0)} "
+      f"(commit survived, replayed: {tot.get('in_flight_committed_replays', 0)}; "
+      f"lost, claimed again: {tot.get('in_flight_lost_claims_again', 0)}; "
+      f"expired before the retry: {tot.get('in_flight_expired_before_retry', 0)})")
+print(f"claimed, crash before COMMIT: {tot.get('claimed_not_committed_at_fault', 0)} (all verified absent)")
+print(f"acknowledged live claims after recovery: {tot.get('acked_live_checked', 0)} checked, "
+      f"{tot.get('acked_live_replayed', 0)} replayed, {tot.get('acked_live_lost', 0)} lost")
+for b in bad:
+    print("FAIL:", b)
+sys.exit(1 if bad else 0)
+PY
+}
+
+# pg_dump / pg_restore of a database that uses idem keeps everything idem
+# promises to keep, in both dump formats (custom + pg_restore, and plain SQL
+# + psql), restored into fresh databases:
+#   - live claims: completed (in a range partition and in the default one),
+#     failed, and a running lease with its recovery point; a retry is still
+#     a duplicate and gets the stored result back, a different fingerprint
+#     is still refused (ID001), the lease still runs and its token still
+#     finishes it;
+#   - configuration: business type TTLs (and new claims use them), state
+#     machines, unspent and spent one-time tokens, EXECUTE grants on admin
+#     functions;
+#   - guards: the trigger is restored, an illegal UPDATE is refused (ID002),
+#     a repeated transition reads "already";
+#   - the restored database works: new claims, idem_maintain;
+#   - restored where a type's owner role does not exist (dropped after the
+#     dump, as on another server): every other type's settings are
+#     restored (0.3.0 stored the owner as a regrole, so the whole
+#     idem.biz_types COPY failed and every TTL was lost), and the type
+#     itself stays closed to all but superusers, naming its role.
+scenario_dump_restore() {
+pfx=${IDEM_DUMP_DB_PREFIX:-idem_dump}
+src=${pfx}_src; dst_c=${pfx}_custom; dst_p=${pfx}_plain; dst_n=${pfx}_norole
+role=${pfx}_ops; owner=${pfx}_owner; user=${pfx}_user
+tmp=""
+pgdsn=(-h "$(cluster_dir)" -p "$IDEM_PORT" -U postgres)
+
+cleanup() {
+  for db in $src $dst_c $dst_p $dst_n; do psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true; done
+  psql_idem -q -d postgres -c "DROP ROLE IF EXISTS $role, $owner, $user" >/dev/null 2>&1 || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cleanup
+tmp=$(mktemp -d)
+for db in $src $dst_c $dst_p $dst_n; do psql_idem -q -d postgres -c "CREATE DATABASE $db"; done
+psql_idem -q -d postgres -c "CREATE ROLE $role NOLOGIN" -c "CREATE ROLE $owner NOLOGIN" -c "CREATE ROLE $user NOLOGIN IN ROLE $owner"
+
+# The source database: one of everything.
+lease_token=$(psql_idem -q -d $src -At <<SQL | tail -1
+CREATE EXTENSION idem;
+SELECT idem_configure('pay', '2 days');
+SELECT idem_configure('short', '1 hour');
+SELECT idem_configure('owned', '3 hours');
+SELECT idem_set_owner('owned', '$owner');
+SELECT idem_define_machine('order', '{"CREATED":["PAID","CANCELLED"],"PAID":["SHIPPED"]}');
+SELECT idem_maintain();
+GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO $role;
+-- completed, in a range partition
+BEGIN; SELECT idem_claim('in-range', 'pay', fingerprint => 'fp-1'); SELECT idem_complete('in-range', 'pay', '{"charge_id": 7, "amount": 12.50}'); COMMIT;
+-- committed without a result (reads completed, result NULL)
+SELECT idem_claim('bare', 'pay');
+-- beyond the premade partitions: lives in the default partition
+BEGIN; SELECT idem_claim('far', 'pay', ttl => '300 days'); SELECT idem_complete('far', 'pay', '{"ok": 1}'); COMMIT;
+-- a deterministic failure
+BEGIN; SELECT idem_claim('declined', 'pay'); SELECT idem_fail('declined', 'pay', '{"error": "insufficient_funds"}'); COMMIT;
+-- tokens: one spent, one not
+CREATE TABLE tok (name text PRIMARY KEY, token text);
+INSERT INTO tok VALUES ('unspent', idem_issue_token('form', '1 hour')), ('spent', idem_issue_token('form', '1 hour'));
+SELECT idem_consume_token(token, 'form') FROM tok WHERE name = 'spent';
+-- a guarded table, one row moved by a guarded transition
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL);
+INSERT INTO orders VALUES (1, 'CREATED'), (2, 'CREATED');
+SELECT idem_guard('orders', 'status', 'order');
+SELECT idem_transition('orders', 'id', '1', 'status', 'PAID', 'order');
+-- a running lease with a recovery point (its token is printed last)
+CREATE TEMP TABLE l AS SELECT result->>'lease_token' AS t FROM idem_claim('job-1', 'batch', lease => '10 minutes');
+SELECT idem_checkpoint('job-1', 'batch', 'item', '{"last_item": 42}', (SELECT t FROM l));
+SELECT t FROM l;
+SQL
+)
+[[ "$lease_token" =~ ^[0-9a-f]{32,}$ ]] || { echo "no lease token from the source database: $lease_token"; exit 1; }
+before=$(psql_idem -d $src -At -c "SELECT count(*) FROM idem.claims")
+
+"$PG_BIN/pg_dump" "${pgdsn[@]}" -Fc -f "$tmp/idem.dump" $src
+"$PG_BIN/pg_restore" "${pgdsn[@]}" --exit-on-error -d $dst_c "$tmp/idem.dump"
+"$PG_BIN/pg_dump" "${pgdsn[@]}" -Fp -f "$tmp/idem.sql" $src
+psql_idem -q -d $dst_p -v ON_ERROR_STOP=1 -f "$tmp/idem.sql" >/dev/null
+echo "dumped $before claims: custom format $(stat -c %s "$tmp/idem.dump") bytes, plain $(stat -c %s "$tmp/idem.sql") bytes"
+
+fail=0; pass=0
+check() {  # check DB NAME EXPECTED SQL  (SQL prints one line; errors print their SQLSTATE)
+  local db=$1 name=$2 want=$3 sql=$4 got
+  got=$("$PG_BIN/psql" -X -At "${pgdsn[@]}" -d "$db" -v ON_ERROR_STOP=1 -c '\set VERBOSITY sqlstate' -c "$sql" 2>&1 | tail -1 | sed 's/^ERROR:  //' || true)
+  if [ "$got" = "$want" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "  FAIL [$db] $name: got '$got', expected '$want'"; fi
+}
+
+verify() {
+  local db=$1
+  echo "verifying $db"
+  check $db "claims restored"           "$before" "SELECT count(*) FROM idem.claims"
+  check $db "duplicate replays result"  'false|completed|{"amount": 12.50, "charge_id": 7}' \
+        "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('in-range', 'pay', fingerprint => 'fp-1')"
+  check $db "fingerprint still checked" "ID001" "SELECT claimed FROM idem_claim('in-range', 'pay', fingerprint => 'fp-2')"
+  check $db "bare claim is completed"   'false|completed|' "SELECT claimed || '|' || state || '|' || coalesce(result::text, '') FROM idem_claim('bare', 'pay')"
+  check $db "default-partition claim"   'false|completed|{"ok": 1}' "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('far', 'pay')"
+  check $db "failure replays"           'false|failed|{"error": "insufficient_funds"}' "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('declined', 'pay')"
+  check $db "expiry kept"               "t" "SELECT (SELECT expires_at FROM idem_lookup('far', 'pay')) > now() + interval '299 days'"
+  check $db "lease still running"       'false|in_progress' "SELECT claimed || '|' || state FROM idem_claim('job-1', 'batch', lease => '1 minute')"
+  check $db "lease refuses a stranger"  "ID003" "SELECT idem_checkpoint('job-1', 'batch', 'x')"
+  check $db "recovery point kept"       '{"last_item": 42}' "SELECT (result->'recovery_data')::text FROM idem.claims WHERE key = 'job-1'"
+  check $db "lease token finishes it"   "" "SELECT idem_complete('job-1', 'batch', '{\"done\": true}', '$lease_token')"
+  check $db "then it replays"           'false|completed|{"done": true}' "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('job-1', 'batch')"
+  check $db "biz_type ttl kept"         "2 days" "SELECT ttl FROM idem.biz_types WHERE biz_type = 'pay'"
+  check $db "new claim uses the ttl"    "01:00:00" "SELECT expires_at - first_claimed_at FROM idem_claim('new-short', 'short')"
+  check $db "machine kept"              '{"PAID": ["SHIPPED"], "CREATED": ["PAID", "CANCELLED"]}' "SELECT idem_machine('order')->'transitions'"
+  check $db "unspent token spends once" "true,false" "SELECT idem_consume_token(token, 'form') || ',' || idem_consume_token(token, 'form') FROM tok WHERE name = 'unspent'"
+  check $db "spent token stays spent"   "f" "SELECT idem_consume_token(token, 'form') FROM tok WHERE name = 'spent'"
+  check $db "guard trigger restored"    "1" "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass AND tgname = 'idem_guard_status'"
+  check $db "guard refuses illegal"     "ID002" "UPDATE orders SET status = 'CREATED' WHERE id = 1"
+  check $db "guard refuses premature"   "ID002" "UPDATE orders SET status = 'SHIPPED' WHERE id = 2"
+  check $db "repeat transition: already" "already" "SELECT idem_transition('orders', 'id', '1', 'status', 'PAID', 'order')"
+  check $db "stale transition"          "stale" "SELECT idem_transition('orders', 'id', '1', 'status', 'CREATED', 'order')"
+  check $db "illegal transition"        "ID002" "SELECT idem_transition('orders', 'id', '1', 'status', 'CANCELLED', 'order')"
+  check $db "legal transition applies"  "applied" "SELECT idem_transition('orders', 'id', '2', 'status', 'PAID', 'order')"
+  check $db "admin grant kept"          "true|false" "SELECT has_function_privilege('$role', 'idem_forget(text,text)', 'EXECUTE') || '|' || has_function_privilege('public', 'idem_forget(text,text)', 'EXECUTE')"
+  check $db "new key claims"            "t" "SELECT claimed FROM idem_claim('fresh', 'pay')"
+  check $db "maintenance runs"          "t" "SELECT (idem_maintain() ? 'partitions_created')"
+  check $db "claims survive maintenance" 'false|completed' "SELECT claimed || '|' || state FROM idem_claim('far', 'pay')"
+}
+verify $dst_c
+verify $dst_p
+check $dst_c "owner role kept"         "$owner" "SELECT owner FROM idem.biz_types WHERE biz_type = 'owned'"
+check $dst_c "owner's member claims"   "t" "SET ROLE $user; SELECT claimed FROM idem_claim('o-1', 'owned')"
+
+# Restored where the owner role does not exist.
+psql_idem -q -d postgres -c "DROP ROLE $user, $owner"
+echo "verifying $dst_n (restored without role $owner)"
+"$PG_BIN/pg_restore" "${pgdsn[@]}" --exit-on-error -d $dst_n "$tmp/idem.dump" && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "  FAIL [$dst_n] pg_restore failed without the owner role"; }
+check $dst_n "other types' TTLs kept"   "2 days|01:00:00" "SELECT string_agg(ttl::text, '|' ORDER BY biz_type) FROM idem.biz_types WHERE biz_type IN ('pay', 'short')"
+check $dst_n "the type's TTL kept"      "03:00:00" "SELECT ttl FROM idem.biz_types WHERE biz_type = 'owned'"
+check $dst_n "claims restored"          "$before" "SELECT count(*) FROM idem.claims"
+check $dst_n "type closed"             "42501" "SET ROLE $role; SELECT claimed FROM idem_claim('o-2', 'owned')"
+msg=$("$PG_BIN/psql" -X -At "${pgdsn[@]}" -d $dst_n -c "SET ROLE $role" -c "SELECT claimed FROM idem_claim('o-2', 'owned')" 2>&1 | grep '^ERROR' || true)
+if [ "$msg" = "ERROR:  idem: permission denied for biz_type \"owned\": it is reserved for role \"$owner\", which does not exist on this server" ]; then
+  pass=$((pass + 1))
+else fail=$((fail + 1)); echo "  FAIL [$dst_n] the refusal names the missing role: $msg"; fi
+check $dst_n "a superuser opens it"     "t" "SELECT idem_set_owner('owned', NULL); SET ROLE $role; SELECT claimed FROM idem_claim('o-2', 'owned')"
+echo "dump/restore: $pass passed, $fail failed"
+[ $fail -eq 0 ]
+}
+
+# Failover under the stress load: a primary (port 5511) with a streaming
+# replica made by pg_basebackup (port 5512) as its synchronous standby,
+# synchronous_commit = remote_apply. In the middle of the run the primary is
+# stopped hard (pg_ctl -m immediate) and the replica promoted. Against the
+# new primary the driver retries every key whose COMMIT got no answer, and
+# checks that every claim whose COMMIT was acknowledged by the old primary
+# (and is still live) is replayed, not claimed again; then the load goes on
+# against the new primary, and the stress invariants and amcheck run there.
+# Every fourth new key has a 10-minute TTL: a slow promotion cannot leave
+# the check without live claims to look for. About 35 s. Bigger: bash scripts/stress.sh failover
+scenario_failover() {
+
+pdir="$(cluster_dir)/stress/primary"
+rdir="$(cluster_dir)/stress/replica"
+pport=${FAILOVER_PRIMARY_PORT:-5511}
+rport=${FAILOVER_REPLICA_PORT:-5512}
+at=${FAILOVER_AT:-12}
+ttl=${FAILOVER_TTL:-8}
+claims=${FAILOVER_TAIL_CLAIMS:-400}
+out="${STRESS_OUT:-$IDEM_TARGET/test-out/stress}"
+mkdir -p "$out" "$(dirname "$pdir")"
+pgsh="$ROOT/tests/lib/cluster.sh"
+trap 'bash "$pgsh" destroy "$pdir" "$rdir"' EXIT
+
+bash "$pgsh" init "$pdir" "$pport" primary
+bash "$pgsh" start "$pdir"
+bash "$pgsh" replica "$pdir" "$rdir" "$rport"
+# Commits on the primary wait for the standby from here on.
+for _ in $(seq 1 100); do
+  state=$("$PG_BIN/psql" -X -h "$pdir" -p "$pport" -U postgres -d postgres -Atc \
+    "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'stress_replica'")
+  [ "$state" = sync ] && break
+  sleep 0.1
+done
+[ "$state" = sync ] || { echo "FAIL: the replica is not a synchronous standby ($state)"; exit 1; }
+echo "replica streaming, sync_state = $state, synchronous_commit = $("$PG_BIN/psql" -X -h "$pdir" -p "$pport" -U postgres -d postgres -Atc "SHOW synchronous_commit")"
+"$PG_BIN/psql" -X -q -h "$pdir" -p "$pport" -U postgres -d postgres -c "CREATE DATABASE stress_failover"
+
+set +e
+# (timeout: commits wait for the standby; a dead standby must not hang the suite)
+timeout "${FAILOVER_TIMEOUT:-300}" "$IDEM_PY" "$ROOT/tests/stress/driver.py" \
+  --dsn "host=$pdir port=$pport user=postgres dbname=stress_failover" \
+  --dsn-after "host=$rdir port=$rport user=postgres dbname=stress_failover" \
+  --fault failover --fault-at "$at" --fault-cmd "bash '$pgsh' failover '$pdir' '$rdir'" \
+  --ttl "$ttl" --width 0.5 --long-every 4 --claims "$claims" --summary "$out/failover.json" ${FAILOVER_ARGS:-}
+rc=$?
+set -e
+if [ $rc -ne 0 ]; then
+  echo "--- primary log (last 20 lines)"; tail -20 "$pdir/server.log"
+  echo "--- replica log (last 20 lines)"; tail -20 "$rdir/server.log"
+  exit $rc
+fi
+"$IDEM_PY" - "$out/failover.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+r = s["recoveries"][0] if s["recoveries"] else {}
+bad = []
+if not s["recoveries"]:
+    bad.append("no failover happened")
+if r.get("acked_live_checked", 0) < 100:
+    bad.append("fewer than 100 acknowledged live claims were checked on the new primary")
+print(f"acknowledged on the old primary and live at the check: {r.get('acked_live_checked', 0)}; "
+      f"replayed on the new primary: {r.get('acked_live_replayed', 0)}; claimed again (lost): {r.get('acked_live_lost', 0)}")
+print(f"COMMITs in flight at the failover: {r.get('in_flight', 0)} "
+      f"(on the new primary, replayed: {r.get('in_flight_committed_replays', 0)}; "
+      f"lost, claimed again: {r.get('in_flight_lost_claims_again', 0)}; "
+      f"expired before the retry: {r.get('in_flight_expired_before_retry', 0)})")
+print(f"claimed, failover before COMMIT: {r.get('claimed_not_committed_at_fault', 0)} (all verified absent)")
+for b in bad:
+    print("FAIL:", b)
+sys.exit(1 if bad else 0)
+PY
+}
+
+# idem on a hot standby: a primary (port 5513) with a streaming replica
+# (port 5514) as its synchronous standby, synchronous_commit =
+# remote_apply, so that a commit on the primary has been replayed on the
+# replica when it returns. On the replica, idem_lookup answers from the
+# replicated claims (committed outcomes, and in_progress for a claim whose
+# transaction is still open on the primary); every writer fails with 25006
+# and a hint to claim on the primary (0.2.0: an xid-assignment error). Both
+# storage paths. Then the primary is stopped hard and the standby promoted:
+# there, duplicates replay, a lease taken on the old primary is honoured
+# (its token finishes it, a caller without it gets ID003), new claims work.
+scenario_hot_standby() {
+source "$ROOT/tests/lib/assert.sh"
+
+pdir="$(cluster_dir)/standby/primary"
+rdir="$(cluster_dir)/standby/replica"
+pport=5513
+rport=5514
+mkdir -p "$(dirname "$pdir")"
+pgsh="$ROOT/tests/lib/cluster.sh"
+cleanup() {
+  [ -n "${holder:-}" ] && kill "$holder" 2>/dev/null
+  bash "$pgsh" destroy "$pdir" "$rdir"
+}
+trap cleanup EXIT
+set +e
+
+bash "$pgsh" init "$pdir" "$pport" primary
+bash "$pgsh" start "$pdir"
+bash "$pgsh" replica "$pdir" "$rdir" "$rport"
+primary() { "$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$pdir" -p "$pport" -U postgres "$@"; }
+replica() { "$PG_BIN/psql" -X -At -h "$rdir" -p "$rport" -U postgres "$@"; }
+# Commits on the primary wait for the standby from here on (a state the
+# primary reports, waited for with a bound).
+for _ in $(seq 1 100); do
+  state=$(primary -d postgres -c "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'stress_replica'")
+  [ "$state" = sync ] && break
+  sleep 0.1
+done
+[ "$state" = sync ] || { echo "FAIL: the replica is not a synchronous standby ($state)"; exit 1; }
+
+primary -q -d postgres -c "CREATE DATABASE standby"
+primary -q -d standby >/dev/null <<'SQL'
+CREATE EXTENSION idem;
+BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"charge": 7}'); COMMIT;
+BEGIN; SELECT idem_claim('declined', 'pay'); SELECT idem_fail('declined', 'pay', '{"reason": "card"}'); COMMIT;
+SQL
+lease_token=$(primary -d standby -c "SELECT result->>'lease_token' FROM idem_claim('job', 'batch', lease => '1 hour')")
+# A claim whose transaction stays open on the primary. The holder signals
+# that it has claimed by taking an advisory lock the script can see.
+coproc HOLDER { primary -d standby; }
+holder=$HOLDER_PID
+echo "BEGIN; SELECT idem_claim('open', 'pay'); SELECT pg_advisory_lock(4242); SELECT 'claimed';" >&"${HOLDER[1]}"
+# (read's timeout only bounds a hang; the verdict is the line itself)
+while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = claimed ] && break; done
+[ "$line" = claimed ] || { echo "FAIL: the holder did not claim: $line"; exit 1; }
+# Its insert is replayed on the standby once a later commit has been: make one.
+primary -q -d standby -c "SELECT idem_configure('sync.marker', '1 hour')"
+
+for path in direct sql; do
+  replica -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
+  expect "$path: replica in recovery" "$(replica -d standby -c "SELECT pg_is_in_recovery()")" t
+  expect "$path: lookup of a completed claim" "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('done', 'pay')")" 'completed|{"charge": 7}'
+  expect "$path: lookup of a failed claim" "$(replica -d standby -c "SELECT state || '|' || result::text FROM idem_lookup('declined', 'pay')")" 'failed|{"reason": "card"}'
+  expect "$path: lookup of an unknown key" "$(replica -d standby -c "SELECT state FROM idem_lookup('never', 'pay')")" absent
+  # The SQL path cannot see an uncommitted claim, nor its key lock (a
+  # primary's lock is not on the standby): absent there, in_progress on the
+  # direct path, which sees the replayed row and its running transaction.
+  want=in_progress; [ "$path" = sql ] && want=absent
+  expect "$path: lookup of a claim still open on the primary" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")" "$want"
+  for call in "idem_claim('new', 'pay')" "idem_claim('done', 'pay')" "idem_complete('done', 'pay')" \
+              "idem_fail('done', 'pay', '{}')" "idem_checkpoint('done', 'pay', 'p')" "idem_release('done', 'pay', 'x')" \
+              "idem_claim_many(ARRAY['new'], 'pay')" "idem_forget('done', 'pay')" \
+              "idem_configure('pay', '1 hour')" "idem_set_owner('pay', NULL)"; do
+    got=$(replica -d standby -c "\\set VERBOSITY verbose" -c "SELECT $call" 2>&1 | (grep -E "^ERROR|^HINT" || true) | tr '\n' ' ')
+    case "$got" in
+      *"ERROR:  25006: cannot execute idem_"*"in a read-only transaction"*"HINT:  This server is a hot standby: claim on the primary"*)
+        echo "ok: $path: $call refused with 25006 and the hint" ;;
+      *) echo "FAIL: $path: $call on the standby: $got"; fails=$((fails + 1)) ;;
+    esac
+  done
+done
+# The holder commits; the standby then reads the claim as completed.
+echo "COMMIT; SELECT 'committed';" >&"${HOLDER[1]}"
+while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = committed ] && break; done
+primary -q -d standby -c "SELECT idem_configure('sync.marker', '2 hours')"
+expect "lookup after the primary committed" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")" completed
+
+# Failover: the standby becomes the primary.
+kill "$holder" 2>/dev/null; holder=
+bash "$pgsh" failover "$pdir" "$rdir" >/dev/null
+expect "promoted: out of recovery" "$(replica -d standby -c "SELECT pg_is_in_recovery()")" f
+for path in direct sql; do
+  replica -d postgres -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
+  expect "promoted, $path: a duplicate replays" "$(replica -d standby -c "SELECT claimed || '|' || state || '|' || result::text FROM idem_claim('done', 'pay')")" \
+    'false|completed|{"charge": 7}'
+  expect "promoted, $path: the lease still runs" "$(replica -d standby -c "SELECT claimed || '|' || state FROM idem_claim('job', 'batch')")" \
+    'false|in_progress'
+  expect "promoted, $path: finishing the lease without its token" "$(replica -d standby -c '\set VERBOSITY sqlstate' -c "SELECT idem_checkpoint('job', 'batch', 'p')" 2>&1 | sed -n 's/^ERROR:  //p')" \
+    ID003
+done
+expect "promoted: the lease token finishes the lease" "$(replica -d standby -c "SELECT idem_complete('job', 'batch', '{\"done\": true}', lease_token => '$lease_token')" -c "SELECT state FROM idem_lookup('job', 'batch')" | tail -1)" \
+  "completed"
+expect "promoted: a new claim" "$(replica -d standby -c "SELECT claimed FROM idem_claim('after-failover', 'pay')")" t
+finish "hot standby"
+}
+
+# Logical replication (docs/operations.md, "Logical replication and CDC"),
+# with two private clusters A and B (wal_level = logical) and idem in both.
+#
+# (a) FOR ALL TABLES, publish_via_partition_root = true, on A; B subscribes.
+#     On A, with partitions 2 s wide rotating under maintenance every 0.3 s
+#     on both sides: claims, completes, failures, leases with checkpoints,
+#     tokens, forget, TTL and machine settings, claims beyond the premade
+#     partitions that maintenance moves out of the default partition, on
+#     the direct path and then on the SQL path (idem.storage_access = sql by
+#     ALTER SYSTEM + reload). Every call must succeed on A; B's apply worker
+#     must keep running with no error, the business rows and every live
+#     claim, token and setting must arrive unchanged, B's maintenance
+#     reports must stay its own, and idem_publications must report a
+#     publication without publish_via_partition_root (and idem_maintain warn).
+# (b) A logical migration from A ("blue") to B ("green"): a publication of
+#     idem's tables and the business table via the partition root, claims
+#     made before and during replication, maintenance rotating partitions on
+#     both sides; then the switchover of docs/operations.md (stop writes,
+#     wait until green has confirmed blue's LSN, drop the subscription) and,
+#     on green, every retry gets the first outcome back: completed, failed,
+#     claimed-and-committed, forgotten (claims anew), leases finished or
+#     checkpointed with the lease token blue gave out, one-time tokens.
+# Every wait polls a reported state with a bound. About a minute.
+scenario_logical() {
+source "$ROOT/tests/lib/assert.sh"
+pgsh="$ROOT/tests/lib/cluster.sh"
+base="$(cluster_dir)/logical"
+adir="$base/a"
+bdir="$base/b"
+aport=${LOGICAL_PORT_A:-5576}
+bport=${LOGICAL_PORT_B:-5577}
+work=$(mktemp -d)
+chmod 755 "$work"
+stop_loops() { touch "$work/stop"; wait 2>/dev/null || true; }
+trap 'stop_loops; bash "$pgsh" destroy "$adir" "$bdir"; rm -rf "$work"' EXIT
+t_start=$(date +%s)
+
+A() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$adir" -p "$aport" -U postgres "$@"; }
+B() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$bdir" -p "$bport" -U postgres "$@"; }
+
+mkdir -p "$base"
+for side in "a $aport" "b $bport"; do
+  set -- $side
+  bash "$pgsh" init "$base/$1" "$2"
+  cat >> "$base/$1/data/postgresql.conf" <<CONF
+wal_level = logical
+max_replication_slots = 8
+max_wal_senders = 8
+wal_sender_timeout = 10s
+CONF
+  bash "$pgsh" start "$base/$1"
+done
+
+# until "$@" prints t, for at most $1 seconds (polled every 0.1 s)
+wait_for() { # seconds what command...
+  local bound=$1 what=$2
+  shift 2
+  local end=$(( $(date +%s%N) + bound * 1000000000 ))
+  while [ "$(date +%s%N)" -lt $end ]; do
+    [ "$("$@" 2>/dev/null)" = t ] && { echo "ok: $what"; return 0; }
+    sleep 0.1
+  done
+  fail "$what: not within $bound s"
+  return 1
+}
+
+# The schema both sides get: idem, short partitions, a business table, the
+# client's notes (what a client keeps: lease tokens, one-time tokens).
+setup_db() { # psql-function db
+  "$1" -d postgres -c "CREATE DATABASE $2"
+  "$1" -d "$2" <<SQL
+CREATE EXTENSION idem;
+ALTER DATABASE $2 SET idem.partition_width = '2 seconds';
+ALTER DATABASE $2 SET idem.default_ttl = '60 seconds';
+ALTER DATABASE $2 SET idem.premake_limit = 40;
+CREATE TABLE orders (request text PRIMARY KEY, amount int NOT NULL, path text);
+CREATE TABLE client_notes (what text, key text, token text, PRIMARY KEY (what, key));
+CREATE TABLE shipments (id text PRIMARY KEY, status text NOT NULL);
+SQL
+}
+
+# maintenance every 0.3 s until $work/stop exists; a failed run is recorded
+maintain_loop() { # psql-function db name
+  while [ ! -e "$work/stop" ]; do
+    "$1" -d "$2" -c "SELECT idem_maintain()" >> "$work/maint-$3.log" 2>> "$work/maint-$3.err" \
+      || echo "run failed" >> "$work/maint-$3.failed"
+    sleep 0.3
+  done
+}
+maint_summary() { # name: created dropped moved runs
+  python3 - "$work/maint-$1.log" <<'PY'
+import json, sys
+c = d = m = n = 0
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith('{'):
+        continue
+    r = json.loads(line)
+    if 'partitions_created' not in r:
+        continue
+    n += 1
+    c += len(r['partitions_created']); d += len(r['partitions_dropped']); m += r['rows_moved_from_default']
+print(c, d, m, n)
+PY
+}
+
+# The client's work: n requests with key prefix p, by outcome (i mod 8):
+#   0 completed with the order   1 failed (declined)      2 claimed, committed, not finished
+#   3 forgotten by an operator   4 lease, checkpointed, completed with its token
+#   5 lease left open, in the default partition (token kept)   6 ttl beyond the premade partitions (default
+#   partition, moved out later), completed   7 one-second claim (its partition rotates out)
+# and a one-time token per 4 requests, every other one spent.
+workload() { # prefix n
+  local p=$1 n=$2 i k
+  # settings written with the publication in place; a lease that runs out
+  # and is taken over (an UPDATE of the lease document)
+  echo "SELECT idem_configure('type-$p', '30 seconds');
+        SELECT idem_set_owner('type-$p', 'postgres');
+        SELECT idem_define_machine('machine-$p', '{\"A\": [\"B\"]}');
+        SELECT result->>'lease_token' AS tok FROM idem_claim('$p-takeover', 'pay', lease => '1 second') \\gset
+        SELECT pg_sleep(1.1);
+        SELECT result->>'lease_token' AS tok FROM idem_claim('$p-takeover', 'pay', lease => '30 seconds') \\gset
+        SELECT idem_complete('$p-takeover', 'pay', '{\"attempt\": 2}', :'tok');"
+  for i in $(seq 1 "$n"); do
+    k="$p-$i"
+    case $((i % 8)) in
+    0) echo "BEGIN; SELECT claimed FROM idem_claim('$k', 'pay');
+             INSERT INTO orders VALUES ('$k', $i, current_setting('idem.storage_access'));
+             INSERT INTO shipments VALUES ('$k', 'CREATED');
+             SELECT idem_transition('shipments', 'id', '$k', 'status', 'PAID', 'order');
+             SELECT idem_complete('$k', 'pay', '{\"order\": \"$k\", \"amount\": $i}'); COMMIT;" ;;
+    1) echo "BEGIN; SELECT claimed FROM idem_claim('$k', 'pay', fingerprint => 'fp-$i');
+             SELECT idem_fail('$k', 'pay', '{\"reason\": \"declined\", \"i\": $i}'); COMMIT;" ;;
+    2) echo "BEGIN; SELECT claimed FROM idem_claim('$k', 'pay'); INSERT INTO orders VALUES ('$k', $i, 'plain'); COMMIT;" ;;
+    3) echo "SELECT claimed FROM idem_claim('$k', 'pay');
+             SELECT idem_forget('$k', 'pay');" ;;
+    4) echo "SELECT result->>'lease_token' AS tok FROM idem_claim('$k', 'pay', lease => '40 seconds') \\gset
+             SELECT idem_checkpoint('$k', 'pay', 'charged', '{\"charge\": \"ch-$i\"}', :'tok');
+             BEGIN; INSERT INTO orders VALUES ('$k', $i, 'leased');
+             SELECT idem_complete('$k', 'pay', '{\"charge\": \"ch-$i\", \"done\": true}', :'tok'); COMMIT;" ;;
+    5) echo "SELECT result->>'lease_token' AS tok FROM idem_claim('$k', 'pay', ttl => '5 minutes', lease => '4 minutes') \\gset
+             SELECT idem_checkpoint('$k', 'pay', 'started', '{\"step\": 1}', :'tok');
+             INSERT INTO client_notes VALUES ('lease', '$k', :'tok');" ;;
+    6) echo "BEGIN; SELECT claimed FROM idem_claim('$k', 'pay', ttl => '70 seconds');
+             SELECT idem_complete('$k', 'pay', '{\"far\": $i}'); COMMIT;" ;;
+    7) echo "BEGIN; SELECT claimed FROM idem_claim('$k', 'blip', ttl => '1 second');
+             INSERT INTO orders VALUES ('$k', $i, 'blip'); COMMIT;" ;;
+    esac
+    if [ $((i % 4)) = 0 ]; then
+      echo "INSERT INTO client_notes SELECT 'token', '$k', idem_issue_token('form', '5 minutes');"
+      [ $((i % 8)) = 0 ] && echo "SELECT idem_consume_token(token, 'form') FROM client_notes WHERE what = 'token' AND key = '$k';"
+    fi
+  done
+}
+
+# What a side holds, for comparison: business rows, live claims (expiring
+# after the cutoff: neither side's maintenance can drop them meanwhile),
+# tokens, business types, machines.
+digest() { # psql-function db cutoff
+  "$1" -d "$2" -F ' ' <<SQL
+SELECT 'orders', count(*), md5(coalesce(string_agg(request || ':' || amount || ':' || path, ',' ORDER BY request), '')) FROM orders;
+SELECT 'claims', count(*), md5(coalesce(string_agg(concat_ws('|', biz_type, key, state, claimed_at, expires_at, fingerprint, result),
+                                               ',' ORDER BY biz_type, key, claimed_at), ''))
+  FROM idem.claims WHERE expires_at > '$3';
+SELECT 'tokens', count(*), md5(coalesce(string_agg(concat_ws('|', token_sha256, biz_type, issued_at, expires_at, spent_at), ',' ORDER BY token_sha256), ''))
+  FROM idem.tokens WHERE expires_at > '$3';
+SELECT 'biz_types', count(*), md5(coalesce(string_agg(concat_ws('|', biz_type, ttl, owner), ',' ORDER BY biz_type), '')) FROM idem.biz_types;
+SELECT 'machines', count(*), md5(coalesce(string_agg(m::text, ',' ORDER BY m.name), '')) FROM idem.machines m;
+SQL
+}
+
+# Caught up: the subscriber confirmed (flushed, so applied) everything up to
+# the publisher's current WAL position.
+wait_caught_up() { # db slot what
+  local lsn
+  lsn=$(A -d "$1" -c "SELECT pg_current_wal_lsn()")
+  wait_for 30 "$3 $2 confirmed $lsn" A -d "$1" -c \
+    "SELECT coalesce(confirmed_flush_lsn >= '$lsn', false) FROM pg_replication_slots WHERE slot_name = '$2'"
+}
+
+# The subscription's apply worker runs and has not failed.
+apply_running() { # db sub what
+  expect "$3 apply worker running, no apply or sync error" \
+    "$(B -d "$1" -c "SELECT count(s.pid) || '/' || sum(st.apply_error_count + st.sync_error_count)
+                       FROM pg_stat_subscription s JOIN pg_stat_subscription_stats st USING (subid)
+                      WHERE s.subname = '$2' AND s.relid IS NULL")" "1/0"
+}
+
+echo "=== (a) FOR ALL TABLES publication on A, B subscribes"
+setup_db A app
+setup_db B app
+A -d app > /dev/null <<'SQL'
+SELECT idem_configure('pay', '60 seconds');
+SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
+SELECT idem_guard('shipments', 'status', 'order');
+BEGIN; SELECT claimed FROM idem_claim('before-sub', 'pay'); SELECT idem_complete('before-sub', 'pay', '{"early": true}'); COMMIT;
+CREATE PUBLICATION all_tables FOR ALL TABLES WITH (publish_via_partition_root = true);
+SQL
+A -d app -c "SELECT idem_maintain()" > /dev/null
+B -d app -c "CREATE SUBSCRIPTION all_tables CONNECTION 'host=127.0.0.1 port=$aport user=postgres dbname=app' PUBLICATION all_tables" 2>/dev/null
+wait_for 30 "(a) initial copy of every table done" B -d app -c \
+  "SELECT count(*) = count(*) FILTER (WHERE srsubstate = 'r') AND count(*) > 0 FROM pg_subscription_rel"
+expect "(a) idem_publications on A: what all_tables publishes, no problem" \
+  "$(A -d app -c "SELECT via_root, tables, problems FROM idem_publications")" \
+  "t|{idem.biz_types,idem.claims,idem.machines,idem.maintenance_lock,idem.maintenance_runs,idem.tokens,idem.type_classes}|{}"
+
+maintain_loop A app a &
+maintain_loop B app b &
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'direct'" -c "SELECT pg_reload_conf()" > /dev/null
+t0=$(date +%s.%N)
+workload direct 96 > "$work/wl-direct.sql"
+A -d app -f "$work/wl-direct.sql" > "$work/wl-direct.out"
+expect "(a) the direct path ran it" "$(A -d app -c "SELECT DISTINCT path FROM orders WHERE request LIKE 'direct-%' AND path NOT IN ('plain', 'leased', 'blip')")" "direct"
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" > /dev/null
+workload sql 96 > "$work/wl-sql.sql"
+A -d app -f "$work/wl-sql.sql" > "$work/wl-sql.out"
+expect "(a) the SQL path ran it" "$(A -d app -c "SELECT DISTINCT path FROM orders WHERE request LIKE 'sql-%' AND path NOT IN ('plain', 'leased', 'blip')")" "sql"
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" > /dev/null
+echo "(a) workload of 192 requests on both paths: $(python3 -c "import time; print(round(time.time() - $t0, 1))") s"
+# Moves out of the default partition: the 70 s claims are beyond the premade
+# partitions (now + 62 s) and are moved when maintenance reaches them.
+wait_for 30 "(a) A's maintenance moved the far claims out of the default partition" A -d app -c \
+  "SELECT NOT EXISTS (SELECT 1 FROM idem.claims_default WHERE result ? 'far')"
+wait_caught_up app all_tables "(a)"
+apply_running app all_tables "(a)"
+cutoff=$(A -d app -c "SELECT now() + interval '5 seconds'")
+digest A app "$cutoff" > "$work/a.digest"
+digest B app "$cutoff" > "$work/b.digest"
+if diff "$work/a.digest" "$work/b.digest" > /dev/null; then
+  echo "ok: (a) B holds what A holds:"; sed 's/^/    /' "$work/a.digest"
+else
+  fail "(a) B differs from A:"; diff "$work/a.digest" "$work/b.digest" || true
+fi
+expect "(a) live claims compared" "$(awk '$1 == "claims" { print ($2 >= 100) }' "$work/a.digest")" 1
+expect "(a) on B, a completed claim replays" \
+  "$(B -d app -c "SELECT state || ' ' || result::text FROM idem_lookup('direct-8', 'pay')")" 'completed {"order": "direct-8", "amount": 8}'
+expect "(a) on B, the leases taken over on both paths" \
+  "$(B -d app -c "SELECT string_agg(state || ' ' || result::text, ', ') FROM (SELECT (idem_lookup(p || '-takeover', 'pay')).* FROM unnest('{direct,sql}'::text[]) p) l")" \
+  'completed {"attempt": 2}, completed {"attempt": 2}'
+expect "(a) on B, the guarded transitions" "$(B -d app -c "SELECT string_agg(DISTINCT status, ',') FROM shipments")" "PAID"
+expect "(a) on B, the claim made before the subscription (initial copy)" \
+  "$(B -d app -c "SELECT state || ' ' || result::text FROM idem_lookup('before-sub', 'pay')")" 'completed {"early": true}'
+expect "(a) every partition on both sides has REPLICA IDENTITY FULL" \
+  "$(A -d app -c "SELECT bool_and(relreplident = 'f') FROM pg_class WHERE oid IN (SELECT partition FROM idem.partition_bounds)")$(B -d app -c "SELECT bool_and(relreplident = 'f') FROM pg_class WHERE oid IN (SELECT partition FROM idem.partition_bounds)")" "tt"
+A -d app -c "SELECT started_at FROM idem.maintenance_runs ORDER BY 1" > "$work/a.runs"
+B -d app -c "SELECT started_at FROM idem.maintenance_runs ORDER BY 1" > "$work/b.runs"
+expect "(a) B's maintenance reports are its own (none of A's: $(wc -l < "$work/a.runs") on A, $(wc -l < "$work/b.runs") on B)" \
+  "$(comm -12 "$work/a.runs" "$work/b.runs" | wc -l)" 0
+
+echo "--- a publication without publish_via_partition_root, and one with a column list"
+A -d app -c "CREATE PUBLICATION leaf_names FOR ALL TABLES" -c "CREATE PUBLICATION some_columns FOR TABLE idem.biz_types (biz_type)" \
+  -c "CREATE PUBLICATION no_classes FOR TABLE idem.claims WITH (publish_via_partition_root = true)"
+expect "(a) idem_publications reports the three" \
+  "$(A -d app -c "SELECT publication || ': ' || split_part(problems[1], ':', 1) FROM idem_publications WHERE problems <> '{}' ORDER BY 1")" \
+  "leaf_names: publishes the partitions of idem.claims under their own names (publish_via_partition_root = false)
+no_classes: publishes idem.claims without idem.type_classes
+some_columns: publishes only some columns of idem.biz_types (a column list)"
+# (The background maintenance loop may hold maintenance at that moment:
+# idem_maintain then says it did nothing; call again until a call ran.)
+for attempt in $(seq 1 200); do
+  # (An error is reported by the check below, not by set -e; sed reads
+  # everything, where head could close the pipe on psql.)
+  warn=$( (A -d app -c "SELECT idem_maintain() IS NOT NULL" 2>&1 >/dev/null || true) | sed -n 1p)
+  case "$warn" in *"already running in another session"*) continue ;; *) break ;; esac
+done
+expect "(a) idem_maintain warns" "${warn:0:80}" "WARNING:  idem_maintain: publications that include idem's tables need a change: "
+A -d app -c "DROP PUBLICATION leaf_names, some_columns, no_classes"
+stop_loops
+rm -f "$work/stop"
+echo "--- a partition without REPLICA IDENTITY FULL (made by hand, or restored from an old dump)"
+part=$(A -d app -c "SELECT partition FROM idem.partition_bounds WHERE NOT is_default ORDER BY range_to DESC LIMIT 1")
+A -d app -c "ALTER TABLE $part REPLICA IDENTITY DEFAULT"
+expect "(a) idem_publications reports it" \
+  "$(A -d app -c "SELECT split_part(problems[1], ':', 1) FROM idem_publications")" "$part has no REPLICA IDENTITY FULL"
+# The direct path refuses a claim before anything is written (55000), the
+# SQL path's UPDATE is refused by PostgreSQL itself: either way the
+# business transaction rolls back, nothing diverges on the subscriber.
+out=$(A -d app -v VERBOSITY=verbose -c "BEGIN" -c "INSERT INTO orders VALUES ('gap-direct', 1, 'x')" \
+        -c "SELECT idem_claim('gap-direct', 'pay')" -c "COMMIT" 2>&1 || true)
+expect "(a) direct path: the claim is refused" "$(grep -o 'ERROR:  55000: idem: [^,]*' <<<"$out")" \
+  "ERROR:  55000: idem: $part has no REPLICA IDENTITY FULL"
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" > /dev/null
+out=$(A -d app -v VERBOSITY=verbose -c "BEGIN" -c "INSERT INTO orders VALUES ('gap-sql', 1, 'x')" \
+        -c "SELECT idem_claim('gap-sql', 'pay', ttl => (SELECT range_from + (range_to - range_from) / 2 - now()
+                                                        FROM idem.partition_bounds WHERE partition = '$part'::regclass))" \
+        -c "SELECT idem_complete('gap-sql', 'pay')" -c "COMMIT" 2>&1 || true)
+expect "(a) SQL path: PostgreSQL refuses the update" "$(grep -o 'ERROR:  55000: cannot update table' <<<"$out")" \
+  "ERROR:  55000: cannot update table"
+expect "(a) neither business row was written" "$(A -d app -c "SELECT count(*) FROM orders WHERE request LIKE 'gap-%'")" 0
+expect "(a) idem_maintain sets it" "$(A -d app -c "SELECT idem_maintain()->'replica_identity_set'")" "[\"$part\"]"
+expect "(a) and the problem is gone" "$(A -d app -c "SELECT problems FROM idem_publications")" "{}"
+A -d app -c "BEGIN" -c "SELECT idem_claim('gap-sql', 'pay')" -c "SELECT idem_complete('gap-sql', 'pay')" -c "COMMIT" > /dev/null
+A -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" > /dev/null
+A -d app -c "BEGIN" -c "SELECT idem_claim('gap-direct', 'pay')" -c "SELECT idem_complete('gap-direct', 'pay')" -c "COMMIT" > /dev/null
+echo "ok: (a) after it, both paths claim and complete again"
+expect "(a) no maintenance run failed on A or B" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
+read -r ca da ma na <<<"$(maint_summary a)"
+read -r cb db mb nb <<<"$(maint_summary b)"
+echo "(a) maintenance on A: $na runs, $ca partitions created, $da dropped, $ma claims moved out of the default partition"
+echo "(a) maintenance on B: $nb runs, $cb partitions created, $db dropped, $mb claims moved out of the default partition"
+[ "$da" -gt 0 ] && [ "$db" -gt 0 ] && [ "$ca" -gt 0 ] && [ "$cb" -gt 0 ] || fail "(a) partitions did not rotate on both sides"
+[ "$ma" -gt 0 ] || fail "(a) A's maintenance moved no claim out of the default partition"
+# (expected: the refusals above)
+expected_errors="idem_maintain is already running\|has no REPLICA IDENTITY FULL\|cannot update table"
+grep -h "ERROR" "$adir/server.log" "$bdir/server.log" | grep -v "$expected_errors" \
+  && fail "(a) errors in the server logs" || echo "ok: (a) no unexpected ERROR in either server log"
+B -d app -c "DROP SUBSCRIPTION all_tables"
+: > "$work/maint-a.log"; : > "$work/maint-b.log"
+
+echo "=== (b) migration from A (blue) to B (green), with switchover"
+setup_db A shop
+setup_db B shop
+A -d shop > /dev/null <<'SQL'
+SELECT idem_configure('pay', '60 seconds');
+SELECT idem_configure('blip', '2 seconds');
+SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
+CREATE PUBLICATION migration FOR TABLE idem.claims, idem.type_classes, idem.biz_types, idem.tokens, idem.machines, orders
+  WITH (publish_via_partition_root = true);
+SQL
+workload before 24 > "$work/wl-before.sql"
+A -d shop -c "SELECT idem_maintain()" -f "$work/wl-before.sql" > /dev/null
+B -d shop -c "SELECT idem_maintain()" > /dev/null
+B -d shop -c "CREATE SUBSCRIPTION migration CONNECTION 'host=127.0.0.1 port=$aport user=postgres dbname=shop' PUBLICATION migration" 2>/dev/null
+wait_for 30 "(b) initial copy done" B -d shop -c \
+  "SELECT count(*) = count(*) FILTER (WHERE srsubstate = 'r') AND count(*) > 0 FROM pg_subscription_rel"
+maintain_loop A shop a &
+maintain_loop B shop b &
+workload during 96 > "$work/wl-during.sql"
+A -d shop -f "$work/wl-during.sql" > /dev/null
+wait_for 30 "(b) blue's maintenance moved the far claims out of the default partition" A -d shop -c \
+  "SELECT NOT EXISTS (SELECT 1 FROM idem.claims_default WHERE result ? 'far')"
+apply_running shop migration "(b)"
+
+echo "--- switchover"
+# 1. stop writes on blue (and its maintenance), 2. wait until green has
+# confirmed blue's current LSN, 3. drop the subscription, 4. send the
+# clients to green.
+touch "$work/stop"; wait 2>/dev/null || true; rm -f "$work/stop"
+A -d shop -c "ALTER DATABASE shop SET default_transaction_read_only = on" \
+  -c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'shop' AND backend_type = 'client backend' AND pid <> pg_backend_pid()" > /dev/null
+t_sw=$(date +%s%N)
+wait_caught_up shop migration "(b) switchover"
+echo "(b) caught up $(( ($(date +%s%N) - t_sw) / 1000000 )) ms after writes stopped"
+apply_running shop migration "(b) at switchover"
+cutoff=$(A -d shop -c "SELECT now() + interval '5 seconds'")
+digest A shop "$cutoff" > "$work/blue.digest"
+digest B shop "$cutoff" > "$work/green.digest"
+B -d shop -c "DROP SUBSCRIPTION migration"
+if diff "$work/blue.digest" "$work/green.digest" > /dev/null; then
+  echo "ok: (b) green holds what blue held:"; sed 's/^/    /' "$work/blue.digest"
+else
+  fail "(b) green differs from blue:"; diff "$work/blue.digest" "$work/green.digest" || true
+fi
+A -d shop -c "SELECT what, key, token FROM client_notes" -F ' ' > "$work/notes"
+
+echo "--- retries on green"
+maintain_loop B shop b &
+replays=0
+for p in before during; do
+  n=$([ $p = before ] && echo 24 || echo 96)
+  for i in $(seq 1 "$n"); do
+    k="$p-$i"
+    case $((i % 8)) in
+    0) want="false|completed|{\"order\": \"$k\", \"amount\": $i}" ;;
+    1) want="false|failed|{\"i\": $i, \"reason\": \"declined\"}" ;;
+    2) want="false|completed|" ;;
+    3) want="true|new|" ;;
+    4) want="false|completed|{\"done\": true, \"charge\": \"ch-$i\"}" ;;
+    5) want="false|in_progress|" ;;
+    6) want="false|completed|{\"far\": $i}" ;;
+    7) continue ;;   # one-second claims: expired
+    esac
+    fp=""; [ $((i % 8)) = 1 ] && fp=", fingerprint => 'fp-$i'"
+    got=$(B -d shop -c "SELECT claimed || '|' || state || '|' || coalesce(result::text, '') FROM idem_claim('$k', 'pay'$fp)")
+    [ "$got" = "$want" ] || fail "(b) retry of $k on green: got '$got', want '$want'"
+    replays=$((replays + 1))
+  done
+done
+echo "ok: (b) $replays retries on green checked"
+# Open leases: the token blue gave out finishes them on green.
+leases=0
+while read -r what key tok; do
+  [ "$what" = lease ] || continue
+  # the token is still the proof: without it, ID003
+  err=$(B -d shop -v VERBOSITY=verbose -c "SELECT idem_complete('$key', 'pay', '{}')" 2>&1 || true)
+  [[ "$err" == *"ID003"* ]] || fail "(b) lease $key completed on green without its token: $err"
+  B -d shop -c "SELECT idem_checkpoint('$key', 'pay', 'resumed', '{\"on\": \"green\"}', '$tok')" \
+            -c "SELECT idem_complete('$key', 'pay', '{\"finished_on\": \"green\"}', '$tok')" > /dev/null \
+    || fail "(b) lease $key: its token did not finish it on green"
+  got=$(B -d shop -c "SELECT state || ' ' || result::text FROM idem_claim('$key', 'pay')")
+  [ "$got" = 'completed {"finished_on": "green"}' ] || fail "(b) lease $key after completion on green: $got"
+  leases=$((leases + 1))
+done < "$work/notes"
+expect "(b) open leases finished with blue's tokens on green" "$leases" 15
+tokens_ok=0
+while read -r what key tok; do
+  [ "$what" = token ] || continue
+  i=${key##*-}
+  if [ $((i % 8)) = 0 ]; then want="f f"; else want="t f"; fi
+  got=$(B -d shop -c "SELECT idem_consume_token('$tok', 'form')" -c "SELECT idem_consume_token('$tok', 'form')" | tr '\n' ' ' | sed 's/ $//')
+  [ "$got" = "$want" ] || fail "(b) token of $key on green: got '$got', want '$want'"
+  tokens_ok=$((tokens_ok + 1))
+done < "$work/notes"
+expect "(b) one-time tokens from blue: spent ones stay spent, the others spend once on green" "$tokens_ok" 30
+expect "(b) TTL settings carried: a new claim on green" \
+  "$(B -d shop -c "SELECT expires_at - first_claimed_at FROM idem_claim('after-switch', 'pay')")" "00:01:00"
+expect "(b) machine carried" "$(B -d shop -c "SELECT idem_classify_transition('order', 'CREATED', 'PAID')")" "allowed"
+touch "$work/stop"; wait 2>/dev/null || true
+expect "(b) no maintenance run failed" "$(cat "$work"/maint-*.failed 2>/dev/null | wc -l)" 0
+read -r ca da ma na <<<"$(maint_summary a)"
+read -r cb db mb nb <<<"$(maint_summary b)"
+echo "(b) maintenance on blue: $na runs, $ca partitions created, $da dropped, $ma claims moved out of the default partition"
+echo "(b) maintenance on green: $nb runs, $cb partitions created, $db dropped, $mb claims moved out of the default partition"
+[ "$da" -gt 0 ] && [ "$db" -gt 0 ] && [ "$ca" -gt 0 ] && [ "$cb" -gt 0 ] || fail "(b) partitions did not rotate on both sides"
+grep -h "ERROR" "$adir/server.log" "$bdir/server.log" | grep -v "$expected_errors\|is leased: pass the lease_token" \
+  && fail "(b) errors in the server logs" || echo "ok: (b) no unexpected ERROR in either server log"
+
+echo "logical replication scenario: $(( $(date +%s) - t_start )) s, failures: $fails"
+[ "$fails" = 0 ]
+}
+
+scenario_main "$@"
