@@ -9,6 +9,8 @@
 #   make install [PG_CONFIG=...] [DESTDIR=...]            install it where pg_config says
 #   make uninstall [PG_CONFIG=...]
 #   make portable [PORTABLE_SCHEMA=public]                the portable edition into dist/ (docs/portable.md)
+#   make updates                                          the unreleased update scripts from their
+#                                                         templates (sql/updates/, scripts/updates.py)
 #   make installcheck [PG_CONFIG=...]                     the regression and isolation tests against a
 #                                                         running server with idem installed (below)
 # PostgreSQL 15 to 18 (the cargo feature pgNN follows pg_config).
@@ -57,6 +59,13 @@ PORTABLE_SCHEMA ?= public
 portable:
 	python3 scripts/portable.py --out dist --schema '$(PORTABLE_SCHEMA)'
 
+# The update scripts of the unreleased version (sql/idem--A--B.sql) from
+# their templates in sql/updates/: what they restate of sql/*.sql is
+# written there once (scripts/updates.py; tests/scenarios/upgrade.sh fails
+# when one is stale).
+updates:
+	python3 scripts/updates.py
+
 # make installcheck: the regression (tests/pg_regress) and isolation
 # (tests/isolation) schedules against a running server that has idem
 # installed (make install, the package), the PGXS way: the pg_regress and
@@ -90,4 +99,4 @@ installcheck-isolation:
 	  --bindir='$(PG_BINDIR)' --dbname=isolation_regression --load-extension=idem $(ISOLATION_OPTS) \
 	  $(or $(ISOLATION),--schedule=$(ISOLATION_SCHEDULE))
 
-.PHONY: all install uninstall portable installcheck installcheck-regress installcheck-isolation
+.PHONY: all install uninstall portable updates installcheck installcheck-regress installcheck-isolation

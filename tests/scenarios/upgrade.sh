@@ -13,7 +13,10 @@
 #   4. the upgraded schema equals a fresh install's, object by object
 #      (tests/upgrade/schema.sql), so an upgrade script that forgets a change
 #      fails here.
+# First: the unreleased update scripts are what their templates give
+# (scripts/updates.py).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+python3 "$ROOT/scripts/updates.py" --check
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
 extdir="$("$PG_CONFIG" --sharedir)/extension"
 work=$(mktemp -d)
