@@ -35,8 +35,19 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The order of src/lib.rs's extension_sql_file! chain.
-MODULES = ["storage", "claim", "maintenance", "guards", "scaling", "replication", "metrics", "lease", "batch"]
+
+
+def sql_modules():
+    """The modules of sql/ in install order: src/lib.rs's extension_sql_file!
+    lines, the one place that order is written."""
+    with open(os.path.join(ROOT, "src", "lib.rs"), encoding="utf-8") as f:
+        found = re.findall(r'^extension_sql_file!\("\.\./sql/(\w+)\.sql"', f.read(), re.M)
+    if not found:
+        sys.exit("portable.py: no extension_sql_file! line in src/lib.rs")
+    return found
+
+
+MODULES = sql_modules()
 C_FUNCTION = re.compile(r"LANGUAGE c AS 'MODULE_PATHNAME', '(\w+)'")
 # Things a non-superuser cannot create; the portable edition goes without
 # them (docs/portable.md).
