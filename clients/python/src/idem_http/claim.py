@@ -5,6 +5,8 @@ run a statement)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import format_datetime
 from typing import Any, Optional
 
 from .policy import Response
@@ -19,6 +21,15 @@ class ClaimState:
     result: Any
     lease: Optional[str] = None
     finished: Optional[str] = field(default=None)  # "completed" / "failed" once stored
+    expires_at: Optional[datetime] = None  # the claim's expiry, as idem_claim answered it
+
+    @property
+    def expires(self) -> Optional[str]:
+        """The claim's expiry as an HTTP-date (IMF-fixdate), for the
+        Idempotent-Expires header of a replay."""
+        if not isinstance(self.expires_at, datetime):
+            return None
+        return format_datetime(self.expires_at.astimezone(timezone.utc), usegmt=True)
 
     @property
     def lease_token(self) -> Optional[str]:

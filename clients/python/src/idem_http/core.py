@@ -80,7 +80,7 @@ def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key
     if row is None:
         raise RuntimeError("idem_claim returned no row")
     c = Claim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),
-              result=_sql.from_json(row[2]), lease=lease)
+              result=_sql.from_json(row[2]), lease=lease, expires_at=row[3])
     c._execute = execute
     c._transaction = transaction
     return c
@@ -94,6 +94,18 @@ def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fi
         if sqlstate_of(e) == LOCK_NOT_AVAILABLE:
             raise InProgress(f"({biz_type}, {key}) is in progress: the wait ran out") from e
         raise
+
+
+def _release(transaction: TransactionFactory, execute: Execute, c: Claim) -> None:
+    """Hand a leased claim that was not finished back (idem_release), so
+    that the client's retry takes it over at once instead of waiting for the
+    lease to run out. Best effort: if it fails (a lost connection, the lease
+    already taken over), the lease runs out as before."""
+    try:
+        with transaction():
+            execute(_sql.RELEASE, (c.key, c.biz_type, c.lease_token))
+    except Exception as e:
+        _log.warning("idem_http: handing back the lease of (%s, %s) failed: %r", c.biz_type, c.key, e)
 
 
 def _reraise(e: BaseException) -> None:
@@ -122,10 +134,15 @@ def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_ty
             with transaction():
                 row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
             c = _make_claim(execute, transaction, key, biz_type, row, lease)
-            yield c
-            if c.claimed and c.finished is None:
-                raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
-                                       "its lease runs out and a retry takes over")
+            try:
+                yield c
+                if c.claimed and c.finished is None:
+                    raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
+                                           "its lease was handed back (idem_release): a retry takes over at once")
+            except BaseException:
+                if c.claimed and c.finished is None:
+                    _release(transaction, execute, c)
+                raise
     except Exception as e:
         _reraise(e)
         raise
@@ -187,7 +204,8 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
                       fingerprint=policy.fingerprint_of(info, route, scope), wait=wait, ttl=route.ttl,
                       lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
             if not c.claimed:
-                answer = policy.in_progress(route) if c.state == "in_progress" else policy.replay(c.replay, c.state)
+                answer = (policy.in_progress(route) if c.state == "in_progress"
+                          else policy.replay(c.replay, c.state, c.expires))
             else:
                 native = call(c)
                 resp = describe(native)
