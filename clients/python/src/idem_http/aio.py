@@ -17,7 +17,7 @@ import psycopg
 
 from . import _sql
 from .claim import ClaimState
-from .errors import LOCK_NOT_AVAILABLE, ClaimNotFinished, InProgress, classify, sqlstate_of
+from .errors import LOCK_NOT_AVAILABLE, InProgress, classify, sqlstate_of
 from .policy import _log
 
 
@@ -139,17 +139,14 @@ async def claim(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str, *,
                 c = await claim_row(conn, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl, lease=None,
                                     lock_timeout=lock_timeout)
                 yield c
-                if c.claimed and c.finished is None:
-                    raise ClaimNotFinished(f"claim ({biz_type}, {key}) neither completed nor failed: rolled back")
+                c.check_finished()
         else:
             async with conn.transaction():
                 c = await claim_row(conn, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl, lease=lease,
                                     lock_timeout=lock_timeout)
             try:
                 yield c
-                if c.claimed and c.finished is None:
-                    raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
-                                           "its lease was handed back (idem_release): a retry takes over at once")
+                c.check_finished()
             except BaseException:
                 await c.release()
                 raise
