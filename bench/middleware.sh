@@ -41,6 +41,7 @@
 # (Python) and node --cpu-prof (Node), summaries in the output folder.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
+source "$ROOT/tests/lib/middleware.sh"
 
 # Requests per second through the Go middleware (clients/go), next to the
 # same net/http + pgx handler with hand-written idempotency (INSERT ... ON
@@ -59,25 +60,12 @@ source "$ROOT/tests/lib/cluster.sh"
 bench_go() {
   source "$ROOT/tests/lib/go.sh"
   PG_PORT=${BENCH_MW_GO_PORT:-5592}
-  dir="$(cluster_dir)/middleware-go-bench"
-  work=
-  stop_all() {
-    pc_stop
-    if [ -n "$work" ]; then rm -rf "$work"; fi
-    return 0
-  }
-  trap stop_all EXIT
-  PC_DIR=$dir
-  stop_all
+  mw_begin middleware-go-bench
   bash "$ROOT/scripts/setup.sh" --tool middleware_go
   go_env
-  work=$(mktemp -d /tmp/middleware-go-bench.XXXXXX)
   (cd "$ROOT/clients/go/test" && go build -o "$work/bench" ./bench)
-  pc_init "$dir" "$PG_PORT" "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
+  mw_cluster "$PG_PORT" bench "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
     "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min"
-  pc_start
-  pc_psql -d postgres -q -c "CREATE DATABASE bench"
-  pc_psql -d bench -q -c "CREATE EXTENSION idem"
   echo "PostgreSQL $(pc_psql -d bench -Atc 'SHOW server_version'), $(go version), $(nproc) cores"
   BENCH_DSN="host=$dir port=$PG_PORT user=postgres dbname=bench pool_max_conns=16" "$work/bench" "$@"
 }
@@ -101,17 +89,13 @@ done
 PG_PORT=${BENCH_MW_PORT:-5590}
 [ "$PG_MAJOR" = 15 ] || { echo "bench/middleware.sh runs on Debian's PostgreSQL 15 (PG_CONFIG=$PG_CONFIG)" >&2; exit 2; }
 HERE="$ROOT/bench/middleware"
-dir="$(cluster_dir)/middleware-bench"
 WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
 BENCH_WHEELS="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-bench"
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 PY_PORT=$(free_port)
 NODE_PORT=$(free_port)
-work=
 py_pid=
 node_pid=
-
-stop_all() {
+mw_stop_hook() { # the servers, by their pids
   local p
   for p in $py_pid $node_pid; do
     kill -TERM "$p" 2>/dev/null || true
@@ -120,15 +104,8 @@ stop_all() {
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
     kill -KILL "$p" 2>/dev/null || true
   done
-  pc_stop
-  if [ -n "$work" ]; then rm -rf "$work"; fi
-  return 0
 }
-trap stop_all EXIT
-PC_DIR=$dir
-work=$(mktemp -d /tmp/idem-mwbench.XXXXXX)
-rm -rf "$OUT"
-mkdir -p "$OUT"
+MW_OUT=$OUT mw_begin middleware-bench idem-mwbench
 exec > >(tee "$OUT/run.log") 2>&1
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -172,13 +149,10 @@ echo "$node_versions (Node $(node --version))"
 
 # ---- the cluster ------------------------------------------------------------------
 say "PostgreSQL cluster on port $PG_PORT (synchronous_commit = off)"
-pc_init "$dir" "$PG_PORT" "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
+mw_cluster "$PG_PORT" mw "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
   "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min" \
   "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track = none"
-pc_start
-pc_psql -q -d postgres -c "CREATE DATABASE mw"
 pc_psql -q -d mw <<'SQL'
-CREATE EXTENSION idem;
 -- Statement times for --profile only (tracking is off for the measured runs).
 CREATE EXTENSION pg_stat_statements;
 CREATE TABLE orders (

@@ -253,6 +253,18 @@ func Complete(ctx context.Context, tx any, key, bizType string, result any, leas
 		key, bizType, result, leaseToken)
 }
 
+// Release calls idem_release(key, bizType, leaseToken) in tx: the holder of
+// a lease hands it back early after a transient failure, so that the next
+// claim takes it over at once (attempt + 1, the recovery point kept).
+func Release(ctx context.Context, tx any, key, bizType, leaseToken string) error {
+	row, err := queryRow(ctx, tx, `SELECT idem_release($1, $2, $3)::text`, key, bizType, leaseToken)
+	if err != nil {
+		return err
+	}
+	var ignored sql.NullString
+	return wrap("idem_release", row.Scan(&ignored))
+}
+
 // Fail calls idem_fail(key, bizType, errDoc, leaseToken) in tx.
 func Fail(ctx context.Context, tx any, key, bizType string, errDoc any, leaseToken string) error {
 	return call(ctx, tx, "idem_fail", `SELECT idem_fail($1, $2, $3::jsonb, $4)::text`,

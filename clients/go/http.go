@@ -21,6 +21,11 @@ import (
 // of the IETF draft).
 const ReplayedHeader = "Idempotent-Replayed"
 
+// ExpiresHeader, on a replay: until when the key's stored response is kept
+// (an HTTP-date); a retry after it runs the operation again (docs/http.md,
+// "What is stored").
+const ExpiresHeader = "Idempotent-Expires"
+
 // DefaultProblemBase: a problem's "type" is this base followed by its slug,
 // an anchor of docs/http.md's "Problem types". Set Config.ProblemBase to
 // your API's own documentation.
@@ -469,7 +474,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 			// "Finished by other code"): completed, 204 (done; other code's
 			// result is not the client's to see); failed, 422.
 			if c.State == StateCompleted {
-				w.Header().Set(ReplayedHeader, "true")
+				markReplay(w.Header(), c)
 				w.WriteHeader(http.StatusNoContent)
 				return
 			}
@@ -480,7 +485,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		for name, vs := range stored.header {
 			w.Header()[name] = vs
 		}
-		w.Header().Set(ReplayedHeader, "true")
+		markReplay(w.Header(), c)
 		w.WriteHeader(stored.status)
 		_, _ = w.Write(stored.body)
 		return
@@ -503,6 +508,18 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		}
 		tx = second
 		c.inTx(tx)
+	}
+	if rt.lease > 0 {
+		// An answer that is not stored (5xx, a refusal that is not kept,
+		// a failure to store, a panic) hands the lease back, so that the
+		// client's retry takes it over at once instead of waiting for the
+		// lease to run out. Best effort: if it fails, the lease runs out.
+		defer func() {
+			if c.Finished() == "" {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				m.release(context.WithoutCancel(ctx), c)
+			}
+		}()
 	}
 	rec := m.run(next, r, &requestState{tx: tx, claim: c, pool: m.cfg.Pool})
 	if !store(rec.status) {
@@ -532,6 +549,28 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		m.cfg.Phase("after_commit", r)
 	}
 	rec.send(w)
+}
+
+// markReplay sets the headers of a replay.
+func markReplay(h http.Header, c *ClaimResult) {
+	h.Set(ReplayedHeader, "true")
+	if !c.ExpiresAt.IsZero() {
+		h.Set(ExpiresHeader, c.ExpiresAt.UTC().Format(http.TimeFormat))
+	}
+}
+
+// release hands a leased claim back (idem_release) in a transaction of its own.
+func (m *Middleware) release(ctx context.Context, c *ClaimResult) {
+	tx, err := m.cfg.Pool.Begin(ctx)
+	if err == nil {
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err = Release(ctx, tx, c.Key, c.BizType, c.LeaseToken); err == nil {
+			err = tx.Commit(ctx)
+		}
+	}
+	if err != nil {
+		m.cfg.ErrorLog.Printf("idem: handing back the lease of (%s, %s): %v", c.BizType, c.Key, err)
+	}
 }
 
 // runUnclaimed: an optional key, absent. The handler runs in a

@@ -165,5 +165,5 @@ export declare function fingerprint(req: CanonicalRequest, excludeFields?: strin
 export declare function isTransient(err: unknown): boolean;
 export declare function isConnectionError(err: unknown): boolean;
 export declare const TRANSIENT_SQLSTATES: ReadonlySet<string>;
-/** The answer to a duplicate of a completed or failed claim: its stored response; without one, 204 (completed) or the 422 response-not-replayable problem (failed). */
-export declare function replay(result: unknown, state?: 'completed' | 'failed', options?: { problemBase: string }): IdemResponse;
+/** The answer to a duplicate of a completed or failed claim: its stored response; without one, 204 (completed) or the 422 response-not-replayable problem (failed). `expires` (an HTTP-date, the claim's expiry) is sent as Idempotent-Expires. */
+export declare function replay(result: unknown, state?: 'completed' | 'failed', options?: { problemBase: string }, expires?: string | null): IdemResponse;

@@ -23,53 +23,29 @@
 # any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
+source "$ROOT/tests/lib/middleware.sh"
 source "$ROOT/tests/lib/go.sh"
-PG_PORT=5578
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-PGB_PORT=$(free_port)
-dir="$(cluster_dir)/middleware-go"
-out="$IDEM_TARGET/test-out/middleware-go"
-PSQL="$PG_BIN/psql"
 t_start=$(date +%s%N)
-work=
-
-stop_all() {
-  pgb_stop
-  # A test server or README app left behind by a test that died: this
-  # run's own, by the path of its binary in this run's scratch folder.
-  [ -z "$work" ] || kill_matching "^$work/"
-  pc_stop
-  if [ -n "$work" ]; then rm -rf "$work"; fi
-  return 0
-}
-trap stop_all EXIT
-PC_DIR=$dir
-stop_all
-fail() { echo "FAIL $*"; exit 1; }
-ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run bash scripts/setup.sh --tool pgbouncer"
+mw_begin middleware-go
+# A test server or README app left behind by a test that died: this run's
+# own, by the path of its binary in this run's scratch folder.
+MW_KILL+=("^$work/")
 bash "$ROOT/scripts/setup.sh" --tool middleware_go   # a no-op once the module cache is complete
 go_env
 go_new_enough || fail "no Go $GO_MIN or newer: run bash scripts/setup.sh --tool middleware_go"
-work=$(mktemp -d /tmp/middleware-go.XXXXXX)
 export TMPDIR=$work   # go test's scratch folders (the test server's binary) are this run's
-rm -rf "$out"
-mkdir -p "$out"
 
 # ---- the cluster and PgBouncer -------------------------------------------------
-pc_init "$dir" "$PG_PORT" "max_connections = 150"
-pc_start
-"$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d postgres -c "CREATE DATABASE mw"
-"$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d mw <<'SQL'
-CREATE EXTENSION idem;
+PG_PORT=5578
+mw_cluster $PG_PORT mw "max_connections = 150"
+pc_psql -q -d mw <<'SQL'
 -- tests/middleware/README.md, "The server a runner needs"
 CREATE TABLE conformance_rows (id bigserial PRIMARY KEY, run text NOT NULL, tenant text, status int NOT NULL);
 CREATE FUNCTION raise_sqlstate(code text) RETURNS void LANGUAGE plpgsql AS
   $$ BEGIN RAISE EXCEPTION 'failure % raised by the test handler', code USING ERRCODE = code; END $$;
 SQL
-echo "PostgreSQL $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SHOW server_version"), idem $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'"), $(go version)"
-pgb_start "$PGB_PORT" 60
-echo "$(/usr/sbin/pgbouncer --version | sed -n 1p), pool_mode = transaction, on 127.0.0.1:$PGB_PORT"
+echo "PostgreSQL $(pc_psql -d mw -Atc "SHOW server_version"), idem $(pc_psql -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'"), $(go version)"
+mw_bouncer 60
 
 failed=()
 # ---- the package's own tests, no database --------------------------------------
@@ -96,7 +72,7 @@ grep -E '^\s*--- (FAIL|SKIP)' "$out/test.log" && failed+=("a test failed or was 
 passed=$(grep -cE '^\s*--- PASS' "$out/test.log" || true)
 echo "clients/go/test: $passed tests and subtests passed ($(ms_since "$t0") ms; log: $out/test.log)"
 grep -E '^\s{0,4}--- (PASS|FAIL)' "$out/test.log" | grep -v '/conformance/' || true
-xacts=$("$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' '$1 == "mw" {print $2}')
+xacts=$(mw_bouncer_xacts mw)
 [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
 echo "summary: PgBouncer: ${xacts:-0} transactions through it, ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
 if [ ${#failed[@]} -gt 0 ]; then

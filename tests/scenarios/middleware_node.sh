@@ -12,42 +12,23 @@
 # body (422), missing key (400), handler exceptions and transient SQLSTATEs
 # (nothing stored, the retry runs), stored 4xx replayed, streaming, a lease
 # taken over after the process died. Also type-checks the package's .d.ts
-# with tsc. Its own cluster (port 5574) and PgBouncer (127.0.0.1:5575).
+# with tsc. Its own cluster (a socket in its folder) and PgBouncer (a free
+# loopback port).
 # Needs bash scripts/setup.sh --tool middleware-node (npm cache) and pgbouncer.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
-PG_PORT=5574
-PGB_PORT=5575
-dir="$(cluster_dir)/middleware-node"
-PSQL="$PG_BIN/psql"
-work=
+source "$ROOT/tests/lib/middleware.sh"
 t_start=$(date +%s%N)
-
-stop_all() {
-  pgb_stop
-  # A test server left behind by a driver that died: this run's own, by the
-  # path of its script in this run's scratch folder.
-  [ -z "$work" ] || kill_matching "^[^ ]*node $work/app/server.js "
-  [ -z "$work" ] || kill_matching "^[^ ]*node $work/app/[a-z]*-app.js "
-  pc_stop
-  if [ -n "$work" ]; then rm -rf "$work"; fi
-  return 0
-}
-trap stop_all EXIT
-PC_DIR=$dir
-stop_all
-fail() { echo "FAIL $*"; exit 1; }
-ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+mw_begin middleware-node
+# A test server left behind by a driver that died: this run's own, by the
+# path of its script in this run's scratch folder.
+MW_KILL+=("^[^ ]*node $work/app/server.js " "^[^ ]*node $work/app/[a-z]*-app.js ")
 command -v node >/dev/null || fail "node missing: run bash scripts/setup.sh --tool examples"
-[ -x /usr/sbin/pgbouncer ] || fail "pgbouncer missing: run bash scripts/setup.sh --tool pgbouncer"
-work=$(mktemp -d /tmp/middleware-node.XXXXXX)
 
 # ---- the cluster and PgBouncer -------------------------------------------------
-pc_init "$dir" "$PG_PORT" "max_connections = 150"
-pc_start
-"$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d postgres -c "CREATE DATABASE mw"
-"$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PG_PORT -U postgres -d mw <<'SQL'
-CREATE EXTENSION idem;
+PG_PORT=5574
+mw_cluster $PG_PORT mw "max_connections = 150"
+pc_psql -q -d mw <<'SQL'
 CREATE TABLE orders (
     id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     route    text NOT NULL,
@@ -61,17 +42,15 @@ CREATE TABLE charges (
     charge_id text NOT NULL
 );
 SQL
-echo "PostgreSQL $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SHOW server_version"), idem $("$PSQL" -X -h "$dir" -p $PG_PORT -U postgres -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")"
-
-pgb_start "$PGB_PORT" 60
-echo "$(/usr/sbin/pgbouncer --version | sed -n 1p), pool_mode = transaction, on 127.0.0.1:$PGB_PORT"
+echo "PostgreSQL $(pc_psql -d mw -Atc "SHOW server_version"), idem $(pc_psql -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")"
+mw_bouncer 60
 
 # ---- the package, packed and installed as users do -----------------------------
 t0=$(date +%s%N)
 mkdir -p "$work/pack" "$work/app"
 tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
 echo "npm pack: $tarball ($(tar tzf "$work/pack/$tarball" | paste -sd' '))"
-# What users' projects add, from npm (the machine's npm cache: scripts/setup.sh --tool middleware_node).
+# What users' projects add, from npm (the machine's npm cache: setup.d/80).
 cp "$ROOT/clients/node/test/package.json" "$work/app/package.json"
 (cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
 resolved=$(cd "$work/app" && node -p "require.resolve('idem-pg')")
@@ -115,7 +94,7 @@ for framework in express fastify; do
   echo "== the README's $framework example (examples/$framework-app.js) =="
   (cd "$work/app" && node examples.js $framework) || failed+=("$framework example")
 done
-xacts=$("$PSQL" -X -h 127.0.0.1 -p $PGB_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' | awk -F'|' '$1 == "mw" {print $2}')
+xacts=$(mw_bouncer_xacts mw)
 [[ "$runs" != *pgbouncer* ]] || [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
 echo "summary: runs $runs (PgBouncer: $xacts transactions through it), ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
 if [ ${#failed[@]} -gt 0 ]; then

@@ -28,33 +28,13 @@
 # any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
-# The cluster listens on a Unix socket in its own folder only; PgBouncer and
-# the HTTP servers take free loopback ports (other scenarios and programs
-# may hold fixed ones).
-PG_PORT=5570
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-BOUNCER_PORT=$(free_port)
-HTTP_PORT=$(free_port)
-dir="$(cluster_dir)/middleware-python"
-out="$IDEM_TARGET/test-out/middleware-python"
+source "$ROOT/tests/lib/middleware.sh"
 WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
-work=
-
-stop_all() {
-  pgb_stop
-  # A test server left behind by a driver that died: this run's own, by the
-  # path of this run's venv.
-  [ -z "$work" ] || kill_matching "^$work/venv/bin/python -m \(uvicorn\|django\) "
-  pc_stop
-  if [ -n "$work" ]; then rm -rf "$work"; fi
-  return 0
-}
-trap stop_all EXIT
-PC_DIR=$dir
-stop_all
-work=$(mktemp -d /tmp/middleware-python.XXXXXX)
-rm -rf "$out"
-mkdir -p "$out"
+mw_begin middleware-python
+# A test server left behind by a driver that died: this run's own, by the
+# path of this run's venv.
+MW_KILL+=("^$work/venv/bin/python -m \(uvicorn\|django\) ")
+HTTP_PORT=$(free_port)
 
 bash "$ROOT/scripts/setup.sh" --tool middleware_python   # a no-op once the wheelhouse is complete
 
@@ -82,16 +62,13 @@ printf '[mypy]\nstrict = True\n[mypy-django.*]\nignore_missing_imports = True\n'
 (cd "$work" && "$venv/bin/mypy" --config-file mypy.ini -p idem_http) || { echo "FAIL mypy --strict on the installed idem_http"; exit 1; }
 
 # ---- the cluster and PgBouncer (transaction mode) ---------------------------
-pc_init "$dir" "$PG_PORT" "max_connections = 120"
-pc_start
-pc_psql -q -d postgres -c "CREATE DATABASE mw"
-pc_psql -q -d mw -c "CREATE EXTENSION idem"
-
-pgb_start "$BOUNCER_PORT" 40
+PG_PORT=5570
+mw_cluster $PG_PORT mw "max_connections = 120"
+mw_bouncer 40
 
 # ---- the servers, directly and through PgBouncer ----------------------------
 direct="host=$dir port=$PG_PORT dbname=mw user=postgres"
-bouncer="host=127.0.0.1 port=$BOUNCER_PORT dbname=mw user=postgres"
+bouncer="host=127.0.0.1 port=$PGB_PORT dbname=mw user=postgres"
 failed=()
 # The core claim API (sync and async), on both paths.
 for conninfo in "$direct" "$bouncer"; do
@@ -122,8 +99,7 @@ for example in fastapi django; do
   grep -q "^summary \[$example example\]: [0-9]* checks, 0 failed" "$out/example-$example.log" \
     || failed+=("the $example example")
 done
-xacts=$("$PG_BIN/psql" -X -h 127.0.0.1 -p $BOUNCER_PORT -U postgres -d pgbouncer -Atc "SHOW STATS" -F '|' \
-          | awk -F'|' '$1 == "mw" {print $2}')
+xacts=$(mw_bouncer_xacts mw)
 echo "transactions through PgBouncer: ${xacts:-0}"
 [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
 

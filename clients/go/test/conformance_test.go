@@ -58,6 +58,7 @@ type conformanceReq struct {
 		SameAs   *int               `json:"same_as"`
 		Headers  map[string]*string `json:"headers"`
 		Problem  string             `json:"problem"`
+		Expires  *bool              `json:"expires"`
 	} `json:"expect"`
 }
 
@@ -324,6 +325,21 @@ func checkExpect(t *testing.T, rq conformanceReq, r response, all []response, id
 	}
 	if hasID {
 		*ids = append(*ids, body.ID)
+	}
+	if e.Expires != nil {
+		// Idempotent-Expires: absent, or an IMF-fixdate in the future.
+		v, present := r.header["Idempotent-Expires"]
+		switch {
+		case !*e.Expires && present:
+			t.Errorf("request %d: Idempotent-Expires %v, expected none", i, v)
+		case *e.Expires && !present:
+			t.Errorf("request %d: no Idempotent-Expires", i)
+		case *e.Expires:
+			when, err := time.Parse(http.TimeFormat, v[0])
+			if err != nil || !when.After(time.Now()) {
+				t.Errorf("request %d: Idempotent-Expires %q is not an HTTP-date in the future (%v)", i, v[0], err)
+			}
+		}
 	}
 	if e.SameAs != nil {
 		first := all[*e.SameAs]

@@ -141,10 +141,19 @@ function storedReplay(result) {
   return { status: doc.status, headers, body };
 }
 
-function replay(result, state = 'completed', route = DEFAULTS) {
+// expires (an HTTP-date: until when the key's answer is kept) goes out as
+// Idempotent-Expires.
+function replay(result, state = 'completed', route = DEFAULTS, expires = null) {
   const stored = storedReplay(result);
-  if (stored) return stored;
-  if (state === 'completed') return { status: 204, headers: { 'idempotent-replayed': 'true' }, body: null };
+  if (stored) {
+    if (expires) stored.headers['idempotent-expires'] = expires;
+    return stored;
+  }
+  if (state === 'completed') {
+    const headers = { 'idempotent-replayed': 'true' };
+    if (expires) headers['idempotent-expires'] = expires;
+    return { status: 204, headers, body: null };
+  }
   return problem(route, 'response-not-replayable',
     'The request with this Idempotency-Key failed, and no response was stored for it; a new request needs a new key.');
 }
@@ -314,7 +323,8 @@ class Idem {
         this.#release(ctx);
         ctx.finished = true;
         if (c.state === 'in_progress') return { response: inProgress(route) };
-        return { response: replay(c.result, c.state, route), replayed: true };
+        const expires = c.expires_at ? new Date(c.expires_at).toUTCString() : null;
+        return { response: replay(c.result, c.state, route, expires), replayed: true };
       }
       if (route.lease !== null) {
         // Lease mode: the claim commits now, so that it outlives this process
@@ -348,7 +358,7 @@ class Idem {
     const lease = route.lease !== null ? `, lease => make_interval(secs => ${value(5)})` : '';
     return `WITH s AS MATERIALIZED (SELECT ${value(0)}::text AS k, current_setting('lock_timeout') AS prev, `
       + `set_config('lock_timeout', ${value(1)}, true) AS bound) `
-      + 'SELECT c.claimed, c.state, c.result, set_config(\'lock_timeout\', s.prev, true) '
+      + 'SELECT c.claimed, c.state, c.result, c.expires_at, set_config(\'lock_timeout\', s.prev, true) '
       + `FROM s, LATERAL ${this.fn('idem_claim')}(s.k, ${value(2)}, fingerprint => ${value(3)}, wait => ${value(4)}${lease}) c`;
   }
 
@@ -389,8 +399,10 @@ class Idem {
     const client = ctx.client;
     try {
       if (!route.store(status)) {
+        // Not stored: rolled back; in lease mode the lease is handed back
+        // too (its claim committed already), so that the retry runs at once.
         await client.query('ROLLBACK');
-        this.#release(ctx);
+        this.#release(ctx, ctx.lease ? await this.#handBack(ctx) : undefined);
         return {};
       }
       if (ctx.key === null) {
@@ -444,8 +456,23 @@ class Idem {
       } catch (e) {
         broken = e;
       }
+      if (!broken && ctx.lease) broken = await this.#handBack(ctx);
     }
     this.#release(ctx, broken);
+  }
+
+  // Lease mode, the answer not stored: hand the lease back (idem_release),
+  // so that the client's retry takes it over at once instead of waiting
+  // for it to run out. Best effort: if it fails (the lease was taken over
+  // meanwhile), the lease runs out as after a crash. Resolves to the error
+  // if the connection broke, else undefined.
+  async #handBack(ctx) {
+    try {
+      await ctx.client.query(`SELECT ${this.fn('idem_release')}($1, $2, $3)`, [ctx.key, ctx.bizType, ctx.lease.token]);
+      return undefined;
+    } catch (e) {
+      return isConnectionError(e) ? e : undefined;
+    }
   }
 
   #release(ctx, err) {

@@ -51,6 +51,16 @@ function json(r) {
   }
 }
 
+// Idempotent-Expires: absent, or an IMF-fixdate in the future.
+function expiresVerdict(value, want) {
+  if (!want) return value === undefined ? [] : [`Idempotent-Expires ${value}, expected none`];
+  if (value === undefined || !/^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT$/.test(value)
+      || Number.isNaN(Date.parse(value))) {
+    return [`Idempotent-Expires ${value} is not an HTTP-date (IMF-fixdate)`];
+  }
+  return Date.parse(value) > Date.now() ? [] : [`Idempotent-Expires ${value} is not in the future`];
+}
+
 // What differs from `exp` (empty: the response conforms).
 function verdict(r, exp, seen) {
   if (!r) return ['no response'];
@@ -77,6 +87,7 @@ function verdict(r, exp, seen) {
     const id = (json(r) || {}).id;
     if (id === undefined || ids.has(id) || replayed) bad.push(`the handler did not run for it (id ${id}, replayed=${replayed})`);
   }
+  if (exp.expires !== undefined) bad.push(...expiresVerdict(r.headers['idempotent-expires'], exp.expires));
   if (exp.same_as !== undefined) {
     const first = seen[exp.same_as];
     if (!first || !r.body.equals(first.body)) bad.push(`body ${r.body.toString().slice(0, 80)} differs from request ${exp.same_as}'s`);

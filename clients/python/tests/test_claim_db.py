@@ -83,6 +83,20 @@ def sync_checks() -> None:
             st = other.execute("SELECT state, result->>'body' FROM idem_lookup(%s, 'api.lease')", (key4,)).fetchone()
         check(token_ok and st == ("completed", "leased"),
               "sync lease: committed at once, checkpoint and complete with the kept token")
+        key5 = f"{RUN}-lease-raise"
+        try:
+            with idem_http.claim(conn, key5, "api.lease", lease="1 minute") as c:
+                c.checkpoint("called", {"charge": "ch_1"})
+                raise RuntimeError("the external call failed")
+        except RuntimeError:
+            pass
+        # Handed back: the next claim takes the lease over at once (not 409
+        # for a minute), attempt 2, the recovery point kept.
+        with idem_http.claim(conn, key5, "api.lease", lease="1 minute") as d:
+            again = (d.claimed, d.attempt, d.recovery_point, d.recovery_data)
+            d.complete({"status": 200})
+        check(again == (True, 2, "called", {"charge": "ch_1"}),
+              f"sync lease: an exception in the block hands the lease back; the next claim takes over: {again}")
 
 
 async def async_checks() -> None:
@@ -108,6 +122,16 @@ async def async_checks() -> None:
             check(False, "async: another fingerprint raised nothing")
         except FingerprintMismatch:
             check(True, "async: another fingerprint raises FingerprintMismatch")
+        key2 = f"{RUN}-async-lease-raise"
+        try:
+            async with idem_http.aio.claim(conn, key2, "api.lease", lease="1 minute"):
+                raise RuntimeError("the external call failed")
+        except RuntimeError:
+            pass
+        async with idem_http.aio.claim(conn, key2, "api.lease", lease="1 minute") as e:
+            again = (e.claimed, e.attempt)
+            await e.complete({"status": 200})
+        check(again == (True, 2), f"async lease: an exception hands the lease back; the next claim takes over: {again}")
 
 
 def main() -> None:

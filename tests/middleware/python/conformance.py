@@ -6,6 +6,8 @@ each case's verdict goes through `check`."""
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
 import os
 import re
@@ -57,6 +59,21 @@ def send(base: str, case: dict[str, Any], req: dict[str, Any], u: str) -> Option
         return None
 
 
+def expires_verdict(value: Optional[str], want: bool) -> list[str]:
+    """Idempotent-Expires: absent, or an IMF-fixdate in the future."""
+    if not want:
+        return [] if value is None else [f"Idempotent-Expires {value!r}, expected none"]
+    try:
+        if value is None or not re.fullmatch(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT", value):
+            raise ValueError
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return [f"Idempotent-Expires {value!r} is not an HTTP-date (IMF-fixdate)"]
+    if when <= datetime.datetime.now(datetime.timezone.utc):
+        return [f"Idempotent-Expires {value!r} is not in the future"]
+    return []
+
+
 def verdict(r: Optional[httpx.Response], exp: dict[str, Any], seen: list[Optional[httpx.Response]]) -> list[str]:
     """What differs from `exp` (empty: the response conforms)."""
     if r is None:
@@ -100,6 +117,8 @@ def verdict(r: Optional[httpx.Response], exp: dict[str, Any], seen: list[Optiona
             rid = None
         if rid is None or rid in ids or replayed:
             bad.append(f"the handler did not run for it (id {rid}, replayed={replayed})")
+    if "expires" in exp:
+        bad += expires_verdict(r.headers.get("idempotent-expires"), exp["expires"])
     if "same_as" in exp:
         first = seen[exp["same_as"]]
         if first is None or r.content != first.content:

@@ -111,6 +111,8 @@ def conformance(request: HttpRequest) -> HttpResponse:
         (row_id,) = cur.fetchone()
         if h("X-Conformance-Fail"):
             cur.execute(common.conformance_fail(h("X-Conformance-Fail", "")))
+        if common.leased(request.path) and not common.keeps_writes(h):
+            transaction.set_rollback(True)  # lease mode: the view's transaction is its own
     status, headers, body = common.conformance_answer(row_id, h)
     resp = HttpResponse(body, status=status)
     for n, v in headers:

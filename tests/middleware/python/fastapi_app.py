@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
+import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -126,6 +127,8 @@ async def conformance(request: Request, ctx: IdemContext = Depends(idem_context)
         # transaction of its own.
         async with ctx.conn.transaction():
             row_id = await conformance_work(request, ctx)
+            if not common.keeps_writes(h):
+                raise psycopg.Rollback()
     else:
         row_id = await conformance_work(request, ctx)
     status, headers, body = common.conformance_answer(row_id, h)

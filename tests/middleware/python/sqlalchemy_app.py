@@ -62,8 +62,17 @@ def conformance_handler(session: Session, info: RequestInfo, c: Optional[Claim])
     if common.leased(info.path):
         # Lease mode: the claim has committed; the handler's writes are a
         # transaction of its own.
-        with session.begin():
-            return conformance_work(session, info)
+        tx = session.begin()
+        try:
+            resp = conformance_work(session, info)
+        except BaseException:
+            tx.rollback()
+            raise
+        if common.keeps_writes(info.header):
+            tx.commit()
+        else:
+            tx.rollback()
+        return resp
     return conformance_work(session, info)
 
 

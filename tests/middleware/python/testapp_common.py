@@ -116,6 +116,12 @@ def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]]) -> 
             json.dumps({"id": row_id}).encode())
 
 
+def keeps_writes(headers: Callable[[str], Optional[str]]) -> bool:
+    """Lease mode: the handler's transaction is its own, so it commits only
+    an answer the route stores (tests/middleware/README.md): not a 5xx."""
+    return int(headers("x-conformance-status") or 201) < 500
+
+
 def conformance_params(body: bytes, headers: Callable[[str], Optional[str]]) -> tuple[Any, ...]:
     if (headers("content-type") or "").startswith("application/x-www-form-urlencoded"):
         run = parse_qs(body.decode())["run"][0]

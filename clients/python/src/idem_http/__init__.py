@@ -14,8 +14,9 @@ Idempotent-Replayed: true) is idem_http.Policy.
 from .core import Claim, claim, handle_request
 from .errors import (ClaimNotFinished, FingerprintMismatch, IdemError, InProgress, TRANSIENT_SQLSTATES,
                      TransientFailure, is_transient)
-from .policy import (DEFAULT_PROBLEM_BASE, PROBLEMS, REPLAYED_HEADER, SHARED_SCOPE, TRANSIENT_REFUSALS, Policy,
-                     RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json, canonical_target,
+from .policy import (DEFAULT_PROBLEM_BASE, EXPIRES_HEADER, PROBLEMS, REPLAYED_HEADER, SHARED_SCOPE,
+                     TRANSIENT_REFUSALS, Policy, RequestInfo, Response, Route, TenantMissing, canonical_body, canonical_json,
+                     canonical_target,
                      default_store_status, parse_key_field, request_fingerprint, tenant_scope)
 
 __version__ = "0.4.0"
@@ -23,7 +24,8 @@ __all__ = [
     "Claim", "claim", "handle_request",
     "ClaimNotFinished", "FingerprintMismatch", "IdemError", "InProgress", "TRANSIENT_SQLSTATES", "TransientFailure",
     "is_transient",
-    "DEFAULT_PROBLEM_BASE", "PROBLEMS", "REPLAYED_HEADER", "SHARED_SCOPE", "TRANSIENT_REFUSALS", "Policy", "RequestInfo",
+    "DEFAULT_PROBLEM_BASE", "EXPIRES_HEADER", "PROBLEMS", "REPLAYED_HEADER", "SHARED_SCOPE", "TRANSIENT_REFUSALS",
+    "Policy", "RequestInfo",
     "Response", "Route", "TenantMissing", "canonical_body", "canonical_json", "canonical_target",
     "default_store_status", "parse_key_field", "request_fingerprint", "tenant_scope",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-CLAIM = ("SELECT claimed, state, result::text FROM idem_claim(%s, %s, ttl => %s::interval, "
+CLAIM = ("SELECT claimed, state, result::text, expires_at FROM idem_claim(%s, %s, ttl => %s::interval, "
          "fingerprint => %s, wait => %s, lease => %s::interval)")
 # The same, its wait bounded by lock_timeout, in one round trip: the setting
 # is made transaction-local before the claim (the CTE is evaluated first: the
@@ -19,12 +19,13 @@ CLAIM = ("SELECT claimed, state, result::text FROM idem_claim(%s, %s, ttl => %s:
 # session's setting. Nothing outlives the transaction (PgBouncer-safe).
 CLAIM_BOUNDED = ("WITH s AS MATERIALIZED (SELECT %s::text AS k, current_setting('lock_timeout') AS prev, "
                  "set_config('lock_timeout', %s, true) AS bound) "
-                 "SELECT c.claimed, c.state, c.result::text, set_config('lock_timeout', s.prev, true) "
+                 "SELECT c.claimed, c.state, c.result::text, c.expires_at, set_config('lock_timeout', s.prev, true) "
                  "FROM s, LATERAL idem_claim(s.k, %s, ttl => %s::interval, fingerprint => %s, wait => %s, "
                  "lease => %s::interval) c")
 COMPLETE = "SELECT idem_complete(%s, %s, %s::jsonb, %s)"
 FAIL = "SELECT idem_fail(%s, %s, %s::jsonb, %s)"
 CHECKPOINT = "SELECT idem_checkpoint(%s, %s, %s, %s::jsonb, %s)"
+RELEASE = "SELECT idem_release(%s, %s, %s)"
 
 
 def claim_statement(key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str], wait: bool,

@@ -17,7 +17,8 @@ import psycopg
 
 from . import _sql
 from .claim import ClaimState
-from .errors import LOCK_NOT_AVAILABLE, ClaimNotFinished, InProgress, classify, sqlstate_of
+from .errors import LOCK_NOT_AVAILABLE, InProgress, classify, sqlstate_of
+from .policy import _log
 
 
 class AsyncClaim(ClaimState):
@@ -77,6 +78,21 @@ class AsyncClaim(ClaimState):
         self._require_claimed("checkpoint")
         await self._run(_sql.CHECKPOINT, (self.key, self.biz_type, point, _sql.to_json(data), self.lease_token))
 
+    async def release(self) -> None:
+        """Lease mode: hand an unfinished lease back (idem_release), so that
+        a retry takes it over at once. Best effort: on failure (a lost
+        connection, the lease taken over already) it runs out as before."""
+        if not (self.lease and self.claimed) or self.finished:
+            return
+        try:
+            if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await self._conn.rollback()
+            async with self._conn.transaction():
+                await self._conn.execute(_sql.RELEASE, (self.key, self.biz_type, self.lease_token))
+            self.finished = "released"
+        except Exception as e:
+            _log.warning("idem_http: handing back the lease of (%s, %s) failed: %r", self.biz_type, self.key, e)
+
     def _require_claimed(self, what: str) -> None:
         if not self.claimed:
             raise ValueError(f"{what}() on a claim this request did not make (state {self.state})")
@@ -106,7 +122,7 @@ async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str,
     if row is None:
         raise RuntimeError("idem_claim returned no row")
     c = AsyncClaim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),
-                   result=_sql.from_json(row[2]), lease=lease)
+                   result=_sql.from_json(row[2]), lease=lease, expires_at=row[3])
     c._conn = conn
     return c
 
@@ -123,16 +139,17 @@ async def claim(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str, *,
                 c = await claim_row(conn, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl, lease=None,
                                     lock_timeout=lock_timeout)
                 yield c
-                if c.claimed and c.finished is None:
-                    raise ClaimNotFinished(f"claim ({biz_type}, {key}) neither completed nor failed: rolled back")
+                c.check_finished()
         else:
             async with conn.transaction():
                 c = await claim_row(conn, key, biz_type, fingerprint=fingerprint, wait=wait, ttl=ttl, lease=lease,
                                     lock_timeout=lock_timeout)
-            yield c
-            if c.claimed and c.finished is None:
-                raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
-                                       "its lease runs out and a retry takes over")
+            try:
+                yield c
+                c.check_finished()
+            except BaseException:
+                await c.release()
+                raise
     except Exception as e:
         err = classify(e)
         if err is not None and err is not e:

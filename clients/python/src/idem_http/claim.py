@@ -5,8 +5,11 @@ run a statement)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import format_datetime
 from typing import Any, Optional
 
+from .errors import ClaimNotFinished
 from .policy import Response
 
 
@@ -19,6 +22,25 @@ class ClaimState:
     result: Any
     lease: Optional[str] = None
     finished: Optional[str] = field(default=None)  # "completed" / "failed" once stored
+    expires_at: Optional[datetime] = None  # the claim's expiry, as idem_claim answered it
+
+    @property
+    def expires(self) -> Optional[str]:
+        """The claim's expiry as an HTTP-date (IMF-fixdate), for the
+        Idempotent-Expires header of a replay."""
+        if not isinstance(self.expires_at, datetime):
+            return None
+        return format_datetime(self.expires_at.astimezone(timezone.utc), usegmt=True)
+
+    def check_finished(self) -> None:
+        """At the end of a claim's block: a claim made and neither completed
+        nor failed is a mistake (its answer could not be replayed)."""
+        if not self.claimed or self.finished is not None:
+            return
+        if self.lease:
+            raise ClaimNotFinished(f"leased claim ({self.biz_type}, {self.key}) neither completed nor failed; "
+                                   "its lease was handed back (idem_release): a retry takes over at once")
+        raise ClaimNotFinished(f"claim ({self.biz_type}, {self.key}) neither completed nor failed: rolled back")
 
     @property
     def lease_token(self) -> Optional[str]:

@@ -19,7 +19,7 @@ import psycopg
 
 from . import _sql
 from .claim import ClaimState
-from .errors import (LOCK_NOT_AVAILABLE, ClaimNotFinished, FingerprintMismatch, InProgress, TransientFailure,
+from .errors import (LOCK_NOT_AVAILABLE, FingerprintMismatch, InProgress, TransientFailure,
                      classify, sqlstate_of)
 from .policy import _log, Policy, RequestInfo, Response, Route, TenantMissing
 
@@ -28,6 +28,12 @@ Execute = Callable[[str, tuple[Any, ...]], Optional[tuple[Any, ...]]]
 #: Opens a transaction (or joins none): a context manager that commits on a
 #: normal exit and rolls back on an exception.
 TransactionFactory = Callable[[], ContextManager[Any]]
+#: Runs one statement followed by COMMIT as one simple query (one round
+#: trip) on the transaction's connection and returns True, or returns False
+#: having run nothing where it cannot: the block's transaction is not the
+#: outermost, or the driver is not psycopg 3. The framework's own COMMIT at
+#: the block's end then finds no transaction and sends nothing.
+CommitWith = Callable[[str, tuple[Any, ...]], bool]
 T = TypeVar("T")
 
 
@@ -59,6 +65,16 @@ class Claim(ClaimState):
         self._run(_sql.FAIL, (self.key, self.biz_type, _sql.to_json(error), self.lease_token))
         self.finished = "failed"
 
+    def finish_and_commit(self, result: Any, failed: bool, commit_with: CommitWith) -> bool:
+        """complete() (or fail() when `failed`) and COMMIT in one round trip,
+        if `commit_with` can (not for a leased claim); False: nothing done."""
+        self._require_claimed("fail" if failed else "complete")
+        if self.lease or not commit_with(_sql.FAIL if failed else _sql.COMPLETE,
+                                         (self.key, self.biz_type, _sql.to_json(result), None)):
+            return False
+        self.finished = "failed" if failed else "completed"
+        return True
+
     def checkpoint(self, point: str, data: Any = None) -> None:
         """Lease mode: record a recovery point (and renew the lease). Inside
         a transaction the handler opened, it commits with that transaction's
@@ -80,7 +96,7 @@ def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key
     if row is None:
         raise RuntimeError("idem_claim returned no row")
     c = Claim(key=key, biz_type=biz_type, claimed=bool(row[0]), state=str(row[1]),
-              result=_sql.from_json(row[2]), lease=lease)
+              result=_sql.from_json(row[2]), lease=lease, expires_at=row[3])
     c._execute = execute
     c._transaction = transaction
     return c
@@ -94,6 +110,18 @@ def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fi
         if sqlstate_of(e) == LOCK_NOT_AVAILABLE:
             raise InProgress(f"({biz_type}, {key}) is in progress: the wait ran out") from e
         raise
+
+
+def _release(transaction: TransactionFactory, execute: Execute, c: Claim) -> None:
+    """Hand a leased claim that was not finished back (idem_release), so
+    that the client's retry takes it over at once instead of waiting for the
+    lease to run out. Best effort: if it fails (a lost connection, the lease
+    already taken over), the lease runs out as before."""
+    try:
+        with transaction():
+            execute(_sql.RELEASE, (c.key, c.biz_type, c.lease_token))
+    except Exception as e:
+        _log.warning("idem_http: handing back the lease of (%s, %s) failed: %r", c.biz_type, c.key, e)
 
 
 def _reraise(e: BaseException) -> None:
@@ -114,18 +142,20 @@ def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_ty
                 row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, None, lock_timeout)
                 c = _make_claim(execute, None, key, biz_type, row, None)
                 yield c
-                if c.claimed and c.finished is None:
-                    raise ClaimNotFinished(f"claim ({biz_type}, {key}) neither completed nor failed: rolled back")
+                c.check_finished()
         else:
             # Lease mode: the claim commits first; the work runs outside
             # this transaction (external calls), finished with the token.
             with transaction():
                 row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
             c = _make_claim(execute, transaction, key, biz_type, row, lease)
-            yield c
-            if c.claimed and c.finished is None:
-                raise ClaimNotFinished(f"leased claim ({biz_type}, {key}) neither completed nor failed; "
-                                       "its lease runs out and a retry takes over")
+            try:
+                yield c
+                c.check_finished()
+            except BaseException:
+                if c.claimed and c.finished is None:
+                    _release(transaction, execute, c)
+                raise
     except Exception as e:
         _reraise(e)
         raise
@@ -159,7 +189,7 @@ class _Rollback(Exception):
 
 def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transaction: TransactionFactory,
                    execute: Execute, call: Callable[[Optional[Claim]], T],
-                   describe: Callable[[T], Response]) -> Union[Response, T]:
+                   describe: Callable[[T], Response], commit_with: Optional[CommitWith] = None) -> Union[Response, T]:
     """One request, the whole mapping (docs/http.md, "The rules"): 400 for a
     missing or invalid key, 500 without a tenant, claim, replay or 409, run
     `call` in the claim's transaction, store what `describe` says it
@@ -187,7 +217,8 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
                       fingerprint=policy.fingerprint_of(info, route, scope), wait=wait, ttl=route.ttl,
                       lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
             if not c.claimed:
-                answer = policy.in_progress(route) if c.state == "in_progress" else policy.replay(c.replay, c.state)
+                answer = (policy.in_progress(route) if c.state == "in_progress"
+                          else policy.replay(c.replay, c.state, c.expires))
             else:
                 native = call(c)
                 resp = describe(native)
@@ -197,11 +228,13 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
                     resp.body_stored = False
                 storing = True  # from here to COMMIT, a failure is ours: internal-error
                 doc = resp.to_document(policy.stored_headers)
-                if resp.status < 400:
-                    c.complete(doc)
-                else:
-                    c.fail(doc)
-                policy.phase("before_commit", info)
+                if not (c.lease is None and policy.phase_hook is None and commit_with is not None
+                        and c.finish_and_commit(doc, resp.status >= 400, commit_with)):
+                    if resp.status < 400:
+                        c.complete(doc)
+                    else:
+                        c.fail(doc)
+                    policy.phase("before_commit", info)
         if c.claimed:
             policy.phase("after_commit", info)
             return native

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
 
+import psycopg
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
@@ -87,13 +88,24 @@ class IdempotencyMiddleware:
                 row = cur.fetchone()
                 return None if row is None else tuple(row)
 
+        def commit_with(sql: str, params: tuple[Any, ...]) -> bool:
+            # Only when the middleware's atomic block is the outermost (no
+            # transaction of the caller's around it), not marked for
+            # rollback, and the driver is psycopg 3; Django's COMMIT at the
+            # block's end then sends nothing.
+            raw = conn.connection
+            if len(conn.atomic_blocks) != 1 or conn.needs_rollback or not isinstance(raw, psycopg.Connection):
+                return False
+            psycopg.ClientCursor(raw).execute(sql + "; COMMIT", params)
+            return True
+
         def call(c: Optional[Claim]) -> HttpResponseBase:
             request.idem = c
             return self.get_response(request)
 
         assert self.policy is not None
         out = handle_request(self.policy, route, info, transaction=lambda: transaction.atomic(using=self.database),
-                             execute=execute, call=call, describe=_describe)
+                             execute=execute, call=call, describe=_describe, commit_with=commit_with)
         return _to_django(out) if isinstance(out, Response) else out
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Optional[HttpResponse]:

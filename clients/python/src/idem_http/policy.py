@@ -18,6 +18,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 #: The header a replay carries (a common convention, not part of the draft).
 REPLAYED_HEADER = "Idempotent-Replayed"
+#: On a replay: until when the key's stored response is kept (an HTTP-date);
+#: a retry after it runs the operation again (docs/http.md, "What is stored").
+EXPIRES_HEADER = "Idempotent-Expires"
 
 #: Where the problem types are documented: a problem's "type" is this base
 #: followed by its slug (an anchor of docs/http.md, "Problem types"). Set
@@ -395,19 +398,21 @@ class Policy:
     def tenant_missing(self) -> Response:
         return self.problem("tenant-missing", "The server found no tenant for this request; nothing was done.")
 
-    def replay(self, stored: Optional[Response], state: str = "completed") -> Response:
-        """A duplicate's answer. A claim finished by other code without a
+    def replay(self, stored: Optional[Response], state: str = "completed",
+               expires: Optional[str] = None) -> Response:
+        """A duplicate's answer, with `expires` (an HTTP-date) as
+        Idempotent-Expires. A claim finished by other code without a
         response (docs/http.md, "Finished by other code"): completed, 204
         (done; other code's result is not the client's to see); failed, 422
         response-not-replayable."""
+        marks = [(REPLAYED_HEADER, "true")] + ([(EXPIRES_HEADER, expires)] if expires else [])
         if stored is None:
             if state == "completed":
-                return Response(204, [(REPLAYED_HEADER, "true")])
+                return Response(204, marks)
             return self.problem("response-not-replayable",
                                 "The request with this Idempotency-Key failed, and no response was stored for it; "
                                 "a new request needs a new key.")
-        return Response(stored.status, [*stored.headers, (REPLAYED_HEADER, "true")], stored.body,
-                        stored.body_stored)
+        return Response(stored.status, [*stored.headers, *marks], stored.body, stored.body_stored)
 
 
 # --- canonical form and fingerprint ------------------------------------------

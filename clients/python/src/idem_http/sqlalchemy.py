@@ -21,6 +21,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
+import psycopg
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from . import core
@@ -37,6 +39,24 @@ def _execute(session: Session) -> core.Execute:
         return None if row is None else tuple(row)
 
     return execute
+
+
+def _commit_with(session: Session) -> core.CommitWith:
+    def commit_with(sql: str, params: tuple[Any, ...]) -> bool:
+        # Only for a session bound to an engine (its transaction is the
+        # block's own, see _transaction) over psycopg 3; the session's
+        # COMMIT at the block's end then sends nothing.
+        tx = session.get_transaction()
+        if not isinstance(session.get_bind(), Engine) or tx is None or not tx.is_active:
+            return False
+        session.flush()
+        raw = session.connection().connection.driver_connection
+        if not isinstance(raw, psycopg.Connection):
+            return False
+        psycopg.ClientCursor(raw).execute(sql + "; COMMIT", params)
+        return True
+
+    return commit_with
 
 
 def _transaction(session: Session) -> core.TransactionFactory:
@@ -64,5 +84,5 @@ def handle_request(session: Session, policy: Policy, route: Route, info: Request
                    call: Callable[[Optional[Claim]], T], describe: Callable[[T], Response]) -> Union[Response, T]:
     """The HTTP mapping on a session (see idem_http.core.handle_request)."""
     out = core.handle_request(policy, route, info, transaction=_transaction(session), execute=_execute(session),
-                              call=call, describe=describe)
+                              call=call, describe=describe, commit_with=_commit_with(session))
     return out

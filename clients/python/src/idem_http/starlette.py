@@ -228,7 +228,8 @@ class IdempotencyMiddleware:
             await _send_response(send, self._error_answer(e, route))
             return
         if c is not None and not c.claimed:
-            replay = policy.in_progress(route) if c.state == "in_progress" else policy.replay(c.replay, c.state)
+            replay = (policy.in_progress(route) if c.state == "in_progress"
+                      else policy.replay(c.replay, c.state, c.expires))
             await _send_response(send, replay)
             return
 
@@ -251,10 +252,10 @@ class IdempotencyMiddleware:
         async def overflow(resp: Response) -> None:
             if policy.stores(route, resp.status):
                 await store(resp)
-            elif not leased:
+            else:
                 # Not stored, and streaming has begun: the writes must not
                 # outlive an answer that says they failed.
-                await _rollback(conn)
+                await _undo(conn, c, leased)
 
         capture = _Capture(send, policy.max_stored_body, overflow)
         scope.setdefault("state", {})["idem"] = IdemContext(conn, c, key, route)
@@ -263,8 +264,7 @@ class IdempotencyMiddleware:
         except Exception as e:
             if capture.passthrough:
                 raise  # committed and streaming: nothing left to undo
-            if not leased:
-                await _rollback(conn)
+            await _undo(conn, c, leased)
             if is_transient(e):
                 await _send_response(send, policy.unavailable(sqlstate_of(e), route))
                 return
@@ -272,13 +272,11 @@ class IdempotencyMiddleware:
         if capture.passthrough:
             return
         if capture.start is None:
-            if not leased:
-                await _rollback(conn)
+            await _undo(conn, c, leased)
             raise RuntimeError("the handler sent no response")
         resp = capture.response()
         if not policy.stores(route, resp.status):
-            if not leased:
-                await _rollback(conn)
+            await _undo(conn, c, leased)
             await _send_response(send, resp)
             return
         if len(resp.body) > policy.max_stored_body:
@@ -286,8 +284,7 @@ class IdempotencyMiddleware:
         try:
             await store(resp)
         except Exception as e:
-            if not leased:
-                await _rollback(conn)
+            await _undo(conn, c, leased)
             if classify(e) is None:
                 _log.error("idem_http: %s %s (%s): storing the response failed: %r", info.method, info.path,
                            route.biz_type, e)
@@ -307,6 +304,16 @@ class IdempotencyMiddleware:
         if isinstance(err, TransientFailure):
             return self.policy.unavailable(err.sqlstate, route)
         raise e
+
+
+async def _undo(conn: psycopg.AsyncConnection[Any], c: Optional[AsyncClaim], leased: bool) -> None:
+    """An answer that is not stored: roll the request's transaction back,
+    or in lease mode (the claim committed, the handler's transactions are
+    its own) hand the lease back, so that the retry runs at once."""
+    if not leased:
+        await _rollback(conn)
+    elif c is not None:
+        await c.release()
 
 
 async def _rollback(conn: psycopg.AsyncConnection[Any]) -> None:
