@@ -50,7 +50,7 @@ t0=$(date +%s%N)
 mkdir -p "$work/pack" "$work/app"
 tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
 echo "npm pack: $tarball ($(tar tzf "$work/pack/$tarball" | paste -sd' '))"
-# What users' projects add, from npm (the machine's npm cache: setup.d/80).
+# What users' projects add, from npm (the machine's npm cache: scripts/setup.sh --tool middleware_node).
 cp "$ROOT/clients/node/test/package.json" "$work/app/package.json"
 (cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
 resolved=$(cd "$work/app" && node -p "require.resolve('idem-pg')")
