@@ -36,7 +36,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The order of src/lib.rs's extension_sql_file! chain.
-MODULES = ["storage", "claim", "maintenance", "guards", "scaling", "replication", "metrics", "lease", "batch"]
+MODULES = ["storage", "claim", "maintenance", "guards", "scaling", "replication", "metrics", "lease", "batch", "completer"]
 C_FUNCTION = re.compile(r"LANGUAGE c AS 'MODULE_PATHNAME', '(\w+)'")
 # Things a non-superuser cannot create; the portable edition goes without
 # them (docs/portable.md).

@@ -1284,3 +1284,12 @@ CREATE FUNCTION idem_claim_many(
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_many';
 COMMENT ON FUNCTION idem_claim_many(text[], text, interval, text[], boolean) IS
 'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim). 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';
+
+-- completer.sql --------------------------------------------------------------
+CREATE FUNCTION idem_take_expired_leases(biz_type text, max_leases integer DEFAULT 100, lease interval DEFAULT NULL)
+RETURNS TABLE (key text, attempt bigint, recovery_point text, recovery_data jsonb, lease_token text,
+               lease_until timestamptz, first_claimed_at timestamptz, expires_at timestamptz, claim_id uuid)
+    VOLATILE PARALLEL UNSAFE ROWS 10
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_take_expired_leases';
+COMMENT ON FUNCTION idem_take_expired_leases(text, integer, interval) IS
+'The completer: take over, in the current transaction, up to max_leases (1 to 10000) leases of biz_type that ran out (or were released) with no claim taking them over since, as the next idem_claim would: attempt + 1, a new lease (lease long, or as long as the last one; never past the claim''s expiry) and token; one row per lease taken, with what a re-drive needs (the recovery point and data, NULL when none; the lease_token for idem_checkpoint/idem_complete/idem_fail, the claim_id). A lease another transaction is taking over meanwhile is passed by, never waited for: of several completers, and of a completer and a duplicate''s idem_claim, exactly one takes each lease. Scans the type''s live claims (as idem_leases does). 42501 for a type reserved for another role, 22023 for a bad biz_type, max_leases or lease, 22004 for NULL, 25006 in a read-only transaction, 0A000 when Citus distributes idem.claims.';

@@ -151,8 +151,13 @@ fn cached(name: &str) -> BizType {
 /// The settings of `k`'s type, for a call by the current role: 42501 if the
 /// type has an owner the role is not a member of.
 pub fn admit(k: &ClaimKey) -> BizType {
-    let settings = settings(k.biz_type_str());
-    require_owner_member(k.biz_type, &settings);
+    admit_type(k.biz_type_str())
+}
+
+/// The same for a call on a type rather than a key (the completer).
+pub fn admit_type(biz_type: &str) -> BizType {
+    let settings = settings(biz_type);
+    require_owner_member(biz_type.as_bytes(), &settings);
     settings
 }
 
