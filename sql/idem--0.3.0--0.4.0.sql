@@ -58,10 +58,13 @@ BEGIN
         -- on its reference table)
         ALTER TABLE idem.biz_types ADD COLUMN on_failure text;
         ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_on_failure_check CHECK (on_failure IN ('replay', 'retry'));
+        -- Where a claim's TTL counts from (idem_configure's retain_from).
+        ALTER TABLE idem.biz_types ADD COLUMN retain_from text;
+        ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_retain_from_check CHECK (retain_from IN ('claim', 'completion'));
     END IF;
 END
 $$;
-COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
 -- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
 -- new functions with the privileges of the old forms (below).
@@ -82,6 +85,15 @@ CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb,
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
 'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
 
+-- And with where a claim's TTL counts from (a fourth argument, apart for
+-- the same reason).
+CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text, retain_from text) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure_retention';
+COMMENT ON FUNCTION idem_configure(text, interval, text, text) IS
+'Set the TTL and on_failure policy of a business type (as idem_configure(biz_type, ttl, on_failure)) and where its claims'' TTL counts from: claim (NULL is the same: a claim expires its TTL after it was first claimed) or completion (once idem_complete or idem_fail stores its outcome, a claim expires its TTL after that, so a result stored late is kept as long; a failure the type retries keeps its expiry). Applies to claims finished afterwards. 22023 for another value. Keeps the type''s owner.';
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text, text) FROM PUBLIC;
+
 -- The new forms of idem_configure and idem_checkpoint get the privileges
 -- their old forms have: PUBLIC's (revoked by a hardened installation:
 -- docs/operations.md § Grants) and every role's an operator granted.
@@ -93,6 +105,7 @@ DECLARE
 BEGIN
     FOREACH pair SLICE 1 IN ARRAY ARRAY[
         ['idem_configure(text, interval)', 'idem_configure(text, interval, text)'],
+        ['idem_configure(text, interval)', 'idem_configure(text, interval, text, text)'],
         ['idem_checkpoint(text, text, text, jsonb, text)', 'idem_checkpoint(text, text, text, jsonb, text, boolean)']] LOOP
         -- (Changed only where they differ: a fresh install's default ACL
         -- stays the default.)

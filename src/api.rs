@@ -268,11 +268,12 @@ fn biz_type_arg<'a>(args: Args, n: usize) -> &'a str {
     std::str::from_utf8(b).expect("biz_type is validated ASCII")
 }
 
-// idem_configure(biz_type text, ttl interval) and
-// idem_configure(biz_type text, ttl interval, on_failure text): one body,
-// the policy set only by the form that names it.
-arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl", ON_FAILURE = 2 "on_failure");
-fn configure(args: Args, with_policy: bool) -> pg_sys::Datum {
+// idem_configure(biz_type text, ttl interval),
+// idem_configure(biz_type text, ttl interval, on_failure text) and
+// idem_configure(biz_type text, ttl interval, on_failure text, retain_from text):
+// one body, each setting set only by the forms that name it.
+arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl", ON_FAILURE = 2 "on_failure", RETAIN_FROM = 3 "retain_from");
+fn configure(args: Args, with_policy: bool, with_retention: bool) -> pg_sys::Datum {
     use configure_args::*;
     let biz_type = biz_type_arg(args, BIZ_TYPE);
     if let Some(iv) = args.interval(TTL) {
@@ -284,18 +285,28 @@ fn configure(args: Args, with_policy: bool) -> pg_sys::Datum {
             invalid("on_failure must be replay or retry (or NULL: replay)");
         }
     }
+    let retain_from = with_retention.then(|| args.text(RETAIN_FROM));
+    if let Some(Some(from)) = retain_from {
+        if from != b"claim" && from != b"completion" {
+            invalid("retain_from must be claim or completion (or NULL: claim)");
+        }
+    }
     protocol::require_writable("idem_configure");
-    biztype::configure(biz_type, args.datum(TTL), on_failure);
+    biztype::configure(biz_type, args.datum(TTL), on_failure, retain_from);
     pg_sys::Datum::from(0)
 }
 fn configure_ttl(args: Args) -> pg_sys::Datum {
-    configure(args, false)
+    configure(args, false, false)
 }
 fn configure_policy(args: Args) -> pg_sys::Datum {
-    configure(args, true)
+    configure(args, true, false)
+}
+fn configure_retention(args: Args) -> pg_sys::Datum {
+    configure(args, true, true)
 }
 sql_function!(idem_configure, pg_finfo_idem_configure, configure_ttl);
 sql_function!(idem_configure_policy, pg_finfo_idem_configure_policy, configure_policy);
+sql_function!(idem_configure_retention, pg_finfo_idem_configure_retention, configure_retention);
 
 // idem_set_owner(biz_type text, owner regrole)
 arguments!(set_owner_args: BIZ_TYPE = 0 "biz_type", OWNER = 1 "owner");
@@ -566,7 +577,8 @@ mod tests {
             ("idem_claim_id(text,text,timestamp with time zone)", super::claim_id_args::NAMES),
             ("idem_take_expired_leases(text,integer,interval)", super::take_expired_args::NAMES),
             ("idem_configure(text,interval)", &super::configure_args::NAMES[..2]),
-            ("idem_configure(text,interval,text)", super::configure_args::NAMES),
+            ("idem_configure(text,interval,text)", &super::configure_args::NAMES[..3]),
+            ("idem_configure(text,interval,text,text)", super::configure_args::NAMES),
             ("idem_set_owner(text,regrole)", super::set_owner_args::NAMES),
             ("idem.key_hash(text,text)", super::key_hash_args::NAMES),
             ("idem.partition_from(regclass)", super::partition_bound_args::NAMES),

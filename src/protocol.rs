@@ -432,7 +432,7 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     check_visible(k, &row);
     match what {
         Finish::Complete(result) => {
-            store.rewrite(&row, k, STATE_COMPLETED, result);
+            write_outcome(&store, &row, k, &settings, STATE_COMPLETED, result);
             metrics::count(k, Event::Completed);
         }
         Finish::Fail(error) => {
@@ -445,9 +445,10 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
                 _ => 1,
             };
             if settings.retry_failed && attempt > 1 {
-                store.rewrite(&row, k, STATE_FAILED_RETRIED, Some(retry_doc(attempt, "error", Some(error))));
+                let doc = retry_doc(attempt, "error", Some(error));
+                write_outcome(&store, &row, k, &settings, STATE_FAILED_RETRIED, Some(doc));
             } else {
-                store.rewrite(&row, k, STATE_FAILED, Some(error));
+                write_outcome(&store, &row, k, &settings, STATE_FAILED, Some(error));
             }
             metrics::count(k, Event::Failed);
         }
@@ -470,6 +471,38 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
         }
     }
     drop(held);
+}
+
+/// Store a claim's outcome. Under retain_from = completion its expiry
+/// moves to its TTL from now (the TTL it was claimed with: its expiry less
+/// its claim time), so a result stored late is kept as long as one stored
+/// at once: the row is written anew where a claim with that expiry goes (a
+/// claim of its span, expiry less claim time, placed and registered as
+/// type_classes.rs says: the registration covers the new expiry and
+/// commits with it) and its old version deleted; a claimer of the key
+/// waits for the old version's deleter, then reads the registrations again
+/// and finds the new one. A failure the type retries is not final: it
+/// keeps its expiry (a retry does not lengthen a key's life), and so the
+/// TTL is measured on a row never moved.
+fn write_outcome(
+    store: &Storage,
+    row: &Row,
+    k: &ClaimKey,
+    settings: &biztype::BizType,
+    state: u8,
+    result: Option<pg_sys::Datum>,
+) {
+    if settings.retain_from_completion && !(is_failure(state) && settings.retry_failed) {
+        let ttl = row.expires_at - row.claimed_at;
+        let expires_at = now().saturating_add(ttl);
+        if expires_at > row.expires_at {
+            store.delete(row, k);
+            let fingerprint = row.fingerprint.as_deref();
+            store.insert(k, &NewRow { claimed_at: row.claimed_at, expires_at, state, fingerprint, result });
+            return;
+        }
+    }
+    store.rewrite(row, k, state, result);
 }
 
 /// A checkpoint's data merged into the stored recovery data: the stored
