@@ -918,20 +918,13 @@ $fn$;
 -- @body idem_configure_retention
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
-    PERFORM idem.check_biz_type(biz_type);
-    PERFORM idem.checked_ttl_us(ttl, 'ttl');
-    IF on_failure NOT IN ('replay', 'retry') THEN
-        PERFORM idem.fail_with('22023', 'idem: on_failure must be replay or retry (or NULL: replay)');
-    END IF;
     IF retain_from NOT IN ('claim', 'completion') THEN
         PERFORM idem.fail_with('22023', 'idem: retain_from must be claim or completion (or NULL: claim)');
     END IF;
-    PERFORM idem.require_writable('idem_configure');
-    PERFORM idem.admit(biz_type);
-    INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at, on_failure, retain_from)
-    VALUES (biz_type, ttl, now(), on_failure, retain_from)
-        ON CONFLICT ON CONSTRAINT biz_types_pkey DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at,
-                                                            on_failure = EXCLUDED.on_failure, retain_from = EXCLUDED.retain_from;
+    -- The TTL and policy as the three-argument form sets them (its checks
+    -- and the caller's admission included), then where the TTL counts from.
+    PERFORM @extschema@.idem_configure(biz_type, ttl, on_failure);
+    UPDATE idem.biz_types b SET retain_from = idem_configure.retain_from WHERE b.biz_type = idem_configure.biz_type;
 END
 $fn$;
 -- @end
