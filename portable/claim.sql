@@ -168,6 +168,11 @@ CREATE FUNCTION idem.retries_failures(biz_type text) RETURNS boolean
     SELECT coalesce((SELECT b.on_failure = 'retry' FROM idem.biz_types b WHERE b.biz_type = retries_failures.biz_type), false)
 $fn$;
 COMMENT ON FUNCTION idem.retries_failures(text) IS 'Whether biz_type''s on_failure is retry: the next arrival after a stored failure claims the key anew.';
+CREATE FUNCTION idem.retains_from_completion(biz_type text) RETURNS boolean
+    STABLE LANGUAGE sql AS $fn$
+    SELECT coalesce((SELECT b.retain_from = 'completion' FROM idem.biz_types b WHERE b.biz_type = retains_from_completion.biz_type), false)
+$fn$;
+COMMENT ON FUNCTION idem.retains_from_completion(text) IS 'Whether biz_type''s retain_from is completion: a finished claim expires its TTL after it was finished.';
 
 -- The key lock: the key's gate row, one per digest, in a table only the
 -- extension's owner reaches (docs/design.md §14). Taking it is an INSERT ...
@@ -750,6 +755,17 @@ BEGIN
                                      least(idem.lease_until(p.result), clock_timestamp()), '',
                                      p.result -> 'recovery_point', p.result -> 'recovery_data');
     END IF;
+    -- (src/protocol.rs, write_outcome: under retain_from = completion the
+    -- row is written anew with its expiry its TTL from now, and the old
+    -- version deleted; a failure the type retries keeps its expiry.)
+    IF what IN ('idem_complete', 'idem_fail') AND idem.retains_from_completion(biz_type)
+       AND NOT (new_state IN ('f', 'r') AND idem.retries_failures(biz_type))
+       AND clock_timestamp() + (p.expires_at - p.claimed_at) > p.expires_at THEN
+        EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
+        PERFORM idem.insert_claim(h, biz_type, key, p.claimed_at, clock_timestamp() + (p.expires_at - p.claimed_at),
+                                  new_state, p.fingerprint, new_result);
+        RETURN;
+    END IF;
     PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
@@ -895,6 +911,20 @@ BEGIN
     INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at, on_failure) VALUES (biz_type, ttl, now(), on_failure)
         ON CONFLICT ON CONSTRAINT biz_types_pkey DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at,
                                                             on_failure = EXCLUDED.on_failure;
+END
+$fn$;
+-- @end
+
+-- @body idem_configure_retention
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF retain_from NOT IN ('claim', 'completion') THEN
+        PERFORM idem.fail_with('22023', 'idem: retain_from must be claim or completion (or NULL: claim)');
+    END IF;
+    -- The TTL and policy as the three-argument form sets them (its checks
+    -- and the caller's admission included), then where the TTL counts from.
+    PERFORM @extschema@.idem_configure(biz_type, ttl, on_failure);
+    UPDATE idem.biz_types b SET retain_from = idem_configure.retain_from WHERE b.biz_type = idem_configure.biz_type;
 END
 $fn$;
 -- @end

@@ -90,6 +90,15 @@ COMMENT ON FUNCTION idem_configure(text, interval, text) IS
 'Set the TTL of a business type (as idem_configure(biz_type, ttl)) and what a failure stored with idem_fail does to the next arrival: replay (NULL is the same; every later arrival is answered failed with the error until the claim expires) or retry (the next arrival claims the key anew, told {attempt, previous_error} in result; a completed key is still never claimed again before it expires). 22023 for another value. Keeps the type''s owner.';
 REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text) FROM PUBLIC;
 
+-- And with where a claim's TTL counts from (a fourth argument, apart for
+-- the same reason).
+CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text, retain_from text) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure_retention';
+COMMENT ON FUNCTION idem_configure(text, interval, text, text) IS
+'Set the TTL and on_failure policy of a business type (as idem_configure(biz_type, ttl, on_failure)) and where its claims'' TTL counts from: claim (NULL is the same: a claim expires its TTL after it was first claimed) or completion (once idem_complete or idem_fail stores its outcome, a claim expires its TTL after that, so a result stored late is kept as long; a failure the type retries keeps its expiry). Applies to claims finished afterwards. 22023 for another value. Keeps the type''s owner.';
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text, text) FROM PUBLIC;
+
 CREATE FUNCTION idem_set_owner(biz_type text, owner regrole) RETURNS void
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_set_owner';

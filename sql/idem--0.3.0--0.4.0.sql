@@ -60,10 +60,13 @@ BEGIN
         -- on its reference table)
         ALTER TABLE idem.biz_types ADD COLUMN on_failure text;
         ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_on_failure_check CHECK (on_failure IN ('replay', 'retry'));
+        -- Where a claim's TTL counts from (idem_configure's retain_from).
+        ALTER TABLE idem.biz_types ADD COLUMN retain_from text;
+        ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_retain_from_check CHECK (retain_from IN ('claim', 'completion'));
     END IF;
 END
 $$;
-COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
 -- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
 -- new functions with the privileges of the old forms (below).
@@ -84,6 +87,15 @@ CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb,
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
 'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
 
+-- And with where a claim's TTL counts from (a fourth argument, apart for
+-- the same reason).
+CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text, retain_from text) RETURNS void
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_configure_retention';
+COMMENT ON FUNCTION idem_configure(text, interval, text, text) IS
+'Set the TTL and on_failure policy of a business type (as idem_configure(biz_type, ttl, on_failure)) and where its claims'' TTL counts from: claim (NULL is the same: a claim expires its TTL after it was first claimed) or completion (once idem_complete or idem_fail stores its outcome, a claim expires its TTL after that, so a result stored late is kept as long; a failure the type retries keeps its expiry). Applies to claims finished afterwards. 22023 for another value. Keeps the type''s owner.';
+REVOKE EXECUTE ON FUNCTION idem_configure(text, interval, text, text) FROM PUBLIC;
+
 -- The new forms of idem_configure and idem_checkpoint get the privileges
 -- their old forms have: PUBLIC's (revoked by a hardened installation:
 -- docs/operations.md § Grants) and every role's an operator granted.
@@ -95,6 +107,7 @@ DECLARE
 BEGIN
     FOREACH pair SLICE 1 IN ARRAY ARRAY[
         ['idem_configure(text, interval)', 'idem_configure(text, interval, text)'],
+        ['idem_configure(text, interval)', 'idem_configure(text, interval, text, text)'],
         ['idem_checkpoint(text, text, text, jsonb, text)', 'idem_checkpoint(text, text, text, jsonb, text, boolean)']] LOOP
         -- (Changed only where they differ: a fresh install's default ACL
         -- stays the default.)
@@ -576,21 +589,81 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.coming_partitions(int, timestamptz) IS 'The next partition ranges idem_maintain makes: per TTL class, after its last range, up to its horizon, at most limit_parts in all, aligned to the class''s width.';
 REVOKE EXECUTE ON FUNCTION idem.coming_partitions(int, timestamptz) FROM PUBLIC;
-CREATE OR REPLACE FUNCTION idem.remove_expired(t_now timestamptz, OUT dropped text[], OUT rows_in_dropped bigint, OUT deleted_from_default bigint)
+-- remove_expired counts exactly now, with the counts taken before the
+-- lock: new arguments, so the 0.3.0 function goes.
+DROP FUNCTION idem.remove_expired(timestamptz);
+-- The exact number of rows in each partition whose range is over, counted
+-- before maintenance takes its lock (a count is a scan, about a tenth of a
+-- second per million rows, which claims would otherwise queue behind):
+-- once a range is over, no claim can write into its partition (a new claim
+-- expires after now; a claim in it has expired, so only the transaction
+-- that wrote it can still change it, and that one holds a lock on the
+-- partition until it ends). So a partition no other transaction holds a
+-- lock on keeps the count taken after that check until it is dropped. A
+-- partition someone holds a lock on (a transaction that claimed into it
+-- and is still open, or a claim looking into it) is left out: counted
+-- under the lock, by idem.remove_expired.
+CREATE FUNCTION idem.count_ended_partitions(t_now timestamptz, OUT parts oid[], OUT counts bigint[])
     VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
 DECLARE
     p record;
+    n bigint;
+BEGIN
+    parts := '{}';
+    counts := '{}';
+    FOR p IN SELECT b.partition FROM idem.partition_bounds b
+              WHERE NOT b.is_default AND b.range_to <= t_now
+                AND NOT EXISTS (SELECT 1 FROM pg_locks l
+                                 WHERE l.locktype = 'relation' AND l.relation = b.partition
+                                   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                                   AND l.pid IS DISTINCT FROM pg_backend_pid())
+              ORDER BY b.range_to LOOP
+        EXECUTE format('SELECT count(*) FROM %s', p.partition) INTO n;
+        parts := parts || p.partition::oid;
+        counts := counts || n;
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION idem.count_ended_partitions(timestamptz) IS 'Before maintenance takes its lock: the exact row counts of the partitions whose range is over and that no other transaction holds a lock on (no claim can write into them any more).';
+REVOKE EXECUTE ON FUNCTION idem.count_ended_partitions(timestamptz) FROM PUBLIC;
+
+-- Under the maintenance lock: drop every partition whose range is over
+-- (every row in it has expired), oldest first, counting its rows (counted
+-- before the lock by idem.count_ended_partitions, else now), then delete
+-- the claims that expired in the default partition before any partition
+-- covered them (maintenance was late): the only rows deleted one by one.
+-- Then the registrations of business types in TTL classes (idem.type_classes)
+-- that no partition left can hold a claim of: their claims all expired, in
+-- partitions dropped here or before, or in the default partition. (Under
+-- the lock no claim reads them meanwhile.) Without counted_parts (under
+-- Citus) nothing is counted and rows_in_dropped is NULL.
+CREATE FUNCTION idem.remove_expired(t_now timestamptz, counted_parts oid[] DEFAULT NULL, counted bigint[] DEFAULT NULL,
+                                    OUT dropped text[], OUT rows_in_dropped bigint, OUT deleted_from_default bigint)
+    VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    p record;
+    i int;
+    n bigint;
 BEGIN
     dropped := '{}';
-    rows_in_dropped := 0;
-    FOR p IN SELECT b.partition, b.name, greatest(c.reltuples::bigint, 0) AS estimate
-               FROM idem.partition_bounds b JOIN pg_class c ON c.oid = b.partition
+    rows_in_dropped := CASE WHEN counted_parts IS NOT NULL THEN 0 END;
+    FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
               WHERE NOT b.is_default AND b.range_to <= t_now ORDER BY b.range_to LOOP
+        IF counted_parts IS NOT NULL THEN
+            i := array_position(counted_parts, p.partition::oid);
+            IF i IS NOT NULL THEN
+                n := counted[i];
+            ELSE
+                EXECUTE format('SELECT count(*) FROM %s', p.partition) INTO n;
+            END IF;
+            rows_in_dropped := rows_in_dropped + n;
+        END IF;
         EXECUTE format('DROP TABLE %s', p.partition);
         dropped := dropped || p.name;
-        rows_in_dropped := rows_in_dropped + p.estimate;
     END LOOP;
     EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
     GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
@@ -600,8 +673,8 @@ BEGIN
                         WHERE NOT b.is_default AND b.ttl_class = t.ttl_class AND b.range_from < t.until);
 END
 $fn$;
-COMMENT ON FUNCTION idem.remove_expired(timestamptz) IS 'Under the maintenance lock: drop the partitions whose range is over, delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
-REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION idem.remove_expired(timestamptz, oid[], bigint[]) IS 'Under the maintenance lock: drop the partitions whose range is over, counting their rows exactly (with the counts taken before the lock where given), delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
+REVOKE EXECUTE ON FUNCTION idem.remove_expired(timestamptz, oid[], bigint[]) FROM PUBLIC;
 DROP FUNCTION idem.maintain_distributed(interval, interval, int, int);
 CREATE FUNCTION idem.maintain_distributed(limit_parts int, retries int)
     RETURNS jsonb
@@ -754,6 +827,7 @@ DECLARE
     classes     smallint[] := '{}';
     skipped     text[] := '{}';
     removed     record;
+    counted     record;
     moved       bigint := 0;
     got_lock    record;
     los         timestamptz[] := '{}';
@@ -808,6 +882,9 @@ BEGIN
         his := his || part.range_to;
     END LOOP;
 
+    -- Exact counts of what will be dropped, taken before the lock.
+    SELECT * INTO counted FROM idem.count_ended_partitions(t_now);
+
     SELECT false AS locked, 0 AS attempts INTO got_lock;
     IF cardinality(made) > 0 OR idem.partition_set_needs_change(t_now) THEN
         SELECT * INTO got_lock FROM idem.lock_claims_for_maintenance(lock_wait, retries);
@@ -825,7 +902,7 @@ BEGIN
     IF got_lock.locked THEN
         t_now := clock_timestamp();
         replica_fixed := idem.repair_partition_set();
-        SELECT * INTO removed FROM idem.remove_expired(t_now);
+        SELECT * INTO removed FROM idem.remove_expired(t_now, counted.parts, counted.counts);
 
         -- Attach the prepared partitions, and move in the claims the default
         -- partition holds for their ranges. ATTACH refuses while the default
@@ -875,7 +952,7 @@ BEGIN
         'partitions_created', to_jsonb(made),
         'partitions_dropped', to_jsonb(removed.dropped),
         'rows_removed', removed.rows_in_dropped + removed.deleted_from_default,
-        'rows_in_dropped_partitions_estimate', removed.rows_in_dropped,
+        'rows_in_dropped_partitions', removed.rows_in_dropped,
         'expired_rows_deleted_from_default', removed.deleted_from_default,
         'rows_moved_from_default', moved,
         'lock_attempts', got_lock.attempts,
@@ -1286,3 +1363,12 @@ CREATE FUNCTION idem_claim_many(
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_many';
 COMMENT ON FUNCTION idem_claim_many(text[], text, interval, text[], boolean) IS
 'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim). 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';
+
+-- completer.sql --------------------------------------------------------------
+CREATE FUNCTION idem_take_expired_leases(biz_type text, max_leases integer DEFAULT 100, lease interval DEFAULT NULL)
+RETURNS TABLE (key text, attempt bigint, recovery_point text, recovery_data jsonb, lease_token text,
+               lease_until timestamptz, first_claimed_at timestamptz, expires_at timestamptz, claim_id uuid)
+    VOLATILE PARALLEL UNSAFE ROWS 10
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_take_expired_leases';
+COMMENT ON FUNCTION idem_take_expired_leases(text, integer, interval) IS
+'The completer: take over, in the current transaction, up to max_leases (1 to 10000) leases of biz_type that ran out (or were released) with no claim taking them over since, as the next idem_claim would: attempt + 1, a new lease (lease long, or as long as the last one; never past the claim''s expiry) and token; one row per lease taken, with what a re-drive needs (the recovery point and data, NULL when none; the lease_token for idem_checkpoint/idem_complete/idem_fail, the claim_id). A lease another transaction is taking over meanwhile is passed by, never waited for: of several completers, and of a completer and a duplicate''s idem_claim, exactly one takes each lease. Scans the type''s live claims (as idem_leases does). 42501 for a type reserved for another role, 22023 for a bad biz_type, max_leases or lease, 22004 for NULL, 25006 in a read-only transaction, 0A000 when Citus distributes idem.claims.';

@@ -16,9 +16,10 @@ CREATE TABLE idem.biz_types (
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     owner      name,                     -- NULL: every role may use the type
-    on_failure text CHECK (on_failure IN ('replay', 'retry'))  -- NULL: replay
+    on_failure text CHECK (on_failure IN ('replay', 'retry')),  -- NULL: replay
+    retain_from text CHECK (retain_from IN ('claim', 'completion'))  -- NULL: claim
 );
-COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
 -- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of biz_type and
 -- key). Written in Rust; the claim path computes the same value itself.

@@ -127,6 +127,64 @@ fn claim_many(args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many);
 
+// idem_take_expired_leases(biz_type text, max_leases integer DEFAULT 100,
+//                          lease interval DEFAULT NULL)
+//   RETURNS TABLE (key text, attempt bigint, recovery_point text,
+//                  recovery_data jsonb, lease_token text, lease_until timestamptz,
+//                  first_claimed_at timestamptz, expires_at timestamptz, claim_id uuid)
+arguments!(take_expired_args: BIZ_TYPE = 0 "biz_type", MAX_LEASES = 1 "max_leases", LEASE = 2 "lease");
+fn take_expired_leases(args: Args) -> pg_sys::Datum {
+    use take_expired_args::*;
+    let biz_type = biz_type_arg(args, BIZ_TYPE);
+    let max = args.int4(MAX_LEASES).unwrap_or_else(|| IdemError::NullArgument("max_leases").fail());
+    if !(1..=10_000).contains(&max) {
+        invalid("max_leases must be between 1 and 10000");
+    }
+    let lease_us = args.interval(LEASE).map(|iv| guc::checked_ttl(&iv, "lease"));
+    if crate::storage::Path::now() == crate::storage::Path::Citus {
+        IdemError::FeatureNotSupported(
+            "idem_take_expired_leases is not supported when Citus distributes idem.claims".into(),
+            Some("Take each run-out lease of idem_leases over with SELECT * FROM idem_claim(key, biz_type, wait => false, lease => ...) as its own statement (docs/patterns.md, \"A completer\").".into()),
+        )
+        .fail();
+    }
+    let rows = crate::completer::take(biz_type, max as usize, lease_us)
+        .into_iter()
+        .map(|(key, t)| {
+            let opt = |v: Option<pg_sys::Datum>| (v.unwrap_or(pg_sys::Datum::from(0)), v.is_none());
+            let (point, point_null) = opt(t.lease.point.and_then(crate::datum::jsonb_scalar_text));
+            let (data, data_null) = opt(t.lease.data.filter(|d| crate::datum::jsonb_type(*d) != b"null"));
+            let id = uuid_datum(crate::key::claim_id(biz_type.as_bytes(), &key, t.first_claimed_at));
+            let values = vec![
+                text_datum(&key),
+                pg_sys::Datum::from(t.lease.attempt),
+                point,
+                data,
+                text_datum(t.token.as_bytes()),
+                pg_sys::Datum::from(t.lease.until),
+                pg_sys::Datum::from(t.first_claimed_at),
+                pg_sys::Datum::from(t.expires_at),
+                id,
+            ];
+            let mut nulls = vec![false; values.len()];
+            (nulls[2], nulls[3]) = (point_null, data_null);
+            (values, nulls)
+        })
+        .collect();
+    args.return_rows(rows)
+}
+sql_function!(idem_take_expired_leases, pg_finfo_idem_take_expired_leases, take_expired_leases);
+
+/// A uuid datum (by reference, 16 bytes) of these bytes.
+fn uuid_datum(uuid: [u8; 16]) -> pg_sys::Datum {
+    // SAFETY: a palloc'd block of exactly the 16 bytes a uuid datum holds.
+    unsafe {
+        let p = pg_sys::palloc(uuid.len()) as *mut u8;
+        std::ptr::copy_nonoverlapping(uuid.as_ptr(), p, uuid.len());
+        pg_sys::Datum::from(p)
+    }
+}
+
 // idem_claim_id(key text, biz_type text, first_claimed_at timestamptz)
 //   RETURNS uuid (IMMUTABLE STRICT): the claim's id, derived from what
 // identifies one claim of a key (docs/design.md §6, "The claim id").
@@ -134,13 +192,7 @@ arguments!(claim_id_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", FIRST_CLAIMED_
 fn claim_id(args: Args) -> pg_sys::Datum {
     use claim_id_args::*;
     let first = args.datum(FIRST_CLAIMED_AT).map_or(0, |d| d.value() as i64);
-    let uuid = crate::key::claim_id(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default(), first);
-    // SAFETY: a palloc'd block of exactly the 16 bytes a uuid datum (by reference) holds.
-    unsafe {
-        let p = pg_sys::palloc(uuid.len()) as *mut u8;
-        std::ptr::copy_nonoverlapping(uuid.as_ptr(), p, uuid.len());
-        pg_sys::Datum::from(p)
-    }
+    uuid_datum(crate::key::claim_id(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default(), first))
 }
 sql_function!(idem_claim_id, pg_finfo_idem_claim_id, claim_id);
 
@@ -216,11 +268,12 @@ fn biz_type_arg<'a>(args: Args, n: usize) -> &'a str {
     std::str::from_utf8(b).expect("biz_type is validated ASCII")
 }
 
-// idem_configure(biz_type text, ttl interval) and
-// idem_configure(biz_type text, ttl interval, on_failure text): one body,
-// the policy set only by the form that names it.
-arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl", ON_FAILURE = 2 "on_failure");
-fn configure(args: Args, with_policy: bool) -> pg_sys::Datum {
+// idem_configure(biz_type text, ttl interval),
+// idem_configure(biz_type text, ttl interval, on_failure text) and
+// idem_configure(biz_type text, ttl interval, on_failure text, retain_from text):
+// one body, each setting set only by the forms that name it.
+arguments!(configure_args: BIZ_TYPE = 0 "biz_type", TTL = 1 "ttl", ON_FAILURE = 2 "on_failure", RETAIN_FROM = 3 "retain_from");
+fn configure(args: Args, with_policy: bool, with_retention: bool) -> pg_sys::Datum {
     use configure_args::*;
     let biz_type = biz_type_arg(args, BIZ_TYPE);
     if let Some(iv) = args.interval(TTL) {
@@ -232,18 +285,28 @@ fn configure(args: Args, with_policy: bool) -> pg_sys::Datum {
             invalid("on_failure must be replay or retry (or NULL: replay)");
         }
     }
+    let retain_from = with_retention.then(|| args.text(RETAIN_FROM));
+    if let Some(Some(from)) = retain_from {
+        if from != b"claim" && from != b"completion" {
+            invalid("retain_from must be claim or completion (or NULL: claim)");
+        }
+    }
     protocol::require_writable("idem_configure");
-    biztype::configure(biz_type, args.datum(TTL), on_failure);
+    biztype::configure(biz_type, args.datum(TTL), on_failure, retain_from);
     pg_sys::Datum::from(0)
 }
 fn configure_ttl(args: Args) -> pg_sys::Datum {
-    configure(args, false)
+    configure(args, false, false)
 }
 fn configure_policy(args: Args) -> pg_sys::Datum {
-    configure(args, true)
+    configure(args, true, false)
+}
+fn configure_retention(args: Args) -> pg_sys::Datum {
+    configure(args, true, true)
 }
 sql_function!(idem_configure, pg_finfo_idem_configure, configure_ttl);
 sql_function!(idem_configure_policy, pg_finfo_idem_configure_policy, configure_policy);
+sql_function!(idem_configure_retention, pg_finfo_idem_configure_retention, configure_retention);
 
 // idem_set_owner(biz_type text, owner regrole)
 arguments!(set_owner_args: BIZ_TYPE = 0 "biz_type", OWNER = 1 "owner");
@@ -512,8 +575,10 @@ mod tests {
             ("idem_forget(text,text)", super::forget_args::NAMES),
             ("idem_release(text,text,text)", super::release_args::NAMES),
             ("idem_claim_id(text,text,timestamp with time zone)", super::claim_id_args::NAMES),
+            ("idem_take_expired_leases(text,integer,interval)", super::take_expired_args::NAMES),
             ("idem_configure(text,interval)", &super::configure_args::NAMES[..2]),
-            ("idem_configure(text,interval,text)", super::configure_args::NAMES),
+            ("idem_configure(text,interval,text)", &super::configure_args::NAMES[..3]),
+            ("idem_configure(text,interval,text,text)", super::configure_args::NAMES),
             ("idem_set_owner(text,regrole)", super::set_owner_args::NAMES),
             ("idem.key_hash(text,text)", super::key_hash_args::NAMES),
             ("idem.partition_from(regclass)", super::partition_bound_args::NAMES),

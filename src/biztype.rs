@@ -36,6 +36,9 @@ pub struct BizType {
     /// on_failure = 'retry': the next arrival after a stored failure claims
     /// the key anew (protocol.rs); false: the failure is replayed.
     pub retry_failed: bool,
+    /// retain_from = 'completion': a claim's expiry moves to its TTL after
+    /// it was finished (protocol.rs); false: its TTL counts from the claim.
+    pub retain_from_completion: bool,
 }
 
 /// The most business types a backend keeps settings of: a server with
@@ -151,8 +154,13 @@ fn cached(name: &str) -> BizType {
 /// The settings of `k`'s type, for a call by the current role: 42501 if the
 /// type has an owner the role is not a member of.
 pub fn admit(k: &ClaimKey) -> BizType {
-    let settings = settings(k.biz_type_str());
-    require_owner_member(k.biz_type, &settings);
+    admit_type(k.biz_type_str())
+}
+
+/// The same for a call on a type rather than a key (the completer).
+pub fn admit_type(biz_type: &str) -> BizType {
+    let settings = settings(biz_type);
+    require_owner_member(biz_type.as_bytes(), &settings);
     settings
 }
 
@@ -188,7 +196,12 @@ fn require_owner_member(biz_type: &[u8], settings: &BizType) {
 /// default, replay) its policy for stored failures too. A type reserved for
 /// a role is configured only by that role's members (whoever else may call
 /// idem_configure).
-pub fn configure(biz_type: &str, ttl: Option<pg_sys::Datum>, on_failure: Option<Option<&[u8]>>) {
+pub fn configure(
+    biz_type: &str,
+    ttl: Option<pg_sys::Datum>,
+    on_failure: Option<Option<&[u8]>>,
+    retain_from: Option<Option<&[u8]>>,
+) {
     require_owner_member(biz_type.as_bytes(), &settings(biz_type));
     static UPSERT: Statement = Statement::new(
         c"INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at) VALUES ($1, $2, $3)
@@ -201,17 +214,30 @@ pub fn configure(biz_type: &str, ttl: Option<pg_sys::Datum>, on_failure: Option<
                                                on_failure = EXCLUDED.on_failure",
         &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     );
-    match on_failure {
-        None => write(&UPSERT, biz_type, ttl, None),
-        Some(policy) => {
-            if !has_column(catalog::biz_types_oid(), c"on_failure") {
-                IdemError::ObjectNotInPrerequisiteState(
-                    "idem_configure's on_failure needs the 0.4.0 schema".into(),
-                    Some("Run ALTER EXTENSION idem UPDATE.".into()),
-                )
-                .fail();
-            }
-            write(&UPSERT_POLICY, biz_type, ttl, Some(policy.map(text_datum)))
+    static UPSERT_RETAIN: Statement = Statement::new(
+        c"INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at, on_failure, retain_from) VALUES ($1, $2, $3, $4, $5)
+          ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at,
+                                               on_failure = EXCLUDED.on_failure, retain_from = EXCLUDED.retain_from",
+        &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    );
+    let needs = |column: &std::ffi::CStr, what: &str| {
+        if !has_column(catalog::biz_types_oid(), column) {
+            IdemError::ObjectNotInPrerequisiteState(
+                format!("idem_configure's {what} needs the 0.4.0 schema"),
+                Some("Run ALTER EXTENSION idem UPDATE.".into()),
+            )
+            .fail();
+        }
+    };
+    match (on_failure, retain_from) {
+        (None, _) => write(&UPSERT, biz_type, ttl, &[]),
+        (Some(policy), None) => {
+            needs(c"on_failure", "on_failure");
+            write(&UPSERT_POLICY, biz_type, ttl, &[policy.map(text_datum)])
+        }
+        (Some(policy), Some(retain)) => {
+            needs(c"retain_from", "retain_from");
+            write(&UPSERT_RETAIN, biz_type, ttl, &[policy.map(text_datum), retain.map(text_datum)])
         }
     }
 }
@@ -234,7 +260,7 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
     );
     require_owner_member(biz_type.as_bytes(), &settings(biz_type));
     if owner_column_type(catalog::biz_types_oid()) != Some(pg_sys::NAMEOID) {
-        return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from), None);
+        return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from), &[]);
     }
     let mut name = pg_sys::NameData::default();
     // SAFETY: GetUserNameFromId raises for a missing role (regrole input checked it exists) and returns a
@@ -244,12 +270,12 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
         pg_sys::namestrcpy(&mut name, pg_sys::GetUserNameFromId(role, false));
         pg_sys::Datum::from(&raw mut name)
     });
-    write(&UPSERT, biz_type, datum, None);
+    write(&UPSERT, biz_type, datum, &[]);
 }
 
-/// Upsert a type's settings row: `value` is $2, `more` (when the statement
-/// has it) $4.
-fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>, more: Option<Option<pg_sys::Datum>>) {
+/// Upsert a type's settings row: `value` is $2, `more` (what the statement
+/// has of them) $4 on.
+fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>, more: &[Option<pg_sys::Datum>]) {
     // The time is passed in rather than written as now(): Citus refuses
     // non-immutable functions in the DO UPDATE SET of a reference table.
     // It is SQL's now(), the transaction's start, not backend::now(): the
@@ -257,7 +283,7 @@ fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>, more:
     // SAFETY: reads the current transaction's start time; no precondition.
     let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     let mut params = vec![Some(text_datum(biz_type.as_bytes())), value, Some(pg_sys::Datum::from(now))];
-    params.extend(more);
+    params.extend_from_slice(more);
     let (n, _) = upsert.execute_as_owner(&params);
     if n != 1 {
         internal(format!("writing the settings of biz_type {biz_type} touched {n} rows"));
@@ -268,29 +294,36 @@ fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>, more:
 /// A business type's settings, read now through SQL on idem.biz_types.
 fn read(name: &str) -> BizType {
     static READ: Statement = Statement::new(
-        c"SELECT ttl, owner, on_failure OPERATOR(pg_catalog.=) 'retry' FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, owner, on_failure OPERATOR(pg_catalog.=) 'retry', retain_from OPERATOR(pg_catalog.=) 'completion'
+            FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        &[pg_sys::TEXTOID],
+    );
+    // 0.4.0 before retention from completion: from the claim.
+    static READ_NO_RETAIN: Statement = Statement::new(
+        c"SELECT ttl, owner, on_failure OPERATOR(pg_catalog.=) 'retry', false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
     // 0.4.0 before the failure policy: replay.
     static READ_NO_POLICY: Statement = Statement::new(
-        c"SELECT ttl, owner, false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, owner, false, false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
     // An older schema (the new library installed, ALTER EXTENSION UPDATE not
     // run yet): 0.3.0's owner is a regrole, 0.2.0 has none. Claims keep
     // working meanwhile.
     static READ_0_3: Statement = Statement::new(
-        c"SELECT ttl, (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) owner::pg_catalog.oid), false
+        c"SELECT ttl, (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) owner::pg_catalog.oid), false, false
             FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
     static READ_0_2: Statement = Statement::new(
-        c"SELECT ttl, NULL::pg_catalog.name, false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
+        c"SELECT ttl, NULL::pg_catalog.name, false, false FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
         &[pg_sys::TEXTOID],
     );
     let relid = catalog::biz_types_oid();
     let read = match owner_column_type(relid) {
-        Some(t) if t == pg_sys::NAMEOID && has_column(relid, c"on_failure") => &READ,
+        Some(t) if t == pg_sys::NAMEOID && has_column(relid, c"retain_from") => &READ,
+        Some(t) if t == pg_sys::NAMEOID && has_column(relid, c"on_failure") => &READ_NO_RETAIN,
         Some(t) if t == pg_sys::NAMEOID => &READ_NO_POLICY,
         Some(_) => &READ_0_3,
         None => &READ_0_2,
@@ -303,6 +336,7 @@ fn read(name: &str) -> BizType {
         // SAFETY: column 2 of READ is a name datum (by reference) in this memory context.
         owner: row[1].map(|d| unsafe { *d.cast_mut_ptr::<pg_sys::NameData>() }),
         retry_failed: row[2].is_some_and(|d| d.value() != 0),
+        retain_from_completion: row[3].is_some_and(|d| d.value() != 0),
     }
 }
 
@@ -355,8 +389,8 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
         }
         let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as _);
         let column = |name: &std::ffi::CStr| pg_sys::get_attnum(relid, name.as_ptr());
-        let (biz_type, ttl, owner, on_failure) =
-            (column(c"biz_type"), column(c"ttl"), column(c"owner"), column(c"on_failure"));
+        let (biz_type, ttl, owner, on_failure, retain_from) =
+            (column(c"biz_type"), column(c"ttl"), column(c"owner"), column(c"on_failure"), column(c"retain_from"));
         if biz_type == pg_sys::InvalidAttrNumber as i16
             || ttl == pg_sys::InvalidAttrNumber as i16
             || (*(*index).rd_index).indnatts != 1
@@ -382,7 +416,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
         let mut found = BizType::default();
         if pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-            let last = ttl.max(owner).max(on_failure);
+            let last = ttl.max(owner).max(on_failure).max(retain_from);
             pg_sys::slot_getsomeattrs_int(slot, last as i32);
             let values = std::slice::from_raw_parts((*slot).tts_values, last as usize);
             let nulls = std::slice::from_raw_parts((*slot).tts_isnull, last as usize);
@@ -401,6 +435,8 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
                     }
                 }),
                 retry_failed: at(on_failure).is_some_and(|d| crate::datum::varlena_bytes(d) == b"retry"),
+                retain_from_completion: at(retain_from)
+                    .is_some_and(|d| crate::datum::varlena_bytes(d) == b"completion"),
             };
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);

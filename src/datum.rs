@@ -135,6 +135,13 @@ pub fn jsonb_object1(key: &str, value: Option<pg_sys::Datum>) -> pg_sys::Datum {
     }
 }
 
+/// A jsonb scalar as text, as `->>` gives it (a string unquoted); None for
+/// JSON null.
+pub fn jsonb_scalar_text(d: pg_sys::Datum) -> Option<pg_sys::Datum> {
+    (jsonb_type(d) != b"null")
+        .then(|| call2(pg_sys::F_JSONB_OBJECT_FIELD_TEXT, jsonb_object1("v", Some(d)), text_datum(b"v")))
+}
+
 /// A jsonb string holding exactly these text bytes (in the server
 /// encoding; escaped by PostgreSQL's own escape_json).
 pub fn jsonb_string(bytes: &[u8]) -> pg_sys::Datum {

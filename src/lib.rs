@@ -12,6 +12,7 @@
 //!   partitions.rs: the partition lists and their checks; columns.rs:
 //!   idem.claims' columns; keylock.rs; type_classes.rs: which TTL classes
 //!   hold a type's claims), with ttl_class.rs (the classes);
+//! * completer.rs: leases that ran out, handed to a re-drive job;
 //! * metrics.rs: counters of the protocol's outcomes in shared memory
 //!   (with shared_preload_libraries = 'idem'), read by idem_metrics;
 //! * catalog.rs (OIDs of idem's relations, the relcache callback), spi.rs
@@ -26,6 +27,7 @@ mod backend;
 mod biztype;
 mod catalog;
 mod compat;
+mod completer;
 mod datum;
 mod errors;
 pub mod fmgr;
@@ -49,6 +51,7 @@ extension_sql_file!("../sql/replication.sql", name = "replication", requires = [
 extension_sql_file!("../sql/metrics.sql", name = "metrics", requires = ["replication"]);
 extension_sql_file!("../sql/lease.sql", name = "lease", requires = ["metrics"]);
 extension_sql_file!("../sql/batch.sql", name = "batch", requires = ["lease"]);
+extension_sql_file!("../sql/completer.sql", name = "completer", requires = ["batch"]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -202,12 +202,8 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             }
             // The lease ran out: this claim takes the work over, and is told
             // which attempt it is and where the last one got to.
-            let lease_us = req.lease_us.unwrap_or(lease.lease_us);
-            let until = now.saturating_add(lease_us).min(row.expires_at);
-            let (next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
-            store.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
+            let (next, token) = take_over(&store, k, &row, &lease, req.lease_us, now);
             drop(held);
-            metrics::count(k, Event::Takeover);
             Outcome {
                 claimed: true,
                 state: State::New,
@@ -217,6 +213,58 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             }
         }
     }
+}
+
+/// Take over a leased claim whose lease ran out: attempt + 1, the recovery
+/// point and data kept, a new token (returned with the new lease), the
+/// lease `lease_us` long (or as long as the last one), never beyond the
+/// claim's expiry. The caller holds the key's lock.
+fn take_over(
+    store: &Storage,
+    k: &ClaimKey,
+    row: &Row,
+    lease: &Lease,
+    lease_us: Option<i64>,
+    now: i64,
+) -> (Lease, String) {
+    let lease_us = lease_us.unwrap_or(lease.lease_us);
+    let until = now.saturating_add(lease_us).min(row.expires_at);
+    let (next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
+    store.rewrite(row, k, STATE_LEASED, Some(next.to_datum()));
+    metrics::count(k, Event::Takeover);
+    (next, token)
+}
+
+/// A lease taken over by the completer: the new lease and its token, and
+/// the claim's times.
+pub struct Taken {
+    pub lease: Lease,
+    pub token: String,
+    pub first_claimed_at: i64,
+    pub expires_at: i64,
+}
+
+/// The completer (idem_take_expired_leases), for one key it found leased
+/// and run out: take the lease over as the next idem_claim would, if it is
+/// still so. Nothing (None) for a key that is no longer leased, whose lease
+/// runs again, or that another transaction is writing (taken by another
+/// completer or claim, not yet committed: skipped, never waited for, as
+/// SKIP LOCKED does). Never claims an absent key, nor retries a failure.
+pub fn take_expired(k: &ClaimKey, lease_us: Option<i64>) -> Option<Taken> {
+    let (store, found) = Storage::find(k, Intent::Claim { wait: false, retry_failed: false });
+    let Found::Row(row, held) = found else { return None };
+    if row.state != STATE_LEASED || row.own {
+        return None;
+    }
+    let lease = Lease::from_datum(row.result);
+    let now = now();
+    if lease.until > now {
+        return None;
+    }
+    check_visible(k, &row);
+    let (next, token) = take_over(&store, k, &row, &lease, lease_us, now);
+    drop(held);
+    Some(Taken { lease: next, token, first_claimed_at: row.claimed_at, expires_at: row.expires_at })
 }
 
 /// A type's on_failure = retry: the first arrival after a stored failure
@@ -384,7 +432,7 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     check_visible(k, &row);
     match what {
         Finish::Complete(result) => {
-            store.rewrite(&row, k, STATE_COMPLETED, result);
+            write_outcome(&store, &row, k, &settings, STATE_COMPLETED, result);
             metrics::count(k, Event::Completed);
         }
         Finish::Fail(error) => {
@@ -397,9 +445,10 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
                 _ => 1,
             };
             if settings.retry_failed && attempt > 1 {
-                store.rewrite(&row, k, STATE_FAILED_RETRIED, Some(retry_doc(attempt, "error", Some(error))));
+                let doc = retry_doc(attempt, "error", Some(error));
+                write_outcome(&store, &row, k, &settings, STATE_FAILED_RETRIED, Some(doc));
             } else {
-                store.rewrite(&row, k, STATE_FAILED, Some(error));
+                write_outcome(&store, &row, k, &settings, STATE_FAILED, Some(error));
             }
             metrics::count(k, Event::Failed);
         }
@@ -422,6 +471,38 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
         }
     }
     drop(held);
+}
+
+/// Store a claim's outcome. Under retain_from = completion its expiry
+/// moves to its TTL from now (the TTL it was claimed with: its expiry less
+/// its claim time), so a result stored late is kept as long as one stored
+/// at once: the row is written anew where a claim with that expiry goes (a
+/// claim of its span, expiry less claim time, placed and registered as
+/// type_classes.rs says: the registration covers the new expiry and
+/// commits with it) and its old version deleted; a claimer of the key
+/// waits for the old version's deleter, then reads the registrations again
+/// and finds the new one. A failure the type retries is not final: it
+/// keeps its expiry (a retry does not lengthen a key's life), and so the
+/// TTL is measured on a row never moved.
+fn write_outcome(
+    store: &Storage,
+    row: &Row,
+    k: &ClaimKey,
+    settings: &biztype::BizType,
+    state: u8,
+    result: Option<pg_sys::Datum>,
+) {
+    if settings.retain_from_completion && !(is_failure(state) && settings.retry_failed) {
+        let ttl = row.expires_at - row.claimed_at;
+        let expires_at = now().saturating_add(ttl);
+        if expires_at > row.expires_at {
+            store.delete(row, k);
+            let fingerprint = row.fingerprint.as_deref();
+            store.insert(k, &NewRow { claimed_at: row.claimed_at, expires_at, state, fingerprint, result });
+            return;
+        }
+    }
+    store.rewrite(row, k, state, result);
 }
 
 /// A checkpoint's data merged into the stored recovery data: the stored

@@ -45,10 +45,13 @@ BEGIN
         -- on its reference table)
         ALTER TABLE idem.biz_types ADD COLUMN on_failure text;
         ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_on_failure_check CHECK (on_failure IN ('replay', 'retry'));
+        -- Where a claim's TTL counts from (idem_configure's retain_from).
+        ALTER TABLE idem.biz_types ADD COLUMN retain_from text;
+        ALTER TABLE idem.biz_types ADD CONSTRAINT biz_types_retain_from_check CHECK (retain_from IN ('claim', 'completion'));
     END IF;
 END
 $$;
-COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
+COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
 -- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
 -- new functions with the privileges of the old forms (below).
@@ -59,6 +62,10 @@ COMMENT ON FUNCTION idem_configure(text, interval) IS
 -- separate function, as idem_configure's third argument is (sql/claim.sql
 -- says why).
 -- @create: CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb, lease_token text, merge boolean) RETURNS void
+
+-- And with where a claim's TTL counts from (a fourth argument, apart for
+-- the same reason).
+-- @create: CREATE FUNCTION idem_configure(biz_type text, ttl interval, on_failure text, retain_from text) RETURNS void
 
 -- The new forms of idem_configure and idem_checkpoint get the privileges
 -- their old forms have: PUBLIC's (revoked by a hardened installation:
@@ -71,6 +78,7 @@ DECLARE
 BEGIN
     FOREACH pair SLICE 1 IN ARRAY ARRAY[
         ['idem_configure(text, interval)', 'idem_configure(text, interval, text)'],
+        ['idem_configure(text, interval)', 'idem_configure(text, interval, text, text)'],
         ['idem_checkpoint(text, text, text, jsonb, text)', 'idem_checkpoint(text, text, text, jsonb, text, boolean)']] LOOP
         -- (Changed only where they differ: a fresh install's default ACL
         -- stays the default.)
@@ -315,7 +323,33 @@ DROP FUNCTION idem.partition_name(timestamptz);
 DROP FUNCTION idem.coming_partitions(interval, timestamptz, int, timestamptz);
 -- @create: CREATE FUNCTION idem.classes_to_premake(t_now timestamptz)
 -- @create: CREATE FUNCTION idem.coming_partitions(limit_parts int, t_now timestamptz)
--- @replace: CREATE FUNCTION idem.remove_expired(t_now timestamptz, OUT dropped text[], OUT rows_in_dropped bigint, OUT deleted_from_default bigint)
+-- remove_expired counts exactly now, with the counts taken before the
+-- lock: new arguments, so the 0.3.0 function goes.
+DROP FUNCTION idem.remove_expired(timestamptz);
+-- The exact number of rows in each partition whose range is over, counted
+-- before maintenance takes its lock (a count is a scan, about a tenth of a
+-- second per million rows, which claims would otherwise queue behind):
+-- once a range is over, no claim can write into its partition (a new claim
+-- expires after now; a claim in it has expired, so only the transaction
+-- that wrote it can still change it, and that one holds a lock on the
+-- partition until it ends). So a partition no other transaction holds a
+-- lock on keeps the count taken after that check until it is dropped. A
+-- partition someone holds a lock on (a transaction that claimed into it
+-- and is still open, or a claim looking into it) is left out: counted
+-- under the lock, by idem.remove_expired.
+-- @create: CREATE FUNCTION idem.count_ended_partitions(t_now timestamptz, OUT parts oid[], OUT counts bigint[])
+
+-- Under the maintenance lock: drop every partition whose range is over
+-- (every row in it has expired), oldest first, counting its rows (counted
+-- before the lock by idem.count_ended_partitions, else now), then delete
+-- the claims that expired in the default partition before any partition
+-- covered them (maintenance was late): the only rows deleted one by one.
+-- Then the registrations of business types in TTL classes (idem.type_classes)
+-- that no partition left can hold a claim of: their claims all expired, in
+-- partitions dropped here or before, or in the default partition. (Under
+-- the lock no claim reads them meanwhile.) Without counted_parts (under
+-- Citus) nothing is counted and rows_in_dropped is NULL.
+-- @create: CREATE FUNCTION idem.remove_expired(t_now timestamptz, counted_parts oid[] DEFAULT NULL, counted bigint[] DEFAULT NULL,
 DROP FUNCTION idem.maintain_distributed(interval, interval, int, int);
 -- @create: CREATE FUNCTION idem.maintain_distributed(limit_parts int, retries int)
 -- @replace: CREATE FUNCTION idem_maintain() RETURNS jsonb
@@ -358,3 +392,6 @@ SELECT pg_catalog.pg_extension_config_dump('idem.type_classes', '');
 
 -- batch.sql ------------------------------------------------------------------
 -- @create: CREATE FUNCTION idem_claim_many(
+
+-- completer.sql --------------------------------------------------------------
+-- @create: CREATE FUNCTION idem_take_expired_leases(biz_type text, max_leases integer DEFAULT 100, lease interval DEFAULT NULL)

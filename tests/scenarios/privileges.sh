@@ -146,6 +146,7 @@ GRANT EXECUTE ON FUNCTION
     idemapi.idem_forget(text, text),
     idemapi.idem_configure(text, interval),
     idemapi.idem_configure(text, interval, text),
+    idemapi.idem_configure(text, interval, text, text),
     idemapi.idem_define_machine(text, jsonb),
     idemapi.idem_maintain(),
     idemapi.idem_schedule_maintenance(text)

@@ -125,7 +125,7 @@ SQL
                                                 || '/' || has_function_privilege('upgrade_member', 'idem_checkpoint(text, text, text, jsonb, text, boolean)', 'EXECUTE')")
   echo "  idem_checkpoint with merge, PUBLIC/granted role: $merge_acl"
   [ "$merge_acl" = false/true ] || { echo "FAIL: idem_checkpoint with merge after a hardened idem_checkpoint: $merge_acl"; fails=$((fails + 1)); }
-  psql_idem -q -d "$db" -c "REVOKE EXECUTE ON FUNCTION idem_configure(text, interval), idem_configure(text, interval, text) FROM upgrade_stranger" \
+  psql_idem -q -d "$db" -c "REVOKE EXECUTE ON FUNCTION idem_configure(text, interval), idem_configure(text, interval, text), idem_configure(text, interval, text, text) FROM upgrade_stranger" \
     -c "REVOKE EXECUTE ON FUNCTION idem_checkpoint(text, text, text, jsonb, text), idem_checkpoint(text, text, text, jsonb, text, boolean) FROM upgrade_member" \
     -c "UPDATE pg_proc SET proacl = NULL WHERE proname = 'idem_checkpoint'"  # the default ACL again, as a fresh install has it (no GRANT restores NULL)
   psql_idem -At -d "$db" -f "$ROOT/tests/upgrade/schema.sql" > "$work/upgraded-$old.txt"
