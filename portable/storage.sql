@@ -101,14 +101,21 @@ COMMENT ON FUNCTION idem.width_at(bigint, int) IS 'The width in microseconds of 
 -- function hashes (src/key.rs): the type's length (one byte), the type and
 -- the key, as the bytes the database stores (the text to bytea cast with
 -- every backslash doubled reads them back byte for byte, in any server
--- encoding). A SQL-standard body of immutable functions only, bound when
--- the function is created (no search_path is read when it runs): PostgreSQL
--- inlines it into the callers' expressions and into the index expression
--- of idem.claims' partitions, so a digest costs no function call at all
--- (a SipHash in PL/pgSQL cost 0.2 M instructions; docs/performance.md).
-LANGUAGE sql
-RETURN ('x' || encode(substr(sha256(substr(int4send(octet_length(biz_type)), 4)
-                                    || replace(biz_type || key, chr(92), chr(92) || chr(92))::bytea), 1, 8), 'hex'))::bit(64)::bigint;
+-- encoding). One PL/pgSQL expression, whose plan the session keeps: as a
+-- SQL function PostgreSQL would inline it, and then compile the whole
+-- expression again in every statement that uses it (the probe's filter on
+-- each partition, the index expression of each insert), 0.1 M
+-- instructions more per new key (docs/performance.md, "Portable
+-- edition"). Every name is qualified, so the caller's search_path cannot
+-- change it, without the cost of a SET clause on every call.
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN CAST(CAST(pg_catalog.textcat('x', pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.byteacat(
+               pg_catalog.substr(pg_catalog.int4send(pg_catalog.octet_length(biz_type)), 4),
+               CAST(pg_catalog.replace(pg_catalog.textcat(biz_type, key), pg_catalog.chr(92), pg_catalog.repeat(pg_catalog.chr(92), 2))
+                    AS pg_catalog.bytea))), 1, 8), 'hex')) AS pg_catalog.bit(64)) AS pg_catalog.int8);
+END
+$fn$;
 -- @end
 
 -- @body idem_ttl_class

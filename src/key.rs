@@ -79,7 +79,7 @@ pub fn key_hash(biz_type: &[u8], key: &[u8]) -> i64 {
 /// The stable digest the index is built on since 0.4.0: the first 8 bytes
 /// (big endian) of the SHA-256 of the biz_type's length (one byte: it is at
 /// most 64), the biz_type and the key. The portable edition computes the
-/// same digest with PostgreSQL's built-in sha256() in one SQL expression (a
+/// same digest with PostgreSQL's built-in sha256() in one expression (a
 /// PL/pgSQL SipHash cost it a fifth of its claim); SHA-256 keeps what
 /// SipHash with a public key gave: no way to make keys collide cheaper than
 /// by brute force (docs/design.md, "Indexed by a digest"). It is on disk
