@@ -8,7 +8,7 @@
 # prints per function: calls per transaction, total and self time per
 # transaction (µs). When the cluster preloads pg_stat_statements, the same
 # runs with pg_stat_statements.track = all give the time of every statement,
-# nested ones included. Last, SipHash (idem.key_hash) alone on 32-character
+# nested ones included. Last, the digest (idem.key_hash) alone on 32-character
 # keys, per call.
 #
 #   bash bench/profile_portable.sh HOST PORT [N]
@@ -55,7 +55,7 @@ for v in i1 i2 i3; do
             ORDER BY total_exec_time DESC LIMIT 30"
   fi
 done
-echo "== SipHash alone: idem.key_hash('bench', 32-character key), per call"
+echo "== the digest alone: idem.key_hash('bench', 32-character key), per call"
 q $DB "EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON)
        SELECT idem.key_hash('bench', md5(g::text)) FROM generate_series(1, 20000) g" |
   sed -n 's/^Execution Time: \([0-9.]*\) ms/\1/p' | awk '{ printf "%.1f µs per call (20000 calls)\n", $1 * 1000 / 20000 }'

@@ -6,71 +6,6 @@
 -- compares them on the same inputs.
 
 -- @helpers after: COMMENT ON SCHEMA idem
--- SipHash-1-3 (src/key.rs): one compression round per 8-byte word, three
--- finalization rounds, on bigint read as unsigned 64 bits: additions are
--- done in 32-bit halves (no overflow error), and << wraps. This runs on
--- every claim (and on every insert, for the index on the digest), so it is
--- written for PL/pgSQL's cost, which is per statement: a word is read in one
--- expression, and each addition and each rotate-and-xor of a round is one
--- assignment (10 a round rather than 18; docs/performance.md, "Portable
--- edition").
-CREATE FUNCTION idem.siphash13(k0 bigint, k1 bigint, msg bytea) RETURNS bigint
-    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
-DECLARE
-    v0 bigint := k0 # 8317987319222330741;   -- "somepseu"
-    v1 bigint := k1 # 7237128888997146477;   -- "dorandom"
-    v2 bigint := k0 # 7816392313619706465;   -- "lygenera"
-    v3 bigint := k1 # 8387220255154660723;   -- "tedbytes"
-    n int := octet_length(msg);
-    whole int := n - n % 8;
-    m bigint;
-    i int := 0;
-    j int;
-BEGIN
-    LOOP
-        IF i < whole THEN
-            m := get_byte(msg, i)::bigint | (get_byte(msg, i + 1)::bigint << 8) | (get_byte(msg, i + 2)::bigint << 16) | (get_byte(msg, i + 3)::bigint << 24) | (get_byte(msg, i + 4)::bigint << 32) | (get_byte(msg, i + 5)::bigint << 40) | (get_byte(msg, i + 6)::bigint << 48) | (get_byte(msg, i + 7)::bigint << 56);
-        ELSIF i = whole THEN
-            -- The last word: the remaining bytes and the length's low byte.
-            m := (n & 255)::bigint << 56;
-            FOR j IN 0..(n - whole - 1) LOOP
-                m := m | (get_byte(msg, whole + j)::bigint << (8 * j));
-            END LOOP;
-        ELSE
-            EXIT;
-        END IF;
-        v3 := v3 # m;
-        v0 := (((((v0 >> 32) + (v1 >> 32) + (((v0 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
-        v1 := ((v1 << 13) | ((v1 >> 51) & 8191)) # v0;
-        v0 := ((v0 << 32) | ((v0 >> 32) & 4294967295));
-        v2 := (((((v2 >> 32) + (v3 >> 32) + (((v2 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
-        v3 := ((v3 << 16) | ((v3 >> 48) & 65535)) # v2;
-        v0 := (((((v0 >> 32) + (v3 >> 32) + (((v0 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
-        v3 := ((v3 << 21) | ((v3 >> 43) & 2097151)) # v0;
-        v2 := (((((v2 >> 32) + (v1 >> 32) + (((v2 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
-        v1 := ((v1 << 17) | ((v1 >> 47) & 131071)) # v2;
-        v2 := ((v2 << 32) | ((v2 >> 32) & 4294967295));
-        v0 := v0 # m;
-        i := i + 8;
-    END LOOP;
-    v2 := v2 # 255;
-    FOR j IN 1..3 LOOP
-        v0 := (((((v0 >> 32) + (v1 >> 32) + (((v0 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
-        v1 := ((v1 << 13) | ((v1 >> 51) & 8191)) # v0;
-        v0 := ((v0 << 32) | ((v0 >> 32) & 4294967295));
-        v2 := (((((v2 >> 32) + (v3 >> 32) + (((v2 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
-        v3 := ((v3 << 16) | ((v3 >> 48) & 65535)) # v2;
-        v0 := (((((v0 >> 32) + (v3 >> 32) + (((v0 & 4294967295) + (v3 & 4294967295)) >> 32)) << 32) | (((v0 & 4294967295) + (v3 & 4294967295)) & 4294967295)));
-        v3 := ((v3 << 21) | ((v3 >> 43) & 2097151)) # v0;
-        v2 := (((((v2 >> 32) + (v1 >> 32) + (((v2 & 4294967295) + (v1 & 4294967295)) >> 32)) << 32) | (((v2 & 4294967295) + (v1 & 4294967295)) & 4294967295)));
-        v1 := ((v1 << 17) | ((v1 >> 47) & 131071)) # v2;
-        v2 := ((v2 << 32) | ((v2 >> 32) & 4294967295));
-    END LOOP;
-    RETURN v0 # v1 # v2 # v3;
-END
-$fn$;
-COMMENT ON FUNCTION idem.siphash13(bigint, bigint, bytea) IS 'SipHash-1-3 of msg with the 128-bit key (k0, k1), as a signed bigint (the portable edition''s idem.key_hash).';
-
 -- An interval in microseconds, counted as the native edition counts it
 -- (extract(epoch ...): a day is 24 hours, a month 30 days, a year 365.25
 -- days), as numeric so that no interval overflows.
@@ -161,18 +96,24 @@ $fn$;
 COMMENT ON FUNCTION idem.width_at(bigint, int) IS 'The width in microseconds of TTL class k when class 0 is unit microseconds wide.';
 -- @end
 
--- @body idem_key_hash
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    t bytea := convert_to(biz_type, getdatabaseencoding());
+-- @body idem_key_digest
+-- The first 8 bytes of PostgreSQL's own sha256() (C) of what the native
+-- function hashes (src/key.rs): the type's length (one byte), the type and
+-- the key, as the bytes the database stores (the text to bytea cast with
+-- every backslash doubled reads them back byte for byte, in any server
+-- encoding). One PL/pgSQL expression, whose plan the session keeps: as a
+-- SQL function PostgreSQL would inline it, and then compile the whole
+-- expression again in every statement that uses it (the probe's filter on
+-- each partition, the index expression of each insert), 0.1 M
+-- instructions more per new key (docs/performance.md, "Portable
+-- edition"). Every name is qualified, so the caller's search_path cannot
+-- change it, without the cost of a SET clause on every call.
+LANGUAGE plpgsql AS $fn$
 BEGIN
-    -- The bytes in the database's encoding, as the native function hashes
-    -- them: the type's length (one byte), the type, the key. (No backslash
-    -- in a literal: the body is parsed under the caller's
-    -- standard_conforming_strings.)
-    RETURN idem.siphash13(7594306392080213369, 8516974794605867315,
-                          set_byte(decode('00', 'hex'), 0, octet_length(t) & 255) || t
-                          || convert_to(key, getdatabaseencoding()));
+    RETURN CAST(CAST(pg_catalog.textcat('x', pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.byteacat(
+               pg_catalog.substr(pg_catalog.int4send(pg_catalog.octet_length(biz_type)), 4),
+               CAST(pg_catalog.replace(pg_catalog.textcat(biz_type, key), pg_catalog.chr(92), pg_catalog.repeat(pg_catalog.chr(92), 2))
+                    AS pg_catalog.bytea))), 1, 8), 'hex')) AS pg_catalog.bit(64)) AS pg_catalog.int8);
 END
 $fn$;
 -- @end

@@ -21,11 +21,13 @@ CREATE TABLE idem.biz_types (
 );
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
--- The stable 64-bit digest a claim is indexed by (SipHash-1-3 of biz_type and
--- key). Written in Rust; the claim path computes the same value itself.
+-- The stable 64-bit digest a claim is indexed by (the first 8 bytes of the
+-- SHA-256 of biz_type and key; docs/design.md §1). Written in Rust; the
+-- claim path computes the same value itself. (0.3.0 declared it on the
+-- symbol idem_key_hash: SipHash-1-3.)
 CREATE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
     IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_hash';
+    LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_digest';
 COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by; stable across versions.';
 
 -- TTL classes (src/ttl_class.rs has the rule; docs/design.md §1): a claim

@@ -332,13 +332,20 @@ fn random_token(_args: Args) -> pg_sys::Datum {
 }
 sql_function!(idem_random_token, pg_finfo_idem_random_token, random_token);
 
-// idem.key_hash(biz_type text, key text) RETURNS bigint (STRICT)
+// idem.key_hash(biz_type text, key text) RETURNS bigint (STRICT): declared
+// on idem_key_digest since 0.4.0; idem_key_hash is 0.3.0's digest, which
+// that schema's declaration and indexes use until its update (src/key.rs).
 arguments!(key_hash_args: BIZ_TYPE = 0 "biz_type", KEY = 1 "key");
-fn key_hash(args: Args) -> pg_sys::Datum {
+fn key_digest(args: Args) -> pg_sys::Datum {
     use key_hash_args::*;
-    pg_sys::Datum::from(key::key_hash(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default()))
+    pg_sys::Datum::from(key::digest(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default()))
 }
-sql_function!(idem_key_hash, pg_finfo_idem_key_hash, key_hash);
+sql_function!(idem_key_digest, pg_finfo_idem_key_digest, key_digest);
+fn legacy_key_hash(args: Args) -> pg_sys::Datum {
+    use key_hash_args::*;
+    pg_sys::Datum::from(key::legacy_digest(args.text(BIZ_TYPE).unwrap_or_default(), args.text(KEY).unwrap_or_default()))
+}
+sql_function!(idem_key_hash, pg_finfo_idem_key_hash, legacy_key_hash);
 
 // idem.partition_from(partition regclass) / idem.partition_to(partition
 // regclass) RETURNS timestamptz, idem.partition_class(partition regclass)

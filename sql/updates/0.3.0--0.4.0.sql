@@ -244,6 +244,14 @@ CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
 ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
 COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
 
+-- The digest (docs/design.md §1): the first 8 bytes of a SHA-256 from 0.4.0
+-- on, SipHash-1-3 (the symbol idem_key_hash, which this library keeps for a
+-- 0.3.0 schema not updated yet) before. Every index on it is built anew:
+-- idem.claims' with the new table below; under Citus, a worker's shards of
+-- the new table, which the coordinator's update made while this node's
+-- function was still 0.3.0's, in the worker's branch.
+-- @replace-alone: CREATE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
+
 -- Under Citus the coordinator's update makes the new idem.claims,
 -- distributes it next to the old one (Citus makes a shell of a table on the
 -- workers only when it belongs to no extension: it is taken out of idem's
@@ -264,6 +272,12 @@ BEGIN
         ALTER EXTENSION idem ADD TABLE idem.claims_default;
         PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, r, 0, false)
            FROM unnest(ARRAY['idem.claims'::regclass, 'idem.claims_default'::regclass]) r;
+        FOR c IN SELECT d.objid::regclass AS ix
+                   FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class i ON i.oid = d.objid
+                  WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.refclassid = 'pg_catalog.pg_proc'::regclass
+                    AND d.refobjid = 'idem.key_hash(text,text)'::regprocedure AND i.relkind = 'i' LOOP
+            EXECUTE format('REINDEX INDEX %s', c.ix);
+        END LOOP;
         RETURN;
     END IF;
     ALTER TABLE idem.claims RENAME TO claims_0_3;

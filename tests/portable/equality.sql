@@ -3,8 +3,9 @@
 -- tests/scenarios/portable.sh to compare between the editions (run as a
 -- superuser: it sets idem.partition_width). The keys include multi-byte
 -- UTF-8 (2, 3 and 4 bytes a character), the empty string, 1024-byte keys,
--- 64-character types and every length from 0 to 40 (SipHash's last word
--- holds 0 to 7 bytes).
+-- 64-character types, every length from 0 to 80 (SHA-256 pads a message
+-- of 56 bytes or more into a second block) and backslashes (the portable
+-- digest reads a key's bytes through bytea's escape format).
 \pset footer off
 SELECT 'key_hash|' || t || '|' || md5(k) || '|' || octet_length(k) || '|' || idem.key_hash(t, k)
   FROM (SELECT 'payment' AS t, 'req-42' AS k
@@ -14,7 +15,9 @@ SELECT 'key_hash|' || t || '|' || md5(k) || '|' || octet_length(k) || '|' || ide
         UNION ALL SELECT 'x', repeat('€', 341) || 'a'
         UNION ALL SELECT 'x', repeat('😀', 256)
         UNION ALL SELECT repeat('t', 64), repeat('z', 1023)
-        UNION ALL SELECT 'len', left('abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH', n) FROM generate_series(0, 40) n
+        UNION ALL SELECT 'len', left(repeat('abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH', 2), n) FROM generate_series(0, 80) n
+        UNION ALL SELECT 'bs', chr(92) || 'x4142' UNION ALL SELECT 'bs', 'a' || chr(92) || chr(92) || 'b' || chr(92)
+        UNION ALL SELECT 'bs', repeat(chr(92), 1024) UNION ALL SELECT 'bs', chr(92) || '000' || chr(92) || '377é'
         UNION ALL SELECT 'type.' || (g % 64), left(md5(g::text) || repeat('ü€😀', g % 9), g % 45) FROM generate_series(1, 2000) g
         UNION ALL SELECT repeat('T', 1 + g % 64), repeat(chr(160 + g), g) FROM generate_series(1, 300) g
         UNION ALL SELECT 'ab', 'c' UNION ALL SELECT 'a', 'bc') s

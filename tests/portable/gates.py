@@ -161,8 +161,8 @@ def hostile(obs):
     stored = ("SELECT string_agg(key || ' ' || state::text || ' ' || coalesce(result::text, ''), ',' ORDER BY key)"
               " FROM idem.claims WHERE biz_type = 'gate.hostile'")
     before = obs.execute(stored).fetchone()[0]
-    # Every number the intruder can derive from the digests (SipHash's key
-    # is public): the 64-bit digest, its halves as a pair and alone.
+    # Every number the intruder can derive from the digests (the digest
+    # has no secret): the 64-bit digest, its halves as a pair and alone.
     numbers = []
     for k in keys:
         h = obs.execute("SELECT idem.key_hash('gate.hostile', %s)", (k,)).fetchone()[0]
