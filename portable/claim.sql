@@ -423,19 +423,30 @@ $fn$;
 COMMENT ON FUNCTION idem.sha256_hex(text) IS 'SHA-256 of a text''s bytes, as hex (lease tokens are stored only so).';
 
 -- The lease document stored in result (src/lease.rs, Stored plus the
--- recovery point and data) and the view of it its owner is given.
-CREATE FUNCTION idem.lease_doc(attempt bigint, lease_us bigint, until timestamptz, token_sha256 text, point jsonb, data jsonb)
-    RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
-    SELECT jsonb_build_object('attempt', attempt, 'lease_us', lease_us, 'lease_until_us', idem.us_since_2000(until),
-                              'owner_token_sha256', token_sha256, 'recovery_point', point, 'recovery_data', data)
+-- recovery point and data, and the error a retry's lease retries) and the
+-- view of it its owner is given.
+CREATE FUNCTION idem.with_previous_error(doc jsonb, previous jsonb) RETURNS jsonb
+    IMMUTABLE LANGUAGE sql AS $fn$
+    SELECT CASE WHEN previous IS NULL THEN doc ELSE doc || jsonb_build_object('previous_error', previous) END
 $fn$;
-COMMENT ON FUNCTION idem.lease_doc(bigint, bigint, timestamptz, text, jsonb, jsonb) IS 'The lease document a leased claim stores in result.';
-CREATE FUNCTION idem.lease_view(attempt bigint, until timestamptz, token text, point jsonb, data jsonb)
+COMMENT ON FUNCTION idem.with_previous_error(jsonb, jsonb) IS 'doc with the field previous_error when previous is not SQL NULL (a claim that retries a stored failure).';
+CREATE FUNCTION idem.lease_doc(attempt bigint, lease_us bigint, until timestamptz, token_sha256 text, point jsonb, data jsonb,
+                               previous jsonb)
     RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
-    SELECT jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'lease_until', idem.iso_utc(until), 'lease_token', token))
-           || jsonb_build_object('recovery_point', point, 'recovery_data', data)
+    SELECT idem.with_previous_error(
+               jsonb_build_object('attempt', attempt, 'lease_us', lease_us, 'lease_until_us', idem.us_since_2000(until),
+                                  'owner_token_sha256', token_sha256, 'recovery_point', point, 'recovery_data', data),
+               previous)
 $fn$;
-COMMENT ON FUNCTION idem.lease_view(bigint, timestamptz, text, jsonb, jsonb) IS 'What the holder of a lease is told: attempt, lease_until, lease_token (when issued), recovery_point and recovery_data.';
+COMMENT ON FUNCTION idem.lease_doc(bigint, bigint, timestamptz, text, jsonb, jsonb, jsonb) IS 'The lease document a leased claim stores in result.';
+CREATE FUNCTION idem.lease_view(attempt bigint, until timestamptz, token text, point jsonb, data jsonb, previous jsonb)
+    RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
+    SELECT idem.with_previous_error(
+               jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'lease_until', idem.iso_utc(until), 'lease_token', token))
+               || jsonb_build_object('recovery_point', point, 'recovery_data', data),
+               previous)
+$fn$;
+COMMENT ON FUNCTION idem.lease_view(bigint, timestamptz, text, jsonb, jsonb, jsonb) IS 'What the holder of a lease is told: attempt, lease_until, lease_token (when issued), recovery_point and recovery_data; previous_error on a retry''s lease.';
 CREATE FUNCTION idem.check_lease(doc jsonb) RETURNS void
     IMMUTABLE LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -625,8 +636,8 @@ BEGIN
         token := idem.random_hex(16);
         until := t_now + idem.us_interval(lease_us);
         PERFORM idem.insert_claim(h, biz_type, key, t_now, t_exp, 'l', fingerprint,
-                                  idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL));
-        RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
+                                  idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL, NULL));
+        RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
     END IF;
     IF fingerprint IS NOT NULL AND p.fingerprint IS NOT NULL AND fingerprint <> p.fingerprint THEN
         PERFORM idem.fail_with('ID001', format('idem: key "%s" of biz_type "%s" was first claimed with a different fingerprint', key, biz_type),
@@ -644,8 +655,11 @@ BEGIN
         END IF;
         token := idem.random_hex(16);
         until := least(t_now + idem.us_interval(lease_us), p.expires_at);
-        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL));
-        RETURN ROW(true, 'new', idem.lease_view(attempt, until, token, NULL, NULL) || jsonb_build_object('previous_error', previous),
+        -- (the error goes into the lease document too: a takeover of this
+        -- lease is told it as well)
+        previous := coalesce(previous, 'null');
+        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL, previous));
+        RETURN ROW(true, 'new', idem.lease_view(attempt, until, token, NULL, NULL, previous),
                    p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
     END IF;
     -- (running: a lease seen running without the lock, never taken over.)
@@ -656,15 +670,24 @@ BEGIN
     IF idem.lease_until(p.result) > t_now THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
-    -- The lease ran out: this call takes the claim over.
-    lease_us := coalesce(lease_us, (p.result ->> 'lease_us')::bigint);
-    until := least(t_now + idem.us_interval(lease_us), p.expires_at);
+    -- The lease ran out: this call takes the claim over (src/protocol.rs,
+    -- claim): with a lease of its own, as a new lease; without one, as a
+    -- plain claim of this transaction.
     attempt := (p.result ->> 'attempt')::bigint + 1;
+    previous := p.result -> 'previous_error';
+    IF lease_us IS NULL THEN
+        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'p', idem.with_previous_error(jsonb_build_object('attempt', attempt), previous));
+        RETURN ROW(true, 'new',
+                   idem.with_previous_error(jsonb_build_object('attempt', attempt, 'recovery_point', p.result -> 'recovery_point',
+                                                               'recovery_data', p.result -> 'recovery_data'), previous),
+                   p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
+    END IF;
+    until := least(t_now + idem.us_interval(lease_us), p.expires_at);
     token := idem.random_hex(16);
     PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l',
-        idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data'));
+        idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data', previous));
     RETURN ROW(true, 'new',
-               idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data'),
+               idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data', previous),
                p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
 END
 $fn$;
@@ -735,7 +758,7 @@ BEGIN
         END IF;
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
-                                     p.result ->> 'owner_token_sha256', to_jsonb(point), data);
+                                     p.result ->> 'owner_token_sha256', to_jsonb(point), data, p.result -> 'previous_error');
     ELSIF what = 'idem_fail' THEN
         -- A retried claim's failure keeps its attempt while the type
         -- retries (src/protocol.rs, finish).
@@ -748,7 +771,7 @@ BEGIN
         -- Run out now, its token spent (src/lease.rs, release).
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint,
                                      least(idem.lease_until(p.result), clock_timestamp()), '',
-                                     p.result -> 'recovery_point', p.result -> 'recovery_data');
+                                     p.result -> 'recovery_point', p.result -> 'recovery_data', p.result -> 'previous_error');
     END IF;
     PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
@@ -795,7 +818,11 @@ BEGIN
     IF octet_length(point) < 1 OR octet_length(point) > 256 THEN
         PERFORM idem.fail_with('22023', 'idem: point must be 1 to 256 bytes long');
     END IF;
-    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token, coalesce(merge, false));
+    -- (no default in this form: NULL is refused, as in the native edition)
+    IF merge IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: merge must not be NULL');
+    END IF;
+    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token, merge);
 END
 $fn$;
 -- @end

@@ -63,6 +63,11 @@ END
 $$;
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims and what a stored failure does to the next arrival (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
+-- claim.sql: a claim without a lease that takes a run-out lease over is a
+-- plain claim (its comment says so).
+COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
+'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease (at most the ttl), the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over; the lease holder gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result and proves ownership with lease_token. A claim without lease that takes a run-out lease over is a plain claim of its transaction (result {attempt, recovery_point, recovery_data}, no lease, no token). 25006 in a read-only transaction.';
+
 -- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
 -- new functions with the privileges of the old forms (below).
 COMMENT ON FUNCTION idem_configure(text, interval) IS
@@ -80,7 +85,7 @@ CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb,
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
-'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it (22004 for NULL). Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
 
 -- The new forms of idem_configure and idem_checkpoint get the privileges
 -- their old forms have: PUBLIC's (revoked by a hardened installation:
@@ -1283,4 +1288,4 @@ CREATE FUNCTION idem_claim_many(
     VOLATILE PARALLEL UNSAFE ROWS 100
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_many';
 COMMENT ON FUNCTION idem_claim_many(text[], text, interval, text[], boolean) IS
-'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim). 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';
+'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim); a lease that ran out is taken over as a plain claim, as by idem_claim without lease. 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';

@@ -11,7 +11,8 @@
 //!     nothing written. Under REPEATABLE READ / SERIALIZABLE a row this
 //!     snapshot cannot see raises 40001, as INSERT ... ON CONFLICT does;
 //!   - a committed leased claim (lease.rs): in_progress while the lease
-//!     runs, taken over by this claim once it has run out;
+//!     runs, taken over by this claim once it has run out (with a new
+//!     lease if the claim asks for one, else as a plain claim);
 //!   - a committed failure of a type whose on_failure is retry: claimed
 //!     anew (`retry`); a completed claim is final whatever the policy.
 //!
@@ -201,17 +202,31 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 return answered(k, Outcome::of_row(&row));
             }
             // The lease ran out: this claim takes the work over, and is told
-            // which attempt it is and where the last one got to.
-            let lease_us = req.lease_us.unwrap_or(lease.lease_us);
-            let until = now.saturating_add(lease_us).min(row.expires_at);
-            let (next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
-            store.rewrite(&row, k, STATE_LEASED, Some(next.to_datum()));
+            // which attempt it is and where the last one got to. With a
+            // lease of its own it gets a new lease and token; without one
+            // it is a plain claim of this transaction, finished in it or
+            // read completed once it commits (a lease it had not asked for
+            // would run out again after the commit, and the next arrival
+            // would do the work a second time).
+            let (state, stored, told) = match req.lease_us {
+                Some(lease_us) => {
+                    let until = now.saturating_add(lease_us).min(row.expires_at);
+                    let (mut next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
+                    next.previous_error = lease.previous_error;
+                    (STATE_LEASED, next.to_datum(), next.for_owner(Some(&token)))
+                }
+                None => {
+                    let (told, stored) = lease.for_plain_claim();
+                    (STATE_PENDING, stored, told)
+                }
+            };
+            store.rewrite(&row, k, state, Some(stored));
             drop(held);
             metrics::count(k, Event::Takeover);
             Outcome {
                 claimed: true,
                 state: State::New,
-                result: Some(next.for_owner(Some(&token))),
+                result: Some(told),
                 first_claimed_at: Some(row.claimed_at),
                 expires_at: Some(row.expires_at),
             }
@@ -240,10 +255,12 @@ fn retry(store: &Storage, k: &ClaimKey, req: &ClaimRequest, row: &Row, now: i64)
             (STATE_PENDING, doc, doc)
         }
         Some(lease_us) => {
+            // The error goes into the lease document too: a takeover of
+            // this lease (after a crash or idem_release) is told it as well.
             let until = now.saturating_add(lease_us).min(row.expires_at);
-            let (lease, token) = Lease::new(attempt, lease_us, until, None, None);
-            let told = jsonb_concat(lease.for_owner(Some(&token)), jsonb_object1("previous_error", error));
-            (STATE_LEASED, lease.to_datum(), told)
+            let (mut lease, token) = Lease::new(attempt, lease_us, until, None, None);
+            lease.retrying(error);
+            (STATE_LEASED, lease.to_datum(), lease.for_owner(Some(&token)))
         }
     };
     store.rewrite(row, k, state, Some(stored));
