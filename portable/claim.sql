@@ -194,6 +194,26 @@ CREATE UNLOGGED TABLE idem.key_gates (
     part   oid,
     tid    tid
 ) WITH (fillfactor = 50);
+-- The type gates: which TTL classes a business type goes into next is
+-- decided by the holder of its type gate (idem.insert_claim; the rule of
+-- docs/design.md §1, "At most three classes per type"), a row lock on one
+-- of these rows, in a table only the extension's owner reaches (an
+-- advisory lock is a number any role can take: a LOGIN role holding it
+-- made every new class of the type fold into the widest). The rows are
+-- made here, committed, so a gate is tried with SKIP LOCKED and never
+-- waited for (claims of a new type stay independent); a type's gate is
+-- the slot of its digest (two types that share one only fold each
+-- other's new classes while both add some). The holder that adds a class
+-- writes its slot (writer), so that under REPEATABLE READ a later holder
+-- whose snapshot cannot see that class gets 40001 from its lock. Logged:
+-- the rows must survive a crash.
+CREATE TABLE idem.type_gates (
+    slot   int PRIMARY KEY,
+    writer xid8
+);
+INSERT INTO idem.type_gates (slot) SELECT s FROM generate_series(0, 1023) s;
+COMMENT ON TABLE idem.type_gates IS 'Portable edition: the type gates (1024 slots, a type''s digest picks one): the holder of its slot''s row lock decides which TTL class a business type goes into next.';
+
 COMMENT ON TABLE idem.key_gates IS 'Portable edition: the key locks. One row per recently claimed digest (idem.key_hash): the transaction that last took it and the claim version it wrote.';
 
 -- Take the key's gate for this transaction, waiting for its holder; with
@@ -483,38 +503,47 @@ $fn$;
 COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a call on a claim the caller does not hold.';
 
 -- The new claim row (src/storage/sql.rs, insert): in its TTL's class, or
--- in a wider one when the type is in three classes already (the rule of
--- src/storage/type_classes.rs, choose; a class another transaction is
--- adding, told by its advisory lock on the type's digest, counts as one),
--- after registering the type in that class when no committed or own
--- registration covers the row's expiry (a registration spans up to the
--- end of the class width the expiry falls in); this transaction's gate for
--- the key (digest h) then names it.
+-- in a wider one (the rule of src/storage/type_classes.rs, choose: at most
+-- three classes per type), after registering the type in that class when
+-- no committed or own registration covers the row's expiry (a registration
+-- spans up to the end of the class width the expiry falls in); this
+-- transaction's gate for the key (digest h) then names it. False, with
+-- nothing written, when wait is false and the claim would have had to wait.
+-- A class the type is not in is decided by the holder of the type's gate
+-- (idem.type_gates), on the registrations read again after taking it (in
+-- READ COMMITTED a statement of its own sees what earlier holders
+-- committed), so holders add classes one after the other, and leave room
+-- for the widest class, as the native rule does. Registrations of other
+-- transactions still running are not seen here, so a claim that finds the
+-- gate held goes into the nearest wider class it sees, else the widest
+-- (400 days) one, without the gate: only holders add other classes, so a
+-- type's classes are at most the two a holder may add plus the widest.
 CREATE FUNCTION idem.insert_claim(h bigint, biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
                                   state "char", fingerprint text, result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     k smallint := idem.ttl_class(expires_at - claimed_at);
+    top smallint := greatest(idem.ttl_class(interval '400 days'), k);
+    gate int;
+    held boolean;
     classes smallint[];
     span numeric;
     e numeric;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
-        -- Registrations of other transactions still running are not seen
-        -- here; the type's advisory lock, held by the transaction that
-        -- adds a class until it ends, tells one is being added. Never
-        -- waited for: claims of a new type stay independent.
-        IF pg_try_advisory_xact_lock(idem.key_hash(biz_type, '')) THEN
-            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
-        ELSE
-            -- One more class may be on its way: leave it the last slot.
-            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
-            classes := CASE WHEN cardinality(classes) > 0 THEN classes || (-1)::smallint ELSE classes END;
-        END IF;
-        IF NOT k = ANY (classes) AND cardinality(classes) + 1 >= 3 THEN
-            k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), greatest(idem.ttl_class(interval '400 days'), k));
+    -- (The widest class is the one a claim may add without the gate.)
+    IF k <> top AND NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
+        gate := idem.key_hash(biz_type, '') & 1023;
+        PERFORM 1 FROM idem.type_gates g WHERE g.slot = gate FOR UPDATE SKIP LOCKED;
+        held := FOUND;
+        SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+          FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+        IF NOT k = ANY (classes) THEN
+            IF NOT held OR cardinality(classes) + 1 >= 3 THEN
+                k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), top);
+            END IF;
+            IF NOT k = ANY (classes) AND k <> top THEN
+                UPDATE idem.type_gates g SET writer = pg_current_xact_id() WHERE g.slot = gate;
+            END IF;
         END IF;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc
