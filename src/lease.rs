@@ -171,3 +171,42 @@ impl Lease {
         self.owner_token_sha256.is_empty()
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use crate::datum::jsonb_to_utf8;
+    use pgrx::prelude::*;
+
+    fn json(d: pg_sys::Datum) -> serde_json::Value {
+        serde_json::from_slice(&jsonb_to_utf8(d)).expect("jsonb's text is JSON")
+    }
+
+    #[pg_test]
+    fn previous_error_stays_with_the_lease_and_its_takeovers() {
+        let error = jsonb_from_utf8(br#"{"declined": "try later"}"#);
+        let (mut lease, _) = Lease::new(2, 1_000_000, 5_000_000, None, None);
+        lease.retrying(Some(error));
+        // Stored, read back, checkpointed and released: still there.
+        let mut read = Lease::from_datum(Some(lease.to_datum()));
+        read.point = Some(crate::datum::jsonb_string(b"charged"));
+        read.release(4_000_000);
+        let read = Lease::from_datum(Some(read.to_datum()));
+        assert_eq!(json(read.previous_error.expect("kept")), serde_json::json!({"declined": "try later"}));
+        assert_eq!(json(read.for_owner(None))["previous_error"], serde_json::json!({"declined": "try later"}));
+        // A plain claim taking it over: attempt 3, the recovery point, the
+        // error; stored for idem_fail to count on, without a lease.
+        let (told, stored) = read.for_plain_claim();
+        assert_eq!(
+            json(told),
+            serde_json::json!({"attempt": 3, "recovery_point": "charged", "recovery_data": null,
+                               "previous_error": {"declined": "try later"}})
+        );
+        assert_eq!(json(stored), serde_json::json!({"attempt": 3, "previous_error": {"declined": "try later"}}));
+        // A lease that retries nothing has no such field.
+        let (plain, _) = Lease::new(1, 1_000_000, 5_000_000, None, None);
+        assert!(json(plain.to_datum()).get("previous_error").is_none());
+        assert_eq!(json(plain.for_plain_claim().1), serde_json::json!({"attempt": 2}));
+    }
+}
