@@ -28,6 +28,9 @@ BEGIN
     FOR i IN 1 .. cardinality(ks) LOOP
         PERFORM idem.check_claim_key(ks[i], biz_type);
     END LOOP;
+    -- (refused here, in its own name, before idem_claim would refuse the
+    -- first key in its name)
+    PERFORM idem.require_writable('idem_claim_many');
     -- In the order of the keys' bytes, the first of equal keys first (as
     -- the native edition: src/api.rs, claim_many).
     FOR i IN SELECT u.n FROM unnest(ks) WITH ORDINALITY AS u(k, n) ORDER BY u.k COLLATE "C", u.n LOOP

@@ -199,6 +199,26 @@ CREATE UNLOGGED TABLE idem.key_gates (
     part   oid,
     tid    tid
 ) WITH (fillfactor = 50);
+-- The type gates: which TTL classes a business type goes into next is
+-- decided by the holder of its type gate (idem.insert_claim; the rule of
+-- docs/design.md §1, "At most three classes per type"), a row lock on one
+-- of these rows, in a table only the extension's owner reaches (an
+-- advisory lock is a number any role can take: a LOGIN role holding it
+-- made every new class of the type fold into the widest). The rows are
+-- made here, committed, so a gate is tried with SKIP LOCKED and never
+-- waited for (claims of a new type stay independent); a type's gate is
+-- the slot of its digest (two types that share one only fold each
+-- other's new classes while both add some). The holder that adds a class
+-- writes its slot (writer), so that under REPEATABLE READ a later holder
+-- whose snapshot cannot see that class gets 40001 from its lock. Logged:
+-- the rows must survive a crash.
+CREATE TABLE idem.type_gates (
+    slot   int PRIMARY KEY,
+    writer xid8
+);
+INSERT INTO idem.type_gates (slot) SELECT s FROM generate_series(0, 1023) s;
+COMMENT ON TABLE idem.type_gates IS 'Portable edition: the type gates (1024 slots, a type''s digest picks one): the holder of its slot''s row lock decides which TTL class a business type goes into next.';
+
 COMMENT ON TABLE idem.key_gates IS 'Portable edition: the key locks. One row per recently claimed digest (idem.key_hash): the transaction that last took it and the claim version it wrote.';
 
 -- Take the key's gate for this transaction, waiting for its holder; with
@@ -428,19 +448,30 @@ $fn$;
 COMMENT ON FUNCTION idem.sha256_hex(text) IS 'SHA-256 of a text''s bytes, as hex (lease tokens are stored only so).';
 
 -- The lease document stored in result (src/lease.rs, Stored plus the
--- recovery point and data) and the view of it its owner is given.
-CREATE FUNCTION idem.lease_doc(attempt bigint, lease_us bigint, until timestamptz, token_sha256 text, point jsonb, data jsonb)
-    RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
-    SELECT jsonb_build_object('attempt', attempt, 'lease_us', lease_us, 'lease_until_us', idem.us_since_2000(until),
-                              'owner_token_sha256', token_sha256, 'recovery_point', point, 'recovery_data', data)
+-- recovery point and data, and the error a retry's lease retries) and the
+-- view of it its owner is given.
+CREATE FUNCTION idem.with_previous_error(doc jsonb, previous jsonb) RETURNS jsonb
+    IMMUTABLE LANGUAGE sql AS $fn$
+    SELECT CASE WHEN previous IS NULL THEN doc ELSE doc || jsonb_build_object('previous_error', previous) END
 $fn$;
-COMMENT ON FUNCTION idem.lease_doc(bigint, bigint, timestamptz, text, jsonb, jsonb) IS 'The lease document a leased claim stores in result.';
-CREATE FUNCTION idem.lease_view(attempt bigint, until timestamptz, token text, point jsonb, data jsonb)
+COMMENT ON FUNCTION idem.with_previous_error(jsonb, jsonb) IS 'doc with the field previous_error when previous is not SQL NULL (a claim that retries a stored failure).';
+CREATE FUNCTION idem.lease_doc(attempt bigint, lease_us bigint, until timestamptz, token_sha256 text, point jsonb, data jsonb,
+                               previous jsonb)
     RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
-    SELECT jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'lease_until', idem.iso_utc(until), 'lease_token', token))
-           || jsonb_build_object('recovery_point', point, 'recovery_data', data)
+    SELECT idem.with_previous_error(
+               jsonb_build_object('attempt', attempt, 'lease_us', lease_us, 'lease_until_us', idem.us_since_2000(until),
+                                  'owner_token_sha256', token_sha256, 'recovery_point', point, 'recovery_data', data),
+               previous)
 $fn$;
-COMMENT ON FUNCTION idem.lease_view(bigint, timestamptz, text, jsonb, jsonb) IS 'What the holder of a lease is told: attempt, lease_until, lease_token (when issued), recovery_point and recovery_data.';
+COMMENT ON FUNCTION idem.lease_doc(bigint, bigint, timestamptz, text, jsonb, jsonb, jsonb) IS 'The lease document a leased claim stores in result.';
+CREATE FUNCTION idem.lease_view(attempt bigint, until timestamptz, token text, point jsonb, data jsonb, previous jsonb)
+    RETURNS jsonb IMMUTABLE LANGUAGE sql AS $fn$
+    SELECT idem.with_previous_error(
+               jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'lease_until', idem.iso_utc(until), 'lease_token', token))
+               || jsonb_build_object('recovery_point', point, 'recovery_data', data),
+               previous)
+$fn$;
+COMMENT ON FUNCTION idem.lease_view(bigint, timestamptz, text, jsonb, jsonb, jsonb) IS 'What the holder of a lease is told: attempt, lease_until, lease_token (when issued), recovery_point and recovery_data; previous_error on a retry''s lease.';
 CREATE FUNCTION idem.check_lease(doc jsonb) RETURNS void
     IMMUTABLE LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -477,38 +508,47 @@ $fn$;
 COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a call on a claim the caller does not hold.';
 
 -- The new claim row (src/storage/sql.rs, insert): in its TTL's class, or
--- in a wider one when the type is in three classes already (the rule of
--- src/storage/type_classes.rs, choose; a class another transaction is
--- adding, told by its advisory lock on the type's digest, counts as one),
--- after registering the type in that class when no committed or own
--- registration covers the row's expiry (a registration spans up to the
--- end of the class width the expiry falls in); this transaction's gate for
--- the key (digest h) then names it.
+-- in a wider one (the rule of src/storage/type_classes.rs, choose: at most
+-- three classes per type), after registering the type in that class when
+-- no committed or own registration covers the row's expiry (a registration
+-- spans up to the end of the class width the expiry falls in); this
+-- transaction's gate for the key (digest h) then names it. False, with
+-- nothing written, when wait is false and the claim would have had to wait.
+-- A class the type is not in is decided by the holder of the type's gate
+-- (idem.type_gates), on the registrations read again after taking it (in
+-- READ COMMITTED a statement of its own sees what earlier holders
+-- committed), so holders add classes one after the other, and leave room
+-- for the widest class, as the native rule does. Registrations of other
+-- transactions still running are not seen here, so a claim that finds the
+-- gate held goes into the nearest wider class it sees, else the widest
+-- (400 days) one, without the gate: only holders add other classes, so a
+-- type's classes are at most the two a holder may add plus the widest.
 CREATE FUNCTION idem.insert_claim(h bigint, biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
                                   state "char", fingerprint text, result jsonb) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     k smallint := idem.ttl_class(expires_at - claimed_at);
+    top smallint := greatest(idem.ttl_class(interval '400 days'), k);
+    gate int;
+    held boolean;
     classes smallint[];
     span numeric;
     e numeric;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
-        -- Registrations of other transactions still running are not seen
-        -- here; the type's advisory lock, held by the transaction that
-        -- adds a class until it ends, tells one is being added. Never
-        -- waited for: claims of a new type stay independent.
-        IF pg_try_advisory_xact_lock(idem.key_hash(biz_type, '')) THEN
-            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
-        ELSE
-            -- One more class may be on its way: leave it the last slot.
-            SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-              FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
-            classes := CASE WHEN cardinality(classes) > 0 THEN classes || (-1)::smallint ELSE classes END;
-        END IF;
-        IF NOT k = ANY (classes) AND cardinality(classes) + 1 >= 3 THEN
-            k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), greatest(idem.ttl_class(interval '400 days'), k));
+    -- (The widest class is the one a claim may add without the gate.)
+    IF k <> top AND NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
+        gate := idem.key_hash(biz_type, '') & 1023;
+        PERFORM 1 FROM idem.type_gates g WHERE g.slot = gate FOR UPDATE SKIP LOCKED;
+        held := FOUND;
+        SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+          FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+        IF NOT k = ANY (classes) THEN
+            IF NOT held OR cardinality(classes) + 1 >= 3 THEN
+                k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), top);
+            END IF;
+            IF NOT k = ANY (classes) AND k <> top THEN
+                UPDATE idem.type_gates g SET writer = pg_current_xact_id() WHERE g.slot = gate;
+            END IF;
         END IF;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc
@@ -630,8 +670,8 @@ BEGIN
         token := idem.random_hex(16);
         until := t_now + idem.us_interval(lease_us);
         PERFORM idem.insert_claim(h, biz_type, key, t_now, t_exp, 'l', fingerprint,
-                                  idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL));
-        RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
+                                  idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL, NULL));
+        RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
     END IF;
     IF fingerprint IS NOT NULL AND p.fingerprint IS NOT NULL AND fingerprint <> p.fingerprint THEN
         PERFORM idem.fail_with('ID001', format('idem: key "%s" of biz_type "%s" was first claimed with a different fingerprint', key, biz_type),
@@ -649,8 +689,11 @@ BEGIN
         END IF;
         token := idem.random_hex(16);
         until := least(t_now + idem.us_interval(lease_us), p.expires_at);
-        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL));
-        RETURN ROW(true, 'new', idem.lease_view(attempt, until, token, NULL, NULL) || jsonb_build_object('previous_error', previous),
+        -- (the error goes into the lease document too: a takeover of this
+        -- lease is told it as well)
+        previous := coalesce(previous, 'null');
+        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL, previous));
+        RETURN ROW(true, 'new', idem.lease_view(attempt, until, token, NULL, NULL, previous),
                    p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
     END IF;
     -- (running: a lease seen running without the lock, never taken over.)
@@ -661,15 +704,24 @@ BEGIN
     IF idem.lease_until(p.result) > t_now THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
-    -- The lease ran out: this call takes the claim over.
-    lease_us := coalesce(lease_us, (p.result ->> 'lease_us')::bigint);
-    until := least(t_now + idem.us_interval(lease_us), p.expires_at);
+    -- The lease ran out: this call takes the claim over (src/protocol.rs,
+    -- claim): with a lease of its own, as a new lease; without one, as a
+    -- plain claim of this transaction.
     attempt := (p.result ->> 'attempt')::bigint + 1;
+    previous := p.result -> 'previous_error';
+    IF lease_us IS NULL THEN
+        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'p', idem.with_previous_error(jsonb_build_object('attempt', attempt), previous));
+        RETURN ROW(true, 'new',
+                   idem.with_previous_error(jsonb_build_object('attempt', attempt, 'recovery_point', p.result -> 'recovery_point',
+                                                               'recovery_data', p.result -> 'recovery_data'), previous),
+                   p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
+    END IF;
+    until := least(t_now + idem.us_interval(lease_us), p.expires_at);
     token := idem.random_hex(16);
     PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l',
-        idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data'));
+        idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data', previous));
     RETURN ROW(true, 'new',
-               idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data'),
+               idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data', previous),
                p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
 END
 $fn$;
@@ -740,7 +792,7 @@ BEGIN
         END IF;
         until := least(clock_timestamp() + idem.us_interval((p.result ->> 'lease_us')::numeric), p.expires_at);
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint, until,
-                                     p.result ->> 'owner_token_sha256', to_jsonb(point), data);
+                                     p.result ->> 'owner_token_sha256', to_jsonb(point), data, p.result -> 'previous_error');
     ELSIF what = 'idem_fail' THEN
         -- A retried claim's failure keeps its attempt while the type
         -- retries (src/protocol.rs, finish).
@@ -753,7 +805,7 @@ BEGIN
         -- Run out now, its token spent (src/lease.rs, release).
         new_result := idem.lease_doc((p.result ->> 'attempt')::bigint, (p.result ->> 'lease_us')::bigint,
                                      least(idem.lease_until(p.result), clock_timestamp()), '',
-                                     p.result -> 'recovery_point', p.result -> 'recovery_data');
+                                     p.result -> 'recovery_point', p.result -> 'recovery_data', p.result -> 'previous_error');
     END IF;
     -- (src/protocol.rs, write_outcome: under retain_from = completion the
     -- row is written anew with its expiry its TTL from now, and the old
@@ -811,7 +863,11 @@ BEGIN
     IF octet_length(point) < 1 OR octet_length(point) > 256 THEN
         PERFORM idem.fail_with('22023', 'idem: point must be 1 to 256 bytes long');
     END IF;
-    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token, coalesce(merge, false));
+    -- (no default in this form: NULL is refused, as in the native edition)
+    IF merge IS NULL THEN
+        PERFORM idem.fail_with('22004', 'idem: merge must not be NULL');
+    END IF;
+    PERFORM idem.finish('idem_checkpoint', key, biz_type, 'l', NULL, point, data, lease_token, merge);
 END
 $fn$;
 -- @end

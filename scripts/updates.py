@@ -10,6 +10,8 @@ named by its first line as written there:
     -- @replace: CREATE FUNCTION name(args) ...   a changed one: the same, as
                  CREATE OR REPLACE
     -- @replace-alone: CREATE FUNCTION ...         the CREATE OR REPLACE only
+    -- @statement: COMMENT ON FUNCTION name(types) IS   any other statement
+                 of sql/*.sql, by its first line (a changed comment)
  So a
 function or view that the update restates is written once, in its module,
 and an edit of it reaches the update when this runs; what only the update
@@ -26,7 +28,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARKER = re.compile(r"^-- @(create|replace|replace-alone): (.*)\n", re.M)
+MARKER = re.compile(r"^-- @(create|replace|replace-alone|statement): (.*)\n", re.M)
 HEAD = re.compile(r"^CREATE (?:OR REPLACE )?(?:FUNCTION|VIEW|PROCEDURE) [^\n]*$", re.M)
 FOLLOWER = re.compile(r"(?:COMMENT ON|REVOKE|GRANT) ")
 
@@ -88,9 +90,26 @@ def install_blocks():
     return blocks
 
 
+def any_statement(head):
+    """The statement of sql/*.sql (not the update files) whose first line is
+    head; exactly one must begin so."""
+    found = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "sql"))):
+        if not name.endswith(".sql") or name.startswith("idem--"):
+            continue
+        text = open(os.path.join(ROOT, "sql", name), encoding="utf-8").read()
+        for m in re.finditer("^" + re.escape(head) + "$", text, re.M):
+            found.append(text[m.start():statement_end(text, m.start())])
+    if len(found) != 1:
+        die(f"@statement: {len(found)} statements of sql/*.sql begin {head!r}, not one")
+    return found[0]
+
+
 def generate(template, blocks):
     def restate(m):
         kind, head = m.group(1), m.group(2).strip()
+        if kind == "statement":
+            return any_statement(head)
         if head not in blocks:
             die(f"@{kind}: no statement of sql/*.sql begins {head!r}")
         statement, followers = blocks[head]

@@ -25,7 +25,7 @@ CREATE FUNCTION idem_claim(
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim';
 COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
-'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease (at most the ttl), the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over; the lease holder gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result and proves ownership with lease_token. 25006 in a read-only transaction.';
+'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease (at most the ttl), the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over; the lease holder gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result and proves ownership with lease_token. A claim without lease that takes a run-out lease over is a plain claim of its transaction (result {attempt, recovery_point, recovery_data}, no lease, no token). 25006 in a read-only transaction.';
 
 CREATE FUNCTION idem_complete(key text, biz_type text, result jsonb DEFAULT NULL, lease_token text DEFAULT NULL) RETURNS void
     VOLATILE PARALLEL UNSAFE
@@ -58,7 +58,7 @@ CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb,
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
-'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it (22004 for NULL). Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
 
 CREATE FUNCTION idem_lookup(key text, biz_type text) RETURNS idem_claim_result
     VOLATILE PARALLEL UNSAFE

@@ -68,6 +68,11 @@ END
 $$;
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
+-- claim.sql: a claim without a lease that takes a run-out lease over is a
+-- plain claim (its comment says so).
+COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
+'Claim (biz_type, key) in the current transaction. First arrival: claimed = true, state = new. Duplicate: claimed = false and the first outcome (completed/failed with its result). Concurrent uncommitted claim: waits for it (wait => true) or returns state = in_progress at once. ttl overrides the type''s TTL; a differing fingerprint raises ID001. With lease (at most the ttl), the claim is meant to be committed before work outside the database: others see in_progress until it is finished or the lease runs out, then the next claim takes it over; the lease holder gets {attempt, recovery_point, recovery_data, lease_until, lease_token} in result and proves ownership with lease_token. A claim without lease that takes a run-out lease over is a plain claim of its transaction (result {attempt, recovery_point, recovery_data}, no lease, no token). 25006 in a read-only transaction.';
+
 -- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
 -- new functions with the privileges of the old forms (below).
 COMMENT ON FUNCTION idem_configure(text, interval) IS
@@ -85,7 +90,7 @@ CREATE FUNCTION idem_checkpoint(key text, biz_type text, point text, data jsonb,
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_checkpoint_merge';
 COMMENT ON FUNCTION idem_checkpoint(text, text, text, jsonb, text, boolean) IS
-'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it. Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
+'idem_checkpoint(key, biz_type, point, data, lease_token) with merge: true adds data''s fields to the stored recovery data (an object; absent or JSON null counts as {}; a field of the same name is replaced; NULL data keeps it as it is), false replaces it (22004 for NULL). Pass lease_token => NULL in the transaction that took the lease. 22023 when data or the stored recovery data is not a JSON object.';
 
 -- And with where a claim's TTL counts from (a fourth argument, apart for
 -- the same reason).
@@ -1059,10 +1064,12 @@ WITH s AS (
     -- (src/storage/direct.rs), whatever its type; this counts them in
     -- the coordinator's list, which every shard's partitions follow.
     -- The portable edition (its gate table, idem.key_gates, exists) locks
-    -- 8 more: idem.key_gates and its key, and the catalogs its SQL reads
-    -- (pg_roles, pg_authid with two indexes, pg_db_role_setting with one).
+    -- 10 more: idem.key_gates and its key, idem.type_gates and its key (a
+    -- claim that would add a TTL class to its type), and the catalogs its
+    -- SQL reads (pg_roles, pg_authid with two indexes, pg_db_role_setting
+    -- with one).
     SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN e.portable THEN 15 ELSE 7 END AS locks,
+           + CASE WHEN e.portable THEN 17 ELSE 7 END AS locks,
            CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
@@ -1378,7 +1385,7 @@ CREATE FUNCTION idem_claim_many(
     VOLATILE PARALLEL UNSAFE ROWS 100
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_claim_many';
 COMMENT ON FUNCTION idem_claim_many(text[], text, interval, text[], boolean) IS
-'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim). 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';
+'Claim every key of keys (one biz_type) in the current transaction, as idem_claim would one by one; one row per element of keys, in their order: the key, then idem_claim_result''s columns. Keys are claimed in the order of their bytes, so two batches with keys in common never deadlock; a key given twice is claimed by its first element and answered in_progress for the later one. fingerprints, when given, has one element (or NULL) per key. No leases (claim leased work with idem_claim); a lease that ran out is taken over as a plain claim, as by idem_claim without lease. 22004 for NULL keys or a NULL element, 22023 for a bad key or a fingerprints array of another length, ID001 for a fingerprint mismatch (the whole statement fails). 0A000 when Citus distributes idem.claims: claim each key with idem_claim.';
 
 -- completer.sql --------------------------------------------------------------
 CREATE FUNCTION idem_take_expired_leases(biz_type text, max_leases integer DEFAULT 100, lease interval DEFAULT NULL)

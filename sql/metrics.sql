@@ -221,10 +221,12 @@ WITH s AS (
     -- (src/storage/direct.rs), whatever its type; this counts them in
     -- the coordinator's list, which every shard's partitions follow.
     -- The portable edition (its gate table, idem.key_gates, exists) locks
-    -- 8 more: idem.key_gates and its key, and the catalogs its SQL reads
-    -- (pg_roles, pg_authid with two indexes, pg_db_role_setting with one).
+    -- 10 more: idem.key_gates and its key, idem.type_gates and its key (a
+    -- claim that would add a TTL class to its type), and the catalogs its
+    -- SQL reads (pg_roles, pg_authid with two indexes, pg_db_role_setting
+    -- with one).
     SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN e.portable THEN 15 ELSE 7 END AS locks,
+           + CASE WHEN e.portable THEN 17 ELSE 7 END AS locks,
            CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n

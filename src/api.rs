@@ -93,6 +93,9 @@ fn claim_many(args: Args) -> pg_sys::Datum {
         .into_iter()
         .map(|k| ClaimKey::new(biz_type, k.unwrap_or_else(|| IdemError::NullArgument("key").fail())))
         .collect();
+    // (refused here, in its own name, before the first key's claim would
+    // refuse in idem_claim's)
+    protocol::require_writable("idem_claim_many");
     // Claimed in the order of their bytes, whatever the input order: two
     // batches with keys in common wait for each other in one direction only
     // (no deadlock). The sort is stable, so of a key given twice the first
@@ -227,21 +230,28 @@ sql_function!(idem_fail, pg_finfo_idem_fail, fail);
 
 // idem_checkpoint(key text, biz_type text, point text, data jsonb DEFAULT NULL, lease_token text DEFAULT NULL)
 // and idem_checkpoint(key, biz_type, point, data, lease_token, merge boolean):
-// one body (merge false when the form has none).
+// one body (merge false in the form without it; in the other it has no
+// default, so NULL is refused, 22004, as other required arguments).
 arguments!(checkpoint_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", POINT = 2 "point", DATA = 3 "data", LEASE_TOKEN = 4 "lease_token", MERGE = 5 "merge");
-fn checkpoint(args: Args) -> pg_sys::Datum {
+fn checkpoint_with(args: Args, merge: Option<bool>) -> pg_sys::Datum {
     use checkpoint_args::*;
     let k = claim_key(args, KEY, BIZ_TYPE);
     let point = args.text_req(POINT, "point");
     if point.is_empty() || point.len() > 256 {
         invalid("point must be 1 to 256 bytes long");
     }
-    let merge = args.bool(MERGE).unwrap_or(false);
+    let merge = merge.unwrap_or_else(|| IdemError::NullArgument("merge").fail());
     protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA), merge }, args.text(LEASE_TOKEN));
     pg_sys::Datum::from(0)
 }
+fn checkpoint(args: Args) -> pg_sys::Datum {
+    checkpoint_with(args, Some(false))
+}
+fn checkpoint_merge(args: Args) -> pg_sys::Datum {
+    checkpoint_with(args, args.bool(checkpoint_args::MERGE))
+}
 sql_function!(idem_checkpoint, pg_finfo_idem_checkpoint, checkpoint);
-sql_function!(idem_checkpoint_merge, pg_finfo_idem_checkpoint_merge, checkpoint);
+sql_function!(idem_checkpoint_merge, pg_finfo_idem_checkpoint_merge, checkpoint_merge);
 
 // idem_release(key text, biz_type text, lease_token text DEFAULT NULL)
 arguments!(release_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", LEASE_TOKEN = 2 "lease_token");

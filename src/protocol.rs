@@ -11,7 +11,8 @@
 //!     nothing written. Under REPEATABLE READ / SERIALIZABLE a row this
 //!     snapshot cannot see raises 40001, as INSERT ... ON CONFLICT does;
 //!   - a committed leased claim (lease.rs): in_progress while the lease
-//!     runs, taken over by this claim once it has run out;
+//!     runs, taken over by this claim once it has run out (with a new
+//!     lease if the claim asks for one, else as a plain claim);
 //!   - a committed failure of a type whose on_failure is retry: claimed
 //!     anew (`retry`); a completed claim is final whatever the policy.
 //!
@@ -201,13 +202,29 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 return answered(k, Outcome::of_row(&row));
             }
             // The lease ran out: this claim takes the work over, and is told
-            // which attempt it is and where the last one got to.
-            let (next, token) = take_over(&store, k, &row, &lease, req.lease_us, now);
+            // which attempt it is and where the last one got to. With a
+            // lease of its own it gets a new lease and token; without one
+            // it is a plain claim of this transaction, finished in it or
+            // read completed once it commits (a lease it had not asked for
+            // would run out again after the commit, and the next arrival
+            // would do the work a second time).
+            let told = match req.lease_us {
+                Some(lease_us) => {
+                    let (next, token) = take_over(&store, k, &row, &lease, lease_us, now);
+                    next.for_owner(Some(&token))
+                }
+                None => {
+                    let (told, stored) = lease.for_plain_claim();
+                    store.rewrite(&row, k, STATE_PENDING, Some(stored));
+                    metrics::count(k, Event::Takeover);
+                    told
+                }
+            };
             drop(held);
             Outcome {
                 claimed: true,
                 state: State::New,
-                result: Some(next.for_owner(Some(&token))),
+                result: Some(told),
                 first_claimed_at: Some(row.claimed_at),
                 expires_at: Some(row.expires_at),
             }
@@ -215,21 +232,14 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
     }
 }
 
-/// Take over a leased claim whose lease ran out: attempt + 1, the recovery
-/// point and data kept, a new token (returned with the new lease), the
-/// lease `lease_us` long (or as long as the last one), never beyond the
-/// claim's expiry. The caller holds the key's lock.
-fn take_over(
-    store: &Storage,
-    k: &ClaimKey,
-    row: &Row,
-    lease: &Lease,
-    lease_us: Option<i64>,
-    now: i64,
-) -> (Lease, String) {
-    let lease_us = lease_us.unwrap_or(lease.lease_us);
+/// Take over a leased claim whose lease ran out with a lease of
+/// `lease_us`: attempt + 1, the recovery point and data and a retry's
+/// previous error kept, a new token (returned with the new lease), never
+/// beyond the claim's expiry. The caller holds the key's lock.
+fn take_over(store: &Storage, k: &ClaimKey, row: &Row, lease: &Lease, lease_us: i64, now: i64) -> (Lease, String) {
     let until = now.saturating_add(lease_us).min(row.expires_at);
-    let (next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
+    let (mut next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
+    next.previous_error = lease.previous_error;
     store.rewrite(row, k, STATE_LEASED, Some(next.to_datum()));
     metrics::count(k, Event::Takeover);
     (next, token)
@@ -262,7 +272,7 @@ pub fn take_expired(k: &ClaimKey, lease_us: Option<i64>) -> Option<Taken> {
         return None;
     }
     check_visible(k, &row);
-    let (next, token) = take_over(&store, k, &row, &lease, lease_us, now);
+    let (next, token) = take_over(&store, k, &row, &lease, lease_us.unwrap_or(lease.lease_us), now);
     drop(held);
     Some(Taken { lease: next, token, first_claimed_at: row.claimed_at, expires_at: row.expires_at })
 }
@@ -288,10 +298,12 @@ fn retry(store: &Storage, k: &ClaimKey, req: &ClaimRequest, row: &Row, now: i64)
             (STATE_PENDING, doc, doc)
         }
         Some(lease_us) => {
+            // The error goes into the lease document too: a takeover of
+            // this lease (after a crash or idem_release) is told it as well.
             let until = now.saturating_add(lease_us).min(row.expires_at);
-            let (lease, token) = Lease::new(attempt, lease_us, until, None, None);
-            let told = jsonb_concat(lease.for_owner(Some(&token)), jsonb_object1("previous_error", error));
-            (STATE_LEASED, lease.to_datum(), told)
+            let (mut lease, token) = Lease::new(attempt, lease_us, until, None, None);
+            lease.retrying(error);
+            (STATE_LEASED, lease.to_datum(), lease.for_owner(Some(&token)))
         }
     };
     store.rewrite(row, k, state, Some(stored));

@@ -53,6 +53,10 @@ END
 $$;
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
 
+-- claim.sql: a claim without a lease that takes a run-out lease over is a
+-- plain claim (its comment says so).
+-- @statement: COMMENT ON FUNCTION idem_claim(text, text, interval, text, boolean, interval) IS
+
 -- claim.sql: idem_configure with on_failure and idem_checkpoint with merge,
 -- new functions with the privileges of the old forms (below).
 COMMENT ON FUNCTION idem_configure(text, interval) IS

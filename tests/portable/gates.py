@@ -162,9 +162,11 @@ def hostile(obs):
               " FROM idem.claims WHERE biz_type = 'gate.hostile'")
     before = obs.execute(stored).fetchone()[0]
     # Every number the intruder can derive from the digests (the digest
-    # has no secret): the 64-bit digest, its halves as a pair and alone.
+    # has no secret): the 64-bit digest, its halves as a pair and alone;
+    # also of the type's digest (key ''), which 0.4.0's first portable
+    # builds locked to add a TTL class to the type.
     numbers = []
-    for k in keys:
+    for k in keys + [""]:
         h = obs.execute("SELECT idem.key_hash('gate.hostile', %s)", (k,)).fetchone()[0]
         hi, lo = (h >> 32) & 0xFFFFFFFF, h & 0xFFFFFFFF
         s32 = lambda x: x - (1 << 32) if x >= (1 << 31) else x
@@ -183,8 +185,9 @@ def hostile(obs):
     states = [sqlstate_of(intruder, f"ALTER ROLE {args.app} SET idem.xact_claimed_since_us = '0'"),
               sqlstate_of(intruder, f"ALTER DATABASE {args.db} SET idem.xact_claimed_since_us = '0'"),
               sqlstate_of(intruder, "INSERT INTO idem.key_gates VALUES (1, '1', NULL, NULL)"),
-              sqlstate_of(intruder, "SELECT count(*) FROM idem.key_gates")]
-    check(states == ["42501"] * 4,
+              sqlstate_of(intruder, "SELECT count(*) FROM idem.key_gates"),
+              sqlstate_of(intruder, "SELECT 1 FROM idem.type_gates FOR UPDATE")]
+    check(states == ["42501"] * 5,
           f"the intruder may not store settings for the owner's role or database, nor reach the gates: {states}")
     # The intruder's own calls, with its settings: forging fails.
     forged = [sqlstate_of(intruder, "SELECT idem_complete('h-lease', 'gate.hostile', '{\"forged\": 1}')"),
@@ -202,15 +205,19 @@ def hostile(obs):
     r_look = owner.execute("SELECT state FROM idem_lookup('h-absent', 'gate.hostile')").fetchone()[0]
     r_dup = owner.execute("SELECT claimed, state, result FROM idem_claim('h-done', 'gate.hostile', wait => false)").fetchone()
     r_run = owner.execute("SELECT claimed, state FROM idem_claim('h-lease', 'gate.hostile', wait => false)").fetchone()
+    # A second TTL class for the type (checked below, once committed).
+    r_class = owner.execute("SELECT claimed FROM idem_claim('h-class', 'gate.hostile', ttl => '2 days')").fetchone()[0]
     seen = intruder.execute("SELECT count(*) FROM pg_locks l WHERE l.pid = %s AND (l.locktype = 'advisory'"
                             " OR l.objid IS NOT NULL AND l.objid::text::bigint = ANY (%s))",
                             (pid(owner), [x & 0xFFFFFFFF for t in numbers for x in t])).fetchone()[0]
     check(r_new == (True, "new") and r_look == "absent" and r_dup == (False, "completed", {"by": "owner"})
-          and r_run == (False, "in_progress"),
-          f"the owner's claim (wait => false), lookup, duplicate, running lease: {r_new} {r_look} {r_dup} {r_run}")
+          and r_run == (False, "in_progress") and r_class is True,
+          f"the owner's claim (wait => false), lookup, duplicate, running lease, new class: {r_new} {r_look} {r_dup} {r_run} {r_class}")
     check(seen == 0, f"pg_locks, as the intruder sees it, shows none of the owner's digests ({seen})")
     owner.execute("SELECT idem_complete('h-new', 'gate.hostile', '{\"by\": \"owner\"}')")
     owner.execute("COMMIT")
+    own = obs.execute("SELECT ttl_class = idem.ttl_class('2 days') FROM idem.claims WHERE biz_type = 'gate.hostile' AND key = 'h-class'").fetchone()[0]
+    check(own is True, f"the type's second TTL class is its claim's own, not the widest: {own}")
     done = sqlstate_of(owner, "SELECT idem_complete('h-lease', 'gate.hostile', '{\"by\": \"owner\"}', %s)", (lease,))
     with connect(args.owner) as adm:
         report = adm.execute("SELECT idem_maintain()").fetchone()[0]

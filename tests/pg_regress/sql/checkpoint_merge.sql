@@ -22,7 +22,8 @@ SELECT idem_checkpoint('J-1', 'merge.job', 'noted', NULL, t, true) FROM tok;
 SELECT result->'recovery_point' AS point, result->'recovery_data' AS data FROM idem.claims WHERE biz_type = 'merge.job' AND key = 'J-1';
 
 -- Errors, with nothing written: data that is not an object (22023); a
--- NULL merge is false.
+-- NULL merge (22004: this form has no default, and a NULL must not pass
+-- for false, which replaces the data).
 SELECT idem_checkpoint('J-1', 'merge.job', 'bad', '[1, 2]', t, true) FROM tok;
 SELECT idem_checkpoint('J-1', 'merge.job', 'bad', '"text"', t, true) FROM tok;
 SELECT result->'recovery_point' AS point, result->'recovery_data' AS data FROM idem.claims WHERE biz_type = 'merge.job' AND key = 'J-1';
@@ -33,6 +34,9 @@ SELECT idem_checkpoint('J-1', 'merge.job', 'stranger', '{"x": 1}', 'not-the-toke
 SELECT idem_checkpoint('J-1', 'merge.job', 'listed', '["a"]', t) FROM tok;
 SELECT idem_checkpoint('J-1', 'merge.job', 'more', '{"b": 1}', t, true) FROM tok;
 SELECT idem_checkpoint('J-1', 'merge.job', 'reset', '{"charge": "ch_1"}', t, NULL) FROM tok;
+SELECT idem_checkpoint('J-1', 'merge.job', 'reset', '{"charge": "ch_1"}', t, merge => NULL) FROM tok;
+SELECT result->'recovery_point' AS point, result->'recovery_data' AS data FROM idem.claims WHERE biz_type = 'merge.job' AND key = 'J-1';
+SELECT idem_checkpoint('J-1', 'merge.job', 'reset', '{"charge": "ch_1"}', t, false) FROM tok;
 SELECT idem_checkpoint('J-1', 'merge.job', 'refund', '{"refund": "re_1"}', t, true) FROM tok;
 
 -- Handed back and taken over: the next attempt is told the merged data.

@@ -161,3 +161,8 @@ COMMIT;
 SELECT k, (idem_claim(k, 'basic')).claimed
   FROM unnest(ARRAY['multi-a', 'multi-b', 'multi-a', 'multi-c', 'multi-b']) WITH ORDINALITY AS u(k, n)
  ORDER BY n;
+
+-- An optional argument passed as NULL takes its default: wait => NULL
+-- waits (true), as ttl, fingerprint and lease NULL mean none given.
+SELECT claimed, state FROM idem_claim('wait-null', 'basic', ttl => NULL, fingerprint => NULL, wait => NULL, lease => NULL);
+SELECT key, claimed, state FROM idem_claim_many(ARRAY['wait-null', 'wait-null-2'], 'basic', ttl => NULL, fingerprints => NULL, wait => NULL);

@@ -134,6 +134,27 @@ SELECT claimed, state, result - 'lease_token' - 'lease_until' AS result FROM c;
 SELECT idem_fail('L-1', 'retry.lease', '{"provider": "gone"}', tok) FROM lease_tok;
 SELECT claimed, state, result FROM idem_lookup('L-1', 'retry.lease');
 
+-- The error a retry's lease retries stays with the lease: a checkpoint and
+-- a release keep it, and a takeover is told it, with a lease or without.
+BEGIN;
+SELECT claimed FROM idem_claim('L-2', 'retry.lease');
+SELECT idem_fail('L-2', 'retry.lease', '{"e": "first"}');
+COMMIT;
+TRUNCATE lease_tok;
+INSERT INTO lease_tok SELECT result->>'lease_token' FROM idem_claim('L-2', 'retry.lease', lease => '5 minutes');
+SELECT idem_checkpoint('L-2', 'retry.lease', 'p1', '{"a": 1}', tok) FROM lease_tok;
+SELECT idem_release('L-2', 'retry.lease', tok) FROM lease_tok;
+TRUNCATE lease_tok;
+WITH c AS (SELECT * FROM idem_claim('L-2', 'retry.lease', lease => '5 minutes')),
+     t AS (INSERT INTO lease_tok SELECT result->>'lease_token' FROM c)
+SELECT claimed, state, result - 'lease_token' - 'lease_until' AS result FROM c;
+SELECT idem_release('L-2', 'retry.lease', tok) FROM lease_tok;
+BEGIN;
+SELECT claimed, state, result FROM idem_claim('L-2', 'retry.lease');
+SELECT idem_fail('L-2', 'retry.lease', '{"e": "third"}');
+COMMIT;
+SELECT claimed, state, result FROM idem_lookup('L-2', 'retry.lease');
+
 -- A batch retries as single claims do.
 SELECT idem_configure('retry.batch', '1 hour', 'retry');
 BEGIN;

@@ -73,6 +73,8 @@ SELECT claimed FROM idem_claim('ro-1', 'ro');
 BEGIN READ ONLY;
 SELECT pg_temp.try($$SELECT idem_claim('ro-2', 'ro')$$);
 SELECT pg_temp.try($$SELECT idem_claim('ro-1', 'ro')$$);
+SELECT pg_temp.try($$SELECT * FROM idem_claim_many(ARRAY['ro-1', 'ro-2'], 'ro')$$);
+SELECT pg_temp.try($$SELECT idem_release('ro-1', 'ro')$$);
 SELECT pg_temp.try($$SELECT idem_complete('ro-1', 'ro')$$);
 SELECT pg_temp.try($$SELECT idem_fail('ro-1', 'ro', '{}')$$);
 SELECT pg_temp.try($$SELECT idem_checkpoint('ro-1', 'ro', 'p')$$);
@@ -167,6 +169,8 @@ CREATE FUNCTION pg_temp.claim_in_worker(k text) RETURNS text PARALLEL SAFE LANGU
     AS $$ SELECT state FROM idem_claim(k, 'par') $$;
 CREATE FUNCTION pg_temp.complete_in_worker(k text) RETURNS text PARALLEL SAFE LANGUAGE sql
     AS $$ SELECT idem_complete(k, 'par')::text $$;
+CREATE FUNCTION pg_temp.claim_many_in_worker(k text) RETURNS text PARALLEL SAFE LANGUAGE sql
+    AS $$ SELECT state FROM idem_claim_many(ARRAY[k], 'par') $$;
 SET max_parallel_workers_per_gather = 2;
 SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
@@ -174,6 +178,7 @@ SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
                        THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'on', false) AS forced;
 SELECT pg_temp.try($$SELECT pg_temp.claim_in_worker('p-1')$$);
 SELECT pg_temp.try($$SELECT pg_temp.complete_in_worker('p-1')$$);
+SELECT pg_temp.try($$SELECT pg_temp.claim_many_in_worker('p-1')$$);
 SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
                        THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'off', false) AS unforced;
 RESET max_parallel_workers_per_gather;

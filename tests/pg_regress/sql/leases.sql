@@ -138,3 +138,52 @@ SELECT idem_complete('rel-2', 'charge', '{"ok":true}', :'rtok3');
 -- Bad input.
 SELECT idem_release(NULL, 'charge', 'x');
 SELECT idem_release('rel-2', NULL, 'x');
+
+-- A claim made without a lease (idem_claim without lease =>, idem_claim_many)
+-- that meets a lease that ran out takes the work over as a plain claim of
+-- its transaction: told the attempt and where the last one got to, given
+-- no lease and no token, finished in its transaction or read completed once
+-- committed. So a consumer that commits its business write without a
+-- finish applies the event once, however often it is delivered again
+-- after the (1-second) lease it took over would have run out. Counted by
+-- business rows.
+CREATE TEMP TABLE applied (evt text, by text);
+SELECT result->>'lease_token' AS ptok FROM idem_claim('evt-1', 'consumer', lease => '1 second') \gset
+SELECT idem_checkpoint('evt-1', 'consumer', 'half', '{"n": 1}', :'ptok');
+SELECT idem_release('evt-1', 'consumer', :'ptok');
+SELECT result->>'lease_token' AS ptok FROM idem_claim('evt-2', 'consumer', lease => '1 second') \gset
+SELECT idem_release('evt-2', 'consumer', :'ptok');
+BEGIN;
+CREATE TEMP TABLE took AS SELECT * FROM idem_claim('evt-1', 'consumer');
+SELECT claimed, state, result FROM took;
+INSERT INTO applied SELECT 'evt-1', 'handler 1' FROM took WHERE claimed;
+INSERT INTO applied SELECT key, 'batch 1' FROM idem_claim_many(ARRAY['evt-2'], 'consumer') WHERE claimed;
+-- Not leased: no checkpoint (ID003), and idem_leases lists neither.
+SAVEPOINT s;
+SELECT idem_checkpoint('evt-1', 'consumer', 'more', NULL);
+ROLLBACK TO s;
+SELECT count(*) AS leases FROM idem_leases WHERE biz_type = 'consumer' AND key IN ('evt-1', 'evt-2');
+COMMIT;
+DROP TABLE took;
+SELECT key, l.state, l.result FROM unnest(ARRAY['evt-1', 'evt-2']) key, LATERAL idem_lookup(key, 'consumer') l;
+SELECT pg_sleep(1.1);
+-- Delivered again after the old lease's length: duplicates.
+BEGIN;
+INSERT INTO applied SELECT 'evt-1', 'handler 2' FROM idem_claim('evt-1', 'consumer') WHERE claimed;
+INSERT INTO applied SELECT key, 'batch 2' FROM idem_claim_many(ARRAY['evt-2'], 'consumer') WHERE claimed;
+COMMIT;
+SELECT evt, count(*) AS times_applied, string_agg(by, ', ') AS by FROM applied GROUP BY evt ORDER BY evt;
+-- Finished in its transaction, without a token; a takeover that asks for a
+-- lease gets one, with a token.
+SELECT result->>'lease_token' AS ptok FROM idem_claim('evt-3', 'consumer', lease => '1 hour') \gset
+SELECT idem_release('evt-3', 'consumer', :'ptok');
+BEGIN;
+SELECT claimed, result FROM idem_claim('evt-3', 'consumer');
+SELECT idem_complete('evt-3', 'consumer', '{"done": 3}');
+COMMIT;
+SELECT state, result FROM idem_lookup('evt-3', 'consumer');
+SELECT result->>'lease_token' AS ptok FROM idem_claim('evt-4', 'consumer', lease => '1 hour') \gset
+SELECT idem_release('evt-4', 'consumer', :'ptok');
+SELECT claimed, result - 'lease_token' - 'lease_until' AS result, length(result->>'lease_token') AS token_length
+  FROM idem_claim('evt-4', 'consumer', lease => '1 hour');
+SELECT attempt, ran_out FROM idem_leases WHERE biz_type = 'consumer' AND key = 'evt-4';

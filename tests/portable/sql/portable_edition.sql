@@ -17,7 +17,7 @@ SELECT idem.key_hash('payment', 'req-42') = x'e8439040a94e8ecb'::bigint AS pinne
 -- transaction and which names the claim version it wrote; nothing in
 -- pg_locks names the key (no advisory lock, no lock-table entry per key).
 -- (The type's first claim, committed first: a claim that adds a TTL class
--- to its type holds one advisory lock on the type, never one per key.)
+-- to its type locks its type gate, a row of idem.type_gates.)
 SELECT claimed FROM idem_claim('lock-0', 'pe');
 BEGIN;
 SELECT claimed FROM idem_claim('lock-1', 'pe');
