@@ -53,7 +53,8 @@ BEGIN
         claim_id := @extschema@.idem_claim_id(c.k, biz_type, p.claimed_at);
         PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l',
             idem.lease_doc(attempt, coalesce(lease_us, (p.result ->> 'lease_us')::bigint), lease_until,
-                           idem.sha256_hex(lease_token), p.result -> 'recovery_point', p.result -> 'recovery_data'));
+                           idem.sha256_hex(lease_token), p.result -> 'recovery_point', p.result -> 'recovery_data',
+                           p.result -> 'previous_error'));
         taken := taken + 1;
         RETURN NEXT;
     END LOOP;
