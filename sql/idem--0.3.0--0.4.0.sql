@@ -678,7 +678,7 @@ CREATE OR REPLACE FUNCTION idem.remove_expired(t_now timestamptz, OUT dropped te
     LANGUAGE plpgsql AS $fn$
 DECLARE
     p record;
-    firsts jsonb;
+    firsts timestamptz[];
 BEGIN
     dropped := '{}';
     rows_in_dropped := 0;
@@ -691,15 +691,18 @@ BEGIN
     END LOOP;
     EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
     GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
-    -- (Each class's first partition given as a value: under Citus the
-    -- registry is distributed, and a subquery on the local partition list
-    -- would not go to the workers with the DELETE.)
-    SELECT jsonb_object_agg(b.ttl_class, b.first) INTO firsts
-      FROM (SELECT b.ttl_class, min(b.range_from) AS first FROM idem.partition_bounds b
-             WHERE NOT b.is_default GROUP BY 1) b;
+    -- (Each class's first partition given as a value, class k at k + 1:
+    -- under Citus the registry is distributed, and neither a subquery on
+    -- the local partition list nor a cast in a COALESCE goes to the
+    -- workers with the DELETE. A class past the array is kept: it has no
+    -- partition to look into.)
+    firsts := ARRAY(SELECT coalesce(min(b.range_from), 'infinity')
+                      FROM generate_series(0, 127) k
+                      LEFT JOIN idem.partition_bounds b ON NOT b.is_default AND b.ttl_class = k
+                     GROUP BY k ORDER BY k);
     DELETE FROM idem.type_classes t
      WHERE t.until <= t_now
-       AND t.until <= coalesce((firsts ->> t.ttl_class::text)::timestamptz, 'infinity');
+       AND t.until <= firsts[t.ttl_class + 1];
 END
 $fn$;
 COMMENT ON FUNCTION idem.remove_expired(timestamptz) IS 'Under the maintenance lock: drop the partitions whose range is over, delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
@@ -1072,22 +1075,26 @@ WITH s AS (
     -- and each partition of the type's classes that can hold a live claim,
     -- with its index (docs/design.md §1: at most 7 + 2 x 3 x 8 = 55 while
     -- maintenance keeps up).
-    -- Under Citus a claim on a worker reads no registrations: it looks
-    -- into every class's partitions that can hold a claim made until now
-    -- (src/storage/direct.rs), whatever its type; this counts them in
-    -- the coordinator's list, which every shard's partitions follow.
+    -- Under Citus a claim on a worker reads the registrations of its
+    -- shard (docs/design.md §13) and locks one relation more (the logical
+    -- idem.claims and the shard: 8 fixed); this takes the union of a
+    -- type's classes over the shards, which is at least what one shard
+    -- has. Without the distributed registry (not updated yet) a claim
+    -- looks into every class's partitions that can hold a claim made
+    -- until now (src/storage/direct.rs), counted in the coordinator's
+    -- list, which every shard's partitions follow.
     -- The portable edition (its gate table, idem.key_gates, exists) locks
     -- 8 more: idem.key_gates and its key, and the catalogs its SQL reads
     -- (pg_roles, pg_authid with two indexes, pg_db_role_setting with one).
-    SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN e.portable THEN 15 ELSE 7 END AS locks,
-           CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
+    SELECT CASE WHEN c.citus AND NOT c.registry THEN c.n ELSE coalesce(x.n, 0) END * 2
+           + CASE WHEN e.portable THEN 15 WHEN c.citus THEN 8 ELSE 7 END AS locks,
+           CASE WHEN c.citus AND NOT c.registry THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
                       FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
                       JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until
                      GROUP BY t.biz_type) y) x,
-           (SELECT idem.is_distributed('idem.claims') AS citus,
+           (SELECT idem.is_distributed('idem.claims') AS citus, idem.is_distributed('idem.type_classes') AS registry,
                    count(*) FILTER (WHERE NOT b.is_default
                                       AND b.range_from <= now() + idem.class_max_ttl(b.ttl_class) + idem.class_width(b.ttl_class)) AS n
               FROM idem.partition_bounds b) c,

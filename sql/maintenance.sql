@@ -284,7 +284,7 @@ CREATE FUNCTION idem.remove_expired(t_now timestamptz, OUT dropped text[], OUT r
     LANGUAGE plpgsql AS $fn$
 DECLARE
     p record;
-    firsts jsonb;
+    firsts timestamptz[];
 BEGIN
     dropped := '{}';
     rows_in_dropped := 0;
@@ -297,15 +297,18 @@ BEGIN
     END LOOP;
     EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
     GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
-    -- (Each class's first partition given as a value: under Citus the
-    -- registry is distributed, and a subquery on the local partition list
-    -- would not go to the workers with the DELETE.)
-    SELECT jsonb_object_agg(b.ttl_class, b.first) INTO firsts
-      FROM (SELECT b.ttl_class, min(b.range_from) AS first FROM idem.partition_bounds b
-             WHERE NOT b.is_default GROUP BY 1) b;
+    -- (Each class's first partition given as a value, class k at k + 1:
+    -- under Citus the registry is distributed, and neither a subquery on
+    -- the local partition list nor a cast in a COALESCE goes to the
+    -- workers with the DELETE. A class past the array is kept: it has no
+    -- partition to look into.)
+    firsts := ARRAY(SELECT coalesce(min(b.range_from), 'infinity')
+                      FROM generate_series(0, 127) k
+                      LEFT JOIN idem.partition_bounds b ON NOT b.is_default AND b.ttl_class = k
+                     GROUP BY k ORDER BY k);
     DELETE FROM idem.type_classes t
      WHERE t.until <= t_now
-       AND t.until <= coalesce((firsts ->> t.ttl_class::text)::timestamptz, 'infinity');
+       AND t.until <= firsts[t.ttl_class + 1];
 END
 $fn$;
 COMMENT ON FUNCTION idem.remove_expired(timestamptz) IS 'Under the maintenance lock: drop the partitions whose range is over, delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
