@@ -161,7 +161,7 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
 
 /// The shards of the registry `relid` (idem.type_classes), position by
 /// position with idem.claims' `shards`, if Citus distributes it by hash in
-/// idem.claims' co-location group (sql/scaling.sql, idem.distribute_registry).
+/// idem.claims' co-location group (sql/scaling.sql: idem_distribute, idem.fill_registry).
 fn registry_shards(relid: pg_sys::Oid, colocation: u32, shards: &[Shard]) -> Option<Vec<(i64, Cell<bool>)>> {
     let mut same_group = false;
     scan(c"pg_dist_partition", c"pg_dist_partition_logical_relid_index", &[oid_key(c"logicalrelid", relid)], |r| {

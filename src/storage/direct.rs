@@ -175,8 +175,7 @@ impl Opened {
         let Some(registry) = self.registry else {
             for (i, p) in self.list.parts.iter().enumerate() {
                 if let Some(b) = p.bound {
-                    let reach =
-                        ttl_class::max_ttl(b.class).zip(ttl_class::width(b.class)).map(|(t, w)| t.saturating_add(w));
+                    let reach = ttl_class::max_ttl(b.class).zip(ttl_class::width(b.class)).map(|(t, w)| t.saturating_add(w));
                     if reach.is_none_or(|reach| b.from <= now.saturating_add(reach)) {
                         self.heap(i);
                     }
