@@ -420,14 +420,104 @@ COMMENT ON FUNCTION idem.partition_class(regclass) IS 'TTL class of a partition 
 -- claims expiring up to `until`; deleted by idem_maintain once no partition
 -- that could hold such a claim is left. No unique index: two first claims
 -- at once each write a row rather than one waiting for the other's commit.
-CREATE TABLE idem.type_classes (
-    biz_type  text     COLLATE "C" NOT NULL,
-    ttl_class smallint NOT NULL,
-    until     timestamptz NOT NULL
-);
-CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
-ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
-COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
+-- Under Citus it is distributed by `key` next to idem.claims (sql/scaling.sql):
+-- a registration lives on the shard of the claim that wrote it. The
+-- coordinator's update distributes it (below, as idem.claims: out of the
+-- extension, so that Citus makes its shells on the workers); a worker's
+-- update takes its shell into the extension instead of making the table.
+DO $$
+BEGIN
+    IF idem.citus_node() = 'worker' THEN
+        COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
+        ALTER EXTENSION idem ADD TABLE idem.type_classes;
+        PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, 'idem.type_classes'::regclass, 0, false);
+        RETURN;
+    END IF;
+    CREATE TABLE idem.type_classes (
+        biz_type  text     COLLATE "C" NOT NULL,
+        ttl_class smallint NOT NULL,
+        until     timestamptz NOT NULL,
+        key       text                  -- Citus: the registering claim's key, which places the row (NULL otherwise)
+    );
+    CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
+    ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
+    COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
+END
+$$;
+
+-- The registry of TTL classes under Citus (docs/design.md §13): idem.type_classes
+-- distributed by `key` next to idem.claims, so that a claim reads and
+-- writes its type's registrations on the node and beside the shard where it
+-- runs, and a shard move carries them with the claims. Filled anew from the
+-- claims themselves, per shard (the rows of a group all hash into one
+-- shard's range, and the group's smallest key places the registration
+-- there), with one anchor row per shard, ('#<shard id>', -1, infinity), by
+-- which a claim knows the registrations of its shard complete: a shard
+-- split makes shards with new ids, whose registrations were divided by the
+-- registering claims' keys rather than by the claims they cover; claims on
+-- a shard without its anchor look into every class until the next
+-- idem_maintain fills the registry again. Run on the coordinator with
+-- idem.claims locked against claims on every node.
+CREATE FUNCTION idem.fill_registry() RETURNS bigint
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    bounds int[];
+    s record;
+    anchor text;
+    n bigint;
+    chunk int;
+BEGIN
+    -- (Citus's functions named in dynamic SQL only: without Citus these
+    -- statements would not parse.)
+    EXECUTE $q$SELECT array_agg(shardminvalue::int ORDER BY shardminvalue::int) FROM pg_catalog.pg_dist_shard
+                WHERE logicalrelid = 'idem.type_classes'::regclass$q$ INTO bounds;
+    DELETE FROM idem.type_classes;
+    EXECUTE $q$INSERT INTO idem.type_classes (biz_type, ttl_class, until, key)
+               SELECT biz_type, ttl_class, max(expires_at), min(key) FROM idem.claims
+                GROUP BY width_bucket(pg_catalog.worker_hash(key), $1), biz_type, ttl_class$q$ USING bounds;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    FOR s IN EXECUTE $q$SELECT shardid, shardminvalue::int AS lo, shardmaxvalue::int AS hi FROM pg_catalog.pg_dist_shard
+                        WHERE logicalrelid = 'idem.type_classes'::regclass$q$ LOOP
+        -- A key that hashes into the shard (a few tries per shard; a
+        -- hundred thousand at a time, as a set-returning function in FROM
+        -- makes all its rows before the first one is read).
+        anchor := NULL;
+        FOR chunk IN 0 .. 999 LOOP
+            EXECUTE $q$SELECT 'idem-anchor-' || i FROM generate_series($3 * 100000 + 1, $3 * 100000 + 100000) i
+                        WHERE pg_catalog.worker_hash('idem-anchor-' || i) BETWEEN $1 AND $2 LIMIT 1$q$
+               INTO anchor USING s.lo, s.hi, chunk;
+            EXIT WHEN anchor IS NOT NULL;
+        END LOOP;
+        INSERT INTO idem.type_classes (biz_type, ttl_class, until, key) VALUES ('#' || s.shardid, -1, 'infinity', anchor);
+    END LOOP;
+    RETURN n;
+END
+$fn$;
+COMMENT ON FUNCTION idem.fill_registry() IS 'Citus, on the coordinator with idem.claims locked: register every claim''s type in its class on the claim''s shard of idem.type_classes, and mark each shard''s registrations complete (an anchor row); returns the registrations written.';
+REVOKE EXECUTE ON FUNCTION idem.fill_registry() FROM PUBLIC;
+
+-- Whether some shard of the distributed registry lacks its anchor (a shard
+-- split made it): idem.maintain_distributed then fills the registry again.
+CREATE FUNCTION idem.registry_incomplete() RETURNS boolean
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    missing boolean;
+BEGIN
+    IF NOT idem.is_distributed('idem.type_classes') THEN
+        RETURN false;
+    END IF;
+    EXECUTE $q$SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_shard s
+                               WHERE s.logicalrelid = 'idem.type_classes'::regclass
+                                 AND '#' || s.shardid <> ALL ($1))$q$
+       INTO missing
+      USING ARRAY(SELECT t.biz_type::text FROM idem.type_classes t WHERE t.ttl_class = -1);
+    RETURN missing;
+END
+$fn$;
+COMMENT ON FUNCTION idem.registry_incomplete() IS 'Citus: whether a shard of idem.type_classes lacks the anchor row that marks its registrations complete (after a shard split).';
+REVOKE EXECUTE ON FUNCTION idem.registry_incomplete() FROM PUBLIC;
 
 -- The digest (docs/design.md §1): the first 8 bytes of a SHA-256 from 0.4.0
 -- on, SipHash-1-3 (the symbol idem_key_hash, which this library keeps for a
@@ -512,8 +602,16 @@ BEGIN
         SELECT expires_at, claimed_at, idem.ttl_class(expires_at - claimed_at), state, biz_type, key, fingerprint, result
           FROM idem.claims_0_3;
     END IF;
-    INSERT INTO idem.type_classes (biz_type, ttl_class, until)
-    SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY biz_type, ttl_class;
+    IF node = 'coordinator' THEN
+        ALTER EXTENSION idem DROP TABLE idem.type_classes;
+        PERFORM pg_catalog.create_distributed_table('idem.type_classes', 'key', colocate_with => 'idem.claims');
+        ALTER EXTENSION idem ADD TABLE idem.type_classes;
+        PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, 'idem.type_classes'::regclass, 0, false);
+        PERFORM idem.fill_registry();
+    ELSE
+        INSERT INTO idem.type_classes (biz_type, ttl_class, until)
+        SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY biz_type, ttl_class;
+    END IF;
 END
 $$;
 
@@ -669,6 +767,7 @@ DECLARE
     p record;
     i int;
     n bigint;
+    firsts timestamptz[];
 BEGIN
     dropped := '{}';
     rows_in_dropped := CASE WHEN counted_parts IS NOT NULL THEN 0 END;
@@ -688,10 +787,18 @@ BEGIN
     END LOOP;
     EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
     GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
+    -- (Each class's first partition given as a value, class k at k + 1:
+    -- under Citus the registry is distributed, and neither a subquery on
+    -- the local partition list nor a cast in a COALESCE goes to the
+    -- workers with the DELETE. A class past the array is kept: it has no
+    -- partition to look into.)
+    firsts := ARRAY(SELECT coalesce(min(b.range_from), 'infinity')
+                      FROM generate_series(0, 127) k
+                      LEFT JOIN idem.partition_bounds b ON NOT b.is_default AND b.ttl_class = k
+                     GROUP BY k ORDER BY k);
     DELETE FROM idem.type_classes t
      WHERE t.until <= t_now
-       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds b
-                        WHERE NOT b.is_default AND b.ttl_class = t.ttl_class AND b.range_from < t.until);
+       AND t.until <= firsts[t.ttl_class + 1];
 END
 $fn$;
 COMMENT ON FUNCTION idem.remove_expired(timestamptz, oid[], bigint[]) IS 'Under the maintenance lock: drop the partitions whose range is over, counting their rows exactly (with the counts taken before the lock where given), delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
@@ -717,6 +824,8 @@ DECLARE
     indexed     text[] := '{}';
     replica_fixed text[];
     shards_without_ri regclass[];
+    refill      boolean;
+    registered  bigint;
     rel         regclass;
     lock_wait   interval := greatest(idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds'), interval '1 millisecond');
     old_lock_timeout text;
@@ -746,8 +855,9 @@ BEGIN
     SELECT array_agg(b.name ORDER BY b.range_from) INTO unindexed FROM idem.partition_bounds b
      WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition);
     shards_without_ri := idem.shard_replica_identity_missing();
+    refill := idem.registry_incomplete();
     IF cardinality(names) = 0 AND unindexed IS NULL AND cardinality(shards_without_ri) = 0
-       AND NOT idem.partition_set_needs_change(t_now) THEN
+       AND NOT idem.partition_set_needs_change(t_now) AND NOT refill THEN
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
                                   'lock_attempts', 0);
     END IF;
@@ -779,6 +889,11 @@ BEGIN
         END IF;
     END LOOP;
     SELECT * INTO removed FROM idem.remove_expired(t_now);
+    -- A shard split left shards whose registrations are not known
+    -- complete (sql/scaling.sql, idem.fill_registry): filled anew.
+    IF refill THEN
+        registered := idem.fill_registry();
+    END IF;
     FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
               WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition) LOOP
         EXECUTE format('CREATE INDEX ON %s (idem.key_hash(biz_type, key))', p.partition);
@@ -825,6 +940,7 @@ BEGIN
         'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
         'expired_rows_deleted_from_default', removed.deleted_from_default,
         'rows_moved_from_default', moved,
+        'registry_filled', registered,
         'lock_attempts', got_lock.attempts);
 END
 $fn$;
@@ -1059,24 +1175,28 @@ WITH s AS (
     -- and each partition of the type's classes that can hold a live claim,
     -- with its index (docs/design.md §1: at most 7 + 2 x 3 x 8 = 55 while
     -- maintenance keeps up).
-    -- Under Citus a claim on a worker reads no registrations: it looks
-    -- into every class's partitions that can hold a claim made until now
-    -- (src/storage/direct.rs), whatever its type; this counts them in
-    -- the coordinator's list, which every shard's partitions follow.
+    -- Under Citus a claim on a worker reads the registrations of its
+    -- shard (docs/design.md §13) and locks one relation more (the logical
+    -- idem.claims and the shard: 8 fixed); this takes the union of a
+    -- type's classes over the shards, which is at least what one shard
+    -- has. Without the distributed registry (not updated yet) a claim
+    -- looks into every class's partitions that can hold a claim made
+    -- until now (src/storage/direct.rs), counted in the coordinator's
+    -- list, which every shard's partitions follow.
     -- The portable edition (its gate table, idem.key_gates, exists) locks
     -- 10 more: idem.key_gates and its key, idem.type_gates and its key (a
     -- claim that would add a TTL class to its type), and the catalogs its
     -- SQL reads (pg_roles, pg_authid with two indexes, pg_db_role_setting
     -- with one).
-    SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN e.portable THEN 17 ELSE 7 END AS locks,
-           CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
+    SELECT CASE WHEN c.citus AND NOT c.registry THEN c.n ELSE coalesce(x.n, 0) END * 2
+           + CASE WHEN e.portable THEN 17 WHEN c.citus THEN 8 ELSE 7 END AS locks,
+           CASE WHEN c.citus AND NOT c.registry THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
                       FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
                       JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until
                      GROUP BY t.biz_type) y) x,
-           (SELECT idem.is_distributed('idem.claims') AS citus,
+           (SELECT idem.is_distributed('idem.claims') AS citus, idem.is_distributed('idem.type_classes') AS registry,
                    count(*) FILTER (WHERE NOT b.is_default
                                       AND b.range_from <= now() + idem.class_max_ttl(b.ttl_class) + idem.class_width(b.ttl_class)) AS n
               FROM idem.partition_bounds b) c,
@@ -1207,6 +1327,14 @@ BEGIN
     END IF;
     -- Run again (after an upgrade), what is distributed stays as it is and
     -- the functions are registered again, new ones included.
+    IF NOT idem.is_distributed('idem.type_classes') THEN
+        -- No claim writes a registration until the registry is filled
+        -- from the claims (this node's keep no key to place them by).
+        -- Multi-shard writes after the distribution in one transaction
+        -- need Citus's sequential mode from the start.
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+        LOCK TABLE idem.claims, idem.type_classes IN ACCESS EXCLUSIVE MODE;
+    END IF;
     IF NOT idem.is_distributed('idem.biz_types') THEN
         PERFORM pg_catalog.create_reference_table('idem.biz_types');
     END IF;
@@ -1219,6 +1347,11 @@ BEGIN
     -- Citus makes the shards of a partitioned table without its replica
     -- identity; set on the distributed table, it reaches every shard.
     ALTER TABLE idem.claims REPLICA IDENTITY FULL;
+    IF NOT idem.is_distributed('idem.type_classes') THEN
+        DELETE FROM idem.type_classes;
+        PERFORM pg_catalog.create_distributed_table('idem.type_classes', 'key', colocate_with => 'idem.claims');
+        PERFORM idem.fill_registry();
+    END IF;
     -- Delegated to the worker that owns the key, inside the caller's
     -- transaction, next to the business rows of the same value.
     PERFORM pg_catalog.create_distributed_function(f, 'key', colocate_with => 'idem.claims', force_delegation => true)
@@ -1233,7 +1366,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column) and idem.type_classes next to it (filled from the claims), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 CREATE FUNCTION idem.published_tables() RETURNS TABLE (pubname name, tablename name, attnames name[])
     STABLE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$

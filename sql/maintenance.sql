@@ -326,6 +326,7 @@ DECLARE
     p record;
     i int;
     n bigint;
+    firsts timestamptz[];
 BEGIN
     dropped := '{}';
     rows_in_dropped := CASE WHEN counted_parts IS NOT NULL THEN 0 END;
@@ -345,10 +346,18 @@ BEGIN
     END LOOP;
     EXECUTE 'DELETE FROM idem.claims_default WHERE expires_at <= $1' USING t_now;
     GET DIAGNOSTICS deleted_from_default = ROW_COUNT;
+    -- (Each class's first partition given as a value, class k at k + 1:
+    -- under Citus the registry is distributed, and neither a subquery on
+    -- the local partition list nor a cast in a COALESCE goes to the
+    -- workers with the DELETE. A class past the array is kept: it has no
+    -- partition to look into.)
+    firsts := ARRAY(SELECT coalesce(min(b.range_from), 'infinity')
+                      FROM generate_series(0, 127) k
+                      LEFT JOIN idem.partition_bounds b ON NOT b.is_default AND b.ttl_class = k
+                     GROUP BY k ORDER BY k);
     DELETE FROM idem.type_classes t
      WHERE t.until <= t_now
-       AND NOT EXISTS (SELECT 1 FROM idem.partition_bounds b
-                        WHERE NOT b.is_default AND b.ttl_class = t.ttl_class AND b.range_from < t.until);
+       AND t.until <= firsts[t.ttl_class + 1];
 END
 $fn$;
 COMMENT ON FUNCTION idem.remove_expired(timestamptz, oid[], bigint[]) IS 'Under the maintenance lock: drop the partitions whose range is over, counting their rows exactly (with the counts taken before the lock where given), delete the claims that expired in the default partition and the registrations of types in TTL classes that no partition left can hold a claim of; reports what it removed.';
@@ -405,6 +414,8 @@ DECLARE
     indexed     text[] := '{}';
     replica_fixed text[];
     shards_without_ri regclass[];
+    refill      boolean;
+    registered  bigint;
     rel         regclass;
     lock_wait   interval := greatest(idem.setting_interval('idem.maintenance_lock_timeout', '50 milliseconds'), interval '1 millisecond');
     old_lock_timeout text;
@@ -434,8 +445,9 @@ BEGIN
     SELECT array_agg(b.name ORDER BY b.range_from) INTO unindexed FROM idem.partition_bounds b
      WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition);
     shards_without_ri := idem.shard_replica_identity_missing();
+    refill := idem.registry_incomplete();
     IF cardinality(names) = 0 AND unindexed IS NULL AND cardinality(shards_without_ri) = 0
-       AND NOT idem.partition_set_needs_change(t_now) THEN
+       AND NOT idem.partition_set_needs_change(t_now) AND NOT refill THEN
         RETURN jsonb_build_object('citus', true, 'partitions_created', '[]'::jsonb, 'partitions_dropped', '[]'::jsonb,
                                   'lock_attempts', 0);
     END IF;
@@ -467,6 +479,11 @@ BEGIN
         END IF;
     END LOOP;
     SELECT * INTO removed FROM idem.remove_expired(t_now);
+    -- A shard split left shards whose registrations are not known
+    -- complete (sql/scaling.sql, idem.fill_registry): filled anew.
+    IF refill THEN
+        registered := idem.fill_registry();
+    END IF;
     FOR p IN SELECT b.partition, b.name FROM idem.partition_bounds b
               WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = b.partition) LOOP
         EXECUTE format('CREATE INDEX ON %s (idem.key_hash(biz_type, key))', p.partition);
@@ -513,6 +530,7 @@ BEGIN
         'replica_identity_set', CASE WHEN cardinality(replica_fixed) > 0 THEN to_jsonb(replica_fixed) END,
         'expired_rows_deleted_from_default', removed.deleted_from_default,
         'rows_moved_from_default', moved,
+        'registry_filled', registered,
         'lock_attempts', got_lock.attempts);
 END
 $fn$;

@@ -216,24 +216,28 @@ WITH s AS (
     -- and each partition of the type's classes that can hold a live claim,
     -- with its index (docs/design.md §1: at most 7 + 2 x 3 x 8 = 55 while
     -- maintenance keeps up).
-    -- Under Citus a claim on a worker reads no registrations: it looks
-    -- into every class's partitions that can hold a claim made until now
-    -- (src/storage/direct.rs), whatever its type; this counts them in
-    -- the coordinator's list, which every shard's partitions follow.
+    -- Under Citus a claim on a worker reads the registrations of its
+    -- shard (docs/design.md §13) and locks one relation more (the logical
+    -- idem.claims and the shard: 8 fixed); this takes the union of a
+    -- type's classes over the shards, which is at least what one shard
+    -- has. Without the distributed registry (not updated yet) a claim
+    -- looks into every class's partitions that can hold a claim made
+    -- until now (src/storage/direct.rs), counted in the coordinator's
+    -- list, which every shard's partitions follow.
     -- The portable edition (its gate table, idem.key_gates, exists) locks
     -- 10 more: idem.key_gates and its key, idem.type_gates and its key (a
     -- claim that would add a TTL class to its type), and the catalogs its
     -- SQL reads (pg_roles, pg_authid with two indexes, pg_db_role_setting
     -- with one).
-    SELECT CASE WHEN c.citus THEN c.n ELSE coalesce(x.n, 0) END * 2
-           + CASE WHEN e.portable THEN 17 ELSE 7 END AS locks,
-           CASE WHEN c.citus THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
+    SELECT CASE WHEN c.citus AND NOT c.registry THEN c.n ELSE coalesce(x.n, 0) END * 2
+           + CASE WHEN e.portable THEN 17 WHEN c.citus THEN 8 ELSE 7 END AS locks,
+           CASE WHEN c.citus AND NOT c.registry THEN 'any business type (under Citus every class is looked into)' ELSE x.biz_type END AS biz_type
       FROM (SELECT max(n) AS n, (array_agg(biz_type ORDER BY n DESC))[1] COLLATE "default" AS biz_type
               FROM (SELECT t.biz_type, count(DISTINCT b.partition) AS n
                       FROM (SELECT biz_type, ttl_class, max(until) AS until FROM idem.type_classes GROUP BY 1, 2) t
                       JOIN idem.partition_bounds b ON b.ttl_class = t.ttl_class AND b.range_from <= t.until
                      GROUP BY t.biz_type) y) x,
-           (SELECT idem.is_distributed('idem.claims') AS citus,
+           (SELECT idem.is_distributed('idem.claims') AS citus, idem.is_distributed('idem.type_classes') AS registry,
                    count(*) FILTER (WHERE NOT b.is_default
                                       AND b.range_from <= now() + idem.class_max_ttl(b.ttl_class) + idem.class_width(b.ttl_class)) AS n
               FROM idem.partition_bounds b) c,

@@ -26,6 +26,80 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.citus_node() IS 'Once Citus distributes idem.claims: coordinator or worker, as this node is; NULL otherwise. Update scripts branch on it (Citus runs ALTER EXTENSION idem UPDATE on the coordinator, then on each worker).';
 
+-- The registry of TTL classes under Citus (docs/design.md §13): idem.type_classes
+-- distributed by `key` next to idem.claims, so that a claim reads and
+-- writes its type's registrations on the node and beside the shard where it
+-- runs, and a shard move carries them with the claims. Filled anew from the
+-- claims themselves, per shard (the rows of a group all hash into one
+-- shard's range, and the group's smallest key places the registration
+-- there), with one anchor row per shard, ('#<shard id>', -1, infinity), by
+-- which a claim knows the registrations of its shard complete: a shard
+-- split makes shards with new ids, whose registrations were divided by the
+-- registering claims' keys rather than by the claims they cover; claims on
+-- a shard without its anchor look into every class until the next
+-- idem_maintain fills the registry again. Run on the coordinator with
+-- idem.claims locked against claims on every node.
+CREATE FUNCTION idem.fill_registry() RETURNS bigint
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    bounds int[];
+    s record;
+    anchor text;
+    n bigint;
+    chunk int;
+BEGIN
+    -- (Citus's functions named in dynamic SQL only: without Citus these
+    -- statements would not parse.)
+    EXECUTE $q$SELECT array_agg(shardminvalue::int ORDER BY shardminvalue::int) FROM pg_catalog.pg_dist_shard
+                WHERE logicalrelid = 'idem.type_classes'::regclass$q$ INTO bounds;
+    DELETE FROM idem.type_classes;
+    EXECUTE $q$INSERT INTO idem.type_classes (biz_type, ttl_class, until, key)
+               SELECT biz_type, ttl_class, max(expires_at), min(key) FROM idem.claims
+                GROUP BY width_bucket(pg_catalog.worker_hash(key), $1), biz_type, ttl_class$q$ USING bounds;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    FOR s IN EXECUTE $q$SELECT shardid, shardminvalue::int AS lo, shardmaxvalue::int AS hi FROM pg_catalog.pg_dist_shard
+                        WHERE logicalrelid = 'idem.type_classes'::regclass$q$ LOOP
+        -- A key that hashes into the shard (a few tries per shard; a
+        -- hundred thousand at a time, as a set-returning function in FROM
+        -- makes all its rows before the first one is read).
+        anchor := NULL;
+        FOR chunk IN 0 .. 999 LOOP
+            EXECUTE $q$SELECT 'idem-anchor-' || i FROM generate_series($3 * 100000 + 1, $3 * 100000 + 100000) i
+                        WHERE pg_catalog.worker_hash('idem-anchor-' || i) BETWEEN $1 AND $2 LIMIT 1$q$
+               INTO anchor USING s.lo, s.hi, chunk;
+            EXIT WHEN anchor IS NOT NULL;
+        END LOOP;
+        INSERT INTO idem.type_classes (biz_type, ttl_class, until, key) VALUES ('#' || s.shardid, -1, 'infinity', anchor);
+    END LOOP;
+    RETURN n;
+END
+$fn$;
+COMMENT ON FUNCTION idem.fill_registry() IS 'Citus, on the coordinator with idem.claims locked: register every claim''s type in its class on the claim''s shard of idem.type_classes, and mark each shard''s registrations complete (an anchor row); returns the registrations written.';
+REVOKE EXECUTE ON FUNCTION idem.fill_registry() FROM PUBLIC;
+
+-- Whether some shard of the distributed registry lacks its anchor (a shard
+-- split made it): idem.maintain_distributed then fills the registry again.
+CREATE FUNCTION idem.registry_incomplete() RETURNS boolean
+    VOLATILE SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql AS $fn$
+DECLARE
+    missing boolean;
+BEGIN
+    IF NOT idem.is_distributed('idem.type_classes') THEN
+        RETURN false;
+    END IF;
+    EXECUTE $q$SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_shard s
+                               WHERE s.logicalrelid = 'idem.type_classes'::regclass
+                                 AND '#' || s.shardid <> ALL ($1))$q$
+       INTO missing
+      USING ARRAY(SELECT t.biz_type::text FROM idem.type_classes t WHERE t.ttl_class = -1);
+    RETURN missing;
+END
+$fn$;
+COMMENT ON FUNCTION idem.registry_incomplete() IS 'Citus: whether a shard of idem.type_classes lacks the anchor row that marks its registrations complete (after a shard split).';
+REVOKE EXECUTE ON FUNCTION idem.registry_incomplete() FROM PUBLIC;
+
 CREATE FUNCTION idem_distribute(colocate_with regclass) RETURNS void
     VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp
     LANGUAGE plpgsql AS $fn$
@@ -64,6 +138,14 @@ BEGIN
     END IF;
     -- Run again (after an upgrade), what is distributed stays as it is and
     -- the functions are registered again, new ones included.
+    IF NOT idem.is_distributed('idem.type_classes') THEN
+        -- No claim writes a registration until the registry is filled
+        -- from the claims (this node's keep no key to place them by).
+        -- Multi-shard writes after the distribution in one transaction
+        -- need Citus's sequential mode from the start.
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+        LOCK TABLE idem.claims, idem.type_classes IN ACCESS EXCLUSIVE MODE;
+    END IF;
     IF NOT idem.is_distributed('idem.biz_types') THEN
         PERFORM pg_catalog.create_reference_table('idem.biz_types');
     END IF;
@@ -76,6 +158,11 @@ BEGIN
     -- Citus makes the shards of a partitioned table without its replica
     -- identity; set on the distributed table, it reaches every shard.
     ALTER TABLE idem.claims REPLICA IDENTITY FULL;
+    IF NOT idem.is_distributed('idem.type_classes') THEN
+        DELETE FROM idem.type_classes;
+        PERFORM pg_catalog.create_distributed_table('idem.type_classes', 'key', colocate_with => 'idem.claims');
+        PERFORM idem.fill_registry();
+    END IF;
     -- Delegated to the worker that owns the key, inside the caller's
     -- transaction, next to the business rows of the same value.
     PERFORM pg_catalog.create_distributed_function(f, 'key', colocate_with => 'idem.claims', force_delegation => true)
@@ -90,7 +177,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
+'Citus only: distribute idem.claims by key co-located with colocate_with (a table distributed by a text column) and idem.type_classes next to it (filled from the claims), make idem.biz_types and idem.machines reference tables, and register the claim functions (claim, complete, fail, checkpoint, release, lookup, forget) for delegation to the worker owning the key. Run it again after an upgrade: what is distributed stays, the functions are registered again. 55000 without Citus or with idem.storage_access = direct. See docs/scaling.md.';
 REVOKE EXECUTE ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 
 -- Uninstall under Citus (docs/scaling.md, "Uninstalling under Citus").

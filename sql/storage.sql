@@ -107,10 +107,13 @@ COMMENT ON FUNCTION idem.partition_class(regclass) IS 'TTL class of a partition 
 -- claims expiring up to `until`; deleted by idem_maintain once no partition
 -- that could hold such a claim is left. No unique index: two first claims
 -- at once each write a row rather than one waiting for the other's commit.
+-- Under Citus it is distributed by `key` next to idem.claims (sql/scaling.sql):
+-- a registration lives on the shard of the claim that wrote it.
 CREATE TABLE idem.type_classes (
     biz_type  text     COLLATE "C" NOT NULL,
     ttl_class smallint NOT NULL,
-    until     timestamptz NOT NULL
+    until     timestamptz NOT NULL,
+    key       text                  -- Citus: the registering claim's key, which places the row (NULL otherwise)
 );
 CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
 ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;

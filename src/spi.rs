@@ -48,47 +48,87 @@ impl Statement {
     }
 
     fn run(&self, args: &[Option<pg_sys::Datum>], read_only: bool) -> (u64, Vec<Row>) {
-        assert_eq!(args.len(), self.argtypes.len(), "argument count of an idem statement");
-        // SAFETY: SPI is connected first and finished last; the plan is used between the two (plan's
-        // contract); arguments are as many as the plan's types (asserted above), and results are copied out
-        // before SPI_finish frees them.
-        unsafe {
-            if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
-                internal("SPI_connect failed");
-            }
-            let plan = self.plan();
-            let mut values: Vec<pg_sys::Datum> = args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
-            let nulls: Vec<std::ffi::c_char> =
-                args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as _).collect();
-            let rc = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), read_only, 0);
-            if rc < 0 {
-                internal(format!("{} failed (SPI code {rc})", self.name()));
-            }
-            let processed = pg_sys::SPI_processed;
-            let mut rows = Vec::new();
-            if !pg_sys::SPI_tuptable.is_null() {
-                let table = &*pg_sys::SPI_tuptable;
-                let natts = (*table.tupdesc).natts as usize;
-                for n in 0..processed as usize {
-                    let tuple = *table.vals.add(n);
-                    let row = (0..natts)
-                        .map(|c| {
-                            let mut isnull = false;
-                            let d = pg_sys::SPI_getbinval(tuple, table.tupdesc, c as i32 + 1, &mut isnull);
-                            let att = &*crate::compat::tuple_desc_attr(table.tupdesc, c);
-                            // Into the caller's memory context: SPI's goes
-                            // away with SPI_finish.
-                            (!isnull).then(|| pg_sys::SPI_datumTransfer(d, att.attbyval, att.attlen as i32))
-                        })
-                        .collect();
-                    rows.push(row);
-                }
-            }
-            pg_sys::SPI_finish();
-            (processed, rows)
-        }
+        // SAFETY: called between SPI_connect and SPI_finish (run_plan's contract).
+        run_plan(self.argtypes, args, read_only, || unsafe { self.plan() }, || self.name())
     }
+}
 
+/// Run `sql` once (prepared, not kept) as the extension's owner: a
+/// statement whose text names a relation known only at run time (under
+/// Citus, this node's shard of idem.type_classes).
+pub fn execute_once_as_owner(sql: &std::ffi::CStr, argtypes: &[pg_sys::Oid], args: &[Option<pg_sys::Datum>]) -> u64 {
+    let name = || format!("idem's statement \"{}\"", sql.to_string_lossy());
+    as_owner(|| {
+        run_plan(
+            argtypes,
+            args,
+            false,
+            // SAFETY: called between SPI_connect and SPI_finish (run_plan's contract); the plan lives in SPI's
+            // procedure context and goes with SPI_finish.
+            || unsafe {
+                let plan = pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_ptr().cast_mut());
+                if plan.is_null() {
+                    let code = pg_sys::SPI_result;
+                    internal(format!("preparing {} failed (SPI code {code})", name()));
+                }
+                plan
+            },
+            name,
+        )
+        .0
+    })
+}
+
+/// Connect SPI, run the plan `plan()` gives with `args`, copy the rows out
+/// and finish SPI.
+fn run_plan(
+    argtypes: &[pg_sys::Oid],
+    args: &[Option<pg_sys::Datum>],
+    read_only: bool,
+    plan: impl FnOnce() -> pg_sys::SPIPlanPtr,
+    name: impl Fn() -> String,
+) -> (u64, Vec<Row>) {
+    assert_eq!(args.len(), argtypes.len(), "argument count of an idem statement");
+    // SAFETY: SPI is connected first and finished last; the plan is made and used between the two;
+    // arguments are as many as the plan's types (asserted above), and results are copied out
+    // before SPI_finish frees them.
+    unsafe {
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            internal("SPI_connect failed");
+        }
+        let plan = plan();
+        let mut values: Vec<pg_sys::Datum> = args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
+        let nulls: Vec<std::ffi::c_char> = args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as _).collect();
+        let rc = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), read_only, 0);
+        if rc < 0 {
+            internal(format!("{} failed (SPI code {rc})", name()));
+        }
+        let processed = pg_sys::SPI_processed;
+        let mut rows = Vec::new();
+        if !pg_sys::SPI_tuptable.is_null() {
+            let table = &*pg_sys::SPI_tuptable;
+            let natts = (*table.tupdesc).natts as usize;
+            for n in 0..processed as usize {
+                let tuple = *table.vals.add(n);
+                let row = (0..natts)
+                    .map(|c| {
+                        let mut isnull = false;
+                        let d = pg_sys::SPI_getbinval(tuple, table.tupdesc, c as i32 + 1, &mut isnull);
+                        let att = &*crate::compat::tuple_desc_attr(table.tupdesc, c);
+                        // Into the caller's memory context: SPI's goes
+                        // away with SPI_finish.
+                        (!isnull).then(|| pg_sys::SPI_datumTransfer(d, att.attbyval, att.attlen as i32))
+                    })
+                    .collect();
+                rows.push(row);
+            }
+        }
+        pg_sys::SPI_finish();
+        (processed, rows)
+    }
+}
+
+impl Statement {
     /// The kept plan, prepared on first use.
     ///
     /// # Safety

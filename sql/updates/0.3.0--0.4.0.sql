@@ -239,14 +239,49 @@ CREATE EVENT TRIGGER idem_uninstall_citus ON ddl_command_start
 -- claims expiring up to `until`; deleted by idem_maintain once no partition
 -- that could hold such a claim is left. No unique index: two first claims
 -- at once each write a row rather than one waiting for the other's commit.
-CREATE TABLE idem.type_classes (
-    biz_type  text     COLLATE "C" NOT NULL,
-    ttl_class smallint NOT NULL,
-    until     timestamptz NOT NULL
-);
-CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
-ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
-COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
+-- Under Citus it is distributed by `key` next to idem.claims (sql/scaling.sql):
+-- a registration lives on the shard of the claim that wrote it. The
+-- coordinator's update distributes it (below, as idem.claims: out of the
+-- extension, so that Citus makes its shells on the workers); a worker's
+-- update takes its shell into the extension instead of making the table.
+DO $$
+BEGIN
+    IF idem.citus_node() = 'worker' THEN
+        COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
+        ALTER EXTENSION idem ADD TABLE idem.type_classes;
+        PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, 'idem.type_classes'::regclass, 0, false);
+        RETURN;
+    END IF;
+    CREATE TABLE idem.type_classes (
+        biz_type  text     COLLATE "C" NOT NULL,
+        ttl_class smallint NOT NULL,
+        until     timestamptz NOT NULL,
+        key       text                  -- Citus: the registering claim's key, which places the row (NULL otherwise)
+    );
+    CREATE INDEX type_classes_biz_type ON idem.type_classes (biz_type);
+    ALTER TABLE idem.type_classes REPLICA IDENTITY FULL;
+    COMMENT ON TABLE idem.type_classes IS 'TTL classes that may hold claims of a business type expiring up to until; claims of the type look into those classes'' partitions only.';
+END
+$$;
+
+-- The registry of TTL classes under Citus (docs/design.md §13): idem.type_classes
+-- distributed by `key` next to idem.claims, so that a claim reads and
+-- writes its type's registrations on the node and beside the shard where it
+-- runs, and a shard move carries them with the claims. Filled anew from the
+-- claims themselves, per shard (the rows of a group all hash into one
+-- shard's range, and the group's smallest key places the registration
+-- there), with one anchor row per shard, ('#<shard id>', -1, infinity), by
+-- which a claim knows the registrations of its shard complete: a shard
+-- split makes shards with new ids, whose registrations were divided by the
+-- registering claims' keys rather than by the claims they cover; claims on
+-- a shard without its anchor look into every class until the next
+-- idem_maintain fills the registry again. Run on the coordinator with
+-- idem.claims locked against claims on every node.
+-- @create: CREATE FUNCTION idem.fill_registry() RETURNS bigint
+
+-- Whether some shard of the distributed registry lacks its anchor (a shard
+-- split made it): idem.maintain_distributed then fills the registry again.
+-- @create: CREATE FUNCTION idem.registry_incomplete() RETURNS boolean
 
 -- The digest (docs/design.md §1): the first 8 bytes of a SHA-256 from 0.4.0
 -- on, SipHash-1-3 (the symbol idem_key_hash, which this library keeps for a
@@ -329,8 +364,16 @@ BEGIN
         SELECT expires_at, claimed_at, idem.ttl_class(expires_at - claimed_at), state, biz_type, key, fingerprint, result
           FROM idem.claims_0_3;
     END IF;
-    INSERT INTO idem.type_classes (biz_type, ttl_class, until)
-    SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY biz_type, ttl_class;
+    IF node = 'coordinator' THEN
+        ALTER EXTENSION idem DROP TABLE idem.type_classes;
+        PERFORM pg_catalog.create_distributed_table('idem.type_classes', 'key', colocate_with => 'idem.claims');
+        ALTER EXTENSION idem ADD TABLE idem.type_classes;
+        PERFORM pg_catalog.citus_unmark_object_distributed('pg_class'::regclass, 'idem.type_classes'::regclass, 0, false);
+        PERFORM idem.fill_registry();
+    ELSE
+        INSERT INTO idem.type_classes (biz_type, ttl_class, until)
+        SELECT biz_type, ttl_class, max(expires_at) FROM idem.claims GROUP BY biz_type, ttl_class;
+    END IF;
 END
 $$;
 

@@ -40,6 +40,7 @@ use crate::datum::text_datum;
 use crate::errors::{internal, IdemError};
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::rc::Rc;
 
@@ -59,6 +60,11 @@ struct Distribution {
     shards: Vec<Shard>,
     /// The shard of the reference table idem.biz_types (one per table).
     biz_types_shard: Option<i64>,
+    /// The shards of idem.type_classes, co-located with idem.claims (same
+    /// hash ranges, same positions), each with whether its registrations
+    /// were found complete (its anchor row, see `registry`); None when
+    /// the registry is not distributed that way.
+    registry: Option<Vec<(i64, Cell<bool>)>>,
 }
 
 /// The answer read at catalog epoch `epoch` (None: not distributed).
@@ -137,6 +143,7 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
         shards.push(Shard { id, min: bound(c"shardminvalue"), max: bound(c"shardmaxvalue") });
     });
     shards.sort_by_key(|s| s.min);
+    let registry = catalog::type_classes_oid().and_then(|relid| registry_shards(relid, colocation, &shards));
     let mut biz_types_shard = None;
     scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", biz_types)], |r| {
         biz_types_shard = r.get(c"shardid").map(|d| d.value() as i64);
@@ -149,7 +156,63 @@ fn load(claims: pg_sys::Oid, biz_types: pg_sys::Oid) -> Option<Distribution> {
         pg_sys::get_atttypetypmodcoll(claims, attnum, &mut typid, &mut typmod, &mut collation);
         collation
     };
-    Some(Distribution { colocation, collation, shards, biz_types_shard })
+    Some(Distribution { colocation, collation, shards, biz_types_shard, registry })
+}
+
+/// The shards of the registry `relid` (idem.type_classes), position by
+/// position with idem.claims' `shards`, if Citus distributes it by hash in
+/// idem.claims' co-location group (sql/scaling.sql: idem_distribute, idem.fill_registry).
+fn registry_shards(relid: pg_sys::Oid, colocation: u32, shards: &[Shard]) -> Option<Vec<(i64, Cell<bool>)>> {
+    let mut same_group = false;
+    scan(c"pg_dist_partition", c"pg_dist_partition_logical_relid_index", &[oid_key(c"logicalrelid", relid)], |r| {
+        same_group = r.get(c"partmethod").map(|d| d.value() as u8) == Some(b'h')
+            && r.get(c"colocationid").map_or(0, |d| d.value() as u32) == colocation;
+    });
+    if !same_group {
+        return None;
+    }
+    let mut found = Vec::new();
+    scan(c"pg_dist_shard", c"pg_dist_shard_logical_relid_index", &[oid_key(c"logicalrelid", relid)], |r| {
+        let bound = |col: &CStr| {
+            // SAFETY: as in `load`: a text column's non-NULL datum, valid inside the closure.
+            r.get(col)
+                .and_then(|d| std::str::from_utf8(unsafe { crate::datum::varlena_bytes(d) }).ok()?.parse::<i32>().ok())
+        };
+        found.push((
+            r.get(c"shardid").map_or(0, |d| d.value() as i64),
+            bound(c"shardminvalue"),
+            bound(c"shardmaxvalue"),
+        ));
+    });
+    found.sort_by_key(|s| s.1);
+    // Co-located: the same ranges, so the same positions.
+    let aligned =
+        found.len() == shards.len() && found.iter().zip(shards).all(|(f, s)| f.1 == Some(s.min) && f.2 == Some(s.max));
+    aligned.then(|| found.into_iter().map(|f| (f.0, Cell::new(false))).collect())
+}
+
+/// This node's shard of the registry next to the key's shard (position
+/// `index`), if its registrations are known complete: it holds the anchor
+/// row `('#<shard id>', -1, infinity)` that idem.fill_registry writes for
+/// each shard once it has registered every claim in it (at idem_distribute,
+/// at the update from 0.3.0, and at the first idem_maintain after a shard
+/// split). A move carries the anchor with the shard; a split makes shards
+/// with new ids and no anchor (their registrations were divided by the
+/// registering claims' keys, not by the keys of the claims they cover), and
+/// until maintenance fills them anew, claims on them look into every class.
+fn registry(dist: &Distribution, index: usize) -> Option<pg_sys::Oid> {
+    let (id, anchored) = dist.registry.as_ref()?.get(index)?;
+    let relid = relation_in_idem(&format!("type_classes_{id}"))?;
+    if !anchored.get() {
+        let anchor = format!("#{id}");
+        if !super::type_classes::read(relid, anchor.as_bytes()).covers(-1, i64::MAX) {
+            return None;
+        }
+        // (Maintenance never removes an anchor; a refill writes it again
+        // under a lock no claim gets past.)
+        anchored.set(true);
+    }
+    Some(relid)
 }
 
 /// Citus's hash of a key: text's default hash function, under the key
@@ -199,10 +262,10 @@ pub fn local_shard(k: &ClaimKey) -> Option<Target> {
                 shard.id
             ))
         });
-        // No registry of TTL classes here: a claim runs on a shard, where
-        // Citus refuses the write a registration is (a reference table's),
-        // so it looks into every class (direct.rs).
-        let registry = None;
+        // The registry of TTL classes next to the shard, on this node,
+        // written here by the claims (type_classes.rs); without a complete
+        // one a claim looks into every class (direct.rs).
+        let registry = registry(&dist, index);
         return Some(Target { shell: Some(catalog::claims_oid()), parent: relid, registry });
     }
 }

@@ -163,9 +163,11 @@ impl Opened {
     /// maintenance cannot drop its partition meanwhile (our lock). Premade
     /// partitions further out hold no claim of the type.
     ///
-    /// Under Citus (no registry on the node: `registry` is None) every
-    /// class's partitions that can hold a claim made until now: those
-    /// starting before now plus the class's longest TTL and a width.
+    /// Under Citus the registry is this node's shard of it co-located with
+    /// the key's shard (storage/citus.rs). Without one (`registry` is None:
+    /// a shard whose registrations are not known complete, after a split)
+    /// every class's partitions that can hold a claim made until now:
+    /// those starting before now plus the class's longest TTL and a width.
     fn look_into_classes(&self, k: &ClaimKey, now: i64) {
         if self.list.legacy {
             return; // every partition is open
@@ -394,7 +396,11 @@ impl Opened {
             _ if self.list.legacy => partitions::LEGACY_CLASS,
             Some(registry) => {
                 let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
-                type_classes::place(registry, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at)
+                // (Under Citus, the registry is this node's shard of it: the
+                // registration goes there with the key.)
+                let shard_key = self.shell.is_some().then_some(k.key);
+                let mut registered = self.registered.borrow_mut();
+                type_classes::place(registry, shard_key, &mut registered, k.biz_type, natural, new.expires_at)
             }
             None => ttl_class::of_ttl(new.expires_at - new.claimed_at),
         };

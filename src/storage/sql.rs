@@ -319,7 +319,7 @@ impl SqlStore {
         };
         let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
         let class =
-            type_classes::place(registry, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at);
+            type_classes::place(registry, None, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at);
         INSERT.execute_as_owner(&[
             ts(new.expires_at),
             ts(new.claimed_at),

@@ -88,11 +88,12 @@ fn scan(
     // SAFETY: the table and its one index are opened and locked here and
     // closed before returning; the dirty snapshot and the slot outlive the
     // scan; the slot's first three columns are (biz_type, ttl_class,
-    // until), the shape sql/storage.sql gives the table (checked below).
+    // until), the shape sql/storage.sql gives the table (checked below:
+    // four columns, the last one the key that places a row under Citus).
     unsafe {
         let rel = crate::catalog::open_table_of_idem(relid, pg_sys::AccessShareLock as _, "type_classes");
         let indexes = pg_sys::RelationGetIndexList(rel);
-        if indexes.is_null() || (*indexes).length != 1 || (*(*rel).rd_att).natts != 3 {
+        if indexes.is_null() || (*indexes).length != 1 || (*(*rel).rd_att).natts != 4 {
             internal("idem.type_classes does not have the shape idem created it with");
         }
         let index = pg_sys::index_open((*(*indexes).elements).oid_value, pg_sys::AccessShareLock as _);
@@ -141,8 +142,19 @@ pub const MAX_CLASSES: usize = 3;
 /// the registry `relid` under its key lock. A class the type is not in is
 /// decided under the type lock, on the registrations read again (another
 /// claim of the type may have just added one), so that claims of one type
-/// add classes one at a time and MAX_CLASSES holds.
-pub fn place(relid: pg_sys::Oid, registered: &mut Registered, biz_type: &[u8], natural: i16, expires_at: i64) -> i16 {
+/// add classes one at a time and MAX_CLASSES holds. `shard_key`: under
+/// Citus, the claim's key, with `relid` this node's shard of the registry
+/// (co-located with the claim's shard of idem.claims, where the claim
+/// runs; the type lock is this node's, which every claim on that shard
+/// takes).
+pub fn place(
+    relid: pg_sys::Oid,
+    shard_key: Option<&[u8]>,
+    registered: &mut Registered,
+    biz_type: &[u8],
+    natural: i16,
+    expires_at: i64,
+) -> i16 {
     let _decided;
     let class = if registered.classes.iter().any(|c| c.0 == natural) {
         natural
@@ -153,7 +165,7 @@ pub fn place(relid: pg_sys::Oid, registered: &mut Registered, biz_type: &[u8], n
         choose(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>(), natural, top)
     };
     if !registered.covers(class, expires_at) {
-        register(registered, biz_type, class, expires_at);
+        register(relid, shard_key, registered, biz_type, class, expires_at);
     }
     class
 }
@@ -178,19 +190,48 @@ fn choose(classes: &[i16], natural: i16, top: i16) -> i16 {
 /// transaction, through SQL run as the extension's owner (an INSERT, so
 /// that what PostgreSQL attaches to the table, a publication for one,
 /// sees it). The caller holds the key lock, so a claimer of
-/// its key reads it before looking for the row that follows it.
-pub fn register(registered: &mut Registered, biz_type: &[u8], k: i16, expires_at: i64) {
+/// its key reads it before looking for the row that follows it. Under
+/// Citus (`shard_key`) the row goes into the shard `relid` itself, with
+/// the claim's key as its distribution value, so that Citus keeps it with
+/// the claim's shard of idem.claims (moves carry both).
+fn register(
+    relid: pg_sys::Oid,
+    shard_key: Option<&[u8]>,
+    registered: &mut Registered,
+    biz_type: &[u8],
+    k: i16,
+    expires_at: i64,
+) {
     static INSERT: Statement = Statement::new(
         c"INSERT INTO idem.type_classes (biz_type, ttl_class, until) VALUES ($1, $2, $3)",
         &[pg_sys::TEXTOID, pg_sys::INT2OID, pg_sys::TIMESTAMPTZOID],
     );
     let span = ttl_class::width(k).expect("a class that exists").max(1);
     let until = expires_at.div_euclid(span).saturating_add(1).saturating_mul(span);
-    INSERT.execute_as_owner(&[
-        Some(text_datum(biz_type)),
-        Some(pg_sys::Datum::from(k)),
-        Some(pg_sys::Datum::from(until)),
-    ]);
+    let args = [Some(text_datum(biz_type)), Some(pg_sys::Datum::from(k)), Some(pg_sys::Datum::from(until))];
+    match shard_key {
+        None => {
+            INSERT.execute_as_owner(&args);
+        }
+        Some(key) => {
+            // SAFETY: a catalog lookup of a relation this transaction has open and locked (read scanned it).
+            let name = unsafe { pg_sys::get_rel_name(relid) };
+            if name.is_null() {
+                internal("this node's shard of idem.type_classes is missing");
+            }
+            // SAFETY: `name` is a NUL-terminated relation name from the catalog.
+            let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+            let sql = format!("INSERT INTO idem.\"{name}\" (biz_type, ttl_class, until, key) VALUES ($1, $2, $3, $4)");
+            let sql = std::ffi::CString::new(sql).expect("no NUL in a shard's name");
+            let mut with_key = args.to_vec();
+            with_key.push(Some(text_datum(key)));
+            crate::spi::execute_once_as_owner(
+                &sql,
+                &[pg_sys::TEXTOID, pg_sys::INT2OID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+                &with_key,
+            );
+        }
+    }
     registered.settled.push((k, until));
     add(&mut registered.classes, k, until);
 }

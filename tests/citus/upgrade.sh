@@ -155,11 +155,26 @@ SQL
   for i in $(seq 1 10); do echo "SELECT claimed FROM pay('new-$i', 'payment');"; done > "$work/new.sql"
   eq "$old: new keys claim after the update, one business row each" "10 $(( ${before%% *} + 10 ))" \
     "$(P "$db" coord -At -f "$work/new.sql" | grep -c '^t$') $(P "$db" coord -At -c 'SELECT count(*) FROM payments')"
-  eq "$old: the claims of three TTL classes kept, registered on the coordinator" "3" \
-    "$(P "$db" coord -At -c "SELECT count(DISTINCT ttl_class) FROM idem.type_classes")"
-  eq "$old: idem.claims and its default partition are no distributed objects of Citus's on any node (as after a fresh install: extension members)" "0|0|0" \
+  eq "$old: the registry distributed by key next to idem.claims, each of its 32 shards anchored" "h t 32" \
+    "$(P "$db" coord -At -c "SELECT format('%s %s %s', partmethod,
+                                    colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idem.claims'::regclass),
+                                    (SELECT count(DISTINCT biz_type) FROM idem.type_classes WHERE ttl_class = -1))
+                        FROM pg_dist_partition p WHERE logicalrelid = 'idem.type_classes'::regclass")"
+  # Every (shard, type, class) of the claims registered on that shard, up
+  # to its latest expiry at least (the claims were written before the
+  # update: no claim registered them).
+  eq "$old: the claims of three TTL classes kept, each registered on its own shard" "3 0" \
+    "$(P "$db" coord -At -c "WITH c AS MATERIALIZED (
+                               SELECT get_shard_id_for_distribution_column('idem.claims', min(key)) AS s, biz_type, ttl_class, max(expires_at) AS e
+                                 FROM idem.claims GROUP BY width_bucket(worker_hash(key), (SELECT array_agg(shardminvalue::int ORDER BY shardminvalue::int) FROM pg_dist_shard WHERE logicalrelid = 'idem.claims'::regclass)), biz_type, ttl_class),
+                                  r AS MATERIALIZED (
+                               SELECT get_shard_id_for_distribution_column('idem.claims', key) AS s, biz_type, ttl_class, until FROM idem.type_classes WHERE ttl_class >= 0)
+                             SELECT count(DISTINCT c.ttl_class) || ' ' || count(*) FILTER (WHERE NOT EXISTS (
+                                      SELECT 1 FROM r WHERE r.s = c.s AND r.biz_type = c.biz_type AND r.ttl_class = c.ttl_class AND r.until >= c.e))
+                               FROM c")"
+  eq "$old: idem.claims, its default partition and the registry are no distributed objects of Citus's on any node (as after a fresh install: extension members)" "0|0|0" \
     "$(P "$db" coord -At -c "SELECT string_agg(result, '|' ORDER BY nodeid) FROM run_command_on_all_nodes(
-          \$\$SELECT count(*) FROM pg_dist_object WHERE classid = 'pg_class'::regclass AND objid IN ('idem.claims'::regclass, 'idem.claims_default'::regclass)\$\$)")"
+          \$\$SELECT count(*) FROM pg_dist_object WHERE classid = 'pg_class'::regclass AND objid IN ('idem.claims'::regclass, 'idem.claims_default'::regclass, 'idem.type_classes'::regclass)\$\$)")"
   for n in coord w1 w2; do
     schema "$db" "$n" > "$work/up-$n.txt"
     if diff -u "$work/fresh-$n.txt" "$work/up-$n.txt" > "$work/diff-$n.txt"; then

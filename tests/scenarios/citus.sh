@@ -133,19 +133,41 @@ check "step 6: idem_schedule_maintenance() made the pg_cron job (unscheduled now
 check "step 6: maintenance made the partitions of the 30-day TTL class, reaching past 30 days" \
   test "$(C -Atc "SELECT count(*) >= 6 AND max(range_to) > now() + interval '30 days' FROM idem_partitions WHERE ttl_class = idem.ttl_class('30 days')")" = t
 
-say "relations one claim locks on a worker, and idem_health's claim_locks on the coordinator"
-# A worker-direct claim (of the first key whose shard is on worker 1, the
-# others are refused with 0A000), rolled back; idem's relations only (Citus
-# locks its catalogs too; a worker's pg_class hides the shards from other
-# sessions' queries, so they are told by name).
-locks=$(bash "$CLUSTER" psql w1 -At <<'SQL' | tail -1
-DO $$
+say "relations one claim locks on a worker, whatever TTLs the database's types use (the registry on the shard)"
+# Claims directly on worker 1 (keys whose shard is elsewhere are refused with
+# 0A000 and skipped). first_claims commits 3 claims of a type; claim_locks
+# counts idem's relations one claim of a new key holds in pg_locks, rolled
+# back (Citus locks its catalogs too; a worker's pg_class hides the shards
+# from other sessions' queries, so they are told by name). Each count right
+# after a maintenance run: partitions that ended since the last one add two
+# each (docs/design.md §1).
+W1() { bash "$CLUSTER" psql w1 "$@"; }
+first_claims() { # type ttl
+  W1 -q <<SQL
+DO \$\$
+DECLARE n int := 0;
+BEGIN
+    FOR i IN 1..300 LOOP
+        BEGIN
+            PERFORM idem_claim('first-$1-' || i, '$1', ttl => interval '$2');
+            n := n + 1;
+            EXIT WHEN n = 3;
+        EXCEPTION WHEN SQLSTATE '0A000' THEN NULL;
+        END;
+    END LOOP;
+END
+\$\$;
+SQL
+}
+claim_locks() { # type ttl
+  W1 -At <<SQL | tail -1
+DO \$\$
 DECLARE
     n bigint;
 BEGIN
-    FOR i IN 1..200 LOOP
+    FOR i IN 1..300 LOOP
         BEGIN
-            PERFORM idem_claim('locks-' || i, 'payment', ttl => interval '1 hour');
+            PERFORM idem_claim('locks-$1-' || i, '$1', ttl => interval '$2');
             SELECT count(DISTINCT l.relation) INTO n FROM pg_locks l
              WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation::regclass::text LIKE 'idem.%';
             RAISE SQLSTATE 'XX999';
@@ -155,14 +177,65 @@ BEGIN
         END;
     END LOOP;
 END
-$$;
+\$\$;
 SELECT current_setting('idem_test.locks', true);
 SQL
-)
+}
+first_claims lk.1h '1 hour'
+C -qAtc "SELECT idem_maintain()" > /dev/null
+alone=$(claim_locks lk.1h '1 hour')
+for t in "lk.1d 1 day" "lk.30d 30 days" "lk.400d 400 days"; do first_claims ${t%% *} "${t#* }"; done
+C -qAtc "SELECT idem_maintain()" > /dev/null
+declare -A per_type
+for t in "lk.1h 1 hour" "lk.1d 1 day" "lk.30d 30 days" "lk.400d 400 days"; do per_type[${t%% *}]=$(claim_locks ${t%% *} "${t#* }"); done
 health=$(C -Atc "SELECT value::int FROM idem_health WHERE check_name = 'claim_locks'")
-echo "   a claim on worker 1 locks $locks of idem's relations; idem_health's claim_locks says $health"
+classes_w1=$(W1 -Atc "SELECT count(DISTINCT ttl_class) FROM idem.claims WHERE biz_type LIKE 'lk.%'")
+max=0; for t in "${!per_type[@]}"; do [ "${per_type[$t]:-999}" -gt "$max" ] && max=${per_type[$t]:-999}; done
+echo "   a claim on worker 1 locks: lk.1h alone $alone; with 1 h / 1 d / 30 d / 400 d types ($classes_w1 classes on worker 1):" \
+     "1 h ${per_type[lk.1h]}, 1 d ${per_type[lk.1d]}, 30 d ${per_type[lk.30d]}, 400 d ${per_type[lk.400d]}; idem_health's claim_locks says $health"
+check "a claim of a 1-hour type locks as many relations with 4 types of 4 classes in the database as alone ($alone)" \
+  test "${per_type[lk.1h]:-x}" = "${alone:-y}"
+check "no claim locks more than the bound of 8 + 2 x 3 x 8 = 56 relations on a worker (max $max)" test "$max" -le 56
 check "idem_health's claim_locks sees at least what a worker's claim locks (and the claim locks more than the tables)" \
-  test "${locks:-999}" -le "${health:-0}" -a "${locks:-0}" -gt 6
+  test "$max" -le "${health:-0}" -a "${per_type[lk.1h]:-0}" -gt 6
+check "each of the registry's 32 shards carries its anchor (its registrations complete)" \
+  test "$(C -Atc "SELECT count(DISTINCT biz_type) FROM idem.type_classes WHERE ttl_class = -1")" = 32
+
+say "a shard split: claims on the new shards look into every class until maintenance registers them anew"
+# Six keys of one shard claimed with two TTLs (the type's registrations
+# are written by its first claims, placed by their keys), the shard split
+# in two on its node: the registrations are divided by the keys that wrote
+# them, not by the claims they cover, and the new shards have no anchor.
+# In a database of its own (the other checks count on 32 shards).
+CITUS_DB=idem_split bash "$CLUSTER" start
+S() { CITUS_DB=idem_split bash "$CLUSTER" psql coord "$@"; }
+S -q >/dev/null <<'SQL'
+CREATE EXTENSION idem;
+CREATE TABLE s_orders (order_no text PRIMARY KEY);
+SELECT create_distributed_table('s_orders', 'order_no');
+SELECT idem_distribute('s_orders');
+SQL
+split_shard=$(S -Atc "SELECT get_shard_id_for_distribution_column('idem.claims', 'split-0')")
+split_keys=$(S -Atc "SELECT string_agg(k, ' ') FROM (SELECT 'split-' || i AS k FROM generate_series(0, 5000) i
+                      WHERE get_shard_id_for_distribution_column('idem.claims', 'split-' || i) = $split_shard LIMIT 6) s")
+n=0; for k in $split_keys; do
+  ttl='1 hour'; [ $n -ge 3 ] && ttl='30 days'; n=$((n + 1))
+  S -qAtc "SELECT claimed FROM idem_claim('$k', 'split.t', ttl => '$ttl')" > /dev/null
+done
+S -qAtc "SELECT citus_split_shard_by_split_points($split_shard,
+           ARRAY[((shardminvalue::bigint + shardmaxvalue::bigint) / 2)::text],
+           ARRAY[(SELECT nodeid FROM pg_dist_placement JOIN pg_dist_node USING (groupid) WHERE shardid = $split_shard),
+                 (SELECT nodeid FROM pg_dist_placement JOIN pg_dist_node USING (groupid) WHERE shardid = $split_shard)],
+           'block_writes')
+           FROM pg_dist_shard WHERE shardid = $split_shard" > /dev/null
+again() { for k in $split_keys; do S -Atc "SELECT claimed, state FROM idem_claim('$k', 'split.t', ttl => '1 hour')"; done | sort | uniq -c | xargs; }
+check "after the split, the six keys (on $(S -Atc "SELECT count(DISTINCT get_shard_id_for_distribution_column('idem.claims', k)) FROM unnest(string_to_array('$split_keys', ' ')) k") new shards) are each found: completed, none claimed again" \
+  test "$(again)" = "6 f|completed"
+check "the new shards' registrations are not known complete (no anchor)" test "$(S -Atc "SELECT idem.registry_incomplete()")" = t
+split_report=$(S -Atc "SELECT idem_maintain()")
+check "idem_maintain registers the claims anew ($(echo "$split_report" | grep -o '"registry_filled": [0-9]*')) and anchors all 33 shards" \
+  test "$(S -Atc "SELECT idem.registry_incomplete() || ' ' || count(DISTINCT biz_type) FROM idem.type_classes WHERE ttl_class = -1")" = "false 33"
+check "after maintenance, the six keys are still each found" test "$(again)" = "6 f|completed"
 
 say "ALTER EXTENSION idem UPDATE on the cluster, from every shipped version after idem_distribute (tests/citus/upgrade.sh)"
 bash "$ROOT/tests/citus/upgrade.sh" || fails=$((fails + $?))
