@@ -134,10 +134,10 @@ class ConformanceTest {
 
     /**
      * Lease mode beyond the table: a leased request that recorded a recovery
-     * point and then failed (503, not stored) leaves its lease; once the
-     * database shows the lease ran out (idem_leases), the retry takes it
-     * over as attempt 2 with that point and its data, runs, is stored, and
-     * is replayed; one business row.
+     * point and then failed (503, not stored) hands its lease back; once the
+     * database shows the lease ran out (idem_leases: at once after the
+     * release), the retry takes it over as attempt 2 with that point and its
+     * data, runs, is stored, and is replayed; one business row.
      */
     @TestFactory
     Stream<DynamicNode> leaseTakeoverGetsTheRecoveryPoint() {
@@ -190,10 +190,13 @@ class ConformanceTest {
     static final Map<String, Set<String>> KNOWN = Map.of(
             "table", Set.of("format", "about", "problem_base", "problems", "defaults", "canonical_json", "canonical_body",
                     "canonical_target", "cases"),
-            "case", Set.of("name", "rule", "route", "seed", "requests", "rows"),
+            "case", Set.of("name", "rule", "requires", "route", "seed", "requests", "rows"),
             "seed", Set.of("claim", "biz_type", "state", "result"),
             "request", Set.of("key", "tenant", "body", "content_type", "route", "query", "status", "fail", "hold", "after_release", "expect"),
-            "expect", Set.of("status", "replayed", "ran", "same_as", "headers", "problem"));
+            "expect", Set.of("status", "replayed", "ran", "same_as", "headers", "problem", "expires"));
+
+    /** The features a case may require (its "requires") that the Java filter has; another fails the case. */
+    static final Set<String> FEATURES = Set.of("idempotent-expires");
 
     /** A case with a field this runner does not know fails: a check it would leave out must not pass unseen. */
     static void knownFields(String what, JsonNode node) {
@@ -230,6 +233,9 @@ class ConformanceTest {
 
     static void runCase(int port, JsonNode c) throws Exception {
         knownFields("case", c);
+        for (JsonNode f : c.path("requires")) {
+            assertTrue(FEATURES.contains(f.asText()), "the case requires \"" + f.asText() + "\", which the Java filter does not have");
+        }
         if (c.has("seed")) knownFields("seed", c.get("seed"));
         for (JsonNode rq : c.get("requests")) {
             knownFields("request", rq);
@@ -309,6 +315,18 @@ class ConformanceTest {
             assertEquals(first.body(), r.body(), seen);
             for (String h : List.of("Content-Type", "Location")) {
                 assertEquals(first.headers().firstValue(h), r.headers().firstValue(h), h + ": " + seen);
+            }
+        }
+        if (e.has("expires")) {
+            // Idempotent-Expires: absent, or an IMF-fixdate in the future.
+            java.util.Optional<String> v = r.headers().firstValue("Idempotent-Expires");
+            if (!e.get("expires").asBoolean()) {
+                assertTrue(v.isEmpty(), "Idempotent-Expires should be absent: " + seen);
+            } else {
+                assertTrue(v.isPresent(), "no Idempotent-Expires: " + seen);
+                java.time.ZonedDateTime when = java.time.ZonedDateTime.parse(v.get(), java.time.format.DateTimeFormatter
+                        .ofPattern("EEE, dd MMM yyyy HH:mm:ss 'GMT'", java.util.Locale.US).withZone(java.time.ZoneOffset.UTC));
+                assertTrue(when.toInstant().isAfter(java.time.Instant.now()), "Idempotent-Expires not in the future: " + seen);
             }
         }
         if (e.has("headers")) {

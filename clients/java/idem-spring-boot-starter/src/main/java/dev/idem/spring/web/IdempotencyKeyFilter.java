@@ -60,6 +60,10 @@ import org.springframework.web.util.ServletRequestPathUtils;
 public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.springframework.core.Ordered {
     /** Marks a replayed response (a common convention, not part of the IETF draft). */
     public static final String REPLAYED_HEADER = "Idempotent-Replayed";
+    /** On a replay: until when the key's stored response is kept (an HTTP-date); a retry after it runs the operation again. */
+    public static final String EXPIRES_HEADER = "Idempotent-Expires";
+    private static final java.time.format.DateTimeFormatter HTTP_DATE =
+            java.time.format.DateTimeFormatter.ofPattern("EEE, dd MMM yyyy HH:mm:ss 'GMT'", java.util.Locale.US).withZone(java.time.ZoneOffset.UTC);
 
     /** The problem types (docs/http.md, "Problem types"): slug, status, title. Never stored. */
     public static final Map<String, Object[]> PROBLEMS = new LinkedHashMap<>();
@@ -80,9 +84,10 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
 
     /** The lock_timeout around the claim only, in one round trip; the select list restores the caller's setting. */
     private static final String CLAIM_BOUNDED = "WITH s AS MATERIALIZED (SELECT ?::text AS k, current_setting('lock_timeout') AS prev,"
-            + " set_config('lock_timeout', ?, true) AS bound) SELECT c.claimed, c.state, c.result::text, set_config('lock_timeout', s.prev, true)"
+            + " set_config('lock_timeout', ?, true) AS bound) SELECT c.claimed, c.state, c.result::text, c.expires_at,"
+            + " set_config('lock_timeout', s.prev, true)"
             + " FROM s, LATERAL %sidem_claim(s.k, ?, ttl => ?::interval, fingerprint => ?, wait => ?, lease => ?::interval) c";
-    private static final String CLAIM = "SELECT claimed, state, result::text FROM %sidem_claim(?, ?, ttl => ?::interval, fingerprint => ?,"
+    private static final String CLAIM = "SELECT claimed, state, result::text, expires_at FROM %sidem_claim(?, ?, ttl => ?::interval, fingerprint => ?,"
             + " wait => ?, lease => ?::interval)";
 
     /** lease: a PostgreSQL interval, or null (no lease mode); retryAfter: seconds, on this route's 409 and 503. */
@@ -248,7 +253,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             }
             if (!"t".equals(claim[0])) {
                 rollback(tx);
-                replay(response, rt, claim[1], claim[2]);
+                replay(response, rt, claim[1], claim[2], claim[3]);
                 return;
             }
             IdemLease lease = null;
@@ -256,7 +261,8 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 // Lease mode: the claim commits now, so that it outlives this
                 // process and a takeover finds the recovery points; the
                 // handler's writes and the stored response are a second
-                // transaction. Failing from here on leaves the lease to run out.
+                // transaction. An answer not stored from here on hands the lease
+                // back (abandon); a lost process leaves it to run out.
                 lease = lease(scoped, rt.bizType, claim[2]);
                 try {
                     transactions.commit(tx);
@@ -288,7 +294,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
      * Runs the handler in tx with its answer held back; if the answer is to
      * be stored, stores it for the claim of scoped (null: no claim, an
      * optional key's absence) and commits, then sends it; if not, rolls back
-     * (claim included, or the lease left to run out) and sends it.
+     * (claim included; a lease is handed back) and sends it.
      */
     private void runAndStore(Route rt, HttpServletRequest req, HttpServletResponse response, FilterChain chain, TransactionStatus tx,
                              String scoped, IdemLease lease) throws ServletException, IOException {
@@ -296,7 +302,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         try {
             chain.doFilter(req, rec);
         } catch (ServletException | IOException | RuntimeException e) {
-            rollback(tx);
+            abandon(tx, lease);
             SQLException sql = sqlCause(e);
             if (sql != null && transientFailure(sql)) {
                 rec.reset();
@@ -309,7 +315,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         if (tx.isRollbackOnly() || !rt.store.test(status)) {
             // Not stored (or the handler's own @Transactional code marked the
             // transaction rollback-only): rolled back, claim included; the retry runs.
-            rollback(tx);
+            abandon(tx, lease);
             rec.copyBodyToResponse();
             return;
         }
@@ -318,7 +324,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             try {
                 finish(status < 400 ? "idem_complete" : "idem_fail", scoped, rt.bizType, doc, lease == null ? null : lease.token());
             } catch (SQLException e) {
-                rollback(tx);
+                abandon(tx, lease);
                 rec.reset();
                 notStored(req, response, rt, e);
                 return;
@@ -358,7 +364,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         }
     }
 
-    /** idem_claim on the transaction's connection: {claimed ("t"/"f"), state, result}. */
+    /** idem_claim on the transaction's connection: {claimed ("t"/"f"), state, result, expires_at as an HTTP-date}. */
     private String[] claim(Route rt, String scoped, String fingerprint) throws SQLException {
         Connection con = connection();
         boolean bounded = rt.waitForFirst && rt.lockTimeout != null && rt.lockTimeout.toMillis() > 0;
@@ -373,21 +379,27 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             st.setString(i, rt.lease);
             try (ResultSet rs = st.executeQuery()) {
                 rs.next();
-                return new String[] {rs.getBoolean(1) ? "t" : "f", rs.getString(2), rs.getString(3)};
+                java.sql.Timestamp expires = rs.getTimestamp(4);
+                return new String[] {rs.getBoolean(1) ? "t" : "f", rs.getString(2), rs.getString(3),
+                        expires == null ? null : HTTP_DATE.format(expires.toInstant())};
             }
         } finally {
             DataSourceUtils.releaseConnection(con, dataSource);
         }
     }
 
-    /** idem_complete or idem_fail (doc: jsonb), or idem_checkpoint (point, data), on the transaction's connection. */
+    /** idem_complete or idem_fail (doc: jsonb), idem_checkpoint (point, data) or idem_release (no argument), on the transaction's connection. */
     private void finish(String function, String scoped, String bizType, String doc, String token) throws SQLException {
         finish(function, scoped, bizType, new String[] {doc}, token);
     }
 
     private void finish(String function, String scoped, String bizType, String[] args, String token) throws SQLException {
         Connection con = connection();
-        String sql = "SELECT " + schemaPrefix + function + "(?, ?, " + (args.length == 1 ? "?::jsonb" : "?, ?::jsonb") + ", ?)";
+        String sql = "SELECT " + schemaPrefix + function + "(?, ?, " + switch (args.length) {
+            case 0 -> "";
+            case 1 -> "?::jsonb, ";
+            default -> "?, ?::jsonb, ";
+        } + "?)";
         try (PreparedStatement st = con.prepareStatement(sql)) {
             int i = 1;
             st.setString(i++, scoped);
@@ -433,6 +445,29 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         return DataSourceUtils.getConnection(dataSource);
     }
 
+    /**
+     * An answer that is not stored: tx rolled back, and a lease handed back
+     * (idem_release, in a transaction of its own) before the answer goes
+     * out, so that the client's retry takes it over at once instead of
+     * getting 409 until the lease runs out. Best effort: if the release
+     * fails, the lease runs out.
+     */
+    private void abandon(TransactionStatus tx, IdemLease lease) {
+        rollback(tx);
+        if (lease == null) return;
+        try {
+            TransactionStatus own = transactions.getTransaction(TransactionDefinition.withDefaults());
+            try {
+                finish("idem_release", lease.key(), lease.bizType(), new String[0], lease.token());
+                transactions.commit(own);
+            } finally {
+                rollback(own);
+            }
+        } catch (SQLException | RuntimeException e) {
+            LOG.warn("idem: handing back the lease of (" + lease.bizType() + ", " + lease.key() + "): " + e);
+        }
+    }
+
     private void rollback(TransactionStatus tx) {
         if (tx.isCompleted()) return;
         try {
@@ -455,7 +490,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         return out;
     }
 
-    private void replay(HttpServletResponse response, Route rt, String state, String result) throws IOException {
+    private void replay(HttpServletResponse response, Route rt, String state, String result, String expires) throws IOException {
         if ("in_progress".equals(state)) {
             inProgress(response, rt);
             return;
@@ -466,7 +501,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             // by other code"): completed, 204 (done; other code's result is not
             // the client's to see); failed, 422.
             if ("completed".equals(state)) {
-                response.setHeader(REPLAYED_HEADER, "true");
+                markReplay(response, expires);
                 response.setStatus(HttpServletResponse.SC_NO_CONTENT);
                 return;
             }
@@ -482,9 +517,14 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 response.addHeader(h[0], h[1]);
             }
         }
-        response.setHeader(REPLAYED_HEADER, "true");
+        markReplay(response, expires);
         response.setContentLength(stored.body().length);
         response.getOutputStream().write(stored.body());
+    }
+
+    private static void markReplay(HttpServletResponse response, String expires) {
+        response.setHeader(REPLAYED_HEADER, "true");
+        if (expires != null) response.setHeader(EXPIRES_HEADER, expires);
     }
 
     /** retryAfter: seconds, 0 for none. */

@@ -50,9 +50,10 @@ public @interface IdempotentRequest {
      * handler runs, so that it outlives a crash of the process; the handler's
      * writes and the stored response (stored with the lease token) are a
      * second transaction, which the handler joins as usual. A duplicate
-     * meanwhile gets 409 at once; a handler whose answer is not stored leaves
-     * the lease to run out, and the next retry takes it over
-     * ({@link IdemLease#of}: its attempt and the last recovery point).
+     * meanwhile gets 409 at once; a handler whose answer is not stored (5xx,
+     * 401/403/429, an exception) hands the lease back (idem_release), and the
+     * client's retry takes it over at once ({@link IdemLease#of}: its attempt
+     * and the last recovery point); after a lost process, once it ran out.
      */
     String lease() default "";
 
