@@ -1,6 +1,7 @@
 package dev.idem.conformance;
 
 import dev.idem.spring.web.DefaultStore;
+import dev.idem.spring.web.IdemLease;
 import dev.idem.spring.web.IdemTenant;
 import dev.idem.spring.web.IdempotentRequest;
 import dev.idem.spring.web.Json;
@@ -20,7 +21,7 @@ import org.springframework.web.bind.annotation.RequestBody;
 import org.springframework.web.bind.annotation.RestController;
 
 /**
- * The server a conformance runner needs (tests/middleware/README.md): five
+ * The server a conformance runner needs (tests/middleware/README.md): six
  * routes with the filter's rules, the handler on the filter's transaction;
  * and bench/middleware_java.sh's routes (/bench/a, c, d).
  */
@@ -81,6 +82,31 @@ public class ConformanceServer {
     @IdempotentRequest(bizType = "conformance.only2xx", store = Only2xx.class)
     public ResponseEntity<String> only2xx(@RequestBody(required = false) byte[] body, HttpServletRequest request) {
         return handle(body, request);
+    }
+
+    /** Lease mode, a 60 s lease (Retry-After stays 1): the handler runs in the filter's second transaction. */
+    @PostMapping("/conformance/orders-lease")
+    @IdempotentRequest(bizType = "conformance.lease", lease = "60 seconds")
+    public ResponseEntity<String> lease(@RequestBody(required = false) byte[] body, HttpServletRequest request) {
+        return handle(body, request);
+    }
+
+    /**
+     * Lease mode beyond the table (ConformanceTest.leaseTakeover): a 1 s
+     * lease; X-Checkpoint: P records P with {"n":1}; the answer tells the
+     * attempt and the recovery point and data the handler was given.
+     */
+    @PostMapping("/java/lease-takeover")
+    @IdempotentRequest(bizType = "java.lease", lease = "1 second")
+    public ResponseEntity<String> leaseTakeover(@RequestBody byte[] body, HttpServletRequest request) {
+        IdemLease lease = IdemLease.of(request);
+        String given = "{\"attempt\":" + lease.attempt() + ",\"point\":" + (lease.recoveryPoint() == null ? "null"
+                : "\"" + lease.recoveryPoint() + "\"") + ",\"data\":" + lease.recoveryData() + "}";
+        String point = request.getHeader("X-Checkpoint");
+        if (point != null) lease.checkpoint(point, "{\"n\":1}");
+        ResponseEntity<String> answer = handle(body, request);
+        return ResponseEntity.status(answer.getStatusCode()).headers(answer.getHeaders())
+                .body(answer.getBody().replaceFirst("\\}$", ",\"given\":" + given + "}"));
     }
 
     // ---- bench/middleware_java.sh: one handler, three ways -------------------------

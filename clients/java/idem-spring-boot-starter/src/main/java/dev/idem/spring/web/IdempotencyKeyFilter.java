@@ -60,6 +60,10 @@ import org.springframework.web.util.ServletRequestPathUtils;
 public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.springframework.core.Ordered {
     /** Marks a replayed response (a common convention, not part of the IETF draft). */
     public static final String REPLAYED_HEADER = "Idempotent-Replayed";
+    /** On a replay: until when the key's stored response is kept (an HTTP-date); a retry after it runs the operation again. */
+    public static final String EXPIRES_HEADER = "Idempotent-Expires";
+    private static final java.time.format.DateTimeFormatter HTTP_DATE =
+            java.time.format.DateTimeFormatter.ofPattern("EEE, dd MMM yyyy HH:mm:ss 'GMT'", java.util.Locale.US).withZone(java.time.ZoneOffset.UTC);
 
     /** The problem types (docs/http.md, "Problem types"): slug, status, title. Never stored. */
     public static final Map<String, Object[]> PROBLEMS = new LinkedHashMap<>();
@@ -80,12 +84,15 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
 
     /** The lock_timeout around the claim only, in one round trip; the select list restores the caller's setting. */
     private static final String CLAIM_BOUNDED = "WITH s AS MATERIALIZED (SELECT ?::text AS k, current_setting('lock_timeout') AS prev,"
-            + " set_config('lock_timeout', ?, true) AS bound) SELECT c.claimed, c.state, c.result::text, set_config('lock_timeout', s.prev, true)"
-            + " FROM s, LATERAL %sidem_claim(s.k, ?, ttl => ?::interval, fingerprint => ?, wait => ?) c";
-    private static final String CLAIM = "SELECT claimed, state, result::text FROM %sidem_claim(?, ?, ttl => ?::interval, fingerprint => ?, wait => ?)";
+            + " set_config('lock_timeout', ?, true) AS bound) SELECT c.claimed, c.state, c.result::text, c.expires_at,"
+            + " set_config('lock_timeout', s.prev, true)"
+            + " FROM s, LATERAL %sidem_claim(s.k, ?, ttl => ?::interval, fingerprint => ?, wait => ?, lease => ?::interval) c";
+    private static final String CLAIM = "SELECT claimed, state, result::text, expires_at FROM %sidem_claim(?, ?, ttl => ?::interval, fingerprint => ?,"
+            + " wait => ?, lease => ?::interval)";
 
+    /** lease: a PostgreSQL interval, or null (no lease mode); retryAfter: seconds, on this route's 409 and 503. */
     private record Route(String bizType, boolean keyOptional, boolean waitForFirst, Duration lockTimeout, String ttl, boolean anonymous,
-                         List<String> excludeFields, IntPredicate store) { }
+                         List<String> excludeFields, IntPredicate store, String lease, int retryAfter) { }
 
     private final IdemProperties.Http cfg;
     private final String schemaPrefix;
@@ -146,7 +153,8 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             exclude.addAll(List.of(a.excludeFields()));
             routes.put(e.getValue().getMethod(), new Route(a.bizType(), a.keyOptional(), a.waitForFirst(),
                     a.lockTimeout().isEmpty() ? cfg.getLockTimeout() : duration(a.lockTimeout(), where),
-                    a.ttl().isEmpty() ? null : a.ttl(), a.anonymous() || cfg.isAnonymous(), exclude, store));
+                    a.ttl().isEmpty() ? null : a.ttl(), a.anonymous() || cfg.isAnonymous(), exclude, store,
+                    a.lease().isEmpty() ? null : a.lease(), a.retryAfter() > 0 ? a.retryAfter() : cfg.getRetryAfter()));
             Set<org.springframework.web.bind.annotation.RequestMethod> ms = e.getKey().getMethodsCondition().getMethods();
             if (ms.isEmpty()) {
                 methods = null;
@@ -189,13 +197,13 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 return;
             }
             problem(response, "idempotency-key-missing", "Send " + cfg.getHeader() + ": \"<key>\", " + cfg.getMinKeyLength() + " to "
-                    + cfg.getMaxKeyLength() + " visible ASCII characters, made once per intent.", false);
+                    + cfg.getMaxKeyLength() + " visible ASCII characters, made once per intent.", 0);
             return;
         }
         // Field lines are combined with commas, as HTTP does: two lines are two values.
         KeyField.Parsed parsed = KeyField.parse(String.join(", ", fields), cfg.getMinKeyLength(), cfg.getMaxKeyLength(), cfg.isBareKeys());
         if (parsed.key() == null) {
-            problem(response, "idempotency-key-invalid", cfg.getHeader() + ": " + parsed.why() + ".", false);
+            problem(response, "idempotency-key-invalid", cfg.getHeader() + ": " + parsed.why() + ".", 0);
             return;
         }
         String scope = KeyField.SHARED_SCOPE;
@@ -206,13 +214,13 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             } else if (!rt.anonymous) {
                 LOG.error("idem: the tenant hook returned no tenant for " + request.getMethod() + " " + request.getRequestURI() + " (route "
                         + rt.bizType + "); answered 500. Authenticate before this filter, or allow anonymous callers (anonymous).");
-                problem(response, "tenant-missing", "The server found no tenant for this request; nothing was done.", false);
+                problem(response, "tenant-missing", "The server found no tenant for this request; nothing was done.", 0);
                 return;
             }
         }
         String scoped = KeyField.scopedKey(scope, parsed.key());
         if (scoped.getBytes(StandardCharsets.UTF_8).length > 1024) { // idem refuses longer keys with 22023
-            problem(response, "idempotency-key-invalid", cfg.getHeader() + ": the key with its tenant is over 1024 bytes.", false);
+            problem(response, "idempotency-key-invalid", cfg.getHeader() + ": the key with its tenant is over 1024 bytes.", 0);
             return;
         }
         byte[] body = request.getInputStream().readAllBytes();
@@ -234,10 +242,10 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 String state = e.getSQLState();
                 rollback(tx);
                 if ("55P03".equals(state) || "57014".equals(state)) {
-                    inProgress(response); // the bounded wait for the first request ran out: still in progress
+                    inProgress(response, rt); // the bounded wait for the first request ran out: still in progress
                 } else if ("ID001".equals(state)) {
                     problem(response, "idempotency-key-reused", "This Idempotency-Key was first used for a different request; "
-                            + "do not retry this request, a new request needs a new key.", false);
+                            + "do not retry this request, a new request needs a new key.", 0);
                 } else {
                     internal(request, response, rt, e);
                 }
@@ -245,49 +253,27 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             }
             if (!"t".equals(claim[0])) {
                 rollback(tx);
-                replay(response, claim[1], claim[2]);
+                replay(response, rt, claim[1], claim[2], claim[3]);
                 return;
             }
-
-            ContentCachingResponseWrapper rec = new ContentCachingResponseWrapper(response);
-            try {
-                chain.doFilter(req, rec);
-            } catch (ServletException | IOException | RuntimeException e) {
-                rollback(tx);
-                SQLException sql = sqlCause(e);
-                if (sql != null && transientFailure(sql)) {
-                    rec.reset();
-                    unavailable(response, sql);
+            IdemLease lease = null;
+            if (rt.lease != null) {
+                // Lease mode: the claim commits now, so that it outlives this
+                // process and a takeover finds the recovery points; the
+                // handler's writes and the stored response are a second
+                // transaction. An answer not stored from here on hands the lease
+                // back (abandon); a lost process leaves it to run out.
+                lease = lease(scoped, rt.bizType, claim[2]);
+                try {
+                    transactions.commit(tx);
+                    tx = transactions.getTransaction(TransactionDefinition.withDefaults());
+                } catch (RuntimeException e) {
+                    internal(request, response, rt, e);
                     return;
                 }
-                throw e;
+                req.setAttribute(IdemLease.ATTRIBUTE, lease);
             }
-            int status = rec.getStatus();
-            if (tx.isRollbackOnly() || !rt.store.test(status)) {
-                // Not stored (or the handler's own @Transactional code marked the
-                // transaction rollback-only): rolled back, claim included; the retry runs.
-                rollback(tx);
-                rec.copyBodyToResponse();
-                return;
-            }
-            String doc = StoredResponse.document(status, storedHeaders(rec), rec.getContentAsByteArray(), cfg.getMaxStoredBody());
-            try {
-                finish(status < 400 ? "idem_complete" : "idem_fail", scoped, rt.bizType, doc);
-            } catch (SQLException e) {
-                rollback(tx);
-                rec.reset();
-                notStored(request, response, rt, e);
-                return;
-            }
-            try {
-                transactions.commit(tx);
-            } catch (RuntimeException e) {
-                // (the outcome may be unknown: a retry replays it or runs again)
-                rec.reset();
-                notStored(request, response, rt, e);
-                return;
-            }
-            rec.copyBodyToResponse();
+            runAndStore(rt, req, response, chain, tx, scoped, lease);
         } finally {
             rollback(tx); // a no-op once committed or rolled back
         }
@@ -297,23 +283,64 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
     private void runUnclaimed(Route rt, HttpServletRequest request, HttpServletResponse response, FilterChain chain)
             throws ServletException, IOException {
         TransactionStatus tx = transactions.getTransaction(TransactionDefinition.withDefaults());
+        try {
+            runAndStore(rt, request, response, chain, tx, null, null);
+        } finally {
+            rollback(tx);
+        }
+    }
+
+    /**
+     * Runs the handler in tx with its answer held back; if the answer is to
+     * be stored, stores it for the claim of scoped (null: no claim, an
+     * optional key's absence) and commits, then sends it; if not, rolls back
+     * (claim included; a lease is handed back) and sends it.
+     */
+    private void runAndStore(Route rt, HttpServletRequest req, HttpServletResponse response, FilterChain chain, TransactionStatus tx,
+                             String scoped, IdemLease lease) throws ServletException, IOException {
         ContentCachingResponseWrapper rec = new ContentCachingResponseWrapper(response);
         try {
-            chain.doFilter(request, rec);
+            chain.doFilter(req, rec);
         } catch (ServletException | IOException | RuntimeException e) {
-            rollback(tx);
-            throw e;
-        }
-        if (!tx.isRollbackOnly() && rt.store.test(rec.getStatus())) {
-            try {
-                transactions.commit(tx);
-            } catch (RuntimeException e) {
+            abandon(tx, lease);
+            SQLException sql = sqlCause(e);
+            if (sql != null && transientFailure(sql)) {
                 rec.reset();
-                internal(request, response, rt, e);
+                unavailable(response, rt, sql);
                 return;
             }
-        } else {
-            rollback(tx);
+            throw e;
+        }
+        int status = rec.getStatus();
+        if (tx.isRollbackOnly() || !rt.store.test(status)) {
+            // Not stored (or the handler's own @Transactional code marked the
+            // transaction rollback-only): rolled back, claim included; the retry runs.
+            abandon(tx, lease);
+            rec.copyBodyToResponse();
+            return;
+        }
+        if (scoped != null) {
+            String doc = StoredResponse.document(status, storedHeaders(rec), rec.getContentAsByteArray(), cfg.getMaxStoredBody());
+            try {
+                finish(status < 400 ? "idem_complete" : "idem_fail", scoped, rt.bizType, doc, lease == null ? null : lease.token());
+            } catch (SQLException e) {
+                abandon(tx, lease);
+                rec.reset();
+                notStored(req, response, rt, e);
+                return;
+            }
+        }
+        try {
+            transactions.commit(tx);
+        } catch (RuntimeException e) {
+            // (the outcome may be unknown: a retry replays it or runs again)
+            rec.reset();
+            if (scoped != null) {
+                notStored(req, response, rt, e);
+            } else {
+                internal(req, response, rt, e);
+            }
+            return;
         }
         rec.copyBodyToResponse();
     }
@@ -337,7 +364,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         }
     }
 
-    /** idem_claim on the transaction's connection: {claimed ("t"/"f"), state, result}. */
+    /** idem_claim on the transaction's connection: {claimed ("t"/"f"), state, result, expires_at as an HTTP-date}. */
     private String[] claim(Route rt, String scoped, String fingerprint) throws SQLException {
         Connection con = connection();
         boolean bounded = rt.waitForFirst && rt.lockTimeout != null && rt.lockTimeout.toMillis() > 0;
@@ -348,25 +375,65 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             st.setString(i++, rt.bizType);
             st.setString(i++, rt.ttl);
             st.setString(i++, fingerprint);
-            st.setBoolean(i, rt.waitForFirst);
+            st.setBoolean(i++, rt.waitForFirst);
+            st.setString(i, rt.lease);
             try (ResultSet rs = st.executeQuery()) {
                 rs.next();
-                return new String[] {rs.getBoolean(1) ? "t" : "f", rs.getString(2), rs.getString(3)};
+                java.sql.Timestamp expires = rs.getTimestamp(4);
+                return new String[] {rs.getBoolean(1) ? "t" : "f", rs.getString(2), rs.getString(3),
+                        expires == null ? null : HTTP_DATE.format(expires.toInstant())};
             }
         } finally {
             DataSourceUtils.releaseConnection(con, dataSource);
         }
     }
 
-    private void finish(String function, String scoped, String bizType, String doc) throws SQLException {
+    /** idem_complete or idem_fail (doc: jsonb), idem_checkpoint (point, data) or idem_release (no argument), on the transaction's connection. */
+    private void finish(String function, String scoped, String bizType, String doc, String token) throws SQLException {
+        finish(function, scoped, bizType, new String[] {doc}, token);
+    }
+
+    private void finish(String function, String scoped, String bizType, String[] args, String token) throws SQLException {
         Connection con = connection();
-        try (PreparedStatement st = con.prepareStatement("SELECT " + schemaPrefix + function + "(?, ?, ?::jsonb)")) {
-            st.setString(1, scoped);
-            st.setString(2, bizType);
-            st.setString(3, doc);
+        String sql = "SELECT " + schemaPrefix + function + "(?, ?, " + switch (args.length) {
+            case 0 -> "";
+            case 1 -> "?::jsonb, ";
+            default -> "?, ?::jsonb, ";
+        } + "?)";
+        try (PreparedStatement st = con.prepareStatement(sql)) {
+            int i = 1;
+            st.setString(i++, scoped);
+            st.setString(i++, bizType);
+            for (String a : args) st.setString(i++, a);
+            st.setString(i, token);
             st.executeQuery().close();
         } finally {
             DataSourceUtils.releaseConnection(con, dataSource);
+        }
+    }
+
+    /** The lease document idem_claim returned to the lease holder: {attempt, recovery_point, recovery_data, lease_until, lease_token}. */
+    private IdemLease lease(String scoped, String bizType, String result) {
+        Map<?, ?> doc = (Map<?, ?>) Json.parse(result);
+        Object attempt = doc.get("attempt");
+        Object point = doc.get("recovery_point");
+        Object data = doc.get("recovery_data");
+        return new IdemLease(scoped, bizType, (String) doc.get("lease_token"),
+                attempt instanceof Json.Num n ? Math.max((int) n.value(), 1) : 1,
+                point instanceof String p ? p : null, data == null || data == Json.NULL ? null : Json.canonical(data), this::checkpoint);
+    }
+
+    /** IdemLease.checkpoint: in a transaction of its own (the request's is suspended meanwhile), committed at once. */
+    private void checkpoint(IdemLease lease, String point, String dataJson) {
+        TransactionStatus own = transactions.getTransaction(new org.springframework.transaction.support.DefaultTransactionDefinition(
+                TransactionDefinition.PROPAGATION_REQUIRES_NEW));
+        try {
+            finish("idem_checkpoint", lease.key(), lease.bizType(), new String[] {point, dataJson}, lease.token());
+            transactions.commit(own);
+        } catch (SQLException e) {
+            throw new org.springframework.dao.DataAccessResourceFailureException("idem_checkpoint: " + e.getMessage(), e);
+        } finally {
+            rollback(own);
         }
     }
 
@@ -376,6 +443,29 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                     + " of the application's DataSource: the claim would not be part of the request's transaction");
         }
         return DataSourceUtils.getConnection(dataSource);
+    }
+
+    /**
+     * An answer that is not stored: tx rolled back, and a lease handed back
+     * (idem_release, in a transaction of its own) before the answer goes
+     * out, so that the client's retry takes it over at once instead of
+     * getting 409 until the lease runs out. Best effort: if the release
+     * fails, the lease runs out.
+     */
+    private void abandon(TransactionStatus tx, IdemLease lease) {
+        rollback(tx);
+        if (lease == null) return;
+        try {
+            TransactionStatus own = transactions.getTransaction(TransactionDefinition.withDefaults());
+            try {
+                finish("idem_release", lease.key(), lease.bizType(), new String[0], lease.token());
+                transactions.commit(own);
+            } finally {
+                rollback(own);
+            }
+        } catch (SQLException | RuntimeException e) {
+            LOG.warn("idem: handing back the lease of (" + lease.bizType() + ", " + lease.key() + "): " + e);
+        }
     }
 
     private void rollback(TransactionStatus tx) {
@@ -400,9 +490,9 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         return out;
     }
 
-    private void replay(HttpServletResponse response, String state, String result) throws IOException {
+    private void replay(HttpServletResponse response, Route rt, String state, String result, String expires) throws IOException {
         if ("in_progress".equals(state)) {
-            inProgress(response);
+            inProgress(response, rt);
             return;
         }
         StoredResponse stored = StoredResponse.read(result);
@@ -411,12 +501,12 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             // by other code"): completed, 204 (done; other code's result is not
             // the client's to see); failed, 422.
             if ("completed".equals(state)) {
-                response.setHeader(REPLAYED_HEADER, "true");
+                markReplay(response, expires);
                 response.setStatus(HttpServletResponse.SC_NO_CONTENT);
                 return;
             }
             problem(response, "response-not-replayable", "The request with this Idempotency-Key failed, and no response was stored"
-                    + " for it; a new request needs a new key.", false);
+                    + " for it; a new request needs a new key.", 0);
             return;
         }
         response.setStatus(stored.status());
@@ -427,12 +517,18 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 response.addHeader(h[0], h[1]);
             }
         }
-        response.setHeader(REPLAYED_HEADER, "true");
+        markReplay(response, expires);
         response.setContentLength(stored.body().length);
         response.getOutputStream().write(stored.body());
     }
 
-    private void problem(HttpServletResponse response, String slug, String detail, boolean retryAfter) throws IOException {
+    private static void markReplay(HttpServletResponse response, String expires) {
+        response.setHeader(REPLAYED_HEADER, "true");
+        if (expires != null) response.setHeader(EXPIRES_HEADER, expires);
+    }
+
+    /** retryAfter: seconds, 0 for none. */
+    private void problem(HttpServletResponse response, String slug, String detail, int retryAfter) throws IOException {
         Object[] p = PROBLEMS.get(slug);
         StringBuilder b = new StringBuilder("{\"type\":");
         Json.string(b, cfg.getProblemBase() + slug);
@@ -443,26 +539,27 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         byte[] bytes = b.append('}').toString().getBytes(StandardCharsets.UTF_8);
         response.setStatus((Integer) p[0]);
         response.setContentType("application/problem+json");
-        if (retryAfter) response.setHeader("Retry-After", Integer.toString(cfg.getRetryAfter()));
+        if (retryAfter > 0) response.setHeader("Retry-After", Integer.toString(retryAfter));
         response.setContentLength(bytes.length);
         response.getOutputStream().write(bytes);
     }
 
-    private void inProgress(HttpServletResponse response) throws IOException {
-        problem(response, "request-in-progress", "A request with this Idempotency-Key is being processed; retry later with the same key.", true);
+    private void inProgress(HttpServletResponse response, Route rt) throws IOException {
+        problem(response, "request-in-progress", "A request with this Idempotency-Key is being processed (or holds a lease); retry later"
+                + " with the same key.", rt.retryAfter);
     }
 
-    private void unavailable(HttpServletResponse response, SQLException e) throws IOException {
+    private void unavailable(HttpServletResponse response, Route rt, SQLException e) throws IOException {
         String code = e.getSQLState() == null ? "connection lost" : e.getSQLState();
         problem(response, "transient-failure", "A transient database failure (" + code + "); nothing was done, retry with the same "
-                + cfg.getHeader() + ".", true);
+                + cfg.getHeader() + ".", rt.retryAfter);
     }
 
     /** An error that is neither the caller's nor transient: logged, a plain 500. */
     private void internal(HttpServletRequest request, HttpServletResponse response, Route rt, Exception e) throws IOException {
         SQLException sql = sqlCause(e);
         if (sql != null && transientFailure(sql)) {
-            unavailable(response, sql);
+            unavailable(response, rt, sql);
             return;
         }
         LOG.error("idem: " + request.getMethod() + " " + request.getRequestURI() + " (" + rt.bizType + "): " + e, e);
@@ -475,11 +572,11 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
     private void notStored(HttpServletRequest request, HttpServletResponse response, Route rt, Exception e) throws IOException {
         SQLException sql = sqlCause(e);
         if (sql != null && transientFailure(sql)) {
-            unavailable(response, sql);
+            unavailable(response, rt, sql);
             return;
         }
         LOG.error("idem: " + request.getMethod() + " " + request.getRequestURI() + " (" + rt.bizType + "): storing the response: " + e, e);
-        problem(response, "internal-error", "The response could not be stored; nothing was committed, or the outcome is unknown.", false);
+        problem(response, "internal-error", "The response could not be stored; nothing was committed, or the outcome is unknown.", 0);
     }
 
     static SQLException sqlCause(Throwable e) {

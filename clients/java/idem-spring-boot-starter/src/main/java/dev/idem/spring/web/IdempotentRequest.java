@@ -42,4 +42,21 @@ public @interface IdempotentRequest {
 
     /** Which statuses are stored; the others roll back (a class with a no-argument constructor). */
     Class<? extends IntPredicate> store() default DefaultStore.class;
+
+    /**
+     * Lease mode, for a handler that calls a service outside the database (a
+     * payment provider): the lease's length as a PostgreSQL interval ("60
+     * seconds"; at most the TTL); empty: none. The claim commits before the
+     * handler runs, so that it outlives a crash of the process; the handler's
+     * writes and the stored response (stored with the lease token) are a
+     * second transaction, which the handler joins as usual. A duplicate
+     * meanwhile gets 409 at once; a handler whose answer is not stored (5xx,
+     * 401/403/429, an exception) hands the lease back (idem_release), and the
+     * client's retry takes it over at once ({@link IdemLease#of}: its attempt
+     * and the last recovery point); after a lost process, once it ran out.
+     */
+    String lease() default "";
+
+    /** Seconds of Retry-After on this route's 409 and 503 (a leased route: about its lease); 0: idem.http.retry-after. */
+    int retryAfter() default 0;
 }
