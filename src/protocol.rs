@@ -504,7 +504,12 @@ fn write_outcome(
     state: u8,
     result: Option<pg_sys::Datum>,
 ) {
-    if settings.retain_from_completion && !(is_failure(state) && settings.retry_failed) {
+    // (Not under Citus, which idem_configure refuses it for: a type
+    // configured so before idem_distribute keeps expiring from its claim.)
+    if settings.retain_from_completion
+        && !(is_failure(state) && settings.retry_failed)
+        && crate::storage::Path::now() != crate::storage::Path::Citus
+    {
         let ttl = row.expires_at - row.claimed_at;
         let expires_at = now().saturating_add(ttl);
         if expires_at > row.expires_at {
