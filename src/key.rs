@@ -14,7 +14,7 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub struct ClaimKey<'a> {
     pub biz_type: &'a [u8],
     pub key: &'a [u8],
-    pub hash: i64,
+    digest: i64,
 }
 
 impl<'a> ClaimKey<'a> {
@@ -22,7 +22,21 @@ impl<'a> ClaimKey<'a> {
     pub fn new(biz_type: &'a [u8], key: &'a [u8]) -> Self {
         check_key(key);
         check_biz_type(biz_type);
-        ClaimKey { biz_type, key, hash: key_hash(biz_type, key) }
+        ClaimKey { biz_type, key, digest: digest(biz_type, key) }
+    }
+
+    /// The digest as the schema in place indexes it (`key_hash`), read
+    /// when it is used: storage uses it once it holds its lock on
+    /// idem.claims, and the lock brings in a catalog change that committed
+    /// meanwhile, such as an ALTER EXTENSION idem UPDATE from 0.3.0 that
+    /// changes the digest (a digest taken before the lock would miss the
+    /// rows the update digested anew, or write one that probes miss).
+    pub fn hash(&self) -> i64 {
+        if crate::catalog::type_classes_oid().is_none() {
+            legacy_digest(self.biz_type, self.key)
+        } else {
+            self.digest
+        }
     }
 
     /// The biz_type as text: validated ASCII.

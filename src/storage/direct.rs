@@ -234,7 +234,7 @@ impl Opened {
     /// released, then the key is probed again.
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
-            let lock = KeyLock::acquire(k.hash);
+            let lock = KeyLock::acquire(k.hash());
             let now = crate::backend::now();
             self.look_into_classes(k, now);
             let row = self.probe(k, now);
@@ -315,7 +315,7 @@ impl Opened {
             let heap = self.heap(i);
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-            let scan = begin_key_scan(heap, self.index(i), &mut dirty, k.hash);
+            let scan = begin_key_scan(heap, self.index(i), &mut dirty, k.hash());
             let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
             let mut found = None;
             while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
@@ -372,7 +372,7 @@ impl Opened {
             }
             // SAFETY: heap and index are open; the scan and slot are ended and dropped before the block ends.
             unsafe {
-                let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), k.hash);
+                let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), k.hash());
                 let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
@@ -426,8 +426,8 @@ impl Opened {
             let tuple =
                 form(heap, self.cols, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
-            self.index_insert(target, k.hash, &mut (*tuple).t_self);
-            self.remember(k.hash, target, (*tuple).t_self);
+            self.index_insert(target, k.hash(), &mut (*tuple).t_self);
+            self.remember(k.hash(), target, (*tuple).t_self);
         }
     }
 
@@ -449,10 +449,10 @@ impl Opened {
             // its completion in one statement): make it updatable.
             pg_sys::CommandCounterIncrement();
             if compat::heap_update(heap, &mut otid, tuple) {
-                self.index_insert(row.part, k.hash, &mut (*tuple).t_self);
+                self.index_insert(row.part, k.hash(), &mut (*tuple).t_self);
             }
             if row.own {
-                self.remember(k.hash, row.part, (*tuple).t_self);
+                self.remember(k.hash(), row.part, (*tuple).t_self);
             }
         }
     }
@@ -689,7 +689,7 @@ pub fn open_recent(k: &ClaimKey) -> Option<(Opened, Row)> {
     let r = RECENT.get()?;
     // SAFETY: reads the current transaction's state; no pointer is involved.
     let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
-    if r.hash != k.hash || xid.value == 0 || r.xid.value != xid.value {
+    if r.hash != k.hash() || xid.value == 0 || r.xid.value != xid.value {
         return None;
     }
     // SAFETY: inside the transaction that wrote the remembered row; what is opened is closed by Opened's

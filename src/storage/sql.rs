@@ -128,7 +128,17 @@ pub struct SqlStore {
 /// makes them wait. (The caller holds the lock already: this adds the
 /// acquisition that outlives its guard.)
 fn keep_locked(k: &ClaimKey) {
-    keylock::hold_until_end(k.hash);
+    keylock::hold_until_end(k.hash());
+}
+
+/// idem.claims locked (as the statements below would) before the key's
+/// digest is first used: taking the lock brings in a catalog change that
+/// committed while we waited, such as an update that changed the digest
+/// (key::ClaimKey::hash).
+fn lock_claims(lockmode: pg_sys::LOCKMODE) {
+    // SAFETY: open_claims returns an open relation; closed at once, its
+    // lock kept until the transaction ends.
+    unsafe { pg_sys::table_close(catalog::open_claims(lockmode), pg_sys::NoLock as _) }
 }
 
 /// A new snapshot made the active one for as long as this lives.
@@ -185,6 +195,7 @@ impl SqlStore {
     /// again, now that whoever held it has ended.
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         require_read_committed();
+        lock_claims(pg_sys::RowExclusiveLock as _);
         if let Intent::Claim { retry_failed, .. } = intent {
             if let Some(row) = self.probe(k, crate::backend::now()) {
                 let retried = retry_failed && is_failure(row.state);
@@ -197,8 +208,8 @@ impl SqlStore {
         let lock = {
             // A wait is counted (and timed) when another transaction holds
             // the key as we ask for it.
-            let _timed = (wait && metrics::on() && keylock::contended(k.hash)).then(|| metrics::wait(k));
-            KeyLock::try_acquire(k.hash, wait)
+            let _timed = (wait && metrics::on() && keylock::contended(k.hash())).then(|| metrics::wait(k));
+            KeyLock::try_acquire(k.hash(), wait)
         };
         let Some(lock) = lock else {
             return Found::Busy(None);
@@ -210,9 +221,10 @@ impl SqlStore {
     }
 
     pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
+        lock_claims(pg_sys::AccessShareLock as _);
         match self.probe(k, now) {
             Some(row) => Seen::Row(row),
-            None if keylock::held_elsewhere(k.hash) => Seen::Busy(None),
+            None if keylock::held_elsewhere(k.hash()) => Seen::Busy(None),
             None => Seen::Absent,
         }
     }
@@ -227,7 +239,7 @@ impl SqlStore {
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
         let arrival = crate::backend::caller_snapshot();
-        let key = [Some(pg_sys::Datum::from(k.hash)), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
+        let key = [Some(pg_sys::Datum::from(k.hash())), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
         let rows = match catalog::type_classes_oid() {
             Some(registry) => {
                 let registered = type_classes::read(registry, k.biz_type);
@@ -337,7 +349,7 @@ impl SqlStore {
         let (n, _) = REWRITE.execute_as_owner(&[
             Some(pg_sys::Datum::from(state as i8)),
             result,
-            Some(pg_sys::Datum::from(k.hash)),
+            Some(pg_sys::Datum::from(k.hash())),
             Some(text_datum(k.biz_type)),
             Some(text_datum(k.key)),
             ts(row.expires_at),
@@ -351,7 +363,7 @@ impl SqlStore {
     pub fn delete(&self, row: &Row, k: &ClaimKey) {
         keep_locked(k);
         let (n, _) = DELETE.execute_as_owner(&[
-            Some(pg_sys::Datum::from(k.hash)),
+            Some(pg_sys::Datum::from(k.hash())),
             Some(text_datum(k.biz_type)),
             Some(text_datum(k.key)),
             ts(row.expires_at),
