@@ -132,7 +132,11 @@ impl Opened {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
             let (_, list) = partitions::list(parent_oid);
-            let mut opened = Opened::new(shell, parent, lockmode, list, target.registry);
+            // The registry read again now that idem.claims is locked: an
+            // update that made it may have committed while we waited (off
+            // Citus; a shard's registry is the shard's, storage/citus.rs).
+            let registry = if target.shell.is_none() { catalog::type_classes_oid() } else { target.registry };
+            let mut opened = Opened::new(shell, parent, lockmode, list, registry);
             loop {
                 let (generation, list) = partitions::list(parent_oid);
                 opened.close_parts();
