@@ -10,7 +10,7 @@
 # token and refused without it, lookups, forget, maintenance, and the
 # library's settings (idem.default_ttl set in the session is obeyed; a bad
 # value refused by the library when set). The answers must be the same in
-# both databases. Run by tests/scenarios/portable.sh (step 8).
+# both databases. Run by tests/scenarios/editions.sh portable (step 8).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/assert.sh"
 source "$ROOT/tests/lib/cluster.sh"

@@ -1,7 +1,7 @@
 # Shared by the portable edition's application-level checks
 # (tests/portable/pooler.sh, privileges.sh, environments.sh): each runs on
 # its own against a running PostgreSQL with pg_tle preloaded and no idem
-# library (as tests/scenarios/portable.sh starts one), makes its own
+# library (as tests/scenarios/editions.sh portable starts one), makes its own
 # databases and roles (named with its prefix, dropped when it ends) and
 # prints "ok: ..." / "FAIL: ..." lines (tests/lib/assert.sh).
 #

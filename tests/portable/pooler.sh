@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The portable edition behind PgBouncer (Debian's, transaction pooling), as
-# tests/scenarios/pgbouncer.sh runs the native one: the edition installed
+# tests/scenarios/clients.sh pgbouncer runs the native one: the edition installed
 # through pg_tle by a role that is not a superuser, clients that are not
 # superusers either, and tests/portable/pooler.py's checks (the same keys
 # claimed at the same moment with business rows counted, duplicates

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Privileges of the portable edition, as tests/scenarios/privileges.sh
+# Privileges of the portable edition, as tests/scenarios/hardening.sh privileges
 # checks the native one, with real login roles, for both ways of installing
 # it: through pg_tle by a member of pgtle_admin (the extension's owner, not a
 # superuser) and by the plain script as the database's owner.

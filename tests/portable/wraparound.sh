@@ -25,7 +25,7 @@
 # over and completed without the token; a new claim reads in_progress to a
 # duplicate and is completed); nothing else was written. Afterwards the lease holder still completes
 # with its token. Runs on its own (bash tests/portable/wraparound.sh) and
-# from tests/scenarios/portable.sh.
+# from tests/scenarios/editions.sh portable.
 # The session under test also sets every setting the edition's first 0.4.0
 # builds read to tell their own rows (idem.xact_claimed_since_us at 0:
 # "every claim since 2000 is mine"; idem.xact_rewritten naming every stored
