@@ -12,7 +12,7 @@
 # value refused by the library when set). The answers must be the same in
 # both databases. Run by tests/scenarios/editions.sh portable (step 8).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 source "$ROOT/tests/lib/cluster.sh"
 [ -f "$("$PG_CONFIG" --pkglibdir)/idem.so" ] || { echo "FAILED: no native idem for PostgreSQL $PG_MAJOR in $("$PG_CONFIG" --pkglibdir)"; exit 1; }
 work=$(mktemp -d /tmp/idem-portable-beside.XXXXXX)

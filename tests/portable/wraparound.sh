@@ -32,7 +32,7 @@
 # version): they must change nothing, and no stored claim may differ after
 # the round from before it.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 source "$ROOT/tests/lib/cluster.sh"
 port="${PORTABLE_WRAP_PORT:-5552}"
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")

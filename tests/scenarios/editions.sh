@@ -457,7 +457,7 @@ echo "portable suites and checks failed: $fails"
 # business, not this test's.
 scenario_portable_move() {
 source "$ROOT/tests/lib/cluster.sh"
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 if [ "$PG_MAJOR" != 15 ]; then
   echo "skipped: moving between editions is tested on PostgreSQL 15 (this run is $PG_MAJOR)"
   exit 0
@@ -715,7 +715,7 @@ finish portable_move
 # PostgreSQL 15 only: the pg_tle tree is Debian 12's PostgreSQL 15.
 scenario_portable_update() {
 source "$ROOT/tests/lib/cluster.sh"
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 if [ "$PG_MAJOR" != 15 ]; then
   echo "skipped: the portable edition's update path is tested on PostgreSQL 15 (this run is $PG_MAJOR)"
   exit 0

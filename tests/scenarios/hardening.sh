@@ -519,7 +519,7 @@ echo "two-phase checks failed: $fails"
 # nothing else was written. Then the same again on the SQL storage path
 # (idem.storage_access = sql, the counter moved on one more epoch).
 scenario_wraparound() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 dir="$(cluster_dir)/wraparound"
 port=$(major_port 5515)
 pgsh="$ROOT/tests/lib/cluster.sh"

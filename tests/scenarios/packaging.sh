@@ -23,7 +23,7 @@ source "$ROOT/tests/lib/scenarios.sh"
 #     (tests/package/in_root.sh);
 #   - META.json follows PGXN Meta spec 1.0.0 and carries Cargo.toml's version.
 scenario_package() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 cd "$ROOT"
 version=$(awk -F'"' '$1 == "version = " { print $2; exit }' Cargo.toml)
 arch=$(dpkg --print-architecture)

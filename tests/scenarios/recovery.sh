@@ -24,7 +24,7 @@ source "$ROOT/tests/lib/scenarios.sh"
 #     compiled in (debug builds), and wraps in a release build, where the
 #     scenario says no panic was reachable.
 scenario_backtraces() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 source "$ROOT/tests/lib/cluster.sh"
 trap pc_stop EXIT
 # Signs of a Rust backtrace (std's format: numbered frames, "at file:line").
@@ -401,7 +401,7 @@ PY
 # there, duplicates replay, a lease taken on the old primary is honoured
 # (its token finishes it, a caller without it gets ID003), new claims work.
 scenario_hot_standby() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 
 pdir="$(cluster_dir)/standby/primary"
 rdir="$(cluster_dir)/standby/replica"
@@ -520,7 +520,7 @@ finish "hot standby"
 #     checkpointed with the lease token blue gave out, one-time tokens.
 # Every wait polls a reported state with a bound. About a minute.
 scenario_logical() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 pgsh="$ROOT/tests/lib/cluster.sh"
 base="$(cluster_dir)/logical"
 adir="$base/a"
@@ -943,7 +943,7 @@ echo "logical replication scenario: $(( $(date +%s) - t_start )) s, failures: $f
 # have left them (claimed_at, expires_at, ttl_class, the type registered in
 # its class), then idem_maintain() moves them into their class's partitions.
 scenario_retention() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 dir="$(cluster_dir)/retention"
 port=$(major_port 5516)
 pgsh="$ROOT/tests/lib/cluster.sh"
