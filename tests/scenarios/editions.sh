@@ -24,14 +24,14 @@ source "$ROOT/tests/lib/scenarios.sh"
 #      docs/portable.md), compared with the native edition of the server at
 #      $NATIVE_HOST:$NATIVE_PORT (default: the suite's cluster);
 #   5. the key locks under load and against a hostile role
-#      (tests/portable/gates.sh: 100,000 claims in one transaction while
+#      (tests/portable/steps.sh gates: 100,000 claims in one transaction while
 #      others connect and claim, eight sessions of 2,000 claims each, a
 #      LOGIN role that blocks, watches and forges, what maintenance keeps);
 #      a fault stress: sessions claiming the same keys at the same moment,
 #      some terminated mid-transaction (tests/portable/stress.py), and its
 #      negative control (no key locks: keys must be applied twice).
 #   6. after transaction-id wraparound, on a throw-away cluster of the same
-#      tree (tests/portable/wraparound.sh);
+#      tree (tests/portable/steps.sh wraparound);
 #   7. maintenance scheduled with pg_cron (preloaded beside pg_tle) by the
 #      database's owner, who is not a superuser: idem_schedule_maintenance,
 #      then a run of pg_cron's that drops the partition of an expired claim
@@ -39,14 +39,14 @@ source "$ROOT/tests/lib/scenarios.sh"
 #      pg_cron cannot be had for 16 and 18 here (tests/portable/tree.sh
 #      says why): there step 7 is skipped, and only it;
 #   8. installed beside the native edition on a server that preloads the
-#      native library (tests/portable/beside_native.sh, the suite's
+#      native library (tests/portable/steps.sh beside_native, the suite's
 #      PostgreSQL of the same major).
 #
 # Tests that do not run here, and why (the one list; the schedules are
 # tests/portable/regress_schedule and tests/portable/isolation_schedule):
 #   pg_regress claim_bulk: its 100,000-key transaction (and the same keys
 #     twice more) takes some six minutes at PL/pgSQL's speed; the same batch
-#     runs in tests/portable/gates.sh, with other roles connecting and
+#     runs in tests/portable/steps.sh gates, with other roles connecting and
 #     claiming meanwhile.
 #   pg_regress storage_drift: the direct path's refusal (0A000) of
 #     partitions changed by hand; SQL reaches any partition.
@@ -69,7 +69,7 @@ source "$ROOT/tests/lib/cluster.sh"
 # The private server's port: 5546 on 15, and a port of its own on each other
 # major (major_port in scripts/lib.sh: 5646 on 16). The server
 # listens on a socket in this major's cluster folder and on 127.0.0.1:PORT
-# (one check of step 1 connects over TCP), tests/portable/pooler.sh puts
+# (one check of step 1 connects over TCP), tests/portable/steps.sh pooler puts
 # PgBouncer on 127.0.0.1:PORT+1000, and scripts/test.sh runs the majors
 # side by side. PORTABLE_PORT picks another.
 PORT="${PORTABLE_PORT:-$(major_port 5546)}"
@@ -331,16 +331,16 @@ else
   echo "FAILED: negative control failed for another reason:"; tail -5 "$out/stress-neg.log"; fails=$((fails + 1))
 fi
 
-PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/gates.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/gates.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/steps.sh" gates "$dir" "$PORT" || { echo "FAILED: tests/portable/steps.sh gates"; fails=$((fails + 1)); }
 
 echo "== 6. after transaction-id wraparound"
-bash "$ROOT/tests/portable/wraparound.sh" || fails=$((fails + 1))
+bash "$ROOT/tests/portable/steps.sh" wraparound || fails=$((fails + 1))
 
 # (PgBouncer: the Debian root of 17 may not have it yet)
 [ -x /usr/sbin/pgbouncer ] || bash "$ROOT/scripts/setup.sh" --tool pgbouncer
-PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/pooler.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/pooler.sh"; fails=$((fails + 1)); }
-PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/privileges.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/privileges.sh"; fails=$((fails + 1)); }
-PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/environments.sh" "$dir" "$PORT" || { echo "FAILED: tests/portable/environments.sh"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/steps.sh" pooler "$dir" "$PORT" || { echo "FAILED: tests/portable/steps.sh pooler"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/steps.sh" privileges "$dir" "$PORT" || { echo "FAILED: tests/portable/steps.sh privileges"; fails=$((fails + 1)); }
+PORTABLE_DIST="$out/dist" bash "$ROOT/tests/portable/steps.sh" environments "$dir" "$PORT" || { echo "FAILED: tests/portable/steps.sh environments"; fails=$((fails + 1)); }
 
 echo "== 7. maintenance scheduled with pg_cron, by the database's owner (not a superuser)"
 if [ $CRON = 0 ]; then
@@ -421,7 +421,7 @@ SQL
 fi
 
 echo "== 8. beside the native edition, on a server that preloads it"
-bash "$ROOT/tests/portable/beside_native.sh" || { echo "FAILED: tests/portable/beside_native.sh"; fails=$((fails + 1)); }
+bash "$ROOT/tests/portable/steps.sh" beside_native || { echo "FAILED: tests/portable/steps.sh beside_native"; fails=$((fails + 1)); }
 
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
