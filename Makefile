@@ -61,7 +61,7 @@ portable:
 
 # The update scripts of the unreleased version (sql/idem--A--B.sql) from
 # their templates in sql/updates/: what they restate of sql/*.sql is
-# written there once (scripts/updates.py; tests/scenarios/upgrade.sh fails
+# written there once (scripts/updates.py; tests/scenarios/packaging.sh upgrade fails
 # when one is stale).
 updates:
 	python3 scripts/updates.py

@@ -8,6 +8,7 @@
 #   bash bench/middleware.sh [--rounds 5] [--requests 3000] [--concurrency 8]
 #                            [--warmup 300] [--profile] [--out DIR]
 #   bash bench/middleware.sh go ...   the Go middleware instead (below, bench_go)
+#   bash bench/middleware.sh java ... the Java filter instead (below, bench_java)
 #
 # Per server, the same handler (insert one row into orders, answer 201 with
 # {"id", "amount"}) behind four variants, all on one connection pool:
@@ -69,7 +70,58 @@ bench_go() {
   echo "PostgreSQL $(pc_psql -d bench -Atc 'SHOW server_version'), $(go version), $(nproc) cores"
   BENCH_DSN="host=$dir port=$PG_PORT user=postgres dbname=bench pool_max_conns=16" "$work/bench" "$@"
 }
-if [ "${1:-}" = go ]; then shift; bench_go "$@"; exit; fi
+
+# Requests per second through the Spring MVC filter (clients/java,
+# @IdempotentRequest), next to the same Spring MVC + JdbcTemplate handler
+# with hand-written idempotency (INSERT ... ON CONFLICT on a dedup table)
+# and with none: variants a, b, c and d as for Go. The server is
+# clients/java/conformance-server's jar (Spring Boot 3.5, its own JVM,
+# HikariCP); the load client bench/middleware_java/Load.java (Java's source
+# launcher) shares the machine's cores with it.
+#
+#   bash bench/middleware.sh java [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 2000]
+#
+# Its own PostgreSQL 15 cluster (port 5445, BENCH_MW_JAVA_PORT), on loopback
+# for pgJDBC, fsync on and synchronous_commit = off as for the others.
+# Maven's repository from scripts/setup.sh --tool java (built offline).
+bench_java() {
+  local rounds=5 requests=3000 concurrency=8 warmup=2000 server port=
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --rounds) rounds=$2; shift 2;; --requests) requests=$2; shift 2;;
+      --concurrency) concurrency=$2; shift 2;; --warmup) warmup=$2; shift 2;;
+      *) echo "unknown option $1"; exit 2;;
+    esac
+  done
+  PG_PORT=${BENCH_MW_JAVA_PORT:-5445}
+  mw_begin middleware-java-bench
+  MW_KILL+=("$work/conformance-server/")
+  tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$work" -xf -
+  (cd "$work" && mvn_idem -o -q package -DskipTests -pl conformance-server -am) || fail "the build failed"
+  mw_cluster "$PG_PORT" bench "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
+    "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min" "listen_addresses = '127.0.0.1'"
+  pc_psql -d bench -q <<'SQL'
+CREATE TABLE bench_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount int NOT NULL);
+CREATE TABLE bench_dedup (key text PRIMARY KEY, response jsonb);
+SQL
+  java -XX:+UseParallelGC -jar "$work/conformance-server/target/idem-conformance-server.jar" --server.port=0 \
+    --spring.datasource.url="jdbc:postgresql://127.0.0.1:$PG_PORT/bench?user=postgres" \
+    --spring.datasource.hikari.maximum-pool-size=16 > "$work/server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 1200); do
+    port=$(sed -n 's/.*Tomcat started on port[^0-9]*\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -1)
+    [ -n "$port" ] && break
+    kill -0 "$server" 2>/dev/null || { cat "$work/server.log"; exit 1; }
+    sleep 0.2
+  done
+  [ -n "$port" ] || fail "the server did not start"
+  echo "PostgreSQL $(pc_psql -d bench -Atc 'SHOW server_version'), $(java -version 2>&1 | head -1), Spring Boot $(grep -o 'Spring Boot :: *(v[0-9.]*)' "$work/server.log" | grep -o '[0-9.]*[0-9]'), $(nproc) cores"
+  java "$ROOT/bench/middleware_java/Load.java" "http://127.0.0.1:$port" "$rounds" "$requests" "$concurrency" "$warmup"
+}
+case "${1:-}" in
+  go) shift; bench_go "$@"; exit ;;
+  java) shift; bench_java "$@"; exit ;;
+esac
 
 ROUNDS=5 REQUESTS=3000 CONCURRENCY=8 WARMUP=300 PROFILE=0
 ARGS="$*"

@@ -2,7 +2,7 @@
 -- (scripts/portable.py puts each `-- @body NAME` block in place of
 -- `LANGUAGE c AS 'MODULE_PATHNAME', 'NAME'`; `-- @helpers` blocks go at the
 -- start of the module, after schema idem exists). Everything here must give
--- exactly what the native functions give: tests/scenarios/portable.sh
+-- exactly what the native functions give: tests/scenarios/editions.sh portable
 -- compares them on the same inputs.
 
 -- @helpers after: COMMENT ON SCHEMA idem

@@ -125,7 +125,7 @@ as_postgres() { (cd / && sudo -u postgres "$@"); }
 
 # IDEM_HOST (a socket directory) and IDEM_PORT point the scripts at another
 # cluster; IDEM_CLIENT_HOST / IDEM_CLIENT_PORT point the programs under test
-# (the examples) at a pooler in front of it (tests/scenarios/pgbouncer.sh).
+# (the examples) at a pooler in front of it (tests/scenarios/clients.sh pgbouncer).
 psql_idem() {
   "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "${IDEM_HOST:-$(cluster_dir)}" -p "$IDEM_PORT" -U postgres "$@"
 }

@@ -97,7 +97,7 @@ tool_pgxn() (
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 )
-# For tests/scenarios/middleware_node.sh: the npm packages a user's project
+# For tests/scenarios/clients.sh middleware_node: the npm packages a user's project
 # installs next to idem-pg (express, fastify, pg, and typescript with the
 # types for the .d.ts check; clients/node/test/package.json), fetched once
 # into npm's cache, so that the scenario's `npm install --prefer-offline`
@@ -132,7 +132,7 @@ tool_python() (
     "$IDEM_PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
   fi
 )
-# PgBouncer (Debian 12's package, 1.18) for tests/scenarios/pgbouncer.sh,
+# PgBouncer (Debian 12's package, 1.18) for tests/scenarios/clients.sh pgbouncer,
 # which runs its own PgBouncer on loopback in front of its own cluster. On a
 # machine with systemd, the package also enables its own service on
 # 127.0.0.1:6432; the scenario neither needs nor touches it.
@@ -143,7 +143,7 @@ tool_pgbouncer() (
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null
   fi
 )
-# What tests/scenarios/middleware_go.sh needs: a Go toolchain (GO_MIN or
+# What tests/scenarios/clients.sh middleware_go needs: a Go toolchain (GO_MIN or
 # newer, tests/lib/go.sh) and the modules of the Go client (clients/go:
 # pgx) and of its test servers (clients/go/test: chi, echo, gin), downloaded
 # from the Go module proxy once into /var/cache/idem/go/mod, so that the
@@ -182,7 +182,7 @@ tool_middleware_go() (
     touch "$stamp"
   fi
 )
-# What tests/scenarios/middleware_python.sh needs: the wheels of the web
+# What tests/scenarios/clients.sh middleware_python needs: the wheels of the web
 # frameworks the idem-http package integrates with (FastAPI, Starlette,
 # uvicorn, Django, SQLAlchemy), of its client (httpx), of psycopg 3 and of
 # the build backend (setuptools), downloaded from PyPI once into a local
@@ -205,7 +205,7 @@ tool_middleware_python() (
     touch "$stamp"
   fi
 )
-# For tests/scenarios/java_spring.sh: Maven, and every artifact the build
+# For tests/scenarios/clients.sh java_spring: Maven, and every artifact the build
 # of clients/java needs under Spring Boot 3.5 and 4.0 (Spring Boot,
 # Hibernate, pgJDBC, JUnit, Maven's
 # plugins and Surefire's JUnit provider, spring-kafka) fetched from Maven

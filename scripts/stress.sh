@@ -7,7 +7,7 @@
 #   bash scripts/stress.sh                 install/build what is missing, start the cluster, run
 #   bash scripts/stress.sh --no-setup      skip the install/build step (extension already installed)
 #   bash scripts/stress.sh --claims 20000  any other option goes to the driver (see --help)
-# The suite runs a small version (tests/scenarios/stress.sh). Exit status 0
+# The suite runs a small version (tests/scenarios/recovery.sh stress). Exit status 0
 # when every invariant holds. Summary: target/stress/stress-full.json.
 #
 #   bash scripts/stress.sh failover [--no-setup]

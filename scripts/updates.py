@@ -21,7 +21,7 @@ history and never change.
 
     python3 scripts/updates.py          write the generated files
     python3 scripts/updates.py --check  fail if one differs from its template's output
-                                        (tests/scenarios/upgrade.sh runs it)
+                                        (tests/scenarios/packaging.sh upgrade runs it)
 """
 import os
 import re

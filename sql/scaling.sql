@@ -1,5 +1,5 @@
 -- Citus: idem's storage distributed next to the business tables
--- (docs/scaling.md; tested by tests/scenarios/citus.sh on a real Citus 13
+-- (docs/scaling.md; tested by tests/scenarios/scaling.sh citus on a real Citus 13
 -- cluster). Once idem.claims is distributed, every idem call on a key runs
 -- only on the node that holds the key's shard (src/storage/citus.rs).
 

@@ -1,5 +1,5 @@
 // The Spring MVC filter's throughput next to a hand-written handler: run by
-// bench/middleware_java.sh with Java's source launcher (java Load.java URL
+// bench/middleware.sh java with Java's source launcher (java Load.java URL
 // ...; not a test: it measures, and checks only that every answer was the
 // expected one). The server is clients/java/conformance-server's jar
 // (its own JVM, warmed up here); this client keeps CONCURRENCY keep-alive

@@ -66,7 +66,7 @@ def estimate(p, rates):
 # register the type there), so they are written into idem.claims as claims
 # of that age would have left them: with a storage by TTL class (a ttl_class
 # column), in the TTL's class and with the type registered in it, as
-# tests/scenarios/retention.sh writes them; idem_maintain() then moves any
+# tests/scenarios/recovery.sh retention writes them; idem_maintain() then moves any
 # that landed in the default partition. One line: profile_ttl.sh feeds it
 # to a single-user backend.
 AGE_SQL = " ".join("""

@@ -5,7 +5,7 @@
 
 A step is a ```sql norun block (Citus-only: the docs test runs the docs on a
 plain PostgreSQL) whose opening fence comes right after a line
-`<!-- citus-scenario: NAME -->`. tests/scenarios/citus.sh runs the steps in
+`<!-- citus-scenario: NAME -->`. tests/scenarios/scaling.sh citus runs the steps in
 their order, in one psql session on the coordinator, so that the page and
 the test cannot differ. A marker that is not followed by such a block, or a
 page without markers, is an error (exit 1): the test must not silently run

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Citus 13.2.2 for the Citus scenario (tests/scenarios/citus.sh), built from
+# Citus 13.2.2 for the Citus scenario (tests/scenarios/scaling.sh citus), built from
 # the vendored source in ../shared/vendor/ (not in Debian's archive;
 # AGPL-3.0, see the README there) and installed into the PostgreSQL of
 # $PG_CONFIG: the private copy of Debian's 15 that tests/citus/tree.sh makes

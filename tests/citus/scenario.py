@@ -1,4 +1,4 @@
-"""The checks of tests/scenarios/citus.sh against a Citus cluster set up by
+"""The checks of tests/scenarios/scaling.sh citus against a Citus cluster set up by
 docs/scaling.md's steps (coordinator 127.0.0.1:5530, workers :5531 and
 :5532, database idem_citus). Each check prints "ok - ..." or "FAIL - ...";
 the exit status is the number of failures (capped). Synchronization is by

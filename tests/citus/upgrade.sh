@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ALTER EXTENSION idem UPDATE on a Citus cluster, from every shipped version
 # with a frozen install script that Citus ran (tests/upgrade/idem--V.sql,
-# 0.3.0 on), to the current one. Run by tests/scenarios/citus.sh on its
+# 0.3.0 on), to the current one. Run by tests/scenarios/scaling.sh citus on its
 # cluster (coordinator and two workers, started; the database $CITUS_DB
 # holds a fresh install of the current version after docs/scaling.md's
 # steps, for the schema comparison). For each version V:

@@ -1,6 +1,6 @@
 # The Go toolchain and module cache of the Go client's test (source it
 # after scripts/lib.sh): scripts/setup.sh --tool middleware_go fills the
-# cache from the Go module proxy; tests/scenarios/middleware_go.sh builds
+# cache from the Go module proxy; tests/scenarios/clients.sh middleware_go builds
 # offline from it.
 #   go_env [online]   exports GOROOT's PATH, GOMODCACHE, GOCACHE and, unless
 #                     "online", GOPROXY=off (every module must be cached)

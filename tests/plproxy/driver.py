@@ -1,4 +1,4 @@
-"""Traffic for the PL/Proxy deployment that tests/scenarios/plproxy.sh starts.
+"""Traffic for the PL/Proxy deployment that tests/scenarios/scaling.sh plproxy starts.
 
 Every call goes through the proxy database, as an application's would; the
 checks read each shard directly. Exits non-zero, after printing every failed

@@ -1,5 +1,5 @@
 // JDBC (pgjdbc) behind PgBouncer in transaction mode, for
-// tests/scenarios/pgbouncer.sh: two clients on one server session
+// tests/scenarios/clients.sh pgbouncer: two clients on one server session
 // (pool_size 1).
 //
 //   java -cp .:/usr/share/java/postgresql.jar JdbcProbe URL repeat|commit

@@ -1,5 +1,5 @@
 // node-postgres behind PgBouncer in transaction mode, for
-// tests/scenarios/pgbouncer.sh: two clients on one server session
+// tests/scenarios/clients.sh pgbouncer: two clients on one server session
 // (pool_size 1). A query given a `name` is a named prepared statement,
 // parsed once per connection and bound by name afterwards; without a name,
 // each query is an unnamed statement sent whole (Parse, Bind, Execute, Sync).

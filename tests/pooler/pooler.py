@@ -1,5 +1,5 @@
 """idem through PgBouncer, with real psycopg 3 connections (run by
-tests/scenarios/pgbouncer.sh, once per pool mode).
+tests/scenarios/clients.sh pgbouncer, once per pool mode).
 
     pooler.py MODE BOUNCER_PORT SOCKET_DIR PG_PORT
 

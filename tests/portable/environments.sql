@@ -1,5 +1,5 @@
 -- The portable edition's round trip and views, run by
--- tests/portable/environments.sh once under the server's default settings
+-- tests/portable/steps.sh environments once under the server's default settings
 -- and once in each session environment; every output must equal the
 -- default run's. What it prints cannot depend on how the session renders
 -- values: states, results (lease tokens and times reduced to their shape),

@@ -1,6 +1,6 @@
 -- What idem.key_hash, idem_claim_id, idem.ttl_class, idem.class_width and
 -- idem.class_max_ttl return on a fixed set of inputs, one line each, for
--- tests/scenarios/portable.sh to compare between the editions (run as a
+-- tests/scenarios/editions.sh portable to compare between the editions (run as a
 -- superuser: it sets idem.partition_width). The keys include multi-byte
 -- UTF-8 (2, 3 and 4 bytes a character), the empty string, 1024-byte keys,
 -- 64-character types, every length from 0 to 80 (SHA-256 pads a message

@@ -1,6 +1,6 @@
 """The portable edition's key locks (gate rows, docs/design.md §14) under
 load and against a hostile role, with real sessions (run by
-tests/portable/gates.sh, which makes the databases and roles).
+tests/portable/steps.sh gates, which makes the databases and roles).
 
     gates.py SOCKET_DIR PORT DB OTHER_DB OWNER APP INTRUDER [--batch N]
 

@@ -1,11 +1,11 @@
 # Shared by the portable edition's application-level checks
-# (tests/portable/pooler.sh, privileges.sh, environments.sh): each runs on
+# (tests/portable/steps.sh pooler, privileges, environments): each runs on
 # its own against a running PostgreSQL with pg_tle preloaded and no idem
-# library (as tests/scenarios/portable.sh starts one), makes its own
+# library (as tests/scenarios/editions.sh portable starts one), makes its own
 # databases and roles (named with its prefix, dropped when it ends) and
-# prints "ok: ..." / "FAIL: ..." lines (tests/lib/assert.sh).
+# prints "ok: ..." / "FAIL: ..." lines (tests/lib/scenarios.sh).
 #
-#   bash tests/portable/NAME.sh [HOST [PORT]]
+#   bash tests/portable/steps.sh NAME [HOST [PORT]]
 #
 # HOST is the server's socket directory (default $PORTABLE_HOST), PORT its
 # port (default $PORTABLE_PORT, else 5546). The edition is generated from
@@ -15,7 +15,7 @@
 # databases and pg_tle; idem itself is installed by roles that are not
 # superusers.
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 PORTABLE_HOST="${1:-${PORTABLE_HOST:-}}"
 PORTABLE_PORT="${2:-${PORTABLE_PORT:-5546}}"
 [ -n "$PORTABLE_HOST" ] || { echo "usage: $0 SOCKET_DIR [PORT] (or PORTABLE_HOST, PORTABLE_PORT)" >&2; exit 2; }

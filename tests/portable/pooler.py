@@ -1,5 +1,5 @@
 """The portable edition behind PgBouncer in transaction mode, with real
-psycopg 3 clients (run by tests/portable/pooler.sh).
+psycopg 3 clients (run by tests/portable/steps.sh pooler).
 
     pooler.py BOUNCER_PORT SOCKET_DIR PG_PORT DB APP_ROLE [--break WHAT]
 

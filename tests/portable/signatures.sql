@@ -1,5 +1,5 @@
 -- The public signatures of the idem extension in this database, one line
--- each, for tests/scenarios/portable.sh to compare between the editions:
+-- each, for tests/scenarios/editions.sh portable to compare between the editions:
 -- every function, view and type of the extension outside schema idem (its
 -- API) with argument names, types, defaults and result; and the functions
 -- in schema idem, which the portable edition must have too (it may have

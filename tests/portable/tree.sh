@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A private PostgreSQL with pg_tle (and pg_cron where it can be had) for the
-# portable edition's scenario (tests/scenarios/portable.sh), of the major of
+# portable edition's scenario (tests/scenarios/editions.sh portable), of the major of
 # $PG_CONFIG, at $IDEM_CACHE/pgNN-tle (default /var/cache/idem/pgNN-tle).
 # pg_tle is built from ../shared/vendor into that private tree, never into
 # the tree PG_CONFIG names: the native runs install idem there, and the

@@ -41,7 +41,7 @@ done
 # the counters. No verdict depends on time: concurrent steps wait for the
 # state they need (pg_stat_activity, the session's own output).
 scenario_metrics() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 source "$ROOT/tests/lib/cluster.sh"
 trap pc_stop EXIT
 pc_init "$(cluster_dir)/metrics" "${IDEM_METRICS_PORT:-5471}" "shared_preload_libraries = 'idem'"
@@ -295,7 +295,7 @@ finish "metrics"
 # every metric the Grafana dashboard uses present in the scrape.
 # A second workload and scrape: the counters grew by exactly its claims.
 scenario_prometheus() {
-source "$ROOT/tests/lib/assert.sh"
+source "$ROOT/tests/lib/scenarios.sh"
 source "$ROOT/tests/lib/cluster.sh"
 exporter=/usr/bin/prometheus-postgres-exporter
 [ -x "$exporter" ] || { echo "FAIL: $exporter is missing (bash scripts/setup.sh --tests installs it)"; exit 1; }

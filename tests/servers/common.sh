@@ -93,7 +93,7 @@ unpack_orig() { # DIR NAME
 # empty_cargo_home DIR: a CARGO_HOME at DIR with only the host's rustup
 # proxies (cargo, rustc, ...) on the host's toolchains (RUSTUP_HOME): no
 # installed tools such as cargo-pgrx, no crates fetched. For measuring a
-# first run (bench/first_run.sh, bench/cold_test.sh).
+# first run (bench/cold.sh demo, bench/cold.sh tests).
 empty_cargo_home() {
   local b
   mkdir -p "$1/bin"

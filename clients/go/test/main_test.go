@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 			fmt.Println("IDEM_TEST_CHECK_DSN is not set")
 			os.Exit(1)
 		}
-		fmt.Println("skipped: no database (run tests/scenarios/middleware_go.sh)")
+		fmt.Println("skipped: no database (run tests/scenarios/clients.sh middleware_go)")
 		os.Exit(0)
 	}
 	var err error

@@ -1,6 +1,6 @@
 'use strict';
 // A complete Express app with idem-pg, run as it is by
-// tests/scenarios/middleware_node.sh (clients/node/test/examples.js):
+// tests/scenarios/clients.sh middleware_node (clients/node/test/examples.js):
 //
 //   PGHOST=/var/run/postgresql PGDATABASE=shop PORT=3000 \
 //   API_TOKENS='{"secret-acme":"acme"}' node express-app.js

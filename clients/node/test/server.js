@@ -1,5 +1,5 @@
 'use strict';
-// The test servers of tests/scenarios/middleware_node.sh: one app per
+// The test servers of tests/scenarios/clients.sh middleware_node: one app per
 // framework on the installed idem-pg package, on 127.0.0.1 and a free port.
 //   node server.js express|fastify
 // prints "listening PORT", then one line per test point it reaches:

@@ -1,5 +1,5 @@
 // A user's TypeScript against idem-pg's hand-written index.d.ts: type-checked
-// (tsc --strict --noEmit) by tests/scenarios/middleware_node.sh.
+// (tsc --strict --noEmit) by tests/scenarios/clients.sh middleware_node.
 import { Pool } from 'pg';
 import express from 'express';
 import { createIdem, fingerprint, isTransient, type IdemContext, type RouteOptions } from 'idem-pg';

@@ -3,7 +3,7 @@
 // canonical request behind the fingerprint, the key header's parsing, the
 // stored document and its replay (also of a document docs/http.md's SQL
 // handler stores), the transient SQLSTATEs. Run by
-// tests/scenarios/middleware_node.sh with node --test.
+// tests/scenarios/clients.sh middleware_node with node --test.
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { canonicalJson, canonicalBody, canonicalTarget, canonicalRequest, fingerprint, replay, storedResponse, isTransient, Idem, parseKeyField, defaultStore, PROBLEMS } = require('idem-pg');

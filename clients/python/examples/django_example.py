@@ -1,5 +1,5 @@
 """A complete Django app with idem-http (settings, middleware, views and
-URLs in one module), run as it is by tests/scenarios/middleware_python.sh
+URLs in one module), run as it is by tests/scenarios/clients.sh middleware_python
 (tests/middleware/python/examples.py):
 
     IDEM_DSN="dbname=shop" API_TOKENS='{"secret-acme": "acme"}' \\

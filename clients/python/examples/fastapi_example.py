@@ -1,5 +1,5 @@
 """A complete FastAPI app with idem-http, run as it is by
-tests/scenarios/middleware_python.sh (tests/middleware/python/examples.py):
+tests/scenarios/clients.sh middleware_python (tests/middleware/python/examples.py):
 
     IDEM_DSN="dbname=shop" API_TOKENS='{"secret-acme": "acme"}' uvicorn fastapi_example:app
 

@@ -1,4 +1,4 @@
-// The test server of tests/scenarios/middleware_go.sh: the idem middleware
+// The test server of tests/scenarios/clients.sh middleware_go: the idem middleware
 // on one pgx pool, behind the router named by -router (net/http's
 // ServeMux, chi, echo or gin), with the routes of the conformance table
 // (tests/middleware/README.md, "The server a runner needs") and the

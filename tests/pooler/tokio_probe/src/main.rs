@@ -1,4 +1,4 @@
-//! A probe for tests/scenarios/pgbouncer.sh: what tokio-postgres sends, and
+//! A probe for tests/scenarios/clients.sh pgbouncer: what tokio-postgres sends, and
 //! what becomes of it when PgBouncer (transaction mode) gives consecutive
 //! round trips of one client to different clients' server session.
 //!

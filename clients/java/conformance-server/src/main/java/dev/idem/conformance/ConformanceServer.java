@@ -23,7 +23,7 @@ import org.springframework.web.bind.annotation.RestController;
 /**
  * The server a conformance runner needs (tests/middleware/README.md): six
  * routes with the filter's rules, the handler on the filter's transaction;
- * and bench/middleware_java.sh's routes (/bench/a, c, d).
+ * and bench/middleware.sh java's routes (/bench/a, c, d).
  */
 @SpringBootApplication
 @RestController
@@ -109,7 +109,7 @@ public class ConformanceServer {
                 .body(answer.getBody().replaceFirst("\\}$", ",\"given\":" + given + "}"));
     }
 
-    // ---- bench/middleware_java.sh: one handler, three ways -------------------------
+    // ---- bench/middleware.sh java: one handler, three ways -------------------------
 
     /** a and b: the filter (a new key per request; replays of those keys). */
     @PostMapping("/bench/a")

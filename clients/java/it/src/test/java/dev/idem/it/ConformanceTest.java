@@ -93,7 +93,7 @@ class ConformanceTest {
 
     static String required(String name) {
         String v = System.getProperty(name);
-        if (v == null || v.isEmpty()) throw new IllegalStateException("-D" + name + " is required (tests/scenarios/java_spring.sh)");
+        if (v == null || v.isEmpty()) throw new IllegalStateException("-D" + name + " is required (tests/scenarios/clients.sh java_spring)");
         return v;
     }
 

@@ -33,7 +33,7 @@ import org.junit.jupiter.api.TestMethodOrder;
 /**
  * The Kafka example (clients/java/kafka-example) run from its jar against a
  * real broker (Kafka 4.1 in KRaft mode, its own process, started by
- * tests/scenarios/java_spring.sh: -Didem.it.kafka=host:port) and the
+ * tests/scenarios/clients.sh java_spring: -Didem.it.kafka=host:port) and the
  * database; verdicts from the business rows. The listener is SIGKILLed
  * after its database COMMIT and before its acknowledgement (at a point the
  * application announces), several times while events keep coming: the
@@ -57,7 +57,7 @@ class KafkaLedgerTest {
     @BeforeAll
     static void start() throws Exception {
         bootstrap = System.getProperty("idem.it.kafka");
-        if (bootstrap == null || bootstrap.isEmpty()) throw new IllegalStateException("-Didem.it.kafka is required (tests/scenarios/java_spring.sh)");
+        if (bootstrap == null || bootstrap.isEmpty()) throw new IllegalStateException("-Didem.it.kafka is required (tests/scenarios/clients.sh java_spring)");
         jdbcUrl = TestDatabase.jdbcUrl();
         db = DriverManager.getConnection(jdbcUrl + "&ApplicationName=idem-kafka-it");
         Map<String, Object> config = Map.of("bootstrap.servers", bootstrap);

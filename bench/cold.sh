@@ -1,4 +1,11 @@
 #!/usr/bin/env bash
+# The README's two commands timed with nothing cached:
+#   bash bench/cold.sh demo    the demo, on a new Debian 12 root (below, cold_demo)
+#   bash bench/cold.sh tests   the test suite, from a fresh clone (below, cold_tests)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/tests/servers/common.sh"
+
 # How long the README's demo command takes on a fresh Debian 12 machine,
 # measured as close to one as this machine gets: a new Debian 12 root
 # (debootstrap minbase, plus ca-certificates, as on any server), run on
@@ -7,14 +14,12 @@
 # behind a fresh CARGO_HOME: no cargo-pgrx, no crates downloaded yet) and a
 # fresh cargo target folder. Then `bash scripts/demo.sh` twice (cold,
 # then warm), each timed (wall clock and CPU), its output in the log.
-#   bash bench/first_run.sh            writes bench/out/first_run/
+#   bash bench/cold.sh demo            writes bench/out/first_run/
 # Takes as long as a first run does (465 s on a 2-core machine,
 # 2026-12-01; 29 minutes earlier that day while other jobs kept it at a
 # load of 5 to 8) and needs network access (deb.debian.org, crates.io). Deletes
 # its root and caches at the end (KEEP=1 keeps them).
-set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/tests/servers/common.sh"
+cold_demo() {
 OUT="$ROOT/bench/out/first_run"
 work="$IDEM_CACHE/first-run.$$"
 # The demo in the root makes its cluster in the checkout's .cluster/ (owned
@@ -69,3 +74,56 @@ IDEM_TRIXIE_ROOT="$work/root" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/p
   bash "$ROOT/tests/servers/in-trixie.sh" bash scripts/cluster.sh stop >/dev/null 2>&1 || true
 { echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GB", $2/1048576}' /proc/meminfo), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "cold: $(cat "$OUT/demo-cold.time")"; echo "warm: $(cat "$OUT/demo-warm.time")"; } | tee "$OUT/summary.txt"
+}
+
+# How long the README's test command takes on this machine with nothing
+# cached: a fresh clone of this checkout beside it (so that ../shared/ is
+# reached as from the project), and empty caches for everything the
+# project's scripts cache or build:
+#   IDEM_CACHE    the PostgreSQL 18 and 15.18 trees, 16.2, the copy of 15
+#                 for the units, the Debian 12 and 13 roots, the Citus and
+#                 pg_tle trees (tests/servers/, tests/citus/, tests/portable/),
+#                 and idem's cargo target folders (cargo-target/)
+#   CARGO_HOME    the rustup proxies only: no cargo-pgrx, no crates fetched
+#   PGRX_HOME     no `cargo pgrx init` yet
+#   target/       new with the clone (the tests' outputs)
+# What it cannot make cold: Debian packages this host already has (the
+# scripts install what is missing with apt; `bench/cold.sh demo` measures
+# the demo's share of that on a new Debian 12 root).
+#   bash bench/cold.sh tests       writes bench/out/cold_test/
+# Takes as long as a cold run does; deletes the clone and the caches at the
+# end (KEEP=1 keeps them; the cache can then replace /var/cache/idem).
+cold_tests() {
+OUT="$ROOT/bench/out/cold_test"
+work="/var/cache/idem-cold.$$"
+clone="$(dirname "$ROOT")/idem-cold-test.$$"
+mkdir -p "$OUT" "$work/pgrx"
+cleanup() {
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept: $clone and $work"; return; fi
+  (cd "$clone" 2>/dev/null && bash scripts/cluster.sh stop >/dev/null 2>&1) || true
+  rm -rf --one-file-system "$clone" "$work"
+}
+trap cleanup EXIT
+git clone -q "$ROOT" "$clone"
+empty_cargo_home "$work/cargo"
+echo "clone $clone at $(git -C "$clone" rev-parse --short HEAD); caches in $work; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# (the host's own CARGO_HOME/bin, with its cargo-pgrx, off the PATH)
+cold_path="$work/cargo/bin:$(echo "$PATH" | tr ':' '\n' | grep -vxF "${CARGO_HOME:-$HOME/.cargo}/bin" | paste -sd:)"
+start=$(date +%s)
+status=0
+(cd "$clone" && env IDEM_CACHE="$work/cache" CARGO_HOME="$work/cargo" PGRX_HOME="$work/pgrx" \
+   PATH="$cold_path" bash .ci/run) > "$OUT/test.log" 2>&1 || status=$?
+end=$(date +%s)
+{ echo "commit: $(git -C "$clone" rev-parse --short HEAD)"
+  echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GB", $2/1048576}' /proc/meminfo)"
+  echo "cold test command: $((end - start)) s, exit status $status"
+  grep -E '^[0-9]+ passed, [0-9]+ failed$' "$OUT/test.log" | tail -1
+  grep -E '^failed: ' "$OUT/test.log" || true
+  grep -E '^pg1[5-8]: ' "$OUT/test.log" | sed 's/\x1b\[[0-9;]*m//g' || true; } | tee "$OUT/summary.txt"
+}
+
+case "${1:-}" in
+demo) cold_demo ;;
+tests) cold_tests ;;
+*) echo "usage: bash bench/cold.sh demo|tests" >&2; exit 2 ;;
+esac
