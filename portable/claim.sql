@@ -530,18 +530,27 @@ DECLARE
     k smallint := idem.ttl_class(expires_at - claimed_at);
     top smallint := greatest(idem.ttl_class(interval '400 days'), k);
     gate int;
-    held boolean;
+    held boolean := false;
     classes smallint[];
     span numeric;
     e numeric;
 BEGIN
     -- (The widest class is the one a claim may add without the gate.)
     IF k <> top AND NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
-        gate := idem.key_hash(biz_type, '') & 1023;
-        PERFORM 1 FROM idem.type_gates g WHERE g.slot = gate FOR UPDATE SKIP LOCKED;
-        held := FOUND;
         SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
           FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+        -- The gate only for a class that could be added (a type with room
+        -- for it): a claim that folds anyway holds no gate, so a long
+        -- transaction does not keep other types' new classes out.
+        IF NOT k = ANY (classes) AND cardinality(classes) + 1 < 3 THEN
+            gate := idem.key_hash(biz_type, '') & 1023;
+            PERFORM 1 FROM idem.type_gates g WHERE g.slot = gate FOR UPDATE SKIP LOCKED;
+            held := FOUND;
+            IF held THEN
+                SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
+                  FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+            END IF;
+        END IF;
         IF NOT k = ANY (classes) THEN
             IF NOT held OR cardinality(classes) + 1 >= 3 THEN
                 k := coalesce((SELECT min(c) FROM unnest(classes) c WHERE c >= k), top);
@@ -809,12 +818,14 @@ BEGIN
     END IF;
     -- (src/protocol.rs, write_outcome: under retain_from = completion the
     -- row is written anew with its expiry its TTL from now, and the old
-    -- version deleted; a failure the type retries keeps its expiry.)
+    -- version deleted; a failure the type retries keeps its expiry. The
+    -- TTL in microseconds, as the native edition counts it: an interval of
+    -- days would follow the session's TimeZone across a DST change.)
     IF what IN ('idem_complete', 'idem_fail') AND idem.retains_from_completion(biz_type)
        AND NOT (new_state IN ('f', 'r') AND idem.retries_failures(biz_type))
-       AND clock_timestamp() + (p.expires_at - p.claimed_at) > p.expires_at THEN
+       AND clock_timestamp() + idem.us_interval(idem.interval_us(p.expires_at - p.claimed_at)) > p.expires_at THEN
         EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
-        PERFORM idem.insert_claim(h, biz_type, key, p.claimed_at, clock_timestamp() + (p.expires_at - p.claimed_at),
+        PERFORM idem.insert_claim(h, biz_type, key, p.claimed_at, clock_timestamp() + idem.us_interval(idem.interval_us(p.expires_at - p.claimed_at)),
                                   new_state, p.fingerprint, new_result);
         RETURN;
     END IF;

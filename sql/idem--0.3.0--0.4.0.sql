@@ -7,9 +7,12 @@
 -- schema equals a fresh 0.4.0 install's.
 \echo Use "ALTER EXTENSION idem UPDATE TO '0.4.0'" to load this file. \quit
 
--- Business types' settings and idem.claims' partitions are read by claims
--- after they lock idem.claims: lock it first, as 0.3.0's update did.
-LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+-- Claims read a business type's settings (idem.biz_types) before they lock
+-- idem.claims, and the partitions after: lock both first, in that order
+-- (with idem.claims alone first, a claim holding biz_types and waiting for
+-- idem.claims, and this update holding idem.claims and waiting to alter
+-- biz_types, would deadlock).
+LOCK TABLE idem.biz_types, idem.claims IN ACCESS EXCLUSIVE MODE;
 
 -- Under Citus, once idem_distribute ran, Citus runs this update on the
 -- coordinator, then on every worker (sql/scaling.sql's idem.citus_node says
@@ -528,6 +531,7 @@ REVOKE EXECUTE ON FUNCTION idem.registry_incomplete() FROM PUBLIC;
 CREATE OR REPLACE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_digest';
+COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by: the first 8 bytes of the SHA-256 of the biz_type''s length, the biz_type and the key (SipHash-1-3 up to 0.3.0; the update to 0.4.0 rebuilds the indexes). The same on every platform and major, and in both editions.';
 
 -- Under Citus the coordinator's update makes the new idem.claims,
 -- distributes it next to the old one (Citus makes a shell of a table on the

@@ -28,7 +28,7 @@ COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claim
 CREATE FUNCTION idem.key_hash(biz_type text, key text) RETURNS bigint
     IMMUTABLE STRICT PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'idem_key_digest';
-COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by; stable across versions.';
+COMMENT ON FUNCTION idem.key_hash(text, text) IS 'Digest of (biz_type, key) that idem.claims is indexed by: the first 8 bytes of the SHA-256 of the biz_type''s length, the biz_type and the key (SipHash-1-3 up to 0.3.0; the update to 0.4.0 rebuilds the indexes). The same on every platform and major, and in both editions.';
 
 -- TTL classes (src/ttl_class.rs has the rule; docs/design.md §1): a claim
 -- lives among the partitions of its TTL's class, whose width is at most a

@@ -509,21 +509,24 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		tx = second
 		c.inTx(tx)
 	}
-	if rt.lease > 0 {
-		// An answer that is not stored (5xx, a refusal that is not kept,
-		// a failure to store, a panic) hands the lease back, so that the
-		// client's retry takes it over at once instead of waiting for the
-		// lease to run out. Best effort: if it fails, the lease runs out.
-		defer func() {
-			if c.Finished() == "" {
-				_ = tx.Rollback(context.WithoutCancel(ctx))
-				m.release(context.WithoutCancel(ctx), c)
-			}
-		}()
+	// Lease mode: an answer that is not stored (5xx, a refusal that is not
+	// kept, a failure to store, a panic) hands the lease back before the
+	// answer goes out, so that the client's retry takes it over at once
+	// instead of waiting for the lease to run out. Best effort: if it
+	// fails, the lease runs out.
+	handedBack := false
+	handBack := func() {
+		if rt.lease > 0 && !handedBack && c.Finished() == "" {
+			handedBack = true
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			m.release(context.WithoutCancel(ctx), c)
+		}
 	}
+	defer handBack() // (a panic)
 	rec := m.run(next, r, &requestState{tx: tx, claim: c, pool: m.cfg.Pool})
 	if !store(rec.status) {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
+		handBack()
 		rec.send(w)
 		return
 	}
@@ -534,6 +537,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		err = c.Fail(ctx, doc)
 	}
 	if err != nil {
+		handBack()
 		m.notStored(w, r, rt, err)
 		return
 	}

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from urllib.parse import parse_qs
 
 from idem_http import Policy, RequestInfo, Route
+from idem_http.policy import default_store_status
 
 __all__ = ["Policy", "RequestInfo", "Route"]
 
@@ -118,8 +119,9 @@ def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]]) -> 
 
 def keeps_writes(headers: Callable[[str], Optional[str]]) -> bool:
     """Lease mode: the handler's transaction is its own, so it commits only
-    an answer the route stores (tests/middleware/README.md): not a 5xx."""
-    return int(headers("x-conformance-status") or 201) < 500
+    an answer the route stores (tests/middleware/README.md): not a 5xx, nor
+    a 401, 403, 407, 408, 425 or 429 (the policy's default rule)."""
+    return default_store_status(int(headers("x-conformance-status") or 201))
 
 
 def conformance_params(body: bytes, headers: Callable[[str], Optional[str]]) -> tuple[Any, ...]:
