@@ -16,6 +16,9 @@ CREATE EXTENSION idem;
 RESET client_min_messages;
 \set SHOW_CONTEXT never
 \set VERBOSITY sqlstate
+-- (idem_maintain runs in READ COMMITTED only; the environment matrix
+-- runs this file under other defaults, which this new session has too.)
+SET default_transaction_isolation = 'read committed';
 
 -- Partitions whose range is over, as a server that was down for an hour
 -- finds them: one with three expired claims and one with one, never
@@ -28,8 +31,12 @@ DECLARE
     w interval := idem.class_width(idem.ttl_class('1 hour'));
     t timestamptz := date_trunc('hour', now()) - interval '1 day';
 BEGIN
-    EXECUTE format('CREATE TABLE idem.claims_counted_a PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)', k, t, k, t + w);
-    EXECUTE format('CREATE TABLE idem.claims_counted_b PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)', k, t + w, k, t + 2 * w);
+    -- (bounds as ISO 8601 UTC text: a time printed in the session's
+    -- DateStyle can carry an ambiguous zone abbreviation)
+    EXECUTE format('CREATE TABLE idem.claims_counted_a PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                   k, idem.time_text(t), k, idem.time_text(t + w));
+    EXECUTE format('CREATE TABLE idem.claims_counted_b PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)',
+                   k, idem.time_text(t + w), k, idem.time_text(t + 2 * w));
     CREATE INDEX ON idem.claims_counted_a (idem.key_hash(biz_type, key));
     CREATE INDEX ON idem.claims_counted_b (idem.key_hash(biz_type, key));
     ALTER TABLE idem.claims_counted_a REPLICA IDENTITY FULL;
