@@ -120,7 +120,11 @@ run_scenario() { # name
   say "scenario: $1"
   step_started=$SECONDS
   file=$(scenario_file "$1")
-  if [ -n "$file" ] && bash "$file" "$1" > "$OUT/scenario-$1.log" 2>&1; then
+  # (a file of several gets the scenario's name; a file that is one
+  # scenario, no argument)
+  local args=("$1")
+  [ "$file" != "$ROOT/tests/scenarios/$1.sh" ] || args=()
+  if [ -n "$file" ] && bash "$file" "${args[@]}" > "$OUT/scenario-$1.log" 2>&1; then
     record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s)"
   else record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
   step_done "scenario/$1"
