@@ -300,7 +300,7 @@ fi
 failed=0
 for name in java node python rust; do
   say "example: $name"
-  if bash "${BASH_SOURCE[0]}" "$name"; then echo "ok: $name"; else echo "FAIL: $name"; failed=$((failed + 1)); fi
+  if bash "${BASH_SOURCE[0]}" examples "$name"; then echo "ok: $name"; else echo "FAIL: $name"; failed=$((failed + 1)); fi
 done
 echo "examples failed: $failed"
 [ "$failed" = 0 ]
@@ -1040,7 +1040,7 @@ for ex in python node rust java; do
   echo "== example $ex through PgBouncer (transaction mode, pool_size 2) =="
   t0=$(date +%s%N)
   if IDEM_HOST="$dir" IDEM_PORT=$PG_PORT IDEM_CLIENT_HOST=127.0.0.1 IDEM_CLIENT_PORT=$TX_PORT \
-      bash "$ROOT/tests/scenarios/clients.sh examples" "$ex" > "$out/example-$ex.log" 2>&1; then
+      bash "$ROOT/tests/scenarios/clients.sh" examples "$ex" > "$out/example-$ex.log" 2>&1; then
     status=0
   else
     status=1
