@@ -406,7 +406,11 @@ transaction.state.log.min.isr=1
 group.initial.rebalance.delay.ms=0
 PROPS
   ("${kafka_java[@]}" kafka.tools.StorageTool format -c "$dir/server.properties" \
-     -t "$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+     --cluster-id="$(python3 -c 'import base64, uuid
+while True:  # (an id that starts with "-" would read as an option)
+    i = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not i.startswith("-"): break
+print(i)')" \
      > "$dir/format.log" 2>&1 && exec "${kafka_java[@]}" kafka.Kafka "$dir/server.properties") > "$dir/broker.log" 2>&1 &
   kafka_pids+=($!)
 }
