@@ -238,8 +238,9 @@ def leases(obs):
     check((s1, s2) == ("00000", "ID003"),
           f"without the token: the leasing transaction itself may checkpoint ({s1}), the same client after COMMIT may not ({s2})")
 
-    # A lease that ran out: the next claim takes over with a new token; the
-    # old token is worthless.
+    # A lease that ran out: the next claim with a lease takes over with a
+    # new token; the old token is worthless. (Without a lease it would be
+    # a plain claim of its own transaction, finished in it.)
     k = f"{RUN}-lease-out"
     with via("pool1") as a:
         old = a.execute("SELECT result->>'lease_token' FROM idem_claim(%s, 'job', lease => '1 second')",
@@ -249,7 +250,7 @@ def leases(obs):
         "idem_leases shows the 1-second lease ran out")
     with via("pool1") as b:
         claimed, attempt, new = b.execute(
-            "SELECT claimed, (result->>'attempt')::int, result->>'lease_token' FROM idem_claim(%s, 'job')",
+            "SELECT claimed, (result->>'attempt')::int, result->>'lease_token' FROM idem_claim(%s, 'job', lease => '1 minute')",
             (k,)).fetchone()
         s_old = sqlstate_of(b, "SELECT idem_complete(%s, 'job', '{\"by\": \"old\"}', %s)", (k, old))
         b.execute("SELECT idem_complete(%s, 'job', '{\"by\": \"new\"}', %s)", (k, new))
