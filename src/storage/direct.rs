@@ -85,8 +85,22 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
     match target.shell {
         Some(_) => {
             let shell = catalog::open_claims(lockmode);
-            // SAFETY: inside a transaction (this function's contract); the caller closes what it gets.
-            (Some(shell), unsafe { pg_sys::table_open(target.parent, lockmode) })
+            // SAFETY: inside a transaction (this function's contract); the caller closes what it gets;
+            // try_table_open reports a vanished OID as NULL.
+            let shard = unsafe { pg_sys::try_table_open(target.parent, lockmode) };
+            if shard.is_null() {
+                // The shard looked up before the lock was dropped while we
+                // waited for it (an ALTER EXTENSION idem UPDATE that rebuilt
+                // idem.claims): 55000, as for a dropped extension, never XX000.
+                // SAFETY: shell is open; its lock is kept until the transaction ends.
+                unsafe { pg_sys::table_close(shell, pg_sys::NoLock as _) };
+                IdemError::ObjectNotInPrerequisiteState(
+                    "the shard of idem.claims this call looked up was dropped while it waited for its lock".into(),
+                    Some("idem.claims was rebuilt meanwhile (ALTER EXTENSION idem UPDATE); run the transaction again.".into()),
+                )
+                .fail();
+            }
+            (Some(shell), shard)
         }
         None => (None, catalog::open_claims(lockmode)),
     }
