@@ -124,8 +124,10 @@ pub enum Seen {
 pub struct Target {
     pub shell: Option<pg_sys::Oid>,
     pub parent: pg_sys::Oid,
-    /// idem.type_classes, or under Citus this node's placement of it; None
-    /// in 0.3.0's schema (partitions::PartitionList::legacy).
+    /// Under Citus this node's placement of idem.type_classes; None in
+    /// 0.3.0's schema (partitions::PartitionList::legacy). Off Citus,
+    /// direct::Opened::open looks idem.type_classes up once idem.claims is
+    /// locked (an update may make it meanwhile), so the target carries none.
     pub registry: Option<pg_sys::Oid>,
 }
 
@@ -162,7 +164,7 @@ impl Path {
         match self {
             Path::Sql => None,
             Path::Direct => {
-                Some(Target { shell: None, parent: catalog::claims_oid(), registry: catalog::type_classes_oid() })
+                Some(Target { shell: None, parent: catalog::claims_oid(), registry: None })
             }
             Path::Citus => Some(citus::local_shard(k).expect("Path::Citus: idem.claims is distributed")),
         }
