@@ -36,7 +36,7 @@ OPTIONS = [("--ttl-rounds", "ttl_rounds", int, "ttl section: rounds per client c
            ("--ttl-spread", "ttl_spread", int,
             "ttl section: claims per type spread over its TTL (every partition non-empty)"),
            ("--ttl-callgrind", "ttl_callgrind", int,
-            "ttl section: transactions per variant counted by callgrind (bench/profile_ttl.sh; "
+            "ttl section: transactions per variant counted by callgrind (bench/profile.sh ttl; "
             "0 = skip; default 100, smoke 0)")]
 
 
@@ -67,7 +67,7 @@ def estimate(p, rates):
 # of that age would have left them: with a storage by TTL class (a ttl_class
 # column), in the TTL's class and with the type registered in it, as
 # tests/scenarios/recovery.sh retention writes them; idem_maintain() then moves any
-# that landed in the default partition. One line: profile_ttl.sh feeds it
+# that landed in the default partition. One line: bench/profile.sh feeds it
 # to a single-user backend.
 AGE_SQL = " ".join("""
 CREATE FUNCTION public.bench_age_claims(t text, n int) RETURNS bigint LANGUAGE plpgsql AS $f$
@@ -186,7 +186,7 @@ def run(b):
 
 
 def callgrind(b, raw):
-    """Instructions per transaction of each variant, by bench/profile_ttl.sh
+    """Instructions per transaction of each variant, by bench/profile.sh ttl
     (single-user backends under callgrind, on their own cluster, after the
     timed runs so that valgrind's CPU use skews none of them)."""
     p = b.p
@@ -195,14 +195,14 @@ def callgrind(b, raw):
         return
     b.log(f"ttl: instruction counts (callgrind, {p['ttl_callgrind']} transactions per variant)")
     env = dict(os.environ, PG_CONFIG=os.path.join(b.pg_bin, "pg_config"))
-    r = subprocess.run(["bash", os.path.join(common.BENCH, "profile_ttl.sh"), str(p["ttl_callgrind"]),
+    r = subprocess.run(["bash", os.path.join(common.BENCH, "profile.sh"), "ttl", str(p["ttl_callgrind"]),
                         str(min(p["ttl_spread"], 2000))], capture_output=True, text=True, env=env)
     with open(os.path.join(b.logs, "ttl-callgrind.log"), "w") as f:
         f.write(r.stdout + r.stderr)
     counts = {m.group(1): int(m.group(2))
               for m in re.finditer(r"^(\S+-(?:new|dup))\s+(\d+)$", r.stdout, re.M)}
     if r.returncode != 0 or not counts:
-        raise common.BenchError(f"ttl: bench/profile_ttl.sh failed: {(r.stderr or r.stdout)[-800:]}")
+        raise common.BenchError(f"ttl: bench/profile.sh ttl failed: {(r.stderr or r.stdout)[-800:]}")
     raw["callgrind"] = counts
     raw["callgrind_txns"] = p["ttl_callgrind"]
     b.log("ttl instr/txn: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
@@ -278,7 +278,7 @@ def report(R):
               ""]
     if cg:
         lines += ["instr/txn: instructions per transaction counted by callgrind in a single-user "
-                  "backend (`bench/profile_ttl.sh`: the same types and prefill built on its own cluster; "
+                  "backend (`bench/profile.sh ttl`: the same types and prefill built on its own cluster; "
                   f"{raw.get('callgrind_txns')} and a tenth as many transactions per variant, the "
                   "difference over the difference). instr × base: over the 1-day-only baseline's.", ""]
     else:
