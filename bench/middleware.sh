@@ -59,7 +59,6 @@ source "$ROOT/tests/lib/middleware.sh"
 # only, fsync on and synchronous_commit = off as for Python and Node.
 # Modules from the cache of scripts/setup.sh --tool middleware_go.
 bench_go() {
-  source "$ROOT/tests/lib/go.sh"
   PG_PORT=${BENCH_MW_GO_PORT:-5592}
   mw_begin middleware-go-bench
   bash "$ROOT/scripts/setup.sh" --tool middleware_go

@@ -32,7 +32,7 @@ if [ "$path" = sql ]; then
   trap 'psql_idem -q -d postgres -c "LOAD '\''idem'\''" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()"' EXIT
 fi
 
-source "$ROOT/tests/lib/regress.sh"
+source "$ROOT/tests/lib/suite.sh"
 
 # The schedules of the path (those scripts/test.sh and
 # tests/scenarios/hardening.sh storage_sql run); a test named on the command line runs

@@ -144,7 +144,7 @@ tool_pgbouncer() (
   fi
 )
 # What tests/scenarios/clients.sh middleware_go needs: a Go toolchain (GO_MIN or
-# newer, tests/lib/go.sh) and the modules of the Go client (clients/go:
+# newer, tests/lib/middleware.sh) and the modules of the Go client (clients/go:
 # pgx) and of its test servers (clients/go/test: chi, echo, gin), downloaded
 # from the Go module proxy once into /var/cache/idem/go/mod, so that the
 # scenario builds offline (GOPROXY=off). A machine without a new enough Go
@@ -152,7 +152,7 @@ tool_pgbouncer() (
 # command itself would take from the proxy; that one is used from then on.
 # Skipped when the cache already holds what both go.sum files name.
 tool_middleware_go() (
-  source "$ROOT/tests/lib/go.sh"
+  source "$ROOT/tests/lib/middleware.sh"
 
   go_env online
   if ! go_new_enough; then

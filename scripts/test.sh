@@ -49,7 +49,7 @@ major_18() {
   run_major pg18 env PG_CONFIG="$pg18" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
   # (after 18's core suite, which installs idem into 18)
   say "pg_upgrade from PostgreSQL 15 to 18 with live claims"
-  run_recorded pg_upgrade/15-to-18 "$OUT/pg_upgrade.log" env PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/pg_upgrade.sh"
+  run_recorded pg_upgrade/15-to-18 "$OUT/pg_upgrade.log" env PG18_CONFIG="$pg18" bash "$ROOT/tests/versions/majors.sh" pg_upgrade
 }
 major_17() {
   say "PostgreSQL 17 on Debian 13: the core suite (tests/servers/debian-root.sh makes the root once, cached)"
@@ -57,7 +57,7 @@ major_17() {
   run_major pg17 bash "$ROOT/tests/servers/in-trixie.sh" env IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
   bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
   say "PostgreSQL 17 on Debian 13: the postgresql-17-idem package, built, installed, used and purged"
-  run_recorded pg17/package_debian13 "$OUT/package_debian13.log" bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/tests/versions/package_debian13.sh"
+  run_recorded pg17/package_debian13 "$OUT/package_debian13.log" bash "$ROOT/tests/servers/in-trixie.sh" bash "$ROOT/tests/versions/majors.sh" package_debian13
 }
 major_16() {
   say "PostgreSQL 16: the core suite (tests/servers/pg16.sh unpacks 16.2 from PyPI's pgserver wheel once, cached)"

@@ -523,7 +523,6 @@ echo "PgBouncer: $xacts transactions; $(( $(date +%s) - t_start )) s in all"
 scenario_middleware_go() {
 source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/lib/middleware.sh"
-source "$ROOT/tests/lib/go.sh"
 t_start=$(date +%s%N)
 mw_begin middleware-go
 # A test server or README app left behind by a test that died: this run's

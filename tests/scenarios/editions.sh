@@ -235,7 +235,7 @@ cat > "$out/psql_launcher" <<'SH'
 exec "$@" -v SHOW_CONTEXT=never
 SH
 chmod +x "$out/psql_launcher"
-source "$ROOT/tests/lib/regress.sh"
+source "$ROOT/tests/lib/suite.sh"
 run() { # name kind db inputdir schedule [extra runner args]
   local name=$1 kind=$2 db=$3 input=$4 schedule=$5
   shift 5

@@ -180,7 +180,7 @@ echo "encodings failed: $fails"
 # with tables and functions named like idem's own (claims, biz_types,
 # key_hash, ...), which idem's SQL must never reach.
 scenario_environments() {
-source "$ROOT/tests/lib/regress.sh"
+source "$ROOT/tests/lib/suite.sh"
 bash "$ROOT/scripts/cluster.sh" start >/dev/null
 out="$IDEM_TARGET/test-out/environments"
 rm -rf "$out"; mkdir -p "$out"
@@ -411,7 +411,7 @@ dir=$PC_DIR
 psql_sql() { pc_psql -q "$@"; }
 
 fails=0
-source "$ROOT/tests/lib/regress.sh"
+source "$ROOT/tests/lib/suite.sh"
 run() { # name kind db schedule inputdir [psql setup]
   local name=$1 kind=$2 db=$3 schedule=$4 input=$5
   shift 5

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # PostgreSQL 15 from the upstream tarball in Debian 12's own source package
 # postgresql-15 (15.18 in bookworm's main archive), server and client
-# programs only: the old side of tests/versions/pg_upgrade.sh.
+# programs only: the old side of tests/versions/majors.sh pg_upgrade.
 #
 # Why not Debian's installed 15: the PostgreSQL 15.20 package on this kind
 # of machine stamps every column of every table with an attribute option,
@@ -14,7 +14,7 @@
 #
 # Cached under $IDEM_CACHE/pg15-upstream like pg18.sh's tree (stamp,
 # lock, swapped in whole). idem is not built for it: tests/versions/
-# pg_upgrade.sh copies the build installed into Debian's 15 (same major:
+# majors.sh pg_upgrade copies the build installed into Debian's 15 (same major:
 # the module's magic block checks the major version, and extensions built
 # against one minor release load into another).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
