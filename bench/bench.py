@@ -1,32 +1,11 @@
 #!/usr/bin/env python3
 """The measuring half of idem's benchmark. bench/run.sh starts the cluster
 (and redis) and calls this with --host/--port; it writes OUT/raw.json, which
-bench/report.py turns into the tables, CSV/JSON, report.md and tps.svg.
-
-Sections (README.md explains each; each is bench/sections/<name>.py):
-  matrix      TPS of every variant, interleaved, per synchronous_commit and
-              client count
-  latency     p50/p99 per transaction at 2 clients, from per-transaction logs
-  wal         WAL bytes and transaction ids per transaction, per variant
-  bytes       bytes per claim after N claims; heap bytes per completed claim
-              (I2's pattern) vs the hand-written table with a result (B1r's)
-  sustained   TPS per window over a long run on one growing table
-  scale       claim cost with few vs many live keys
-  partitions  claim cost vs number of live partitions of idem.claims
-  cleanup     idem_maintain() vs DELETE ... WHERE expires_at < now()
-  ttl         claim cost per business type TTL (1 h .. 400 days) in one
-              database, against a database with only a 1-day type
-  handwritten a hand-written dedup table with a periodic DELETE job vs idem
-              with idem_maintain() on the same schedule, at a short TTL,
-              until steady state
-  kills       what each approach leaves behind when the client is killed
-              between the dedup step and COMMIT
-  portable    the portable edition (plain script) next to the native edition
-              and B1/B1r, two databases of one cluster
-  batch       per-key cost of a consumer's batch: idem_claim_many vs single
-              idem_claim statements vs a hand-written unnest ON CONFLICT
-"""
+bench/report.py turns into the tables, CSV/JSON, report.md and tps.svg. The
+sections (ALL_SECTIONS, each bench/sections/<name>.py) and what each asks:
+bench/README.md."""
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -40,22 +19,20 @@ import time
 import drivers
 from drivers import build_redis_driver, idem_build, idem_so_digest
 from measure import NOISY_CORES, QUIET_CORES, CpuMeter, noise
-from sections import batch as section_batch_mod
-from sections import bytes as section_bytes_mod
-from sections import cleanup as section_cleanup_mod
 from sections import common
-from sections import handwritten as section_handwritten_mod
-from sections import kills as section_kills_mod
-from sections import latency as section_latency_mod
-from sections import matrix as section_matrix_mod
-from sections import partitions as section_partitions_mod
-from sections import portable as section_portable_mod
-from sections import scale as section_scale_mod
-from sections import sustained as section_sustained_mod
-from sections import ttl as section_ttl_mod
-from sections import wal as section_wal_mod
 from variants import (LATENCY_VARIANTS, MATRIX_VARIANTS, STORE, SUSTAINED_VARIANTS, VARIANTS,
                       WAL_VARIANTS)
+
+# The sections, in the order they run; each is bench/sections/<name>.py, whose
+# run(b) gets the Bench. (A partitions section, claim cost against empty live
+# partitions, is gone: the ttl section answers that question with partitions
+# that hold claims, and counts the relation locks per claim.)
+ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "cleanup",
+                "ttl", "handwritten", "kills", "portable", "batch"]
+SECTION = {name: importlib.import_module(f"sections.{name}") for name in ALL_SECTIONS}
+# The sections that keep their parameters, options, estimate and report in
+# their own module.
+SECTION_MODULES = [SECTION[n] for n in ("ttl", "handwritten", "kills", "portable", "batch")]
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 SQL = os.path.join(BENCH, "sql")
@@ -72,12 +49,9 @@ PROFILES = {
                   sustained_variants=["B1r", "I2"],
                   wal_txns=200, bytes_claims=4000, bytes_clients=2,
                   scale_small=2000, scale_big=10000,
-                  scale_rounds=1, scale_duration=1, parts=[0, 8], parts_rounds=1,
-                  parts_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
-                  cleanup_live=1000, p99_rows=5000, p99_duration=2, p99_rounds=1,
-                  **section_ttl_mod.PROFILES["smoke"], **section_handwritten_mod.PROFILES["smoke"],
-                  **section_kills_mod.PROFILES["smoke"], **section_portable_mod.PROFILES["smoke"],
-                  **section_batch_mod.PROFILES["smoke"]),
+                  scale_rounds=1, scale_duration=1, cleanup_rows=[2000, 5000, 20000], cleanup_reps=1,
+                  cleanup_live=1000,
+                  **{k: v for m in SECTION_MODULES for k, v in m.PROFILES["smoke"].items()}),
     # default: in between (1 M live keys in the scale section, cleanup up to
     # 1 M rows, 3 rounds)
     "default": dict(duration=4, rounds=3, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
@@ -87,12 +61,9 @@ PROFILES = {
                     sustained_variants=SUSTAINED_VARIANTS,
                     wal_txns=10000, bytes_claims=1000000, bytes_clients=2,
                     scale_small=10000, scale_big=1000000,
-                    scale_rounds=5, scale_duration=4, parts=[0, 8, 32], parts_rounds=3,
-                    parts_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
-                    cleanup_live=10000, p99_rows=1000000, p99_duration=6, p99_rounds=2,
-                    **section_ttl_mod.PROFILES["default"], **section_handwritten_mod.PROFILES["default"],
-                    **section_kills_mod.PROFILES["default"], **section_portable_mod.PROFILES["default"],
-                    **section_batch_mod.PROFILES["default"]),
+                    scale_rounds=5, scale_duration=4, cleanup_rows=[100000, 1000000], cleanup_reps=3,
+                    cleanup_live=10000,
+                    **{k: v for m in SECTION_MODULES for k, v in m.PROFILES["default"].items()}),
     # full: the sizes of the targets (10 M live keys, cleanup of 10 M rows)
     "full": dict(duration=5, rounds=5, clients=[1, 2, 4], sync=["off", "on"], prefill=10000,
                  steady=200000,
@@ -101,21 +72,13 @@ PROFILES = {
                  sustained_variants=SUSTAINED_VARIANTS,
                  wal_txns=20000, bytes_claims=1000000, bytes_clients=2,
                  scale_small=10000, scale_big=10000000,
-                 scale_rounds=5, scale_duration=5, parts=[0, 8, 32, 128], parts_rounds=3,
-                 parts_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
-                 cleanup_live=10000, p99_rows=1000000, p99_duration=8, p99_rounds=3,
-                 **section_ttl_mod.PROFILES["full"], **section_handwritten_mod.PROFILES["full"],
-                 **section_kills_mod.PROFILES["full"], **section_portable_mod.PROFILES["full"],
-                 **section_batch_mod.PROFILES["full"]),
+                 scale_rounds=5, scale_duration=5, cleanup_rows=[100000, 1000000, 10000000], cleanup_reps=3,
+                 cleanup_live=10000,
+                 **{k: v for m in SECTION_MODULES for k, v in m.PROFILES["full"].items()}),
 }
 
-SECTION_MODULES = [section_ttl_mod, section_handwritten_mod, section_kills_mod, section_portable_mod,
-                   section_batch_mod]
-ALL_SECTIONS = ["matrix", "latency", "wal", "bytes", "sustained", "scale", "partitions", "cleanup",
-                "ttl", "handwritten", "kills", "portable", "batch"]
-
-# The benchmark's own partitions of idem.claims (partitions section, and the
-# expired partition of the cleanup section) get the index idem's partitions
+# The benchmark's own partition of idem.claims (the expired partition of the
+# cleanup section) gets the index idem's partitions
 # have: inherited from a partitioned index on the parent when there is one,
 # else copied from the default partition's definition.
 MAKE_PARTITION_SQL = r"""
@@ -146,43 +109,8 @@ BEGIN
                                  current_setting('idem.default_ttl')::interval));
 END $f$;
 
-CREATE FUNCTION public.bench_make_partition(name text, lo timestamptz, hi timestamptz)
-RETURNS void LANGUAGE plpgsql AS $f$
-DECLARE c smallint := bench_class();
-BEGIN
-  IF c IS NULL THEN
-    EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%L) TO (%L)',
-                   name, lo, hi);
-  ELSE
-    EXECUTE format('CREATE TABLE idem.%I PARTITION OF idem.claims FOR VALUES FROM (%s, %L) TO (%s, %L)',
-                   name, c, lo, c, hi);
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = format('idem.%I', name)::regclass) THEN
-    PERFORM bench_index_like_default(name);
-  END IF;
-END $f$;
-
 """
 
-FAKE_MAINTAIN_SQL = r"""
--- BENCH SELF-TEST ONLY (BENCH_FAKE_MAINTAIN=1): a stand-in for idem_maintain()
--- that drops partitions of idem.claims whose upper bound has passed. Its
--- numbers are not idem's.
-CREATE FUNCTION public.idem_maintain() RETURNS jsonb LANGUAGE plpgsql AS $f$
-DECLARE r record; n int := 0;
-BEGIN
-  FOR r IN SELECT c.oid::regclass AS rel, pg_get_expr(c.relpartbound, c.oid) AS b
-             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-            WHERE i.inhparent = 'idem.claims'::regclass LOOP
-    IF r.b <> 'DEFAULT'
-       AND (regexp_match(r.b, 'TO \(''([^'']*)''\)'))[1]::timestamptz <= now() THEN
-      EXECUTE format('DROP TABLE %s', r.rel);
-      n := n + 1;
-    END IF;
-  END LOOP;
-  RETURN jsonb_build_object('dropped', n, 'fake', true);
-END $f$;
-"""
 
 
 # Raised by a section that cannot go on; run() records it and goes on with
@@ -199,10 +127,9 @@ class Bench:
         os.makedirs(self.logs)
         self.pg_bin = a.pg_bin
         self.run_id = 0
-        self.fake_maintain = os.environ.get("BENCH_FAKE_MAINTAIN") == "1"
         self._steady_ready = {}   # databases where reset_main's steady state can be made
         self.raw = {"meta": {}, "runs": [], "latency": [], "latency_pooled": [], "sustained": [],
-                    "wal": [], "bytes": [], "scale": [], "partitions": [], "cleanup": {},
+                    "wal": [], "bytes": [], "scale": [], "cleanup": {},
                     "loads": [], "errors": [], "notes": [], "ttl": {}, "handwritten": {},
                     "kills": {}, "portable": {}}
         self.t_start = time.time()
@@ -300,9 +227,6 @@ class Bench:
         return {"tps": float(m["tps"]), "lat_ms": float(m["lat_avg_ms"]), "txns": int(m["txns"]),
                 "driver": "redis_txn", "run": run, "dup": int(m["dup"])}
 
-    def run_variant(self, db, v, clients, sync, duration, prefill):
-        return self._run_variant(db, v, clients, sync, duration, prefill)
-
     def wait_quiet(self):
         """Wait until nothing else uses the CPU (a build or another
         cluster's tests next to the benchmark skew it), within the
@@ -347,7 +271,7 @@ class Bench:
                      f"measuring again")
             self.raw.setdefault("discarded", []).append(res)
 
-    def _run_variant(self, db, v, clients, sync, duration, prefill):
+    def run_variant(self, db, v, clients, sync, duration, prefill):
         driver, what, _ = VARIANTS[v]
         if driver == "redis":
             r = self.redis_run(db, what, clients, sync, duration, tag=v)
@@ -356,15 +280,8 @@ class Bench:
             return r
         return self.pgbench(db, what, clients, sync, duration=duration, prefill=prefill, tag=v)
 
-    def has_maintain(self, db):
-        return self.val(db, "SELECT to_regprocedure('idem_maintain()') IS NOT NULL") == "t"
-
     def create_db(self, db):
-        self.psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        self.psql("postgres", f"CREATE DATABASE {db}")
-        with open(os.path.join(SQL, "schema.sql")) as f:
-            self.psql(db, f.read())
-        self.psql(db, "CREATE EXTENSION idem")
+        common.create_db(self, db)
         # The WAL figures need pg_walinspect (contrib); a server built without
         # it still runs the sections that do not read WAL (batch, say).
         if self.val(db, "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'") == "1":
@@ -373,15 +290,11 @@ class Bench:
             self.raw["notes"].append("pg_walinspect is not available: the WAL sections will fail")
         self.psql(db, MAKE_PARTITION_SQL)
         self.psql(db, common.BENCH_CLAIM_SQL)
-        if self.fake_maintain and not self.has_maintain(db):
-            self.psql(db, FAKE_MAINTAIN_SQL)
-            self.raw["meta"]["fake_maintain_used"] = True
         # Register the business type the benchmark claims under (outside any
         # measurement), and let maintenance premake its partitions, as a
         # deployment would.
         self.psql(db, "SELECT idem_claim('bench-setup', 'bench')")
-        if self.has_maintain(db):
-            self.psql(db, "SELECT idem_maintain()")
+        self.psql(db, "SELECT idem_maintain()")
 
     def checkpoint(self, db="postgres"):
         self.psql(db, "CHECKPOINT")
@@ -432,7 +345,7 @@ class Bench:
         steady = self.p.get("steady", 0)
         if steady and not self._steady_ready.get(db):
             self.psql(db, "SELECT idem_configure('bench', '1 day')")
-            self.psql(db, section_ttl_mod.AGE_SQL)
+            self.psql(db, SECTION["ttl"].AGE_SQL)
             common.maintain_fully(self, db)
             self._steady_ready[db] = True
         aged = ""
@@ -494,47 +407,6 @@ class Bench:
         m["redis"] = bool(self.redis_driver)
         self.save()
 
-    # Each section lives in its own module (bench/sections/), whose run(b)
-    # gets this Bench.
-    def section_matrix(self):
-        section_matrix_mod.run(self)
-
-    def section_latency(self):
-        section_latency_mod.run(self)
-
-    def section_wal(self):
-        section_wal_mod.run(self)
-
-    def section_bytes(self):
-        section_bytes_mod.run(self)
-
-    def section_sustained(self):
-        section_sustained_mod.run(self)
-
-    def section_scale(self):
-        section_scale_mod.run(self)
-
-    def section_partitions(self):
-        section_partitions_mod.run(self)
-
-    def section_cleanup(self):
-        section_cleanup_mod.run(self)
-
-    def section_ttl(self):
-        section_ttl_mod.run(self)
-
-    def section_handwritten(self):
-        section_handwritten_mod.run(self)
-
-    def section_kills(self):
-        section_kills_mod.run(self)
-
-    def section_portable(self):
-        section_portable_mod.run(self)
-
-    def section_batch(self):
-        section_batch_mod.run(self)
-
     # ---- main -------------------------------------------------------------
     def run(self):
         a = self.a
@@ -558,7 +430,6 @@ class Bench:
         self.meta()
         self.raw["meta"]["sections"] = sections
         self.create_db("bench")
-        self.raw["meta"]["maintain"] = self.has_maintain("bench")
         self.raw["meta"]["partitions_at_start"] = self.claims_size("bench")["partitions"]
         self.save()
         ok = True
@@ -567,7 +438,7 @@ class Bench:
             t0 = time.time()
             self.raw["meta"].setdefault("section_build", {})[s] = idem_so_digest()
             try:
-                getattr(self, f"section_{s}")()
+                SECTION[s].run(self)
             except BenchError as e:
                 ok = False
                 self.raw["errors"].append({"section": s, "error": str(e)})
@@ -601,14 +472,14 @@ def profile_params(a):
     """The profile's parameters with the command line's overrides."""
     p = dict(PROFILES[a.profile])
     for k in ("duration", "rounds", "prefill", "steady", "wal_txns", "bytes_claims", "scale_small",
-              "scale_big", "cleanup_reps", "p99_rows", "sustained_seconds", "sustained_window",
+              "scale_big", "cleanup_reps", "sustained_seconds", "sustained_window",
               "latency_duration", "latency_rounds") + \
             tuple(dest for mod in SECTION_MODULES for _, dest, _, _ in mod.OPTIONS):
         v = getattr(a, k, None)
         if v is not None:
             p[k] = v
     ints = lambda x: [int(v) for v in x.split(",")]
-    for k, conv in (("clients", ints), ("sync", lambda x: x.split(",")), ("parts", ints),
+    for k, conv in (("clients", ints), ("sync", lambda x: x.split(",")),
                     ("cleanup_rows", ints), ("latency_sync", lambda x: x.split(",")),
                     ("sustained_variants", lambda x: x.split(",")),
                     ("matrix_variants", lambda x: x.split(","))):
@@ -685,18 +556,12 @@ def estimate(p, sections, redis, rates=None):
     e["scale"] = 10 + (big + small) * (1 / R["claim_bulk_per_s"] + 1 / R["insert_bulk_per_s"]) + \
         big / 200000 + p["scale_rounds"] * 4 * (p["scale_duration"] + ov) + \
         p["scale_rounds"] * 2 * small * (1 / R["claim_bulk_per_s"] + 1 / R["insert_bulk_per_s"])
-    e["partitions"] = len(p["parts"]) * (5 + p["prefill"] / R["claim_bulk_per_s"]) + \
-        p["parts_rounds"] * len(p["parts"]) * (p["parts_duration"] + ov)
     rows = sum(p["cleanup_rows"])
     e["cleanup"] = 10 + rows * (1 / R["expired_ttl_per_s"] + 1 / R["delete_vacuum_per_s"]) + \
-        (p["cleanup_reps"] + 1) * rows / R["expired_idem_per_s"] + \
-        p["p99_rounds"] * (p["p99_rows"] * (1 / R["expired_ttl_per_s"] + 1 / R["expired_idem_per_s"])
-                           + 4 * (p["p99_duration"] + ov))
-    e["ttl"] = section_ttl_mod.estimate(p, R)
-    e["handwritten"] = section_handwritten_mod.estimate(p, R)
-    e["kills"] = section_kills_mod.estimate(p, R, redis)
-    e["portable"] = section_portable_mod.estimate(p, R)
-    e["batch"] = section_batch_mod.estimate(p, R)
+        (p["cleanup_reps"] + 1) * rows / R["expired_idem_per_s"]
+    for name in ("ttl", "handwritten", "portable", "batch"):
+        e[name] = SECTION[name].estimate(p, R)
+    e["kills"] = SECTION["kills"].estimate(p, R, redis)
     e = {k: round(v) for k, v in e.items() if k in sections}
     e["total"] = sum(e.values()) + 15
     return e
@@ -713,9 +578,7 @@ def main():
                "The run prints its estimated duration first.\n"
                "run.sh only: --out DIR (default bench/out, bench/out/smoke for --smoke), "
                "--keep-cluster (leave it running after the run), --no-redis.\n"
-               "Environment: BENCH_PORT (default 5498); BENCH_FAKE_MAINTAIN=1 installs a "
-               "PL/pgSQL stand-in for idem_maintain() to self-test the cleanup section "
-               "(its numbers are not idem's).")
+               "Environment: BENCH_PORT (default 5498).")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--smoke", dest="profile", action="store_const", const="smoke")
     g.add_argument("--full", dest="profile", action="store_const", const="full")
@@ -737,13 +600,10 @@ def main():
     ap.add_argument("--small-keys", dest="scale_small", type=int, help="live keys, small case (10000)")
     ap.add_argument("--big-keys", dest="scale_big", type=int,
                     help="live keys, big case (default 1000000; 10000000 with --full)")
-    ap.add_argument("--parts", help="comma list of extra partition counts (default 0,8,32)")
     ap.add_argument("--cleanup-rows", dest="cleanup_rows",
                     help="comma list of expired row counts to clean up (full: 100000,1000000,10000000)")
     ap.add_argument("--cleanup-reps", dest="cleanup_reps", type=int,
                     help="warm idem_maintain() measurements per size (median; default 3)")
-    ap.add_argument("--p99-rows", dest="p99_rows", type=int,
-                    help="expired rows behind the claim-latency-during-cleanup runs (1000000)")
     ap.add_argument("--latency-duration", dest="latency_duration", type=int,
                     help="seconds per latency run")
     ap.add_argument("--latency-rounds", dest="latency_rounds", type=int, help="latency rounds")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turn OUT/raw.json (written by bench/bench.py) into the printed tables,
+"""Turn OUT/raw.json (written by bench/bench.py) into the targets printed,
 OUT/results.csv, OUT/results.json, OUT/report.md and OUT/tps.svg.
 
     python3 bench/report.py bench/out
@@ -17,6 +17,8 @@ from sections import handwritten as section_handwritten
 from sections import kills as section_kills
 from sections import portable as section_portable
 from sections import ttl as section_ttl
+from sections.common import median as med
+from sections.common import ratio
 
 ORDER = ["B0", "B1", "B1r", "B2", "B3", "B0c", "I1", "I1c", "I1f", "I2", "I3"]
 DESC = {
@@ -52,10 +54,6 @@ TARGET_ORDER = ["I1c", "I1", "I2", "heap", "I3", "I3wal", "clean_time", "clean_w
                 "kills", "portable_i1", "portable_i3"]
 
 
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
 def fmt(x, nd=0, unit=""):
     if x is None:
         return "—"
@@ -83,7 +81,6 @@ class Report:
         self.summary = {}
         self.targets = []
         self.md = []      # report.md lines (the sections' tables)
-        self.readme = []  # the tables the README shows
         self.csv = []     # (section, variant, sync, clients, round, metric, value, unit)
 
     # ---- matrix --------------------------------------------------------------
@@ -104,10 +101,7 @@ class Report:
         for s in syncs:
             for c in clients:
                 cell = {}
-                by_round = {}
-                for r in runs:
-                    if r["sync"] == s and r["clients"] == c:
-                        by_round.setdefault(r["round"], {})[r["variant"]] = r["tps"]
+                here = [r for r in runs if r["sync"] == s and r["clients"] == c]
                 for v in variants:
                     xs = [r["tps"] for r in runs if r["sync"] == s and r["clients"] == c and r["variant"] == v]
                     if xs:
@@ -130,31 +124,20 @@ class Report:
                         d["x_b1"] = m / b1 if b1 else None
                 summ[f"{s}/{c}"] = cell
                 for num, den, _, _ in RATIOS:
-                    if num in cell and den in cell:
-                        # ratio of medians, and the same-round ratios' range
-                        pairs = [rd[num] / rd[den] for rd in by_round.values()
-                                 if num in rd and den in rd and rd[den]]
+                    x, lo, hi = ratio(here, num, den)
+                    if x is not None:
                         ratios.setdefault(f"{num}/{den}", {})[f"{s}/{c}"] = {
-                            "ratio": cell[num]["median"] / cell[den]["median"],
-                            "round_min": min(pairs) if pairs else None,
-                            "round_max": max(pairs) if pairs else None}
+                            "ratio": x, "round_min": lo, "round_max": hi}
         self.summary["matrix"] = summ
         self.summary["ratios"] = ratios
 
         p = self.meta.get("params", {})
         lines = ["## Throughput (TPS), interleaved",
                  "",
-                 f"{p.get('rounds')} round(s) × {p.get('duration')} s per variant and configuration, "
-                 f"variants in rotating order; median TPS over rounds. ×B0 and ×B1 are ratios of "
-                 f"medians (B3: its TPS over B0c, the same C driver without Redis; ×B1 for B3 is "
-                 f"that ratio times B0/B1). Range: min–max TPS over rounds.",
-                 "",
-                 (f"Steady state: before each run the 1-day type holds {p.get('steady'):,} completed "
-                  f"claims aged evenly over its TTL (every partition of its class that a claim probes "
-                  f"full) and each hand-written dedup table as many rows."
-                  if p.get("steady") else
-                  "Fresh tables (`--steady 0`): the claim's class has one non-empty partition."),
-                 ""]
+                 f"{p.get('rounds')} round(s) × {p.get('duration')} s per variant and configuration; "
+                 f"median TPS, ×B0 and ×B1 ratios of medians (B3's over B0c), range min–max; "
+                 + (f"steady state of {p.get('steady'):,} aged claims" if p.get("steady") else "fresh tables")
+                 + " (method: bench/README.md, matrix).", ""]
         for s in syncs:
             lines.append(f"### synchronous_commit = {s}")
             lines.append("")
@@ -174,9 +157,7 @@ class Report:
         cfgs = [(s, c) for s in syncs for c in clients]
         lines += ["### Ratios",
                   "",
-                  "Ratio of median TPS; in brackets the range of the same-round ratios (how much the "
-                  "ratio moved between rounds). A ratio closer to its target than that range is a tie.",
-                  "",
+                  "Ratio of median TPS; in brackets the range of the same-round ratios.", "",
                   "| ratio | target | " + " | ".join(f"{s}, {c} cl." for s, c in cfgs) + " |",
                   "|---|---|" + "---|" * len(cfgs)]
         for num, den, goal, what in RATIOS:
@@ -192,36 +173,6 @@ class Report:
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
         self.md += lines
-
-        # The README's table: TPS per configuration, with the target ratios
-        rd = ["### Throughput (median TPS; each transaction is one business INSERT plus the dedup step)",
-              "",
-              "| variant | " + " | ".join(f"{s}, {c} client{'s' if c > 1 else ''}" for s, c in cfgs) + " |",
-              "|---|" + "---|" * len(cfgs)]
-        for v in variants:
-            if v == "B2":
-                continue
-            rd.append(f"| {v} {DESC[v]} | " + " | ".join(
-                fmt(summ[f"{s}/{c}"].get(v, {}).get("median")) for s, c in cfgs) + " |")
-        for num, den, goal, _ in RATIOS:
-            d = ratios.get(f"{num}/{den}")
-            if d:
-                rd.append(f"| **{num} / {den}**{f' (≥ {goal:g})' if goal else ''} | " + " | ".join(
-                    fmt((d.get(f"{s}/{c}") or {}).get("ratio"), 2) for s, c in cfgs) + " |")
-        # B3 beside I1: each over the business insert alone through its own
-        # driver (I1/B0 with pgbench, B3/B0c with the C driver of B3)
-        if "B3" in variants:
-            for v, what in (("I1", "I1 / B0 (pgbench)"), ("I1c", "I1c / B0 (pgbench)"),
-                            ("B3", "B3 / B0c (C driver, same loop without Redis)")):
-                if v in variants:
-                    rd.append(f"| **×B0: {what}** | " + " | ".join(
-                        fmt(summ[f"{s}/{c}"].get(v, {}).get("x_b0"), 2) for s, c in cfgs) + " |")
-            rd += ["", "B3 and B0c run through bench/redis_txn.c, every other row through pgbench: "
-                   "compare B3 with the idem rows by their ×B0 (each over B0 through its own driver), "
-                   "not by TPS. Redis' SET is not atomic with the PostgreSQL transaction: see the kills "
-                   "section for what that costs when a client dies."]
-        rd.append("")
-        self.readme += rd
 
         # targets: one line per ratio target, every configuration in it
         for num, den, goal, what in RATIOS:
@@ -254,19 +205,13 @@ class Report:
         out = {}
         lines = ["## Latency per transaction",
                  "",
-                 f"{c} clients, {p.get('latency_rounds')} interleaved round(s) × "
-                 f"{p.get('latency_duration')} s per variant, every transaction logged (`pgbench "
-                 f"--log`); percentiles are exact (nearest rank) over all logged transactions of all "
-                 f"rounds. Per-round p99: the range over rounds. The latency is the whole "
-                 f"transaction as the client sees it (BEGIN … END, every statement a round trip).",
+                 f"{c} clients, {p.get('latency_rounds')} round(s) × {p.get('latency_duration')} s per "
+                 "variant; exact percentiles over every logged transaction (method: bench/README.md, latency).",
                  ""]
-        rd = []
         for s in syncs:
             lines += [f"### synchronous_commit = {s}", "",
                       "| variant | transactions | p50 ms | p99 ms | p99.9 ms | max ms | mean ms | per-round p99 ms |",
                       "|---|---|---|---|---|---|---|---|"]
-            rd += [f"### Latency per transaction, {c} clients, synchronous_commit = {s}", "",
-                   "| variant | p50 ms | p99 ms |", "|---|---|---|"]
             for v in ORDER:
                 r = next((x for x in pooled if x["sync"] == s and x["variant"] == v), None)
                 if not r:
@@ -277,13 +222,10 @@ class Report:
                              f"{fmt(r['p99_ms'], 3)} | {fmt(r['p999_ms'], 3)} | {fmt(r['max_ms'], 1)} | "
                              f"{fmt(r['mean_ms'], 3)} | "
                              f"{f'{min(rr):.3f}–{max(rr):.3f}' if rr else '—'} |")
-                rd.append(f"| {v} {DESC[v]} | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} |")
                 for k in ("p50_ms", "p99_ms", "p999_ms"):
                     self.csv.append(("latency", v, s, c, "all", k, r[k], "ms"))
             lines.append("")
-            rd.append("")
         self.md += lines
-        self.readme += rd
         self.summary["latency"] = out
         want = ["I1", "I1c", "I2", "I3", "B1", "B1r"]
         s0 = "off" if "off" in out else syncs[0]
@@ -313,10 +255,8 @@ class Report:
         lines = ["## Sustained load",
                  "",
                  f"Each variant for {secs} s, {rows[0]['clients']} clients, synchronous_commit "
-                 f"{rows[0]['sync']}, on one growing table: reset and CHECKPOINT before the run, then "
-                 f"no CHECKPOINT or VACUUM until it ends (autovacuum as configured). TPS per {win} s "
-                 f"window (pgbench -P). Last/first: the last window's TPS over the first's. A window "
-                 f"marked * shared the machine with other work (≥ 0.25 cores).",
+                 f"{rows[0]['sync']}, on one growing table; TPS per {win} s window, * = the machine "
+                 "was shared (method: bench/README.md, sustained).",
                  "",
                  "| variant | " + " | ".join(f"{(i + 1) * win:g} s" for i in range(nwin)) +
                  " | last/first | rows at end | dead tuples | heap MiB | autovacuums |",
@@ -331,11 +271,6 @@ class Report:
                          f"{fmt(e.get('autovacuums'))} |")
         lines.append("")
         self.md += lines
-        self.readme += [f"### Sustained load ({secs} s, {rows[0]['clients']} clients, TPS of the first "
-                        f"and last {win} s window)", "",
-                        "| variant | first window | last window | last/first |", "|---|---|---|---|"] + \
-            [f"| {r['variant']} {DESC.get(r['variant'], '')} | {r['windows'][0]['tps']:,.0f} | "
-             f"{r['windows'][-1]['tps']:,.0f} | {fmt(keep[r['variant']], 2)} |" for r in rows] + [""]
         short = "" if secs >= 300 else f" [runs of {secs} s; the target is stated for ≥ 5 minutes]"
         for r in rows:
             v = r["variant"]
@@ -371,12 +306,8 @@ class Report:
         self.summary["wal"] = rows
         lines = ["## WAL and transaction ids per transaction",
                  "",
-                 f"1 client, synchronous_commit off, {rows[0]['txns']} transactions per variant after "
-                 "a CHECKPOINT and a reset (fresh tables, so hardly any full-page images), autovacuum "
-                 "off for the section. WAL = pg_current_wal_insert_lsn() delta minus records no "
-                 "transaction of the run wrote (Standby running-xacts snapshots, XLOG; their LSN spans, "
-                 "padding included); xids = "
-                 "txid_current() delta minus the one txid_current() takes itself.",
+                 f"1 client, synchronous_commit off, {rows[0]['txns']} transactions per variant; "
+                 "background records taken off (method: bench/README.md, wal).",
                  "",
                  "| variant | WAL B/txn | of which FPI | raw LSN delta B/txn | xids/txn | TPS (1 client) | WAL by resource manager (B/txn) |",
                  "|---|---|---|---|---|---|---|"]
@@ -391,10 +322,6 @@ class Report:
                 self.csv.append(("wal", r["variant"], "off", 1, "", k, r[k], "B" if "wal" in k else "xid"))
         lines.append("")
         self.md += lines
-        self.readme += ["### WAL and xids per transaction (1 client, synchronous_commit off)", "",
-                        "| variant | WAL B/txn | xids/txn |", "|---|---|---|"] + \
-            [f"| {r['variant']} {DESC.get(r['variant'], '')} | {r['wal_per_txn']:.1f} | "
-             f"{r['xids_per_txn']:.2f} |" for r in rows] + [""]
         i3 = next((r for r in rows if r["variant"] == "I3"), None)
         if i3:
             ok = i3["wal_bytes"] - i3["background_bytes"] == 0 and i3["xids"] == 0
@@ -410,14 +337,8 @@ class Report:
         self.summary["bytes"] = rows
         lines = ["## Bytes per claim",
                  "",
-                 "Autovacuum off for the section, no VACUUM: what each write pattern leaves in the "
-                 "table by itself (page pruning included). *bulk*: idem_claim in batches of 100 000 "
-                 "per transaction (no result), or INSERT … SELECT into the hand-written tables. "
-                 "*I2*: pgbench, one transaction per claim: idem_claim, the business insert, "
-                 "idem_complete with `{\"ok\": true}`. *B1r*: pgbench, one transaction per key: "
-                 "INSERT … ON CONFLICT DO NOTHING, the business insert, UPDATE of the result. Heap = "
-                 "main fork (summed over idem's leaf partitions); total adds FSM/VM/TOAST. Live / dead "
-                 "tuples and free space: pgstattuple.",
+                 "Autovacuum off, no VACUUM; *bulk*, *I2* and *B1r* write patterns, heap summed over "
+                 "idem's leaf partitions (method: bench/README.md, bytes).",
                  "",
                  "| store | written by | rows | heap B/row | heap+index B/row | total B/row | heap MiB | index MiB | live tuple B/row | dead tuples | free space MiB | load |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -437,10 +358,6 @@ class Report:
         i2 = next((r for r in rows if r.get("pattern") == "I2"), None)
         b1r = next((r for r in rows if r.get("pattern") == "B1r"), None)
         bulk = next((r for r in rows if r["store"] == "idem.claims" and r.get("pattern", "bulk") == "bulk"), None)
-        self.readme += ["### Bytes per row (32-character keys; no VACUUM)", "",
-                        "| store | heap B/row | heap+index B/row | dead tuples |", "|---|---|---|---|"] + \
-            [f"| {r['store']} ({r.get('pattern', 'bulk')}) | {fmt(r.get('heap_per_row'), 1)} | "
-             f"{fmt(r.get('heap_index_per_row'), 1)} | {fmt(r.get('dead_tuples'))} |" for r in rows] + [""]
         if i2 and b1r and i2.get("heap_per_row") and b1r.get("heap_per_row"):
             few = "" if i2["rows"] >= 1000000 else f" [after {i2['rows']:,} claims; the target is stated for 1 M]"
             self.target("heap", f"heap bytes per completed claim (I2 pattern) ≤ the B1r table's{few}",
@@ -478,11 +395,8 @@ class Report:
         small = out.get("I1", {}).get("small", {}).get("keys")
         lines = ["## Claim cost with few vs many live keys",
                  "",
-                 f"1 client, synchronous_commit off, runs alternating between two databases "
-                 f"({small:,} and {big:,} live keys, loaded through idem_claim and VACUUMed; the "
-                 f"hand-written dedup table holds the same keys). The small database is reset to "
-                 f"{small:,} keys before each run; the big one grows by what the runs add. "
-                 f"Cost ratio = TPS(small) / TPS(big) = per-transaction time big / small.",
+                 f"1 client, synchronous_commit off, {small:,} and {big:,} live keys; cost big/small = "
+                 "TPS(small) / TPS(big) (method: bench/README.md, scale).",
                  "",
                  "| variant | live keys (small) | TPS | live keys (big) | TPS | cost big/small |",
                  "|---|---|---|---|---|---|"]
@@ -509,37 +423,6 @@ class Report:
                         f"{d['cost_ratio']:.2f}× (B1: {fmt(out.get('B1', {}).get('cost_ratio'), 2)}×)",
                         d["cost_ratio"] <= 1.1)
 
-    # ---- partitions -------------------------------------------------------------
-    def partitions(self):
-        rows = self.raw.get("partitions") or []
-        if not rows:
-            return
-        out = {}
-        for n in sorted(set(r["extra_partitions"] for r in rows)):
-            xs = [r["tps"] for r in rows if r["extra_partitions"] == n]
-            parts = rows[[r["extra_partitions"] for r in rows].index(n)]["partitions"]
-            out[n] = {"partitions": parts, "median": med(xs), "min": min(xs), "max": max(xs)}
-            for r in rows:
-                if r["extra_partitions"] == n:
-                    self.csv.append(("partitions", "I1", "off", 1, r["round"], f"tps_{parts}_partitions",
-                                     r["tps"], "tx/s"))
-        self.summary["partitions"] = out
-        base = out[min(out)]["median"]
-        lines = ["## Claim cost vs live partitions (diagnostic, no target)",
-                 "",
-                 "I1, 1 client, synchronous_commit off. Extra empty hourly partitions of idem.claims "
-                 "401 days out, created by the benchmark to stand in for partitions maintenance "
-                 "premakes: each is live (upper bound in the future), so every claim locks and probes "
-                 "its heap and index. Empty partitions are the cheapest case.",
-                 "",
-                 "| live partitions | I1 TPS | range | × fewest |",
-                 "|---|---|---|---|"]
-        for n, d in out.items():
-            lines.append(f"| {d['partitions']} | {d['median']:,.0f} | {d['min']:,.0f}–{d['max']:,.0f} | "
-                         f"{d['median'] / base:.2f} |")
-        lines.append("")
-        self.md += lines
-
     # ---- cleanup --------------------------------------------------------------------
     def cleanup(self):
         c = self.raw.get("cleanup") or {}
@@ -551,17 +434,9 @@ class Report:
         cold = c.get("idem_cold") or []
         lines = ["## Cleanup of expired claims",
                  "",
-                 f"Expired rows: {', '.join(f'{n:,}' for n in sizes)} (plus {c['live']:,} live ones), "
-                 "loaded, VACUUMed, then a CHECKPOINT (so the cleanup pays the full-page images it "
-                 "would in production). Hand-written: `DELETE FROM dedup_ttl WHERE expires_at < now()` "
-                 "(index on expires_at), once per size. idem: `SELECT idem_maintain()` with the "
-                 "expired claims in a partition whose upper bound is past (the benchmark makes that "
-                 "partition, a month ago, since the clock cannot be moved). *warm*: the second call of "
-                 f"a session whose first call came before the load ({c.get('reps')} per size; the "
-                 "table shows the median and the range); *cold*: the first call of a fresh session "
-                 "(what a cron job's psql or a pg_cron run pays: the PL/pgSQL compilation of the "
-                 "function and cold caches). Time is psql's \\timing, client side, commit included; "
-                 "WAL is the insert-LSN delta.",
+                 f"Expired rows: {', '.join(f'{n:,}' for n in sizes)} (plus {c['live']:,} live ones); "
+                 f"*warm*: a session's second call ({c.get('reps')} per size: median, range), *cold*: "
+                 "a fresh session's first (method: bench/README.md, cleanup).",
                  "",
                  "| method | expired rows | time ms | range ms | WAL KiB | size before MiB | after MiB | after VACUUM MiB | expired left |",
                  "|---|---|---|---|---|---|---|---|---|"]
@@ -596,52 +471,19 @@ class Report:
                          f"{r['expired_left']:,} |")
             self.csv.append(("cleanup", "idem_maintain_cold", "", "", "", f"ms_{r['rows']}", r["ms"], "ms"))
             self.csv.append(("cleanup", "idem_maintain_cold", "", "", "", f"wal_{r['rows']}", r["wal"], "B"))
-        if c.get("idem_skipped"):
-            lines.append(f"| idem_maintain() | — | {c['idem_skipped']} | | | | | | |")
         lines.append("")
         if any(d["created"] for d in wsum.values()):
             lines += ["Note: some warm calls also created a partition (the premade horizon moved "
                       "during the run); their time and WAL include it.", ""]
-        p = c.get("p99", {})
-        if p:
-            lines += [f"Claim latency (1 client, synchronous_commit off) with {c.get('p99_rows') or sizes[-1]:,} "
-                      "expired rows, per round: a run without cleanup, then a run with the cleanup "
-                      "starting 1 s in (idem: a fresh session's call, as cron makes it). The window is "
-                      "the cleanup's duration (at least 1 s); window p99 is over the claims that overlap it.",
-                      "",
-                      "| claims | cleanup | round | txns | p50 ms | p99 ms | max ms | window txns | window p99 ms | window max ms | cleanup ms | claim errors |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-            for key, label in (("delete_base", ("B1 (dedup_ttl)", "none")),
-                               ("delete_during", ("B1 (dedup_ttl)", "DELETE")),
-                               ("idem_base", ("I1", "none")),
-                               ("idem_during", ("I1", "idem_maintain()"))):
-                for i, r in enumerate(p.get(key) or []):
-                    errs = r.get("client_errors") or []
-                    lines.append(f"| {label[0]} | {label[1]} | {i} | {r['txns']:,} | {fmt(r['p50_ms'], 2)} | "
-                                 f"{fmt(r['p99_ms'], 2)} | {fmt(r['max_ms'], 1)} | {fmt(r.get('window_txns'))} | "
-                                 f"{fmt(r.get('window_p99_ms'), 2)} | {fmt(r.get('window_max_ms'), 1)} | "
-                                 f"{fmt((r.get('cleanup') or {}).get('ms'), 1)} | "
-                                 f"{esc(errs[0][:120]) if errs else ''} |")
-                    for k in ("p50_ms", "p99_ms", "window_p99_ms"):
-                        if r.get(k) is not None:
-                            self.csv.append(("cleanup", key, "off", 1, i, k, r[k], "ms"))
-            lines.append("")
         self.md += lines
         dl = {r["rows"]: r for r in c.get("delete", [])}
-        self.readme += ["### Cleanup of expired claims (idem_maintain(), warm session, median; DELETE once)", "",
-                        "| expired rows | idem_maintain() ms | WAL KiB | DELETE ms | DELETE WAL MiB |",
-                        "|---|---|---|---|---|"] + \
-            [f"| {n:,} | {fmt(wsum.get(n, {}).get('ms'), 1)} | {fmt((wsum.get(n, {}).get('wal') or 0) / 1024, 1)} | "
-             f"{fmt(dl.get(n, {}).get('ms'))} | {fmt(mib(dl.get(n, {}).get('wal')), 1)} |" for n in sizes] + \
-            ([f"| cold first call, {r['rows']:,} | {r['ms']:,.1f} | {r['wal'] / 1024:,.1f} | | |" for r in cold]) + [""]
 
         big_note = "" if sizes[-1] >= 10_000_000 else \
             f" [measured up to {sizes[-1]:,} rows; the target is stated for 100 k, 1 M and 10 M: run --full]"
-        if c.get("idem_skipped") or not wsum:
+        if not wsum:
             for k, n in (("clean_time", "Cleanup flat in rows: time"), ("clean_wal", "Cleanup flat in rows: WAL"),
-                         ("clean_delete", "Cleanup ≥ 100× faster than DELETE"),
-                         ("clean_p99", "Claim p99 during cleanup ≤ 1.5× without")):
-                self.target(k, n, c.get("idem_skipped", "skipped"), None)
+                         ("clean_delete", "Cleanup ≥ 100× faster than DELETE")):
+                self.target(k, n, "skipped", None)
             return
         left = [n for n, d in wsum.items() if d["left"]]
         ms = [d["ms"] for d in wsum.values()]
@@ -667,24 +509,6 @@ class Report:
             self.target("clean_delete", f"Cleanup ≥ 100× faster than DELETE of the same {n:,} rows{big_note}",
                         f"{x:,.0f}× ({dl[n]['ms']:,.0f} ms vs {wsum[n]['ms']:,.1f} ms warm{extra})",
                         x >= 100 and not wsum[n]["left"])
-        base, during = p.get("idem_base") or [], p.get("idem_during") or []
-        errs = [e for r in during for e in (r.get("client_errors") or [])]
-        name = "Claim p99 during cleanup ≤ 1.5× its p99 without"
-        if errs:
-            self.target("clean_p99", name, f"claims FAILED while idem_maintain() ran: {errs[0][:160]}", False)
-        elif base and during:
-            b = med([r["p99_ms"] for r in base if r.get("p99_ms") is not None])
-            d = med([r["window_p99_ms"] for r in during if r.get("window_p99_ms") is not None])
-            if b and d:
-                x = d / b
-                self.target("clean_p99", name, f"{d:.2f} ms vs {b:.2f} ms ({x:.2f}×, medians over rounds)",
-                            x <= 1.5)
-        db_, dd = p.get("delete_base") or [], p.get("delete_during") or []
-        if db_ and dd:
-            b = med([r["p99_ms"] for r in db_ if r.get("p99_ms") is not None])
-            d = med([r["window_p99_ms"] for r in dd if r.get("window_p99_ms") is not None])
-            if b and d:
-                self.summary.setdefault("cleanup_p99_delete_ratio", d / b)
 
     # ---- targets ------------------------------------------------------------------------
     def target(self, key, name, measured, ok):
@@ -771,12 +595,10 @@ class Report:
     def noise_lines(self):
         """How much other work ran next to the measurements."""
         timed = [r for r in self.raw.get("runs", [])] + [r for r in self.raw.get("scale", [])] + \
-                [r for r in self.raw.get("partitions", [])] + [r for r in self.raw.get("latency", [])] + \
+                [r for r in self.raw.get("latency", [])] + \
                 [w for r in self.raw.get("sustained", []) for w in r["windows"]] + \
                 list((self.raw.get("ttl") or {}).get("runs", [])) + \
                 list((self.raw.get("handwritten") or {}).get("runs", []))
-        for v in (self.raw.get("cleanup") or {}).get("p99", {}).values():
-            timed += v
         timed = [r for r in timed if "foreign_cores" in r]
         if not timed:
             return []
@@ -807,8 +629,7 @@ class Report:
                  f"- machine: nproc = {m.get('nproc')}, {m.get('cpu')}, {m.get('mem_gb')} GB RAM, {m.get('os')}",
                  f"- PostgreSQL: {m.get('pg_version')}",
                  f"- idem {m.get('idem_version')}, installed build: **{m.get('idem_build')}**",
-                 f"- idem_maintain available: {m.get('maintain')}{' (FAKE stand-in, BENCH_FAKE_MAINTAIN=1)' if m.get('fake_maintain_used') else ''}; "
-                 f"partitions of idem.claims at start: {m.get('partitions_at_start')}",
+                 f"- partitions of idem.claims at start: {m.get('partitions_at_start')}",
                  f"- cluster: private, started by bench/run.sh (initdb, port 5498, unix socket only); "
                  f"shared_buffers = {s.get('shared_buffers')} (×8kB), max_wal_size = {s.get('max_wal_size')}, "
                  f"checkpoint_timeout = {s.get('checkpoint_timeout')}, fsync = {s.get('fsync')}, "
@@ -838,10 +659,6 @@ class Report:
         for t in self.targets:
             tl.append(f"| {t['target']} | {t['measured']} | **{t['status']}** |")
         tl.append("")
-        if self.readme:
-            tl += ["## Tables for the README", "",
-                   "The README's Performance section shows these (paste them from here after the "
-                   "final run).", ""] + self.readme
         if os.path.exists(os.path.join(self.out, "tps.svg")):
             tl += ["![TPS](tps.svg)", ""]
         md = head + tl + self.md
@@ -858,34 +675,23 @@ class Report:
         return md
 
     def print(self):
-        # The terminal gets the markdown minus the long prose lines.
-        print()
-        for line in self.md_for_terminal():
-            print(line)
-
-    def md_for_terminal(self):
+        """The terminal gets the verdicts; the tables are in report.md."""
         m = self.meta
-        out = [f"idem {m.get('idem_version')} ({m.get('idem_build')}), {m.get('pg_version', '')[:60]}, "
-               f"nproc {m.get('nproc')}, profile {m.get('profile')}", ""]
-        out += [l for l in self.noise_lines() if l]
-        for n in self.raw.get("notes", []):
-            out.append(f"note: {n}")
-        for e in self.raw.get("errors", []):
-            out.append(f"ERROR in section {e['section']}: {e['error'][:800]}")
-        out.append("")
-        for line in self.md:
-            out.append(line)
-        out.append("## Targets" + (" (smoke sizes: not meaningful)" if self.smoke else ""))
+        print(f"\nidem {m.get('idem_version')} ({m.get('idem_build')}), {m.get('pg_version', '')[:60]}, "
+              f"nproc {m.get('nproc')}, profile {m.get('profile')}\n")
+        for line in [l for l in self.noise_lines() if l] + [f"note: {n}" for n in self.raw.get("notes", [])] + \
+                [f"ERROR in section {e['section']}: {e['error'][:800]}" for e in self.raw.get("errors", [])]:
+            print(line)
+        print("\n## Targets" + (" (smoke sizes: not meaningful)" if self.smoke else ""))
         w = max([len(t["target"]) for t in self.targets] + [10])
         for t in self.targets:
-            out.append(f"  {t['status']:4s}  {t['target']:<{w}}  {t['measured']}")
-        out.append("")
+            print(f"  {t['status']:4s}  {t['target']:<{w}}  {t['measured']}")
         full = (m.get("full_estimate_s") or {}).get("total")
         if full:
-            out.append(f"this run took {m.get('total_seconds', 0) / 60:.1f} min; a full run (--full) would "
-                       f"take about {full / 60:.0f} min on this machine")
-        out.append(f"written: {', '.join(os.path.join(self.out, f) for f in ('results.csv', 'results.json', 'report.md', 'tps.svg'))}")
-        return out
+            print(f"\nthis run took {m.get('total_seconds', 0) / 60:.1f} min; a full run (--full) would "
+                  f"take about {full / 60:.0f} min on this machine")
+        print("every table: " + ", ".join(os.path.join(self.out, f)
+                                         for f in ("report.md", "results.csv", "results.json", "tps.svg")))
 
 
 def nice_step(x):
@@ -906,7 +712,7 @@ def esc(s):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
     r = Report(out)
-    for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.partitions, r.cleanup):
+    for part in (r.matrix, r.latency, r.wal, r.bytes_, r.sustained, r.scale, r.cleanup):
         part()
     for mod in (section_ttl, section_handwritten, section_kills, section_portable, section_batch):
         mod.report(r)

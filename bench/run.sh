@@ -8,15 +8,14 @@
 #   bash bench/run.sh --help     # every option
 # It prints its estimated duration when it starts.
 #
-# Starts its own PostgreSQL 15 cluster (port 5498, unix socket only, under
-# bench/out/cluster), and its own redis-server (unix socket) for variant B3,
+# Starts its own cluster of the PostgreSQL of PG_CONFIG (default Debian's 15,
+# as scripts/lib.sh; port 5498, unix socket only, under bench/out/cluster;
+# tests/lib/cluster.sh), and its own redis-server (unix socket) for variant B3,
 # runs every section, writes bench/out/{results.csv,results.json,report.md,
-# tps.svg} and prints the tables with PASS/MISS. See bench/README.md.
-set -euo pipefail
-
-BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$BENCH/.." && pwd)"
-PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+# tps.svg} and prints the targets with PASS/MISS. See bench/README.md.
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+source "$ROOT/tests/lib/cluster.sh"
+BENCH="$ROOT/bench"
 PORT="${BENCH_PORT:-5498}"
 COMMAND_LINE="bash bench/run.sh $*"
 
@@ -42,12 +41,9 @@ fi
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
-as_postgres() { (cd / && sudo -u postgres "$@"); }
-
 # ---- prerequisites -------------------------------------------------------
-for b in initdb pg_ctl postgres psql pgbench; do
-  [ -x "$PG_BIN/$b" ] || { echo "missing $PG_BIN/$b (PostgreSQL 15 server)" >&2; exit 1; }
+for b in postgres psql pgbench; do
+  [ -x "$PG_BIN/$b" ] || { echo "missing $PG_BIN/$b (PostgreSQL server)" >&2; exit 1; }
 done
 command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
 [ -f "$("$PG_BIN/pg_config" --sharedir)/extension/idem.control" ] ||
@@ -60,38 +56,23 @@ CLUSTER="$BENCH/out/cluster"
 if ! (cd / && sudo -u postgres test -x "$BENCH/out" 2>/dev/null) || ! (cd / && sudo -u postgres test -x "$BENCH" 2>/dev/null); then
   CLUSTER="/tmp/idem-bench-cluster-$(echo "$ROOT" | md5sum | cut -c1-8)"
 fi
-DATA="$CLUSTER/data"
 
-stop_cluster() {
-  if [ -f "$DATA/postmaster.pid" ]; then
-    as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null 2>&1 || true
-  fi
-}
 REDIS_PID=""
 cleanup() {
   if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; fi
-  if [ "$KEEP" = 0 ]; then stop_cluster; fi
+  if [ "$KEEP" = 0 ]; then pc_server_stop "$CLUSTER" fast; fi
 }
 trap cleanup EXIT
 
-# A previous run that was killed may have left its server behind.
-stop_cluster
-rm -rf "$DATA"
-mkdir -p "$CLUSTER"
-chown postgres:postgres "$CLUSTER"
-chmod 700 "$CLUSTER"
-
-say "creating the benchmark cluster in $DATA (port $PORT)"
-as_postgres "$PG_BIN/initdb" -D "$DATA" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+# (pc_fresh first stops what a previous run that was killed left behind)
+pc_fresh "$CLUSTER"
+say "creating the benchmark cluster in $CLUSTER (port $PORT)"
 # Tuned like a small production server, not like a test cluster: fsync and
 # full_page_writes stay on (synchronous_commit is set per session by the
 # benchmark), and checkpoints are spaced so that none lands inside a
 # measurement (the benchmark issues CHECKPOINT between sections itself).
-cat >> "$DATA/postgresql.conf" <<CONF
-# ---- idem benchmark cluster (bench/run.sh) ----
-listen_addresses = ''
-unix_socket_directories = '$CLUSTER'
-port = $PORT
+# (These lines come after pc_initdb's, and win.)
+mapfile -t conf <<CONF
 max_connections = 50
 shared_buffers = 1GB
 huge_pages = try
@@ -114,7 +95,8 @@ log_min_messages = warning
 log_checkpoints = on
 log_autovacuum_min_duration = 0
 CONF
-as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -l "$CLUSTER/server.log" -w start >/dev/null
+pc_initdb "$PG_BIN" "$CLUSTER" "$PORT" "${conf[@]}"
+pc_server_start "$CLUSTER"
 
 # ---- redis (variant B3) -----------------------------------------------------
 REDIS_SOCK=""

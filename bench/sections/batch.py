@@ -1,21 +1,6 @@
-"""batch section: the per-key cost of claiming a consumer's poll of N keys
-(500 by default) in one transaction, three ways, with the business insert of
-each new key:
-
-  M  one idem_claim_many(keys, 'bench') call, its claimed rows inserted in
-     the same statement (bench/sql/batch_many.sql);
-  S  N idem_claim calls, each its own statement and round trip, with the
-     business insert of its key in the same statement (what a consumer does
-     without a batch call, minus the second round trip most would make; the
-     script is written per N into the output folder);
-  H  the hand-written INSERT ... SELECT unnest(...) ON CONFLICT DO NOTHING
-     RETURNING into a plain table with a unique index, its returned keys
-     inserted in the same statement (bench/sql/batch_hw.sql).
-
-One client, synchronous_commit off; M, S and H run interleaved (rotating
-order, several rounds), each run after the same reset and a CHECKPOINT, so
-that a loaded machine moves all three alike: the verdict is the ratio of
-the same round's runs, not a wall-clock figure. Keys per second = TPS x N."""
+"""batch section: the per-key cost of a consumer's batch of N keys: one
+idem_claim_many call (M), N idem_claim statements (S), a hand-written
+unnest ... ON CONFLICT (H). The method is bench/README.md's ("batch")."""
 import os
 
 from . import common
@@ -104,10 +89,8 @@ def report(R):
     for x in runs:
         by_round.setdefault(x["round"], {})[x["variant"]] = x["keys_per_s"]
     lines = [f"## Batch claims (batch section)", "",
-             f"Per-key cost of claiming {n} new keys in one transaction, with the business insert of each: "
-             f"M = one `idem_claim_many` call, S = {n} `idem_claim` statements (one round trip each), "
-             "H = hand-written `INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING`. One client, "
-             "synchronous_commit off, interleaved rounds.", "",
+             f"{n} new keys per transaction: M = one `idem_claim_many` call, S = {n} `idem_claim` "
+             "statements, H = hand-written unnest ON CONFLICT (method: bench/README.md, batch).", "",
              "| variant | keys/s (median) | range | µs per key |", "|---|---|---|---|"]
     summ = {}
     for label, what in VARIANTS:

@@ -1,14 +1,9 @@
 """cleanup section: idem_maintain() against the hand-written DELETE ... WHERE
-expires_at < now(), at several numbers of expired rows (time, WAL, size),
-and the claim latency while each cleanup runs."""
-import os
+expires_at < now(), at several numbers of expired rows (time, WAL, size).
+What a cleanup does to the claims running beside it is the handwritten
+section's question (p99 of the transactions that overlap a cleanup)."""
 import re
-import subprocess
 import time
-
-from measure import noise, pct
-
-from .common import SQL, BenchError
 
 
 def timed(b, db, sql, pre=""):
@@ -141,8 +136,7 @@ def run(b):
     b.create_db(db)
     sizes = sorted(p["cleanup_rows"])
     live = p["cleanup_live"]
-    res = {"rows": sizes, "live": live, "reps": p["cleanup_reps"], "p99_rows": p["p99_rows"],
-           "delete": [], "idem": [], "idem_cold": [], "p99": {}}
+    res = {"rows": sizes, "live": live, "reps": p["cleanup_reps"], "delete": [], "idem": [], "idem_cold": []}
     b.raw["cleanup"] = res
     # hand-written: DELETE ... WHERE expires_at < now()
     for rows in sizes:
@@ -162,17 +156,7 @@ def run(b):
               f"size {before / 1e6:.1f} -> {after / 1e6:.1f} MB "
               f"({after_vac / 1e6:.1f} MB after VACUUM, which took {vac_s:.1f}s)")
         b.save()
-    # latency of hand-written claims without / during the DELETE
-    p99_rounds(b, db, "delete", "b1ttl.sql", "DELETE FROM dedup_ttl WHERE expires_at < now()",
-               lambda: load_expired_handwritten(b, db, p["p99_rows"], live))
     b.psql(db, "TRUNCATE dedup_ttl")
-
-    if not b.has_maintain(db):
-        res["idem_skipped"] = "skipped: idem_maintain not available"
-        b.log("cleanup idem: skipped: idem_maintain not available")
-        b.save()
-        b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
-        return
     # Warm: one session per measurement, whose first idem_maintain()
     # call (nothing to drop yet: it compiles the function and fills the
     # caches) comes before the load; the measured call is its second.
@@ -202,87 +186,5 @@ def run(b):
         ms, wal, _, _, out = timed(b, db, "SELECT idem_maintain()")
         res["idem_cold"].append(maintain_result(b, db, rows, ms, wal, out, before, "cold", 0))
         b.save()
-    p99_rounds(b, db, "idem", "i1.sql", "SELECT idem_maintain()",
-               lambda: load_expired_idem(b, db, p["p99_rows"], live))
     b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
 
-
-def p99_run(b, db, script, during_sql, tag):
-    """pgbench (1 client, sync off) for p99_duration seconds with
-    per-transaction logging; with during_sql, that statement starts 1 s
-    in. Returns latency stats overall and within the cleanup window."""
-    p = b.p
-    prefix = f"lat-{tag}"
-    for f in os.listdir(b.logs):
-        if f.startswith(prefix + "."):
-            os.remove(os.path.join(b.logs, f))
-    run = b.next_run()
-    cmd = [os.path.join(b.pg_bin, "pgbench"), "-n", "-M", "prepared", "-c", "1", "-j", "1",
-           "-D", "n=0", "-D", f"run={run}", "-D", "prefill=1", "-T", str(p["p99_duration"]),
-           "--log", "--log-prefix", prefix, "-f", os.path.join(SQL, script)] + \
-        b.conn_args(db)[:-2] + [db]
-    env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
-    proc = subprocess.Popen(cmd, cwd=b.logs, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    window = None
-    cleanup = None
-    if during_sql:
-        time.sleep(1.0)
-        ms, wal, e0, e1, body = timed(b, db, during_sql)
-        window = (e0, max(e1, e0 + 1.0))
-        cleanup = {"ms": ms, "wal": wal, "output": body}
-    out, _ = proc.communicate()
-    with open(os.path.join(b.logs, f"run{run:05d}-{tag}.log"), "w") as f:
-        f.write(" ".join(cmd) + "\n" + out)
-    errors = re.findall(r"aborted in command \d+ query \d+: (.*)", out)
-    if proc.returncode != 0 and not (during_sql and errors):
-        raise BenchError(f"pgbench {script} ({tag}) failed: {out[-1500:]}")
-    lats, win = [], []
-    for f in os.listdir(b.logs):
-        if not f.startswith(prefix + "."):
-            continue
-        with open(os.path.join(b.logs, f)) as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 6:
-                    continue
-                lat_us = int(parts[2])
-                end = int(parts[4]) + int(parts[5]) / 1e6
-                lats.append(lat_us)
-                if window and end >= window[0] and end - lat_us / 1e6 <= window[1]:
-                    win.append(lat_us)
-    res = {"tag": tag, "txns": len(lats), "p50_ms": pct(lats, 50), "p99_ms": pct(lats, 99),
-           "max_ms": max(lats) / 1000 if lats else None, "client_errors": errors}
-    if errors:
-        b.log(f"  claims FAILED while {during_sql} ran: {errors[0]}")
-    if window:
-        res.update(window_txns=len(win), window_p99_ms=pct(win, 99),
-                   window_max_ms=max(win) / 1000 if win else None,
-                   window_s=window[1] - window[0], cleanup=cleanup)
-    return res
-
-
-def p99_rounds(b, db, name, script, cleanup_sql, load):
-    """Per round: load the expired rows, CHECKPOINT, a run without
-    cleanup, CHECKPOINT, a run with the cleanup starting 1 s in."""
-    res = b.raw["cleanup"]["p99"]
-    for r in range(b.p["p99_rounds"]):
-        b.wait_quiet()
-        load()
-        b.psql(db, "TRUNCATE orders")
-        base = b.measured(lambda: b.checkpoint(db),
-                          lambda: p99_run(b, db, script, None, f"{name}-base-{r}"))
-        # the cleanup cannot be re-run on the same rows: no retry here
-        b.wait_quiet()
-        b.checkpoint(db)
-        a = b.meter.snap()
-        during = p99_run(b, db, script, cleanup_sql, f"{name}-during-{r}")
-        during["foreign_cores"] = round(b.meter.foreign(a, b.meter.snap()), 3)
-        during.update(noise())
-        res.setdefault(f"{name}_base", []).append(base)
-        res.setdefault(f"{name}_during", []).append(during)
-        b.log(f"cleanup p99 round {r}, {script}: {base['p99_ms']:.2f} ms without, "
-              f"{during.get('window_p99_ms') or 0:.2f} ms during {cleanup_sql} "
-              f"({during.get('window_txns')} claims in the window, cleanup "
-              f"{during['cleanup']['ms']:.0f} ms)")
-        b.save()

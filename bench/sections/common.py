@@ -1,5 +1,6 @@
-"""Helpers the retention sections share: a database with chosen idem
-settings, and pgbench's per-transaction logs read with their timestamps."""
+"""Helpers the sections share: a database with chosen idem settings,
+pgbench's per-transaction logs read with their timestamps, the rounds'
+rotating order, medians and ratios of medians."""
 import gzip
 import os
 
@@ -81,6 +82,28 @@ def read_txn_log(b, prefix):
             os.remove(path)
     rows.sort()
     return rows
+
+
+def rotated(items, r, rounds):
+    """Round r's order of items: each round starts r·len/rounds positions
+    further, so that a drift of the machine spreads over all of them."""
+    off = (r * len(items)) // rounds
+    return items[off:] + items[:off]
+
+
+def ratio(runs, num, den):
+    """Ratio of the median TPS of variant num to den's over runs, with the
+    range of the same round's ratios (a tie when the target falls inside):
+    (ratio, round_min, round_max), Nones when either was not measured."""
+    xs = [x["tps"] for x in runs if x["variant"] == num]
+    ys = [x["tps"] for x in runs if x["variant"] == den]
+    if not xs or not ys:
+        return None, None, None
+    by_round = {}
+    for x in runs:
+        by_round.setdefault(x["round"], {})[x["variant"]] = x["tps"]
+    pairs = [d[num] / d[den] for d in by_round.values() if num in d and den in d and d[den]]
+    return median(xs) / median(ys), min(pairs, default=None), max(pairs, default=None)
 
 
 def median(xs):

@@ -1,15 +1,6 @@
 """kills section: what each approach leaves behind when the client process
-is killed between the dedup step and COMMIT.
-
-Per kill and approach, a fresh client (bench/kill_txn.c) does the dedup step
-(Redis SET NX EX before the business transaction; idem_claim, or the
-hand-written INSERT ... ON CONFLICT DO NOTHING, inside it), the business
-INSERT, then stops itself with raise(SIGSTOP) before COMMIT; the harness
-waits until it is stopped (waitpid WUNTRACED) and SIGKILLs it. Then a
-second fresh client retries the same key. Counted, from the business table
-and the retries' answers: keys whose work was lost (the retry was told
-"duplicate" and no business row exists) and keys done twice (two business
-rows)."""
+is killed between the dedup step and COMMIT (bench/kill_txn.c), and a retry
+of the same key follows. The method is bench/README.md's ("kills")."""
 import os
 import shutil
 import signal
@@ -124,10 +115,8 @@ def report(R):
     if not ap:
         return
     lines = ["## Client killed between the dedup step and COMMIT (kills section)", "",
-             "Per kill: a fresh client does the dedup step and the business INSERT, stops itself "
-             "(SIGSTOP) before COMMIT and is SIGKILLed; a second fresh client retries the same key. "
              "Lost = the retry was told \"duplicate\" and no business row exists; twice = two business "
-             "rows. Counted, not estimated.", "",
+             "rows (method: bench/README.md, kills).", "",
              "| approach | kills | retry refused | retry did the work | work lost | done twice | done once |",
              "|---|---|---|---|---|---|---|"]
     for a in APPROACHES:
@@ -142,10 +131,6 @@ def report(R):
         lines.append(f"\nskipped: {s}")
     lines.append("")
     R.md += lines
-    R.readme += ["### Client killed after the dedup step, before COMMIT, then a retry of the same key", "",
-                 "| approach | kills | work lost | done twice |", "|---|---|---|---|"]
-    R.readme += [f"| {a} | {ap[a]['kills']} | {ap[a]['lost']} | {ap[a]['twice']} |" for a in APPROACHES if a in ap]
-    R.readme.append("")
     R.summary["kills"] = ap
     if "idem" in ap:
         c = ap["idem"]

@@ -1,32 +1,10 @@
 """latency section: p50/p99 of a whole transaction at 2 clients, computed
 exactly from pgbench's per-transaction logs, in interleaved rounds like the
 matrix."""
-import os
-
 from measure import hist_stats, lat_stats
 from variants import LATENCY_VARIANTS, VARIANTS
 
-
-def read_latency_logs(b, prefix, keep=True):
-    """Per-transaction latencies (µs) from pgbench's --log files of one
-    run (one file per thread); the files are then gzipped into one."""
-    import gzip
-    lats = []
-    files = sorted(f for f in os.listdir(b.logs) if f.startswith(prefix + "."))
-    out = gzip.open(os.path.join(b.logs, prefix + ".log.gz"), "wt") if keep else None
-    for f in files:
-        path = os.path.join(b.logs, f)
-        with open(path) as fh:
-            for line in fh:
-                if out:
-                    out.write(line)
-                parts = line.split()
-                if len(parts) >= 6 and parts[2].isdigit():
-                    lats.append(int(parts[2]))
-        os.remove(path)
-    if out:
-        out.close()
-    return lats
+from .common import read_txn_log, rotated
 
 
 def run(b):
@@ -41,16 +19,14 @@ def run(b):
     k = 0
     for sync in p["latency_sync"]:
         for r in range(p["latency_rounds"]):
-            off = (r * len(variants)) // p["latency_rounds"]
-            order = variants[off:] + variants[:off]
-            for v in order:
+            for v in rotated(variants, r, p["latency_rounds"]):
                 k += 1
                 tag = f"lat-{sync}-{v}-r{r}"
                 res = b.measured(
                     lambda: b.reset_main(db, p["prefill"], checkpoint=True),
                     lambda: b.pgbench(db, VARIANTS[v][1], c, sync, duration=p["latency_duration"],
                                       prefill=p["prefill"], log_prefix=tag, tag=tag))
-                lats = read_latency_logs(b, tag)
+                lats = [lat for _, lat in read_txn_log(b, tag)]
                 h = hist.setdefault((sync, v), {})
                 for x in lats:
                     h[x] = h.get(x, 0) + 1

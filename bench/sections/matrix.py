@@ -3,6 +3,8 @@ and client count. Each round runs every variant once, in an order that
 rotates from round to round, each run after the same reset and CHECKPOINT."""
 from variants import MATRIX_VARIANTS
 
+from .common import rotated
+
 
 def run(b):
     p = b.p
@@ -17,9 +19,7 @@ def run(b):
     k = 0
     for sync, clients in configs:
         for r in range(p["rounds"]):
-            off = (r * len(variants)) // p["rounds"]
-            order = variants[off:] + variants[:off]
-            for pos, v in enumerate(order):
+            for pos, v in enumerate(rotated(variants, r, p["rounds"])):
                 k += 1
                 res = b.measured(
                     lambda: b.reset_main(db, p["prefill"], checkpoint=True),

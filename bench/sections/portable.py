@@ -1,17 +1,7 @@
 """portable section: the portable edition (docs/portable.md) next to the
-native edition and the hand-written baselines, on one server.
-
-The two editions cannot share a database (their key locks differ), so the
-section makes two databases of the benchmark's cluster: one with the native
-extension (`CREATE EXTENSION idem`, as installed), one with the portable
-edition's plain script (`scripts/portable.py`, run as the database's owner
-would run it). The hand-written baselines B1 and B1r run in the portable
-one, on the same tables. I1, I2 and I3 of each edition and B1, B1r run
-interleaved (rotating order, several rounds) at each client count, every run
-after the same reset of its database and a CHECKPOINT; the table gives median
-TPS and the ratios portable/B1 (I1), portable/B1r (I2) and portable/native.
-Beside it, I3's WAL bytes and xids per call in each edition (the duplicate
-path must write nothing), measured as the wal section measures them."""
+native edition and the hand-written baselines, two databases of one
+cluster, and I3's WAL and xids in each. The method is bench/README.md's
+("portable")."""
 import os
 import subprocess
 
@@ -123,8 +113,7 @@ def run(b):
     k = 0
     for clients in p["pt_clients"]:
         for r in range(p["pt_rounds"]):
-            off = (r * len(VARIANTS)) // p["pt_rounds"]
-            for label, db, script in VARIANTS[off:] + VARIANTS[:off]:
+            for label, db, script in common.rotated(VARIANTS, r, p["pt_rounds"]):
                 k += 1
                 res = b.measured(
                     lambda: reset(b, db, p["pt_prefill"]),
@@ -140,20 +129,6 @@ def run(b):
 
 
 # ---- report ------------------------------------------------------------------
-def ratio_cells(runs, c, num, den):
-    """(ratio of medians, min and max of the same-round ratios)."""
-    xs = [x["tps"] for x in runs if x["variant"] == num and x["clients"] == c]
-    ys = [x["tps"] for x in runs if x["variant"] == den and x["clients"] == c]
-    if not xs or not ys:
-        return None, None, None
-    by_round = {}
-    for x in runs:
-        if x["clients"] == c and x["variant"] in (num, den):
-            by_round.setdefault(x["round"], {})[x["variant"]] = x["tps"]
-    pairs = [d[num] / d[den] for d in by_round.values() if num in d and den in d]
-    return common.median(xs) / common.median(ys), min(pairs), max(pairs)
-
-
 def report(R):
     raw = R.raw.get("portable") or {}
     runs = raw.get("runs") or []
@@ -166,11 +141,8 @@ def report(R):
         R.csv.append(("portable", f"{label}-I3", "off", 1, 0, "xids_per_txn", w["xids_per_txn"], "xid"))
     clients = sorted(set(x["clients"] for x in runs))
     lines = ["## Portable edition (portable section)", "",
-             "The portable edition's plain script (`scripts/portable.py`) in one database, the native "
-             "extension in another of the same cluster; P- = portable, N- = native; B1 and B1r run in "
-             "the portable edition's database. I1 = `idem_claim` + business insert on a new key, I2 = "
-             "I1 + `idem_complete`, I3 = `idem_claim` of a committed key. Interleaved rounds, "
-             "synchronous_commit off, every run after the same reset and a CHECKPOINT.", "",
+             "P- = portable, N- = native; B1 and B1r run in the portable edition's database "
+             "(method: bench/README.md, portable).", "",
              "| variant | " + " | ".join(f"c={c} TPS | range" for c in clients) + " |",
              "|---|" + "---|" * (2 * len(clients))]
     summ = {}
@@ -191,7 +163,7 @@ def report(R):
     for name, num, den, target in RATIOS:
         row = [name]
         for c in clients:
-            m, lo, hi = ratio_cells(runs, c, num, den)
+            m, lo, hi = common.ratio([x for x in runs if x["clients"] == c], num, den)
             if m is None:
                 row.append("—")
                 continue

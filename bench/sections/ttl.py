@@ -1,15 +1,7 @@
-"""ttl section: does a claim's cost depend on its business type's TTL?
-
-One database holds business types of 1 hour, 1 day, 30 days and 400 days,
-each pre-filled with live claims spread over its whole TTL (so every
-partition a type's TTL spans holds rows); a second database holds only the
-1-day type, pre-filled the same way: the baseline. New-key claims (claim +
-complete in one transaction) and duplicate claims of every type, and of
-the baseline's type, run interleaved (round-robin, rotating order, several
-rounds) at each client count; the table gives median TPS and each type's
-cost relative to the baseline (baseline TPS / type TPS; target <= 1.1).
-Beside it, how many relation locks one claim holds, from pg_locks inside
-the claiming transaction."""
+"""ttl section: does a claim's cost depend on its business type's TTL? New
+and duplicate claims of types of 1 hour to 400 days against a database with
+the 1-day type alone, and the relation locks one claim holds. The method is
+bench/README.md's ("ttl")."""
 import os
 import re
 import shutil
@@ -165,8 +157,7 @@ def run(b):
     k = 0
     for clients in p["ttl_clients"]:
         for r in range(p["ttl_rounds"]):
-            off = (r * len(vs)) // p["ttl_rounds"]
-            for label, db, t, kind, script in vs[off:] + vs[:off]:
+            for label, db, t, kind, script in common.rotated(vs, r, p["ttl_rounds"]):
                 k += 1
                 res = b.measured(
                     lambda: b.checkpoint(db),
@@ -224,12 +215,8 @@ def report(R):
     clients = sorted(set(x["clients"] for x in runs))
     summ = {}
     lines = ["## TTL as a dimension (ttl section)", "",
-             "One database with business types of 1 hour, 1 day, 30 days and 400 days, each pre-filled "
-             "with live claims spread over its whole TTL; a second database with only the 1-day type "
-             "(the baseline). New key = `idem_claim` + `idem_complete` in one transaction; duplicate = "
-             "`idem_claim` of a live key. Interleaved rounds, synchronous_commit off. Cost × = baseline "
-             "TPS / the type's TPS (ratio of medians; in brackets the same-round ratios' range); "
-             f"target ≤ {TARGET}.", ""]
+             "Cost × base = the 1-day-only baseline's TPS / the type's (ratio of medians; in brackets "
+             f"the same-round ratios' range); target ≤ {TARGET} (method: bench/README.md, ttl).", ""]
     for db, lay in (raw.get("layout") or {}).items():
         lines.append(f"- `{db}`: {lay['rows']:,} live claims, {lay['nonempty']} non-empty of "
                      f"{lay['partitions']} partitions of idem.claims")
@@ -245,22 +232,15 @@ def report(R):
             row = [t if t != "base" else "**t1d alone (baseline)**", kind]
             for c in clients:
                 xs = [x["tps"] for x in runs if x["variant"] == label and x["clients"] == c]
-                bs = [x["tps"] for x in runs if x["variant"] == f"base-{kind}" and x["clients"] == c]
                 if not xs:
                     row += ["—"] * 3
                     continue
-                m, bm = common.median(xs), common.median(bs)
-                by_round = {}
-                for x in runs:
-                    if x["clients"] == c and x["variant"] in (label, f"base-{kind}"):
-                        by_round.setdefault(x["round"], {})[x["variant"]] = x["tps"]
-                pairs = [d[f"base-{kind}"] / d[label] for d in by_round.values()
-                         if label in d and f"base-{kind}" in d]
-                cost = bm / m if bm and m else None
+                m = common.median(xs)
+                cost, lo, hi = common.ratio([x for x in runs if x["clients"] == c], f"base-{kind}", label)
                 summ[f"{label}/{c}"] = {"median": m, "min": min(xs), "max": max(xs), "cost": cost}
                 if t != "base" and cost is not None:
                     worst.append((cost, f"{t} {kind} c={c}"))
-                rng = f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else ""
+                rng = f" ({lo:.2f}–{hi:.2f})" if lo is not None and hi > lo else ""
                 row += [f"{m:,.0f}", f"{min(xs):,.0f}–{max(xs):,.0f}",
                         "—" if t == "base" else (f"{cost:.2f}{rng}" if cost else "—")]
             lk = (raw.get("locks") or {}).get("base" if t == "base" else t, {}).get(kind)

@@ -1,6 +1,6 @@
 # The one cluster library: every test server of the project is made,
 # started, stopped, crashed and removed here (initdb and pg_ctl are called
-# from this file only, apart from bench/'s clusters and
+# from this file only, apart from
 # tests/package/in_root.sh, which runs as an operator would in a Debian root
 # without sudo or this checkout's scripts). Source it after scripts/lib.sh, or run it as a
 # command (below). A cluster lives in a folder DIR: its data in DIR/data, its

@@ -18,7 +18,7 @@ done
 for v in B0 B1 B1r B2 I1 I1c I1f I2 I3; do
   grep -q "^matrix,$v," "$out/results.csv" || { echo "FAIL: no measurement of $v"; exit 1; }
 done
-for s in latency wal bytes sustained scale partitions cleanup portable batch; do
+for s in latency wal bytes sustained scale cleanup portable batch; do
   grep -q "^$s," "$out/results.csv" || { echo "FAIL: no measurement in section $s"; exit 1; }
 done
 grep -q "^## Targets" "$out/report.md" || { echo "FAIL: report.md has no targets table"; exit 1; }
