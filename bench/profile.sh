@@ -264,10 +264,13 @@ cmd_portable() {
   for rev in "$@"; do
     src="$OUT/src"
     rm -rf "$src"; mkdir -p "$src"
+    # (what scripts/portable.py reads; src/lib.rs lists the SQL modules)
     if [ "$rev" = . ]; then
+      mkdir -p "$src/src"
       cp -r "$ROOT/scripts" "$ROOT/sql" "$ROOT/portable" "$ROOT/idem.control" "$ROOT/Cargo.toml" "$src/"
+      cp "$ROOT/src/lib.rs" "$src/src/"
     else
-      git -C "$ROOT" archive "$rev" scripts sql portable idem.control Cargo.toml | tar -x -C "$src"
+      git -C "$ROOT" archive "$rev" scripts sql portable idem.control Cargo.toml src/lib.rs | tar -x -C "$src"
     fi
     python3 "$src/scripts/portable.py" --out "$OUT/dist" >/dev/null
     chown -R postgres "$OUT"
