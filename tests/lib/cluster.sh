@@ -1,9 +1,9 @@
 # The one cluster library: every test server of the project is made,
 # started, stopped, crashed and removed here (initdb and pg_ctl are called
-# from this file only, apart from
-# tests/package/in_root.sh, which runs as an operator would in a Debian root
-# without sudo or this checkout's scripts). Source it after scripts/lib.sh, or run it as a
-# command (below). A cluster lives in a folder DIR: its data in DIR/data, its
+# from this file only, apart from tests/package/in_root.sh, which runs as an
+# operator would in a Debian root without sudo or this checkout's scripts).
+# Source it after scripts/lib.sh, or run it as a command (below). A cluster
+# lives in a folder DIR: its data in DIR/data, its
 # log in DIR/server.log, its Unix socket in DIR, trust authentication, user
 # postgres; the PostgreSQL whose programs made it is remembered in
 # DIR/pg_bin (another tree than $PG_BIN: pg_tle's, an older or newer major).
