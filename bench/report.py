@@ -630,7 +630,7 @@ class Report:
                  f"- PostgreSQL: {m.get('pg_version')}",
                  f"- idem {m.get('idem_version')}, installed build: **{m.get('idem_build')}**",
                  f"- partitions of idem.claims at start: {m.get('partitions_at_start')}",
-                 f"- cluster: private, started by bench/run.sh (initdb, port 5498, unix socket only); "
+                 f"- cluster: private, started by bench/run.sh (tests/lib/cluster.sh, unix socket only); "
                  f"shared_buffers = {s.get('shared_buffers')} (×8kB), max_wal_size = {s.get('max_wal_size')}, "
                  f"checkpoint_timeout = {s.get('checkpoint_timeout')}, fsync = {s.get('fsync')}, "
                  f"full_page_writes = {s.get('full_page_writes')}, wal_level = {s.get('wal_level')}, "
