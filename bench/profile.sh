@@ -242,7 +242,7 @@ tcp_count() { # NAME: instructions of the backend of one psql session over TCP r
   sed -n 's/^totals: *//p' "$f"
 }
 cmd_portable() {
-  local tcp=0 rev src v long short row
+  local tcp=0 rev label src v long short row
   need_n 300
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -262,6 +262,7 @@ cmd_portable() {
   echo "PostgreSQL $PG_MAJOR ($PG_BIN): instructions per transaction ($N and $N0 transactions per variant)"
   printf '%-14s %12s %12s %12s %12s\n' revision B1 I1 I2 I3
   for rev in "$@"; do
+    label="$(git -C "$ROOT" rev-parse --short "${rev/#./HEAD}")$([ "$rev" = . ] && echo '+wt' || true)"
     src="$OUT/src"
     rm -rf "$src"; mkdir -p "$src"
     # (what scripts/portable.py reads; src/lib.rs lists the SQL modules)
@@ -296,7 +297,7 @@ cmd_portable() {
       pc_server_stop "$DATA" fast
       wait
     fi
-    printf '%-14s %12d %12d %12d %12d\n' "$(git -C "$ROOT" rev-parse --short "${rev/#./HEAD}")$([ "$rev" = . ] && echo '+wt' || true)" "${row[@]}"
+    printf '%-14s %12d %12d %12d %12d\n' "$label" "${row[@]}"
   done
 }
 
