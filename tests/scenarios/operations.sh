@@ -87,9 +87,9 @@ echo "ok"
 # the lock goes and both commit. Verdicts: both runs succeeded, as
 # charge_owner; each of the 150 leases was handed to redrive_charge exactly
 # once (one queue row per key, attempt 2; rows of both runs), and every
-# lease is running again (attempt 2, none run out). Both editions, one after the other, in the
-# cluster's pg_cron database (each waits for pg_cron's next minute). Needs
-# pg_cron: skipped on a PostgreSQL without it.
+# lease is running again (attempt 2, none run out). Both editions, one
+# after the other, in the cluster's pg_cron database (each waits for
+# pg_cron's next minute). Skipped on a PostgreSQL without pg_cron.
 scenario_cron_completer() {
 if [ ! -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
   echo "skipped: no pg_cron for PostgreSQL $PG_MAJOR here (scripts/cluster.sh runs its cluster without it)"
