@@ -1396,7 +1396,6 @@ for edition in native portable; do
     "$(psql_idem -d $db -Atc "SELECT count(*) FROM charge_redrives")" 0
 
   # The verdicts, per order: the database and the provider side by side.
-  curl -fsS "$CHARGE_URL/stats" > "$work/$edition-stats.json"
   psql_idem -d $db -At > "$work/$edition-db.json" <<SQL
 SELECT json_object_agg(o, json_build_object(
   'claim_id', idem_claim_id(o || ':charge', 'charge', (SELECT first_claimed_at FROM idem_lookup(o || ':charge', 'charge'))),
@@ -1406,10 +1405,12 @@ SELECT json_object_agg(o, json_build_object(
   'leases', (SELECT count(*) FROM idem_leases WHERE key = o || ':charge')))
   FROM unnest(ARRAY['$(printf "$edition-%s','" "${phases[@]}" | sed "s/','\$//")']) AS o;
 SQL
-  out=$("$IDEM_PY" - "$work/$edition-stats.json" "$work/$edition-db.json" "$edition" "${phases[@]}" <<'PY'
-import json, sys
-stats, db = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-edition, phases = sys.argv[3], sys.argv[4:]
+  out=$("$IDEM_PY" - "$work/$edition-db.json" "$edition" "${phases[@]}" <<'PY'
+import json, os, sys, urllib.request
+with urllib.request.urlopen(os.environ["CHARGE_URL"] + "/stats") as answer:
+    stats = json.load(answer)
+db = json.load(open(sys.argv[1]))
+edition, phases = sys.argv[2], sys.argv[3:]
 for n, ph in enumerate(phases, 1):
     order = f"{edition}-{ph}"
     d = db[order]
