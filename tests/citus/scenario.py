@@ -21,7 +21,7 @@ from collections import Counter
 import psycopg
 
 HOST = "127.0.0.1"
-# tests/citus/cluster.sh's ports (CITUS_PORTS: coordinator, worker 1, worker 2).
+# The Citus cluster's ports (tests/lib/cluster.sh citus; CITUS_PORTS: coordinator, worker 1, worker 2).
 PORTS = dict(zip(("coord", "w1", "w2"), map(int, os.environ.get("CITUS_PORTS", "5530 5531 5532").split())))
 DB = os.environ.get("CITUS_DB", "idem_citus")
 # Maintenance runs in a database of its own: the docs' steps leave 30-day
@@ -721,12 +721,12 @@ def check_replica_identity():
 
 
 # ---------------------------------------------------------------- a worker killed under load
-CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib", "cluster.sh")
 UNKNOWN_OUTCOME = ("08006", "08003", "08000", "57P01", "XX000", None)
 
 
 def cluster(*args, db=None):
-    subprocess.run(["bash", CLUSTER_SH, *args], check=True, env=dict(os.environ, CITUS_DB=db or DB),
+    subprocess.run(["bash", CLUSTER_SH, "citus", *args], check=True, env=dict(os.environ, CITUS_DB=db or DB),
                    stdout=subprocess.DEVNULL)
 
 
@@ -833,7 +833,7 @@ def check_uninstall():
     """In a fresh database: idem distributed, claimed, maintained; then a
     plain DROP EXTENSION idem on the coordinator removes it from every node;
     CREATE EXTENSION, idem_distribute and claims work again."""
-    subprocess.run(["bash", CLUSTER_SH, "reset"], check=True, env=dict(os.environ, CITUS_DB=UNINSTALL_DB), stdout=subprocess.DEVNULL)
+    cluster("reset", db=UNINSTALL_DB)
     u = conn("coord", db=UNINSTALL_DB)
     q(u, "CREATE EXTENSION idem")
     q(u, "CREATE TABLE u_orders (order_no text PRIMARY KEY)")
