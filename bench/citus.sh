@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark's Citus section: the single-node variants through a Citus
-# coordinator (tests/citus/cluster.sh: coordinator 127.0.0.1:5530, workers
+# coordinator (tests/lib/cluster.sh citus: coordinator 127.0.0.1:5530, workers
 # :5531 and :5532, Citus 13.2.2 from ../shared/vendor via
-# tests/citus/install.sh), in a database of its own (idem_bench):
+# tests/scenarios/scaling.sh citus --server), in a database of its own (idem_bench):
 #
 #   B0  BEGIN; INSERT INTO orders ...; END
 #   B1  BEGIN; INSERT INTO dedup ... ON CONFLICT DO NOTHING; INSERT INTO orders ...; END
@@ -27,8 +27,9 @@
 # end unless --keep-cluster; the numbers compare variants on one cluster,
 # not with the single-node matrix.
 # The PostgreSQL Citus is built into: the private copy of Debian's 15.
-[ -n "${PG_CONFIG:-}" ] || PG_CONFIG=$(bash "$(dirname "${BASH_SOURCE[0]}")/../tests/citus/tree.sh")
-export PG_CONFIG   # tests/citus/install.sh and cluster.sh read it too
+# (made once, Citus built into it once, then cached)
+PG_CONFIG=$(bash "$(dirname "${BASH_SOURCE[0]}")/../tests/scenarios/scaling.sh" citus --server)
+export PG_CONFIG
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 ROUNDS=3 DURATION=20 CLIENTS="2 4" VARIANTS="b0 b1 i1 i2" OUT="$ROOT/bench/out/citus" KEEP=0
 while [ $# -gt 0 ]; do
@@ -47,16 +48,15 @@ mkdir -p "$OUT/logs"
 OUT="$(cd "$OUT" && pwd)"
 [ -f "$("$PG_CONFIG" --sharedir)/extension/idem.control" ] ||
   { echo "idem is not installed into the PostgreSQL of $PG_CONFIG (cargo pgrx install --release --pg-config $PG_CONFIG)" >&2; exit 1; }
-bash "$ROOT/tests/citus/install.sh"
 
 export CITUS_DB=idem_bench
-CLUSTER="$ROOT/tests/citus/cluster.sh"
+source "$ROOT/tests/lib/cluster.sh"
 was_running=0
-bash "$CLUSTER" status | grep -q "coord: running" && was_running=1
-cleanup() { [ "$KEEP" = 1 ] || [ "$was_running" = 1 ] || bash "$CLUSTER" stop; }
+citus_running coord && was_running=1
+cleanup() { [ "$KEEP" = 1 ] || [ "$was_running" = 1 ] || citus_stop; }
 trap cleanup EXIT
-bash "$CLUSTER" reset
-C() { bash "$CLUSTER" psql coord "$@"; }
+citus_reset
+C() { citus_psql coord "$@"; }
 C >/dev/null <<'SQL'
 CREATE EXTENSION idem;
 CREATE TABLE orders (

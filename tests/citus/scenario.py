@@ -21,7 +21,7 @@ from collections import Counter
 import psycopg
 
 HOST = "127.0.0.1"
-# tests/citus/cluster.sh's ports (CITUS_PORTS: coordinator, worker 1, worker 2).
+# The Citus cluster's ports (tests/lib/cluster.sh citus; CITUS_PORTS: coordinator, worker 1, worker 2).
 PORTS = dict(zip(("coord", "w1", "w2"), map(int, os.environ.get("CITUS_PORTS", "5530 5531 5532").split())))
 DB = os.environ.get("CITUS_DB", "idem_citus")
 # Maintenance runs in a database of its own: the docs' steps leave 30-day
@@ -721,12 +721,12 @@ def check_replica_identity():
 
 
 # ---------------------------------------------------------------- a worker killed under load
-CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+CLUSTER_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib", "cluster.sh")
 UNKNOWN_OUTCOME = ("08006", "08003", "08000", "57P01", "XX000", None)
 
 
-def cluster(*args):
-    subprocess.run(["bash", CLUSTER_SH, *args], check=True, env=dict(os.environ, CITUS_DB=DB),
+def cluster(*args, db=None):
+    subprocess.run(["bash", CLUSTER_SH, "citus", *args], check=True, env=dict(os.environ, CITUS_DB=db or DB),
                    stdout=subprocess.DEVNULL)
 
 
@@ -833,7 +833,7 @@ def check_uninstall():
     """In a fresh database: idem distributed, claimed, maintained; then a
     plain DROP EXTENSION idem on the coordinator removes it from every node;
     CREATE EXTENSION, idem_distribute and claims work again."""
-    subprocess.run(["bash", CLUSTER_SH, "reset"], check=True, env=dict(os.environ, CITUS_DB=UNINSTALL_DB), stdout=subprocess.DEVNULL)
+    cluster("reset", db=UNINSTALL_DB)
     u = conn("coord", db=UNINSTALL_DB)
     q(u, "CREATE EXTENSION idem")
     q(u, "CREATE TABLE u_orders (order_no text PRIMARY KEY)")
@@ -859,6 +859,112 @@ def check_uninstall():
     u.close()
 
 
+# ---------------------------------------------------------------- the update racing a claim
+RACE_DB = os.environ.get("CITUS_RACE_DB", "idem_race")
+
+
+def check_update_race():
+    """ALTER EXTENSION idem UPDATE from 0.3.0 rebuilds idem.claims (new
+    shards; the old ones are dropped) while claims go on directly on a
+    worker. H's open transaction has claimed there, so the update waits for
+    H's lock on idem.claims; C's claim then reads its type's settings from
+    the worker's placement of idem.biz_types, looks its shard up, and queues
+    for idem.claims behind the update: the window in which its shard is
+    dropped under it. When H commits, the update goes on to alter
+    idem.biz_types, whose placement C holds: a deadlock, so one side gets
+    40P01 before the shard is dropped. C's session never runs the deadlock
+    check (deadlock_timeout 1 h), so the update is the side that does. No
+    XX000 anywhere; the update leaves nothing behind and succeeds when run
+    again; C's claim stands, and its retry replays: one business row per key."""
+    cluster("reset", db=RACE_DB)
+    extdir = os.path.join(subprocess.run([os.environ.get("PG_CONFIG", "pg_config"), "--sharedir"], check=True,
+                                         capture_output=True, text=True).stdout.strip(), "extension")
+    frozen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "upgrade", "idem--0.3.0.sql")
+    with open(frozen) as f, open(os.path.join(extdir, "idem--0.3.0.sql"), "w") as g:
+        g.write(f.read())
+    c = conn("coord", db=RACE_DB)
+    for sql in ("CREATE EXTENSION idem VERSION '0.3.0'",
+                "CREATE TABLE orders (order_no text PRIMARY KEY)",
+                "SELECT create_distributed_table('orders', 'order_no')",
+                "CREATE TABLE ledger (order_no text NOT NULL, who text NOT NULL)",
+                "SELECT create_distributed_table('ledger', 'order_no', colocate_with => 'orders')",
+                "SELECT idem_distribute('orders')"):
+        q(c, sql)
+    versions = lambda: [r[0] for r in q(c, """SELECT result FROM run_command_on_all_nodes(
+                            $$SELECT extversion FROM pg_extension WHERE extname = 'idem'$$) ORDER BY nodeid""")]
+    current = versions()
+    ok(current == ["0.3.0"] * 3, f"idem 0.3.0 on every node, distributed ({current})")
+    keys = []
+    for i in range(5000):
+        k = f"race-{RUN}-{i}"
+        if one(c, """SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+                      WHERE p.shardid = get_shard_id_for_distribution_column('idem.claims', %s::text)""", k)[0] == PORTS["w1"]:
+            keys.append(k)
+            if len(keys) == 2:
+                break
+    hk, ck = keys
+
+    def pay(s, k, who):
+        claimed = one(s, "SELECT claimed FROM idem_claim(%s, 'race')", k)[0]
+        if claimed:
+            q(s, "INSERT INTO ledger (order_no, who) VALUES (%s, %s)", k, who)
+            q(s, "SELECT idem_complete(%s, 'race', '{\"paid\": true}')", k)
+        return claimed
+    H = conn("w1", autocommit=False, db=RACE_DB)
+    ok(pay(H, hk, "H"), "H claims on worker 1 and pays, not committed")
+    U = conn("coord", db=RACE_DB)
+    u_pid = one(U, "SELECT pg_backend_pid()")[0]
+    C = conn("w1", db=RACE_DB)
+    q(C, "SET deadlock_timeout = '1h'")
+    c_pid = one(C, "SELECT pg_backend_pid()")[0]
+    C.autocommit = False
+    res = {}
+
+    def run(name, fn):
+        try:
+            res[name] = fn()
+        except psycopg.Error as e:
+            res[name] = e.sqlstate
+    tu = threading.Thread(daemon=True, target=run, args=("u", lambda: q(U, "ALTER EXTENSION idem UPDATE") or "updated"))
+    tu.start()
+    w1 = conn("w1", db=RACE_DB)
+    waits = lambda pid, rel: one(w1, """SELECT count(*) > 0 FROM pg_locks WHERE pid = %s AND NOT granted
+                                         AND relation = to_regclass(%s)""", pid, rel)[0]
+    # (the update reaches worker 1 as a session of Citus's: found by its wait)
+    wait_until("the update waits on worker 1 for H's lock on idem.claims",
+               lambda: not tu.is_alive() or one(w1, """SELECT count(*) > 0 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                                                       WHERE NOT l.granted AND l.relation = 'idem.claims'::regclass
+                                                         AND l.mode = 'AccessExclusiveLock' AND a.pid <> %s""", c_pid)[0])
+    ok(tu.is_alive(), "the update waits for H")
+    tc = threading.Thread(daemon=True, target=run, args=("c", lambda: pay(C, ck, "C")))
+    tc.start()
+    wait_until("C's claim queues behind the update for idem.claims on worker 1",
+               lambda: not tc.is_alive() or waits(c_pid, "idem.claims"))
+    ok(tc.is_alive(), "C's claim, its shard looked up, waits behind the update for idem.claims")
+    H.commit()
+    tu.join(300)
+    tc.join(300)
+    ok(res.get("u") == "40P01", f"the update meets C's lock on the placement of idem.biz_types: 40P01 to the update ({res.get('u')})")
+    ok(res.get("c") is True, f"C's claim goes on: claimed ({res.get('c')})")
+    if res.get("c") is True:
+        C.commit()
+    else:
+        C.rollback()
+    current = versions()
+    ok(current == ["0.3.0"] * 3, f"the failed update left idem 0.3.0 on every node ({current})")
+    state = sqlstate_of(lambda: q(U, "ALTER EXTENSION idem UPDATE"))
+    current = versions()
+    ok(state is None and len(set(current)) == 1 and current[0] != "0.3.0",
+       f"the update run again succeeds on every node ({state or 'ok'}, {current})")
+    for k in (hk, ck):
+        ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'race')", k) == (False, "completed"),
+           f"{k} retried through the coordinator after the update: replayed")
+    rows = dict(q(c, "SELECT order_no, count(*) FROM ledger GROUP BY 1"))
+    ok(rows == {hk: 1, ck: 1}, f"one business row per key ({rows})")
+    for s in (H, U, C, w1, c):
+        s.close()
+
+
 CHECKS = {
     "semantics": check_semantics,
     "forms": check_forms,
@@ -871,6 +977,7 @@ CHECKS = {
     "replica_identity": check_replica_identity,
     "worker_kill": check_worker_kill,
     "uninstall": check_uninstall,
+    "update_race": check_update_race,
 }
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@
     sql_blocks.py count FILE        print "run norun error" block counts
     sql_blocks.py run FILE DB       run them against DB (PGHOST/PGPORT/PGUSER
                                     from the environment); exit 1 on failure
+    sql_blocks.py block FILE HEADING N
+                                    print the body of the N-th (from 1) sql
+                                    block under the heading HEADING (any
+                                    mode): a scenario that runs a recipe
+                                    runs the documented text itself
 
 Fence convention (info string of the fence):
     ```sql             run; any error fails, reported as FILE:LINE
@@ -25,14 +30,16 @@ import sys
 import tempfile
 
 OPEN = re.compile(r"^( *)(`{3,}|~{3,})[ \t]*(.*?)[ \t]*$")
+HEADING = re.compile(r"^#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$")
 # Errors a documented example should never be meant to show: a syntax error
 # is a typo, XX000 an internal error (the project promises documented codes).
 SUSPECT = {"XX000": "internal error", "42601": "syntax error"}
 
 
 class Block:
-    def __init__(self, path, fence_line, words, body):
+    def __init__(self, path, fence_line, words, body, heading=None):
         self.path = path
+        self.heading = heading        # text of the last heading above it
         self.fence_line = fence_line  # 1-based line of the opening fence
         self.words = words            # info string words after "sql"
         self.body = body              # content lines
@@ -61,10 +68,14 @@ def parse(path):
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     blocks, problems = [], []
+    heading = None
     i = 0
     while i < len(lines):
         m = OPEN.match(lines[i])
         if not m or (m.group(2)[0] == "`" and "`" in m.group(3)):
+            h = HEADING.match(lines[i])
+            if h:
+                heading = h.group(1)
             i += 1
             continue
         indent, fence, info = len(m.group(1)), m.group(2), m.group(3)
@@ -85,7 +96,7 @@ def parse(path):
         words = info.split()
         if not words or words[0] != "sql":
             continue
-        b = Block(path, fence_line, words[1:], body)
+        b = Block(path, fence_line, words[1:], body, heading)
         if b.mode is None:
             problems.append(f"{b.where}: unknown fence info string {info!r} "
                             "(use sql, sql norun, sql error or sql error SQLSTATE)")
@@ -213,6 +224,16 @@ def main(argv):
         return 0
     if len(argv) == 4 and argv[1] == "run":
         return run(argv[2], argv[3])
+    if len(argv) == 5 and argv[1] == "block":
+        blocks, problems = parse(argv[2])
+        under = [b for b in blocks if b.heading == argv[3]]
+        n = int(argv[4])
+        if problems or not 1 <= n <= len(under):
+            print(f"{argv[2]}: no sql block {n} under the heading {argv[3]!r} "
+                  f"({len(under)} there)", file=sys.stderr)
+            return 1
+        print("\n".join(under[n - 1].body))
+        return 0
     print(__doc__, file=sys.stderr)
     return 2
 

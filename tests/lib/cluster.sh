@@ -58,6 +58,30 @@
 #                                     stop the primary hard, promote the replica
 #   bash tests/lib/cluster.sh destroy DIR...
 #                                     stop (immediate) and remove
+#
+# The Citus cluster (tests/scenarios/scaling.sh citus, bench/citus.sh): a
+# coordinator and two workers of the PostgreSQL of $PG_CONFIG, which must
+# hold Citus (PG_CONFIG=$(bash tests/scenarios/scaling.sh citus --server)),
+# each in $(cluster_dir)/citus/NODE (NODE: coord, w1, w2), on 127.0.0.1 and
+# a socket there, trust authentication, fsync off; ports CITUS_PORTS
+# (default "5530 5531 5532": coordinator, worker 1, worker 2), database
+# CITUS_DB (default idem_citus). Also as functions (citus_start, ...):
+#   bash tests/lib/cluster.sh citus start
+#                                     create (first time) and start all three; create
+#                                     $CITUS_DB with Citus on every node and add the
+#                                     workers to the coordinator. Idempotent.
+#   bash tests/lib/cluster.sh citus stop|status
+#                                     stop all three (fast; idempotent) / say which run
+#   bash tests/lib/cluster.sh citus reset
+#                                     drop and recreate $CITUS_DB on every node (Citus only)
+#   bash tests/lib/cluster.sh citus destroy
+#                                     stop (immediate) and remove the data
+#   bash tests/lib/cluster.sh citus crash NODE
+#                                     stop one node as a crash would (immediate: every
+#                                     backend ends at once, no shutdown checkpoint, crash
+#                                     recovery at the next start); start brings it back
+#   bash tests/lib/cluster.sh citus psql NODE [PSQL-ARGS...]
+#                                     psql to $CITUS_DB on NODE (citus_sql NODE DB ...: to DB)
 
 pc_bin() { cat "$1/pg_bin" 2>/dev/null || echo "$PG_BIN"; }
 pc_ctl() { # DIR PG_CTL-ARGS...
@@ -383,7 +407,108 @@ kill_matching() {
   done
 }
 
-# As a command (see the top): bash tests/lib/cluster.sh init|start|stop|ctl|crash|replica|failover|destroy ARGS...
+# The Citus cluster (see the top).
+CITUS_NODES=(coord w1 w2)
+citus_base() { echo "$(cluster_dir)/citus"; }
+citus_port() { # NODE
+  local ports
+  read -r -a ports <<<"${CITUS_PORTS:-5530 5531 5532}"
+  case $1 in coord) echo "${ports[0]}" ;; w1) echo "${ports[1]}" ;; w2) echo "${ports[2]}" ;; *) echo "unknown Citus node $1" >&2; return 1 ;; esac
+}
+citus_sql() { # NODE DB [psql args...]
+  local n=$1 db=$2 port
+  shift 2
+  port=$(citus_port "$n") || return 1
+  PGOPTIONS="${PGOPTIONS:--c client_min_messages=warning}" "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$(citus_base)/$n" -p "$port" -U postgres -d "$db" "$@"
+}
+citus_psql() { local n=$1; shift; citus_sql "$n" "${CITUS_DB:-idem_citus}" "$@"; } # NODE [psql args...]
+citus_running() { pc_running "$(citus_base)/$1"; } # NODE
+
+citus_init_node() { # NODE
+  local n=$1 base preload="'citus'"
+  base=$(citus_base)
+  as_postgres mkdir -p "$base/$n"
+  # pg_cron on the coordinator only, as docs/scaling.md deploys it.
+  [ "$n" = coord ] && preload="'citus,pg_cron'"
+  pc_initdb "$PG_BIN" "$base/$n" "$(citus_port "$n")"
+  cat >> "$base/$n/data/postgresql.conf" <<CONF
+# idem's Citus test cluster: node $n
+listen_addresses = '127.0.0.1'
+shared_preload_libraries = $preload   # citus first
+cron.database_name = '${CITUS_DB:-idem_citus}'
+citus.local_hostname = '127.0.0.1'
+max_connections = 100
+max_prepared_transactions = 100        # Citus commits multi-node transactions with 2PC
+max_worker_processes = 32
+wal_level = logical                    # shard moves use logical replication
+max_wal_senders = 10
+max_replication_slots = 10
+shared_buffers = 64MB
+full_page_writes = off
+log_min_messages = warning
+log_line_prefix = '%m [%p] $n '
+CONF
+}
+
+citus_start() {
+  local base n db=${CITUS_DB:-idem_citus}
+  base=$(citus_base)
+  if [ ! -f "$("$PG_CONFIG" --pkglibdir)/citus.so" ]; then
+    echo "citus is not installed into $PG_CONFIG: PG_CONFIG=\$(bash tests/scenarios/scaling.sh citus --server)" >&2; return 1
+  fi
+  mkdir -p "$base"
+  chown postgres:postgres "$(dirname "$base")" "$base"
+  chmod 700 "$base"
+  for n in "${CITUS_NODES[@]}"; do
+    [ -f "$base/$n/data/PG_VERSION" ] || { say "creating Citus node $n (port $(citus_port "$n")) in $base/$n"; citus_init_node "$n"; }
+  done
+  for n in "${CITUS_NODES[@]}"; do
+    citus_running "$n" || pc_server_start "$base/$n" || return 1
+  done
+  for n in "${CITUS_NODES[@]}"; do
+    if [ "$(citus_sql "$n" postgres -Atc "SELECT count(*) FROM pg_database WHERE datname = '$db'")" = 0 ]; then
+      citus_sql "$n" postgres -c "CREATE DATABASE $db"
+    fi
+    citus_sql "$n" "$db" -c "CREATE EXTENSION IF NOT EXISTS citus"
+  done
+  citus_sql coord "$db" -At >/dev/null <<SQL
+SELECT citus_set_coordinator_host('127.0.0.1', $(citus_port coord));
+SELECT citus_add_node('127.0.0.1', p) FROM unnest(ARRAY[$(citus_port w1), $(citus_port w2)]) p
+ WHERE NOT EXISTS (SELECT 1 FROM pg_dist_node WHERE nodename = '127.0.0.1' AND nodeport = p);
+SQL
+}
+
+citus_stop() { # [MODE] (fast)
+  local n
+  for n in "${CITUS_NODES[@]}"; do
+    ! citus_running "$n" || pc_ctl "$(citus_base)/$n" -m "${1:-fast}" -w stop >/dev/null
+  done
+}
+
+citus_reset() {
+  local n
+  citus_start
+  for n in "${CITUS_NODES[@]}"; do
+    citus_sql "$n" postgres -c "DROP DATABASE IF EXISTS ${CITUS_DB:-idem_citus} WITH (FORCE)"
+  done
+  citus_start
+}
+
+citus_status() {
+  local n
+  for n in "${CITUS_NODES[@]}"; do
+    if citus_running "$n"; then echo "$n: running on port $(citus_port "$n") ($(citus_base)/$n)"; else echo "$n: stopped"; fi
+  done
+}
+
+citus_destroy() { citus_stop immediate; rm -rf "$(citus_base)"; }
+
+citus_crash() { # NODE
+  citus_port "${1:?node}" >/dev/null || return 1
+  ! citus_running "$1" || pc_ctl "$(citus_base)/$1" -m immediate -w stop >/dev/null
+}
+
+# As a command (see the top): bash tests/lib/cluster.sh init|start|stop|ctl|crash|replica|failover|destroy|citus ARGS...
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
   cmd=${1:-}
@@ -394,6 +519,13 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   stop) pc_server_stop "$@" ;;
   ctl) pc_ctl "$@" ;;
   crash|replica|failover|destroy) "pc_$cmd" "$@" ;;
-  *) echo "usage: bash $0 init|start|stop|ctl|crash|replica|failover|destroy ARGS..." >&2; exit 2 ;;
+  citus)
+    sub=${1:-}
+    shift || true
+    case "$sub" in
+    start|stop|status|reset|destroy|crash|psql) "citus_$sub" "$@" ;;
+    *) echo "usage: bash $0 citus start|stop|status|reset|destroy|crash NODE|psql NODE [ARGS...]" >&2; exit 2 ;;
+    esac ;;
+  *) echo "usage: bash $0 init|start|stop|ctl|crash|replica|failover|destroy|citus ARGS..." >&2; exit 2 ;;
   esac
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Operations: the demo, the docs' SQL, pg_cron maintenance, partition rotation, the benchmark's smoke run.
-# One scenario per function: bash tests/scenarios/operations.sh NAME (NAME: bench_smoke, cron, demo, docs_sql, rotation);
+# One scenario per function: bash tests/scenarios/operations.sh NAME (NAME: bench_smoke, cron, cron_completer, demo, docs_sql, rotation);
 # scripts/test.sh runs each as scenario/NAME (tests/lib/scenarios.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/scenarios.sh"
@@ -72,6 +72,119 @@ echo "partitions dropped by the cron run: $dropped"
 [ -n "$dropped" ] && [ "$dropped" -ge 1 ] || { echo "FAIL: the cron run did no maintenance"; exit 1; }
 psql_idem -q -d $db -c "SELECT cron.unschedule('idem_maintain')" >/dev/null
 echo "ok"
+}
+
+# The completer recipe of docs/patterns.md ("A completer for leases nobody
+# came back for") under pg_cron, run from its documented blocks as they are
+# written (tests/docs/sql_blocks.py block): the superuser's set-up of the
+# role that owns the type, the queue and procedures created by that role,
+# and the job scheduled by it, twice (the second time under another name):
+# two schedulers at once, each running as charge_owner, not a superuser.
+# 150 leases of the type are run out (idem_release). So that both runs are
+# surely under way at once, the test holds a SHARE lock on the queue
+# table while the jobs start: each takes its leases over, then waits at its
+# first INSERT; once two runs wait there (pg_locks: a state, not a clock)
+# the lock goes and both commit. Verdicts: both runs succeeded, as
+# charge_owner; each of the 150 leases was handed to redrive_charge exactly
+# once (one queue row per key, attempt 2; rows of both runs), and every
+# lease is running again (attempt 2, none run out). Both editions, one
+# after the other, in the cluster's pg_cron database (each waits for
+# pg_cron's next minute). Skipped on a PostgreSQL without pg_cron.
+scenario_cron_completer() {
+if [ ! -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
+  echo "skipped: no pg_cron for PostgreSQL $PG_MAJOR here (scripts/cluster.sh runs its cluster without it)"
+  exit 0
+fi
+[ "$(psql_idem -d postgres -Atc "SELECT current_setting('shared_preload_libraries') ~ 'pg_cron'")" = t ] \
+  || { echo "FAIL: the test cluster does not preload pg_cron (bash scripts/cluster.sh start turns it on)"; exit 1; }
+db=$(psql_idem -d postgres -Atc "SHOW cron.database_name")
+heading="A completer for leases nobody came back for"
+block() { python3 "$ROOT/tests/docs/sql_blocks.py" block "$ROOT/docs/patterns.md" "$heading" "$1"; }
+recipe=$(block 1) setup=$(block 2) schedule=$(block 3)
+grep -q "cron.schedule('charge-completer'" <<< "$schedule" || { echo "FAIL: the documented schedule is not where it was: $schedule"; exit 1; }
+work="$IDEM_TARGET/cron_completer"
+rm -rf "$work"; mkdir -p "$work"
+python3 "$ROOT/scripts/portable.py" --out "$work/dist" > /dev/null
+export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT"
+as_owner() { "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$(cluster_dir)" -p "$IDEM_PORT" -U charge_owner -d "$db" "$@"; }
+# Leaves the cron database without idem, the jobs or the role.
+reset_db() {
+  psql_idem -q -d "$db" > /dev/null <<'SQL'
+SET client_min_messages = warning;
+SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname LIKE 'charge-completer%';
+DROP SCHEMA IF EXISTS charge_owner CASCADE;
+DROP EXTENSION IF EXISTS idem CASCADE;
+SQL
+  if [ -n "$(psql_idem -d "$db" -Atc "SELECT 1 FROM pg_namespace WHERE nspname = 'idem'")" ]; then
+    psql_idem -q -d "$db" -f "$work/dist/idem_portable_uninstall.sql" > /dev/null
+  fi
+  psql_idem -q -d "$db" -c "SET client_min_messages = warning" \
+    -c "DO \$\$ BEGIN IF to_regrole('charge_owner') IS NOT NULL THEN DROP OWNED BY charge_owner; DROP ROLE charge_owner; END IF; END \$\$"
+}
+trap reset_db EXIT
+psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
+  || psql_idem -q -d postgres -c "CREATE DATABASE $db"
+psql_idem -q -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_cron"
+
+for edition in native portable; do
+  say "$edition edition"
+  reset_db
+  if [ $edition = native ]; then psql_idem -q -d "$db" -c "CREATE EXTENSION idem"
+  else psql_idem -q -d "$db" -f "$work/dist/idem_portable.sql" > /dev/null; fi
+  # The documented blocks: the superuser's set-up, then the recipe as the role.
+  echo "$setup" | psql_idem -q -d "$db" > /dev/null
+  echo "$recipe" | as_owner -q
+  as_owner -q -c "SELECT count(*) FROM (SELECT idem_release(k, 'charge', (SELECT result->>'lease_token'
+                    FROM idem_claim(k, 'charge', lease => '1 hour'))) FROM generate_series(1, 150) g, format('order-%s', g) k) r" > /dev/null
+  expect "$edition: run-out leases before the jobs" \
+    "$(psql_idem -d "$db" -Atc "SELECT count(*) FILTER (WHERE ran_out) FROM idem_leases WHERE biz_type = 'charge'")" 150
+  # Two jobs, both held at the queue until both run; then let go.
+  "$IDEM_PY" - "$db" "$schedule" <<'PY' || fail "$edition: the two jobs did not run as they should"
+import sys, time
+import psycopg
+db, schedule = sys.argv[1:]
+lock = psycopg.connect(dbname=db, user="postgres")
+lock.execute("LOCK TABLE charge_owner.charge_redrives IN SHARE MODE")
+with psycopg.connect(dbname=db, user="charge_owner", autocommit=True) as owner:
+    owner.execute(schedule)
+    owner.execute(schedule.replace("'charge-completer'", "'charge-completer-2'"))
+    jobs = [r[0] for r in owner.execute("SELECT jobid FROM cron.job WHERE jobname LIKE 'charge-completer%' AND username = 'charge_owner'")]
+    print(f"two jobs scheduled as charge_owner: {len(jobs) == 2}; waiting for pg_cron's next minute", flush=True)
+    watch = psycopg.connect(dbname=db, user="postgres", autocommit=True)
+    waiting = 0
+    for _ in range(1500):  # a bound, not a verdict: the state decides
+        waiting = watch.execute("SELECT count(*) FROM pg_locks WHERE NOT granted"
+                                "   AND relation = 'charge_owner.charge_redrives'::regclass").fetchone()[0]
+        if waiting >= 2:
+            break
+        time.sleep(0.1)
+    print(f"completer runs waiting at the queue at once: {waiting}", flush=True)
+    lock.rollback()
+    states = []
+    for _ in range(600):
+        states = watch.execute("SELECT status, username FROM cron.job_run_details WHERE jobid = ANY(%s)"
+                               " AND status IN ('succeeded', 'failed')", (jobs,)).fetchall()
+        if len(states) >= 2:
+            break
+        time.sleep(0.1)
+    for r in watch.execute("SELECT jobid, status, username, return_message FROM cron.job_run_details WHERE jobid = ANY(%s)", (jobs,)):
+        print("  run:", *r, flush=True)
+    for j in jobs:
+        owner.execute("SELECT cron.unschedule(%s)", (j,))
+    sys.exit(0 if len(jobs) == 2 and waiting == 2 and len(states) >= 2 and all(s == ("succeeded", "charge_owner") for s in states) else 1)
+PY
+  expect "$edition: leases handed to redrive_charge (queue rows, distinct keys, attempts)" \
+    "$(psql_idem -d "$db" -Atc "SELECT format('%s %s %s', count(*), count(DISTINCT key), string_agg(DISTINCT attempt::text, ',')) FROM charge_owner.charge_redrives")" \
+    "150 150 2"
+  # (max_leases is 100: the first run cannot take all 150, so the second
+  # took some too; the rows of two transactions)
+  expect "$edition: runs that wrote queue rows" \
+    "$(psql_idem -d "$db" -Atc "SELECT count(DISTINCT xmin::text) FROM charge_owner.charge_redrives")" 2
+  expect "$edition: every lease running again as attempt 2 (none run out, none taken twice)" \
+    "$(psql_idem -d "$db" -Atc "SELECT format('%s %s %s', count(*), count(*) FILTER (WHERE ran_out), string_agg(DISTINCT attempt::text, ',')) FROM idem_leases WHERE biz_type = 'charge'")" \
+    "150 0 2"
+done
+finish cron_completer
 }
 
 # The README's demo plays to the end on the test cluster: scripts/demo.sh

@@ -2,7 +2,7 @@
 # Recovery and load: crashes, failover, hot standby, logical replication,
 # dump and restore, backtraces of internal errors, stress with faults,
 # retention under sustained load.
-# One scenario per function: bash tests/scenarios/recovery.sh NAME (NAME: backtraces, crash, dump_restore, failover, hot_standby, logical, retention, stress);
+# One scenario per function: bash tests/scenarios/recovery.sh NAME (NAME: backtraces, crash, dump_restore, failover, hot_standby, logical, redrive, retention, stress);
 # scripts/test.sh runs each as scenario/NAME (tests/lib/scenarios.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/scenarios.sh"
@@ -1161,6 +1161,277 @@ if sys.argv[2] != "1" or missing != 5:
     print("FAIL: the checks did not catch the evicted claims")
     sys.exit(1)
 PY
+}
+
+# A payment whose worker dies at every phase and that no client ever asks
+# for again: the completer of docs/patterns.md ("A completer for leases
+# nobody came back for"; the scenario runs that section's SQL as it is
+# written, tests/docs/sql_blocks.py block) takes each run-out lease over
+# and a re-drive worker finishes it from its recovery point. Real parts: a
+# charge server on 127.0.0.1 (Python's http.server) that counts the calls
+# it gets and honours the Idempotency-Key header as a provider does (a key
+# seen before gets the same charge back, no new one), and a worker in
+# Python with psycopg, written as a user would: a claim with a lease whose
+# transaction also keeps the request as the first recovery point
+# ('received'), the charge with the claim id as the provider's key, a
+# checkpoint of the charge id ('charged', merged into the request), then the
+# payment row and idem_complete in one transaction. One order per phase,
+# its worker SIGKILLed when it says it got there:
+#   claimed       the claim and its request committed, nothing charged
+#   charged       charged, the answer not recorded
+#   checkpointed  the charge id recorded, not completed
+#   completing    the payment row and idem_complete written, not committed
+#   completed     committed (the control: nothing to re-drive)
+# The leases are short (2 s) so that they run out; the test waits for
+# idem_leases to say so (a state, not a clock), runs the completer, then
+# the re-drive worker, which has nothing but the queue's row to go by (the
+# order and amount come from the recovery data). Verdicts, per order: one
+# payment row with the request's amount, one charge made at the provider
+# (its distinct effects) under the claim's id, its charge in the payment
+# row, the key completed and no lease left; the provider called twice only
+# for "charged" (the re-drive cannot know the charge was made, and asks
+# again under the same key) and once otherwise; nothing left to re-drive.
+# Both editions: the native one, and the portable one's plain script in a
+# database of its own on the same cluster.
+scenario_redrive() {
+work="$IDEM_TARGET/redrive"
+rm -rf "$work"; mkdir -p "$work"
+recipe=$(python3 "$ROOT/tests/docs/sql_blocks.py" block "$ROOT/docs/patterns.md" "A completer for leases nobody came back for" 1)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for db in redrive_native redrive_portable; do
+    psql_idem -q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+  done
+}
+trap cleanup EXIT
+
+cat > "$work/provider.py" <<'PY'
+# A payment provider: POST /charges {order, amount_cents} with an
+# Idempotency-Key header makes one charge per key (a key seen before gets
+# its charge back); GET /stats: the requests per key and the charges made.
+import json, threading
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+lock = threading.Lock()
+requests, charges = {}, {}
+
+class Provider(BaseHTTPRequestHandler):
+    def reply(self, status, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        key = self.headers.get("Idempotency-Key")
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/charges" or not key:
+            return self.reply(400, {"error": "POST /charges with an Idempotency-Key"})
+        with lock:
+            requests[key] = requests.get(key, 0) + 1
+            charge = charges.get(key)
+            if charge is None:
+                charge = charges[key] = {"id": f"ch_{len(charges) + 1}", "order": req["order"],
+                                         "amount_cents": req["amount_cents"]}
+            elif (charge["order"], charge["amount_cents"]) != (req["order"], req["amount_cents"]):
+                return self.reply(422, {"error": "the key was used for another charge"})
+        self.reply(200, charge)
+
+    def do_GET(self):
+        with lock:
+            self.reply(200, {"requests": requests, "charges": charges})
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+PY
+
+cat > "$work/worker.py" <<'PY'
+# The payment worker: worker.py pay ORDER AMOUNT [DIE_AT] takes a request,
+# worker.py redrive finishes what the completer queued in charge_redrives.
+# With DIE_AT it stops at that phase, says so and waits to be killed.
+import json, os, signal, sys, urllib.request
+import psycopg
+from psycopg.types.json import Jsonb
+
+TYPE = "charge"
+PROVIDER = os.environ["CHARGE_URL"]
+
+def phase(name, die_at):
+    print("phase", name, flush=True)
+    while name == die_at:
+        print("waiting to be killed", flush=True)
+        signal.pause()
+
+def charge(claim_id, request):
+    call = urllib.request.Request(PROVIDER + "/charges", method="POST", data=json.dumps(request).encode(),
+                                  headers={"Content-Type": "application/json", "Idempotency-Key": str(claim_id)})
+    with urllib.request.urlopen(call, timeout=60) as answer:
+        return json.load(answer)
+
+def drive(conn, key, token, claim_id, point, data, die_at=None):
+    """From a recovery point to the end: the first run and every re-drive."""
+    if point == "received":
+        made = charge(claim_id, data["request"])
+        phase("charged", die_at)
+        conn.execute("SELECT idem_checkpoint(%s, %s, 'charged', %s, %s, merge => true)",
+                     (key, TYPE, Jsonb({"charge_id": made["id"]}), token))
+        data = {**data, "charge_id": made["id"]}
+        phase("checkpointed", die_at)
+    request = data["request"]
+    with conn.transaction():
+        conn.execute("INSERT INTO payments (order_no, amount_cents, charge_id) VALUES (%s, %s, %s)",
+                     (request["order"], request["amount_cents"], data["charge_id"]))
+        conn.execute("SELECT idem_complete(%s, %s, %s, %s)", (key, TYPE, Jsonb({"charge_id": data["charge_id"]}), token))
+        phase("completing", die_at)
+    phase("completed", die_at)
+
+def pay(conn, order, amount, die_at):
+    key = f"{order}:charge"
+    request = {"order": order, "amount_cents": amount}
+    with conn.transaction():
+        claimed, state, result, claim_id = conn.execute(
+            "SELECT claimed, state, result, idem_claim_id(%s, %s, first_claimed_at)"
+            "  FROM idem_claim(%s, %s, lease => '2 seconds')", (key, TYPE, key, TYPE)).fetchone()
+        if not claimed:
+            print("not claimed:", state, result, flush=True)
+            return
+        token = result["lease_token"]
+        # The request, kept for whoever takes the lease over.
+        conn.execute("SELECT idem_checkpoint(%s, %s, 'received', %s, %s)", (key, TYPE, Jsonb({"request": request}), token))
+    phase("claimed", die_at)
+    drive(conn, key, token, claim_id, "received", {"request": request}, die_at)
+
+def redrive(conn):
+    done = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(
+                "DELETE FROM charge_redrives r"
+                "  USING (SELECT key, attempt FROM charge_redrives ORDER BY key, attempt LIMIT 1 FOR UPDATE SKIP LOCKED) q"
+                " WHERE (r.key, r.attempt) = (q.key, q.attempt)"
+                " RETURNING r.key, r.recovery_point, r.recovery_data, r.lease_token, r.claim_id").fetchone()
+        if row is None:
+            break
+        key, point, data, token, claim_id = row
+        print("re-drive", key, "from", point, flush=True)
+        drive(conn, key, token, claim_id, point, data)
+        done += 1
+    print("re-driven", done, flush=True)
+
+with psycopg.connect(autocommit=True, application_name="redrive-worker") as conn:
+    if sys.argv[1] == "pay":
+        pay(conn, sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
+    else:
+        redrive(conn)
+PY
+
+"$IDEM_PY" "$work/provider.py" > "$work/provider.port" 2> "$work/provider.log" &
+pids+=($!)
+for i in $(seq 1 100); do [ -s "$work/provider.port" ] && break; sleep 0.1; done
+[ -s "$work/provider.port" ] || { cat "$work/provider.log"; echo "FAIL: the charge server did not start"; exit 1; }
+export CHARGE_URL="http://127.0.0.1:$(cat "$work/provider.port")"
+export PGHOST="$(client_host)" PGPORT="$(client_port)" PGUSER=postgres
+python3 "$ROOT/scripts/portable.py" --out "$work/dist" > /dev/null
+
+phases=(claimed charged checkpointed completing completed)
+for edition in native portable; do
+  say "$edition edition"
+  db=redrive_$edition
+  export PGDATABASE=$db
+  psql_idem -q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  if [ $edition = native ]; then psql_idem -q -d $db -c "CREATE EXTENSION idem"
+  else psql_idem -q -d $db -f "$work/dist/idem_portable.sql" > /dev/null; fi
+  psql_idem -q -d $db -c "CREATE TABLE payments (id bigserial PRIMARY KEY, order_no text NOT NULL, amount_cents int NOT NULL, charge_id text NOT NULL)"
+  # The completer, as documented (its CALL finds nothing yet).
+  echo "$recipe" | psql_idem -q -d $db
+
+  # One order per phase, amounts of their own; each worker is killed where it says it is.
+  n=0
+  for ph in "${phases[@]}"; do
+    n=$((n + 1))
+    order="$edition-$ph"
+    log="$work/$order.log"
+    : > "$log"
+    "$IDEM_PY" -u "$work/worker.py" pay "$order" $((1000 + n)) "$ph" > "$log" 2>&1 &
+    wpid=$!
+    for i in $(seq 1 600); do
+      grep -q "waiting to be killed" "$log" && break
+      kill -0 $wpid 2>/dev/null || break
+      sleep 0.1
+    done
+    grep -q "waiting to be killed" "$log" || { cat "$log"; fail "$order: the worker did not get to $ph"; continue; }
+    kill -KILL $wpid
+    wait $wpid 2>/dev/null || true
+  done
+  # The dead workers' backends end (rolling back "completing") ...
+  for i in $(seq 1 300); do
+    [ "$(psql_idem -d $db -Atc "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'redrive-worker'")" = 0 ] && break
+    sleep 0.1
+  done
+  # ... and their leases run out: a state idem_leases reports.
+  for i in $(seq 1 300); do
+    [ "$(psql_idem -d $db -Atc "SELECT count(*) FILTER (WHERE ran_out) = 4 AND count(*) = 4 FROM idem_leases WHERE biz_type = 'charge'")" = t ] && break
+    sleep 0.1
+  done
+  expect "$edition: leases run out, one per dead worker but the one that committed" \
+    "$(psql_idem -d $db -Atc "SELECT count(*) FILTER (WHERE ran_out) FROM idem_leases WHERE biz_type = 'charge'")" 4
+  expect "$edition: before the completer, no payment but the committed one" \
+    "$(psql_idem -d $db -Atc "SELECT string_agg(order_no, ',') FROM payments")" "$edition-completed"
+
+  # The completer's run (pg_cron's, in production), then the re-drive worker.
+  psql_idem -q -d $db -c "CALL complete_charges()"
+  expect "$edition: what the completer queued (key, attempt, recovery point, the request in the recovery data)" \
+    "$(psql_idem -d $db -Atc "SELECT string_agg(format('%s/%s/%s/%s', key, attempt, recovery_point, recovery_data->'request'->>'amount_cents'), ' ' ORDER BY key) FROM charge_redrives")" \
+    "$edition-charged:charge/2/received/1002 $edition-checkpointed:charge/2/charged/1003 $edition-claimed:charge/2/received/1001 $edition-completing:charge/2/charged/1004"
+  "$IDEM_PY" -u "$work/worker.py" redrive > "$work/$edition-redrive.log" 2>&1 || { cat "$work/$edition-redrive.log"; fail "$edition: the re-drive worker failed"; }
+  sed 's/^/  /' "$work/$edition-redrive.log"
+  psql_idem -q -d $db -c "CALL complete_charges()"
+  expect "$edition: nothing left to re-drive (a second completer run takes nothing)" \
+    "$(psql_idem -d $db -Atc "SELECT count(*) FROM charge_redrives")" 0
+
+  # The verdicts, per order: the database and the provider side by side.
+  psql_idem -d $db -At > "$work/$edition-db.json" <<SQL
+SELECT json_object_agg(o, json_build_object(
+  'claim_id', idem_claim_id(o || ':charge', 'charge', (SELECT first_claimed_at FROM idem_lookup(o || ':charge', 'charge'))),
+  'state', (SELECT state FROM idem_lookup(o || ':charge', 'charge')),
+  'result', (SELECT result FROM idem_lookup(o || ':charge', 'charge')),
+  'payments', (SELECT coalesce(json_agg(json_build_object('amount_cents', amount_cents, 'charge_id', charge_id)), '[]') FROM payments WHERE order_no = o),
+  'leases', (SELECT count(*) FROM idem_leases WHERE key = o || ':charge')))
+  FROM unnest(ARRAY['$(printf "$edition-%s','" "${phases[@]}" | sed "s/','\$//")']) AS o;
+SQL
+  out=$("$IDEM_PY" - "$work/$edition-db.json" "$edition" "${phases[@]}" <<'PY'
+import json, os, sys, urllib.request
+with urllib.request.urlopen(os.environ["CHARGE_URL"] + "/stats") as answer:
+    stats = json.load(answer)
+db = json.load(open(sys.argv[1]))
+edition, phases = sys.argv[2], sys.argv[3:]
+for n, ph in enumerate(phases, 1):
+    order = f"{edition}-{ph}"
+    d = db[order]
+    made = [c for c in stats["charges"].values() if c["order"] == order]
+    calls = stats["requests"].get(d["claim_id"], 0)
+    pay = d["payments"]
+    print(f"{order}: {len(pay)} payment row(s) {[p['amount_cents'] for p in pay]}, {len(made)} charge(s) made, "
+          f"{calls} call(s) under the claim id, key {d['state']}, {d['leases']} lease(s) left")
+    want_calls = 2 if ph == "charged" else 1
+    ok = (len(pay) == 1 and pay[0]["amount_cents"] == 1000 + n and len(made) == 1
+          and stats["charges"].get(d["claim_id"]) == made[0] and pay[0]["charge_id"] == made[0]["id"]
+          and d["result"] == {"charge_id": made[0]["id"]} and calls == want_calls
+          and d["state"] == "completed" and d["leases"] == 0)
+    print(("ok: " if ok else "FAIL: ") + f"{order}: one payment, one charge under the claim id, {want_calls} call(s), completed")
+PY
+)
+  echo "$out"
+  fails=$((fails + $(grep -c "^FAIL" <<< "$out" || true)))
+  expect "$edition: payment rows in all" "$(psql_idem -d $db -Atc "SELECT count(*) FROM payments")" ${#phases[@]}
+done
+finish redrive
 }
 
 scenario_main "$@"

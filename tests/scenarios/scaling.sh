@@ -5,24 +5,27 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 source "$ROOT/tests/lib/scenarios.sh"
 
-# Citus for real: a coordinator and two workers (Citus 13.2.2,
-# built once from ../shared/vendor by tests/citus/install.sh into a private
-# copy of Debian's PostgreSQL 15 made by tests/citus/tree.sh, with this
-# build of idem copied there), started here and removed on exit. Runs docs/scaling.md's Citus steps verbatim (read
-# from the page: tests/citus/doc_steps.py), ALTER EXTENSION idem UPDATE
-# from 0.3.0 after idem_distribute with live claims, a lease and a token
-# (tests/citus/upgrade.sh, running the page's upgrade step), the Citus isolation specs
-# (tests/citus/specs: call forms that double-claimed under 0.2.0, two-claim
-# transactions across workers), then tests/citus/scenario.py: claim
-# semantics through the coordinator, every call form, business type
-# settings reaching pooled worker sessions, concurrent stress through the
-# coordinator and directly on the workers with invariant checks,
-# maintenance rotating partitions under load (also under claims in
-# multi-statement transactions, and its skips in idem_health), a shard move
-# racing a claim, moves under load, replica identity repaired after moves
-# (one of them logical), a worker crashed under paying clients who retry
-# with the same key, and DROP EXTENSION / reinstall in a fresh database. Without ../shared/vendor/ it fails (Citus is not in
-# Debian's archive; the test is not skipped).
+# Citus for real: a coordinator and two workers (Citus 13.2.2, built once
+# from ../shared/vendor by citus_build into a private copy of Debian's
+# PostgreSQL 15 made by citus_tree, with this build of idem copied there;
+# the cluster is tests/lib/cluster.sh's), started here and removed on exit.
+# Runs docs/scaling.md's Citus steps verbatim (read from the page:
+# tests/citus/doc_steps.py), ALTER EXTENSION idem UPDATE from 0.3.0 after
+# idem_distribute with live claims, a lease and a token (citus_upgrade,
+# running the page's upgrade step), the Citus isolation specs
+# (tests/citus/specs, citus_isolation: call forms that double-claimed under
+# 0.2.0, two-claim transactions across workers), then
+# tests/citus/scenario.py: claim semantics through the coordinator, every
+# call form, business type settings reaching pooled worker sessions,
+# concurrent stress through the coordinator and directly on the workers
+# with invariant checks, maintenance rotating partitions under load (also
+# under claims in multi-statement transactions, and its skips in
+# idem_health), a shard move racing a claim, moves under load, replica
+# identity repaired after moves (one of them logical), a worker crashed
+# under paying clients who retry with the same key, DROP EXTENSION /
+# reinstall in a fresh database, and the update from 0.3.0 meeting a claim
+# queued behind it on a worker. Without ../shared/vendor/ it fails (Citus
+# is not in Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/scaling.sh citus    leave the cluster running
 #   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/scaling.sh citus
 #       other ports than 5530-5532 (coordinator, worker 1, worker 2), e.g.
@@ -31,12 +34,375 @@ source "$ROOT/tests/lib/scenarios.sh"
 #       take idem from a staging folder made by `cargo pgrx package
 #       --pg-config /usr/lib/postgresql/15/bin/pg_config --out-dir target/stage` instead of the
 #       build installed into $PG_CONFIG's server (which then needs no install)
+#   PG_CONFIG=$(bash tests/scenarios/scaling.sh citus --server)
+#       only make the Citus server (citus_server), print its pg_config
+#       (bench/citus.sh)
+
+CITUS_TARBALL="$(cd "$ROOT/.." && pwd)/shared/vendor/citus-13.2.2-pg15.20.tar.gz"
+
+# citus_tree: a private PostgreSQL 15 for Citus: Debian 12's own
+# postgresql-15 packages (the very versions installed on the host, so that
+# the idem library built for the host's server loads here too), unpacked
+# with dpkg-deb under $IDEM_CACHE/pg15-citus (default
+# /var/cache/idem/pg15-citus) instead of installed. Citus (citus_build) and
+# idem go into this tree, never into the system's /usr/lib/postgresql/15.
+# PostgreSQL finds its files relative to its programs, so the unpacked tree
+# works where it lies. Prints its pg_config. Once: a stamp names the
+# packages it was made from.
+citus_tree() (
+  source "$ROOT/tests/servers/common.sh"
+  PREFIX="$IDEM_CACHE/pg15-citus"
+  STAMP="$PREFIX/.idem-stamp"
+  PKGS=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libpq5 libpq-dev postgresql-15-cron)
+  # The host's versions of the packages (its server must be installed: the
+  # suite's setup installs it).
+  want=""
+  for p in "${PKGS[@]}"; do
+    v=$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null) || die "$p is not installed on the host (bash scripts/setup.sh installs it)"
+    want+="$p=$v "
+  done
+  want="${want% }"
+  made() { [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$PREFIX/bin/pg_config" ]; }
+  if made; then echo "$PREFIX/bin/pg_config"; exit 0; fi
+  take_lock pg15-citus
+  if made; then echo "$PREFIX/bin/pg_config"; exit 0; fi
+  log "unpacking Debian's PostgreSQL 15 into $PREFIX (${want})"
+  debs="$IDEM_CACHE/build/pg15-citus/debs"
+  mkdir -p "$debs"
+  for p in "${PKGS[@]}"; do
+    v=$(dpkg-query -W -f='${Version}' "$p")
+    ls "$debs/${p}_${v//:/%3a}_"*.deb >/dev/null 2>&1 && continue
+    (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null 2>&1) ||
+      { apt-get update -qq && (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null); } ||
+      die "cannot download $p=$v"
+  done
+  # A tree made from other versions is replaced whole (a Citus built into
+  # it goes with it, and citus_build builds it again).
+  new="$PREFIX.new"
+  rm -rf "$new"
+  mkdir -p "$new"
+  for p in "${PKGS[@]}"; do
+    v=$(dpkg-query -W -f='${Version}' "$p")
+    dpkg-deb -x "$(ls "$debs/${p}_${v//:/%3a}_"*.deb | head -1)" "$new"
+  done
+  ln -s usr/lib/postgresql/15/bin "$new/bin"
+  "$new/bin/pg_config" --version >/dev/null || die "the unpacked pg_config does not run"
+  echo "$want" > "$new/.idem-stamp"
+  rm -rf "$PREFIX"
+  mv "$new" "$PREFIX"
+  log "PostgreSQL 15 unpacked: $PREFIX"
+  echo "$PREFIX/bin/pg_config"
+)
+
+# citus_build PG_CONFIG: Citus 13.2.2, built from the vendored source in
+# ../shared/vendor/ (not in Debian's archive; AGPL-3.0, see the README
+# there) and installed into citus_tree's PostgreSQL, never into Debian's
+# installed server (refused). Run on demand by the scenario, not by
+# scripts/setup.sh: the demo does not need Citus. Once: skipped when the
+# installed Citus carries the stamp of this very tarball and server. Cold
+# build on 2 cores: 4.5-6.5 minutes (make -j2; measured 5m04 with the
+# apt-get step, 5m31 and 6m22 without it under other load).
+citus_build() (
+  pg_config=$1
+  case "$pg_config" in
+  "$IDEM_CACHE"/pg15-citus/*) ;;
+  *) echo "citus: Citus goes into the private copy of Debian's 15 that citus_tree makes, not into $pg_config" >&2; exit 1 ;;
+  esac
+  if [ ! -f "$CITUS_TARBALL" ]; then
+    echo "citus: $CITUS_TARBALL is missing." >&2
+    echo "citus: the Citus scenario needs the vendored Citus source in ../shared/vendor/ (relative to $ROOT);" >&2
+    echo "citus: Citus is not in Debian's archive. Without it the Citus scenario fails." >&2
+    exit 1
+  fi
+  pkglib="$("$pg_config" --pkglibdir)"
+  stamp="$pkglib/citus.idem-vendor-stamp"
+  want="$(sha256sum "$CITUS_TARBALL" | cut -d' ' -f1) $("$pg_config" --version)"
+  if [ -f "$pkglib/citus.so" ] && [ -f "$("$pg_config" --sharedir)/extension/citus.control" ] &&
+     [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    exit 0
+  fi
+  deps=(build-essential autoconf flex bison libcurl4-openssl-dev liblz4-dev
+        libzstd-dev libkrb5-dev libssl-dev libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev)
+  missing=()
+  for p in "${deps[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Citus build dependencies: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  # (The headers are the tree's own: citus_tree unpacks the server and its
+  # -dev package of one version.)
+  say "building Citus 13.2.2 from $CITUS_TARBALL into $pkglib (about 5 minutes on 2 cores, once)"
+  scratch="$(mktemp -d /tmp/idem-citus-build.XXXXXX)"
+  trap 'rm -rf "$scratch"' EXIT
+  tar -xzf "$CITUS_TARBALL" -C "$scratch"
+  log="$scratch/build.log"
+  (
+    cd "$scratch/citus-13.2.2"
+    ./configure PG_CONFIG="$pg_config" >"$log" 2>&1
+    make -j2 >>"$log" 2>&1
+    make install >>"$log" 2>&1
+  ) || { echo "citus: the Citus build failed; last lines of its log:" >&2; tail -30 "$log" >&2; exit 1; }
+  echo "$want" > "$stamp"
+  say "Citus installed: $pkglib/citus.so"
+)
+
+# citus_server: citus_tree with Citus built into it; prints its pg_config.
+citus_server() {
+  local pg_config
+  pg_config=$(citus_tree)
+  citus_build "$pg_config" >&2
+  echo "$pg_config"
+}
+
+check() { # description, then a command whose success is the check
+  local what=$1; shift
+  if "$@"; then echo "ok - $what"; else echo "FAIL - $what"; fails=$((fails + 1)); fi
+}
+eq() { # description, expected, actual
+  if [ "$2" = "$3" ]; then echo "ok - $1"; else echo "FAIL - $1: expected '$2', got '$3'"; fails=$((fails + 1)); fi
+}
+
+# citus_isolation: pg_isolation_regress against the coordinator (database
+# $CITUS_DB, idem distributed), with Citus's blocking check in place of
+# PostgreSQL's so that a session waiting on a worker counts as blocked.
+# Its output on stdout; its status is the verdict.
+citus_isolation() {
+  local here="$ROOT/tests/citus" out input specs f rc=0
+  citus_psql coord -Atc "
+    SELECT citus_internal.replace_isolation_tester_func()
+     WHERE to_regprocedure('pg_catalog.old_pg_isolation_test_session_is_blocked(integer, integer[])') IS NULL" >/dev/null
+  specs=($(cd "$here/specs" && ls *.spec | sed 's/\.spec$//'))
+  out="$(mktemp -d /tmp/idem-citus-iso.XXXXXX)"
+  # The expected outputs name the workers' default ports; on other ports
+  # (CITUS_PORTS) they are read with those.
+  input=$here
+  if [ "$(citus_port w1) $(citus_port w2)" != "5531 5532" ]; then
+    input="$out/input"
+    mkdir -p "$input/expected"
+    ln -s "$here/specs" "$input/specs"
+    for f in "$here"/expected/*.out; do
+      sed "s/\b5531\b/$(citus_port w1)/g; s/\b5532\b/$(citus_port w2)/g" "$f" > "$input/expected/$(basename "$f")"
+    done
+  fi
+  source "$ROOT/tests/lib/regress.sh"
+  regress_run isolation "$(citus_base)/coord" "$(citus_port coord)" "${CITUS_DB:-idem_citus}" "$input" "$out" "$out/run.log" "${specs[@]}" || rc=$?
+  cat "$out/run.log"
+  [ $rc = 0 ] || echo "diffs: $out/regression.diffs"
+  return $rc
+}
+
+# citus_upgrade WORK: ALTER EXTENSION idem UPDATE on the Citus cluster, from
+# every shipped version with a frozen install script that Citus ran
+# (tests/upgrade/idem--V.sql, 0.3.0 on), to the current one (files in the
+# folder WORK). On the started cluster, whose database $CITUS_DB holds a
+# fresh install of the current version after docs/scaling.md's steps, for
+# the schema comparison. For each version V:
+#   1. a database with idem V, distributed next to orders (idem_distribute),
+#      and used through the coordinator: payments claimed by a distributed
+#      function (three business types of 30 days, 400 days and the default
+#      TTL, so three TTL classes after the update), one failed, one claimed
+#      and committed unfinished, one leased, a token issued; business rows,
+#      claims per state counted;
+#   2. docs/scaling.md's upgrade step, verbatim (the ```sql norun block after
+#      <!-- citus-upgrade: update -->), on the coordinator;
+#   3. the same counts; every payment paid again is answered from its old
+#      claim (no second business row), new keys claim, the lease is finished
+#      with its token, the token is consumed once; every node at the new
+#      version on the citus path; idem.claims distributed as before, the
+#      claim functions still delegated; idem's objects on every node equal
+#      those of the fresh install in $CITUS_DB (tests/upgrade/schema.sql);
+#   4. DROP EXTENSION idem leaves no schema idem on any node.
+# Also: the update where Citus is installed but idem.claims was never
+# distributed (every node updates its own tables).
+# Prints "ok - ..." / "FAIL - ..." lines; its status is the number of failures.
+citus_upgrade() (
+  fails=0
+  local work=$1 fresh_db=${CITUS_DB:-idem_citus} current extdir frozen old db n t i token before results_before
+  current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+  extdir="$("$PG_CONFIG" --sharedir)/extension"
+  P() { local db=$1 node=$2; shift 2; citus_sql "$node" "$db" "$@"; }
+
+  ROOT="$ROOT" python3 - "$ROOT/docs/scaling.md" > "$work/update.sql" <<'PY'
+import os, sys
+sys.path.insert(0, os.path.join(os.environ["ROOT"], "tests", "docs"))
+from sql_blocks import parse
+path = sys.argv[1]
+lines = open(path, encoding="utf-8").read().split("\n")
+blocks = {b.fence_line: b for b in parse(path)[0]}
+found = [blocks.get(i + 2) for i, l in enumerate(lines) if l.strip() == "<!-- citus-upgrade: update -->"]
+if len(found) != 1 or found[0] is None or found[0].mode != "norun":
+    sys.exit(f"FAIL {path}: want one <!-- citus-upgrade: update --> marker followed by a ```sql norun block")
+print("\\set ON_ERROR_STOP 1")
+print("\n".join(found[0].body))
+PY
+  [ -s "$work/update.sql" ] || { echo "FAIL - docs/scaling.md's upgrade step not found"; exit 1; }
+
+  schema() { # db node
+    P "$1" "$2" -At -f "$ROOT/tests/upgrade/schema.sql"
+  }
+  for n in coord w1 w2; do schema "$fresh_db" "$n" > "$work/fresh-$n.txt"; done
+
+  for frozen in "$ROOT"/tests/upgrade/idem--*.sql; do
+    old=$(basename "$frozen" .sql); old=${old#idem--}
+    # Versions before 0.3.0 had no Citus path that held (docs/scaling.md).
+    [ "$(printf '%s\n0.3.0\n' "$old" | sort -V | head -1)" = 0.3.0 ] || continue
+    cmp -s "$frozen" "$extdir/idem--$old.sql" || install -m 644 "$frozen" "$extdir/idem--$old.sql"
+    db=idem_up_${old//./_}
+    say "ALTER EXTENSION idem UPDATE from $old on Citus, after idem_distribute (database $db)"
+    for n in coord w1 w2; do P postgres "$n" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"; done
+    CITUS_DB=$db citus_start
+    P "$db" coord > /dev/null <<SQL
+CREATE EXTENSION idem VERSION '$old';
+CREATE TABLE orders (order_no text PRIMARY KEY);
+SELECT create_distributed_table('orders', 'order_no');
+CREATE TABLE payments (order_no text NOT NULL, biz_type text NOT NULL, payment_id bigserial, PRIMARY KEY (order_no, payment_id));
+SELECT create_distributed_table('payments', 'order_no', colocate_with => 'orders');
+SELECT idem_distribute('orders');
+SELECT idem_configure('payment', '30 days');
+SELECT idem_configure('deposit', '400 days');
+SELECT idem_maintain();
+CREATE FUNCTION pay(order_no text, biz_type text, OUT claimed boolean, OUT result jsonb)
+LANGUAGE plpgsql AS \$\$
+DECLARE
+    c idem_claim_result;
+    id bigint;
+BEGIN
+    c := idem_claim(order_no, biz_type);
+    claimed := c.claimed;
+    IF NOT c.claimed THEN
+        result := c.result;
+        RETURN;
+    END IF;
+    INSERT INTO payments (order_no, biz_type) VALUES (pay.order_no, pay.biz_type) RETURNING payment_id INTO id;
+    result := jsonb_build_object('payment_id', id);
+    PERFORM idem_complete(order_no, biz_type, result);
+END \$\$;
+SELECT create_distributed_function('pay(text,text)', distribution_arg_name := 'order_no',
+                                   colocate_with := 'orders', force_delegation := true);
+CREATE TABLE tok AS SELECT idem_issue_token('form') AS t;
+SQL
+    # One statement per call: Citus delegates a call only when it is the
+    # whole statement.
+    for t in payment deposit quick; do
+      for i in $(seq 1 40); do echo "SELECT claimed, result FROM pay('$t-$i', '$t');"; done
+    done > "$work/pay.sql"
+    P "$db" coord -At -f "$work/pay.sql" > "$work/pay-1.out"
+    eq "$old: 120 payments claimed before the update" 120 "$(grep -c '^t|{"payment_id": [0-9]*}$' "$work/pay-1.out")"
+    P "$db" coord -At > /dev/null <<'SQL'
+BEGIN;
+SELECT claimed FROM idem_claim('refused', 'payment');
+SELECT idem_fail('refused', 'payment', '{"reason": "card declined"}');
+COMMIT;
+SELECT claimed FROM idem_claim('open', 'payment');
+SQL
+    token=$(P "$db" coord -At -c "SELECT result->>'lease_token' FROM idem_claim('leased', 'payment', lease => '1 hour')")
+    check "$old: a lease taken, its token returned" test -n "$token"
+    counts() { # db: business rows, then claims per state
+      P "$1" coord -At -c "SELECT (SELECT count(*) FROM payments) || ' ' ||
+                                  (SELECT string_agg(state::text || '=' || n, ',' ORDER BY state) FROM (SELECT state, count(*) n FROM idem.claims GROUP BY 1) s)"
+    }
+    before=$(counts "$db")
+    results() { P "$db" coord -At -c "SELECT string_agg(key || ':' || biz_type || ':' || coalesce(result::text, '-'), ' ' ORDER BY key, biz_type) FROM idem.claims"; }
+    results_before=$(results)
+    echo "  before the update: business rows and claims per state: $before"
+
+    P "$db" coord -f "$work/update.sql" > "$work/update-$old.out" 2>&1 ||
+      { echo "FAIL - $old: docs/scaling.md's upgrade step failed:"; tail -15 "$work/update-$old.out"; fails=$((fails + 1)); continue; }
+    echo "ok - $old: docs/scaling.md's upgrade step ran"
+    eq "$old: every node at $current, on the citus path" "$current citus|$current citus|$current citus" \
+      "$(P "$db" coord -At -c "SELECT string_agg(result, '|' ORDER BY nodeid) FROM run_command_on_all_nodes(
+                               \$\$SELECT extversion || ' ' || idem_storage_path() FROM pg_extension WHERE extname = 'idem'\$\$)")"
+    eq "$old: idem.claims hash-distributed by key in 32 shards, co-located with orders" "h key 32 t" \
+      "$(P "$db" coord -At -c "SELECT format('%s %s %s %s', partmethod, column_to_column_name(logicalrelid, partkey),
+                                      (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid),
+                                      colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'orders'::regclass))
+                          FROM pg_dist_partition p WHERE logicalrelid = 'idem.claims'::regclass")"
+    eq "$old: business rows and claims per state kept" "$before" "$(counts "$db")"
+    eq "$old: every claim's key, type and stored result kept" "$results_before" "$(results)"
+    P "$db" coord -At -f "$work/pay.sql" > "$work/pay-2.out"
+    eq "$old: 120 payments paid again after the update: each answered from its old claim, with its first payment's id" \
+      "$(sed 's/^t|/f|/' "$work/pay-1.out")" "$(cat "$work/pay-2.out")"
+    # Each in a form Citus delegates (docs/scaling.md, "Call forms").
+    got() { P "$db" coord -At -c "$1"; }
+    eq "$old: the failed claim answers failed with its result" 'f|failed|{"reason": "card declined"}' \
+      "$(got "SELECT claimed, state, result FROM idem_claim('refused', 'payment')")"
+    eq "$old: the claim committed unfinished answers completed" 'f|completed' \
+      "$(got "SELECT claimed, state FROM idem_claim('open', 'payment')")"
+    eq "$old: the lease is still held" 'f|in_progress' "$(got "SELECT claimed, state FROM idem_claim('leased', 'payment')")"
+    got "SELECT idem_complete('leased', 'payment', '{\"by\": \"owner\"}', '$token')" > /dev/null
+    eq "$old: the lease finished with its token" 'completed|{"by": "owner"}' \
+      "$(got "SELECT state, result FROM idem_lookup('leased', 'payment')")"
+    eq "$old: the token issued before the update is consumed once" 't f' \
+      "$(got "SELECT idem_consume_token(t, 'form') FROM tok") $(got "SELECT idem_consume_token(t, 'form') FROM tok")"
+    for i in $(seq 1 10); do echo "SELECT claimed FROM pay('new-$i', 'payment');"; done > "$work/new.sql"
+    eq "$old: new keys claim after the update, one business row each" "10 $(( ${before%% *} + 10 ))" \
+      "$(P "$db" coord -At -f "$work/new.sql" | grep -c '^t$') $(P "$db" coord -At -c 'SELECT count(*) FROM payments')"
+    eq "$old: the registry distributed by key next to idem.claims, each of its 32 shards anchored" "h t 32" \
+      "$(P "$db" coord -At -c "SELECT format('%s %s %s', partmethod,
+                                      colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idem.claims'::regclass),
+                                      (SELECT count(DISTINCT biz_type) FROM idem.type_classes WHERE ttl_class = -1))
+                          FROM pg_dist_partition p WHERE logicalrelid = 'idem.type_classes'::regclass")"
+    # Every (shard, type, class) of the claims registered on that shard, up
+    # to its latest expiry at least (the claims were written before the
+    # update: no claim registered them).
+    eq "$old: the claims of three TTL classes kept, each registered on its own shard" "3 0" \
+      "$(P "$db" coord -At -c "WITH c AS MATERIALIZED (
+                                 SELECT get_shard_id_for_distribution_column('idem.claims', min(key)) AS s, biz_type, ttl_class, max(expires_at) AS e
+                                   FROM idem.claims GROUP BY width_bucket(worker_hash(key), (SELECT array_agg(shardminvalue::int ORDER BY shardminvalue::int) FROM pg_dist_shard WHERE logicalrelid = 'idem.claims'::regclass)), biz_type, ttl_class),
+                                    r AS MATERIALIZED (
+                                 SELECT get_shard_id_for_distribution_column('idem.claims', key) AS s, biz_type, ttl_class, until FROM idem.type_classes WHERE ttl_class >= 0)
+                               SELECT count(DISTINCT c.ttl_class) || ' ' || count(*) FILTER (WHERE NOT EXISTS (
+                                        SELECT 1 FROM r WHERE r.s = c.s AND r.biz_type = c.biz_type AND r.ttl_class = c.ttl_class AND r.until >= c.e))
+                                 FROM c")"
+    eq "$old: idem.claims, its default partition and the registry are no distributed objects of Citus's on any node (as after a fresh install: extension members)" "0|0|0" \
+      "$(P "$db" coord -At -c "SELECT string_agg(result, '|' ORDER BY nodeid) FROM run_command_on_all_nodes(
+            \$\$SELECT count(*) FROM pg_dist_object WHERE classid = 'pg_class'::regclass AND objid IN ('idem.claims'::regclass, 'idem.claims_default'::regclass, 'idem.type_classes'::regclass)\$\$)")"
+    for n in coord w1 w2; do
+      schema "$db" "$n" > "$work/up-$n.txt"
+      if diff -u "$work/fresh-$n.txt" "$work/up-$n.txt" > "$work/diff-$n.txt"; then
+        echo "ok - $old: idem's objects on $n equal a fresh $current install's"
+      else
+        echo "FAIL - $old: idem's objects on $n differ from a fresh $current install's:"; head -40 "$work/diff-$n.txt"; fails=$((fails + 1))
+      fi
+    done
+    P "$db" coord -c "DROP EXTENSION idem CASCADE" > /dev/null 2>&1 || true
+    eq "$old: after the update, DROP EXTENSION idem leaves no schema idem on any node" "0|0|0" \
+      "$(P "$db" coord -At -c "SELECT string_agg(result, '|' ORDER BY nodeid) FROM run_command_on_all_nodes(
+            \$\$SELECT count(*) FROM pg_namespace WHERE nspname = 'idem'\$\$)")"
+    for n in coord w1 w2; do P postgres "$n" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"; done
+
+    # Citus installed, idem never distributed: each node updates its own.
+    db=idem_up_local_${old//./_}
+    say "ALTER EXTENSION idem UPDATE from $old on Citus, idem.claims not distributed (database $db)"
+    for n in coord w1 w2; do P postgres "$n" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"; done
+    CITUS_DB=$db citus_start
+    P "$db" coord -At > /dev/null <<SQL
+CREATE EXTENSION idem VERSION '$old';
+SELECT idem_configure('payment', '30 days');
+BEGIN; SELECT idem_claim('done', 'payment'); SELECT idem_complete('done', 'payment', '{"n": 1}'); COMMIT;
+SQL
+    if P "$db" coord -c "ALTER EXTENSION idem UPDATE" > "$work/local.out" 2>&1; then
+      eq "$old, not distributed: every node at $current; the claim replays on the coordinator" \
+        "$current|$current|$current false/completed/{\"n\": 1}" \
+        "$(P "$db" coord -At -c "SELECT string_agg(result, '|' ORDER BY nodeid) FROM run_command_on_all_nodes(\$\$SELECT extversion FROM pg_extension WHERE extname = 'idem'\$\$)") $(P "$db" coord -At -c "SELECT claimed || '/' || state || '/' || result FROM idem_claim('done', 'payment')")"
+    else
+      echo "FAIL - $old, not distributed: ALTER EXTENSION idem UPDATE failed:"; tail -5 "$work/local.out"; fails=$((fails + 1))
+    fi
+    for n in coord w1 w2; do P postgres "$n" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"; done
+  done
+  echo "Citus upgrade checks: $fails failed"
+  exit "$fails"
+)
+
 scenario_citus() {
+source "$ROOT/tests/lib/cluster.sh"
+if [ "${1:-}" = --server ]; then citus_server; return; fi
 started=$(date +%s)
-VENDOR="$(cd "$ROOT/.." && pwd)/shared/vendor"
-TARBALL="$VENDOR/citus-13.2.2-pg15.20.tar.gz"
-if [ ! -f "$TARBALL" ]; then
-  echo "FAIL: $TARBALL is missing. The Citus scenario needs the vendored Citus source in ../shared/vendor/"
+if [ ! -f "$CITUS_TARBALL" ]; then
+  echo "FAIL: $CITUS_TARBALL is missing. The Citus scenario needs the vendored Citus source in ../shared/vendor/"
   echo "      (relative to the project folder $ROOT); Citus is not in Debian's archive. Not skipped: failed."
   exit 1
 fi
@@ -57,13 +423,13 @@ if [ ! -f "$IDEM_SHARE/extension/idem.control" ] || [ ! -f "$IDEM_LIB/idem.so" ]
 fi
 
 # Citus and idem go into a private copy of Debian's PostgreSQL 15
-# (tests/citus/tree.sh), never into the system's: the build of idem the
+# (citus_tree), never into the system's: the build of idem the
 # suite installed into $PG_CONFIG's server (or the one in IDEM_STAGE) is
 # copied there (same server version, so the same library loads).
 SUITE_PG_CONFIG=$PG_CONFIG
 say "a private PostgreSQL 15 for Citus (made once, then cached)"
 t=$(date +%s)
-CITUS_PG_CONFIG=$(bash "$ROOT/tests/citus/tree.sh")
+CITUS_PG_CONFIG=$(citus_tree)
 if [ "$("$SUITE_PG_CONFIG" --version)" != "$("$CITUS_PG_CONFIG" --version)" ]; then
   echo "FAIL: the Citus scenario runs on Debian 12's PostgreSQL 15 (the vendored Citus is patched for 15.20);"
   echo "      this build of idem is for $("$SUITE_PG_CONFIG" --version), the private tree is $("$CITUS_PG_CONFIG" --version)"
@@ -71,7 +437,7 @@ if [ "$("$SUITE_PG_CONFIG" --version)" != "$("$CITUS_PG_CONFIG" --version)" ]; t
 fi
 export PG_CONFIG=$CITUS_PG_CONFIG
 PG_BIN="$("$PG_CONFIG" --bindir)"
-bash "$ROOT/tests/citus/install.sh"
+citus_build "$PG_CONFIG"
 build_s=$(( $(date +%s) - t ))
 if [ "$IDEM_LIB" != "$("$PG_CONFIG" --pkglibdir)" ]; then
   say "this build of idem ($IDEM_LIB) into $("$PG_CONFIG" --pkglibdir)"
@@ -82,36 +448,30 @@ fi
 bash "$ROOT/scripts/setup.sh" --tool python
 
 export CITUS_DB=idem_citus PG_BIN
-CLUSTER="$ROOT/tests/citus/cluster.sh"
 work=$(mktemp -d /tmp/idem-citus-scenario.XXXXXX)
 cleanup() {
   rc=$?
   if [ $rc != 0 ]; then
     for n in coord w1 w2; do
-      log="$(cluster_dir)/citus/$n/server.log"
+      log="$(citus_base)/$n/server.log"
       [ -f "$log" ] && { echo "--- $n server.log (tail)"; tail -12 "$log"; }
     done
   fi
-  [ "${CITUS_KEEP:-0}" = 1 ] || bash "$CLUSTER" destroy
+  [ "${CITUS_KEEP:-0}" = 1 ] || citus_destroy
   rm -rf "$work"
   exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-read -r -a CPORTS <<<"${CITUS_PORTS:-5530 5531 5532}"
-say "a fresh cluster: coordinator 127.0.0.1:${CPORTS[0]}, workers :${CPORTS[1]} and :${CPORTS[2]}"
+say "a fresh cluster: coordinator 127.0.0.1:$(citus_port coord), workers :$(citus_port w1) and :$(citus_port w2)"
 t=$(date +%s)
-bash "$CLUSTER" destroy
-bash "$CLUSTER" start
+citus_destroy
+citus_start
 cluster_s=$(( $(date +%s) - t ))
-C() { bash "$CLUSTER" psql coord "$@"; }
+C() { citus_psql coord "$@"; }
 
 fails=0
-check() { # description, then a command whose success is the check
-  local what=$1; shift
-  if "$@"; then echo "ok - $what"; else echo "FAIL - $what"; fails=$((fails + 1)); fi
-}
 
 say "docs/scaling.md's Citus steps, verbatim"
 python3 "$ROOT/tests/citus/doc_steps.py" "$ROOT/docs/scaling.md" > "$work/steps.sql"
@@ -132,8 +492,8 @@ check "step 5: pay() claimed, then replayed; the refund claimed: 2 payments rows
                          (SELECT state FROM idem_lookup('A-0001', 'refund'))")" = "2 completed completed"
 check "step 5: a third pay() replays the first answer" \
   test "$(C -Atc "SELECT outcome || ' ' || (result->>'amount') FROM pay('A-0001', 25.00)")" = "replayed 25.00"
-check "step 5: the form that Citus does not delegate is refused with 0A000" \
-  bash -c "PGOPTIONS='-c client_min_messages=warning' bash '$CLUSTER' psql coord -v VERBOSITY=verbose -c \"SELECT (idem_claim('A-0001', 'refund')).claimed\" 2>&1 | grep -q 'ERROR:  0A000'"
+refused_0A000() { { citus_psql coord -v VERBOSITY=verbose -c "SELECT (idem_claim('A-0001', 'refund')).claimed" 2>&1 || true; } | grep -q 'ERROR:  0A000'; }
+check "step 5: the form that Citus does not delegate is refused with 0A000" refused_0A000
 check "step 6: idem_schedule_maintenance() made the pg_cron job (unscheduled now: the checks run maintenance themselves)" \
   test "$(C -Atc "SELECT count(cron.unschedule(jobid)) FROM cron.job WHERE jobname = 'idem_maintain'")" = 1
 check "step 6: maintenance made the partitions of the 30-day TTL class, reaching past 30 days" \
@@ -147,7 +507,7 @@ say "relations one claim locks on a worker, whatever TTLs the database's types u
 # from other sessions' queries, so they are told by name). Each count right
 # after a maintenance run: partitions that ended since the last one add two
 # each (docs/design.md §1).
-W1() { bash "$CLUSTER" psql w1 "$@"; }
+W1() { citus_psql w1 "$@"; }
 first_claims() { # type ttl
   W1 -q <<SQL
 DO \$\$
@@ -213,8 +573,8 @@ say "a shard split: claims on the new shards look into every class until mainten
 # in two on its node: the registrations are divided by the keys that wrote
 # them, not by the claims they cover, and the new shards have no anchor.
 # In a database of its own (the other checks count on 32 shards).
-CITUS_DB=idem_split bash "$CLUSTER" start
-S() { CITUS_DB=idem_split bash "$CLUSTER" psql coord "$@"; }
+CITUS_DB=idem_split citus_start
+S() { citus_sql coord idem_split "$@"; }
 S -q >/dev/null <<'SQL'
 CREATE EXTENSION idem;
 CREATE TABLE s_orders (order_no text PRIMARY KEY);
@@ -243,12 +603,12 @@ check "idem_maintain registers the claims anew ($(echo "$split_report" | grep -o
   test "$(S -Atc "SELECT idem.registry_incomplete() || ' ' || count(DISTINCT biz_type) FROM idem.type_classes WHERE ttl_class = -1")" = "false 33"
 check "after maintenance, the six keys are still each found" test "$(again)" = "6 f|completed"
 
-say "ALTER EXTENSION idem UPDATE on the cluster, from every shipped version after idem_distribute (tests/citus/upgrade.sh)"
-bash "$ROOT/tests/citus/upgrade.sh" || fails=$((fails + $?))
+say "ALTER EXTENSION idem UPDATE on the cluster, from every shipped version after idem_distribute (citus_upgrade)"
+citus_upgrade "$work" || fails=$((fails + $?))
 
 say "a second database for the maintenance checks (short partition widths)"
-CITUS_DB=idem_m bash "$CLUSTER" start
-CITUS_DB=idem_m bash "$CLUSTER" psql coord >/dev/null <<'SQL'
+CITUS_DB=idem_m citus_start
+citus_sql coord idem_m >/dev/null <<'SQL'
 CREATE EXTENSION idem;
 CREATE TABLE m_orders (order_no text PRIMARY KEY);
 SELECT create_distributed_table('m_orders', 'order_no');
@@ -256,7 +616,7 @@ SELECT idem_distribute('m_orders');
 SQL
 
 say "isolation specs against the coordinator (tests/citus/specs)"
-if bash "$ROOT/tests/citus/isolation.sh" > "$work/isolation.out" 2>&1; then
+if citus_isolation > "$work/isolation.out" 2>&1; then
   grep -E "^(test|     ) *[a-z_]+ +\.\.\. " "$work/isolation.out" || cat "$work/isolation.out"
   echo "ok - isolation specs"
 else

@@ -80,6 +80,24 @@ SELECT key, attempt FROM idem_take_expired_leases('ct.tx');
 ROLLBACK;
 SELECT key, attempt FROM idem_take_expired_leases('ct.tx');
 
+-- The request kept for a re-drive (docs/patterns.md, "External charge with
+-- recovery points"): checkpointed in the claim's own transaction, without
+-- the token there, it commits with the claim; a later step merges into it;
+-- the completer hands the whole of it over. A claim whose transaction rolled
+-- back leaves nothing for the completer.
+BEGIN;
+SELECT result->>'lease_token' AS tokq FROM idem_claim('q1', 'ct.request', lease => '1 hour') \gset
+SELECT idem_checkpoint('q1', 'ct.request', 'received', '{"request": {"order": "A-7", "amount_cents": 2500}}');
+COMMIT;
+SELECT idem_checkpoint('q1', 'ct.request', 'charged', '{"charge_id": "ch_9"}', :'tokq', merge => true);
+SELECT idem_release('q1', 'ct.request', :'tokq');
+BEGIN;
+SELECT claimed FROM idem_claim('q2', 'ct.request', lease => '1 hour');
+SELECT idem_checkpoint('q2', 'ct.request', 'received', '{"request": {"order": "A-8"}}');
+ROLLBACK;
+SELECT key, attempt, recovery_point, recovery_data FROM idem_take_expired_leases('ct.request');
+SELECT state FROM idem_lookup('q2', 'ct.request');
+
 -- The recipe of docs/patterns.md ("A completer for leases nobody came
 -- back for"; its business type here ct.charge), run as its pg_cron job
 -- would: CALL complete_charges() in a transaction of its own, by a role
