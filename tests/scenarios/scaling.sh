@@ -187,7 +187,7 @@ citus_isolation() {
       sed "s/\b5531\b/$(citus_port w1)/g; s/\b5532\b/$(citus_port w2)/g" "$f" > "$input/expected/$(basename "$f")"
     done
   fi
-  source "$ROOT/tests/lib/regress.sh"
+  source "$ROOT/tests/lib/suite.sh"
   regress_run isolation "$(citus_base)/coord" "$(citus_port coord)" "${CITUS_DB:-idem_citus}" "$input" "$out" "$out/run.log" "${specs[@]}" || rc=$?
   cat "$out/run.log"
   [ $rc = 0 ] || echo "diffs: $out/regression.diffs"
