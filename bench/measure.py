@@ -2,6 +2,7 @@
 other processes used during a run (CpuMeter, noise, and the thresholds the
 quiet-wait uses), and exact nearest-rank latency percentiles (lat_stats,
 hist_stats, pct)."""
+import collections
 import math
 import os
 import subprocess
@@ -82,19 +83,15 @@ def noise():
 def lat_stats(lats_us):
     """p50/p99/p99.9/max/mean in ms of a list of latencies in µs (exact,
     nearest-rank percentiles)."""
-    if not lats_us:
-        return {"txns": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None,
-                "mean_ms": None}
-    return {"txns": len(lats_us), "p50_ms": pct(lats_us, 50), "p99_ms": pct(lats_us, 99),
-            "p999_ms": pct(lats_us, 99.9), "max_ms": max(lats_us) / 1000,
-            "mean_ms": sum(lats_us) / len(lats_us) / 1000}
+    return hist_stats(collections.Counter(lats_us))
 
 
 def hist_stats(h):
     """The same from a histogram {latency µs: count}: exact too."""
     n = sum(h.values())
     if not n:
-        return lat_stats([])
+        return {"txns": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None,
+                "mean_ms": None}
     keys = sorted(h)
     out = {"txns": n, "max_ms": keys[-1] / 1000, "mean_ms": sum(k * c for k, c in h.items()) / n / 1000}
     for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p999_ms", 99.9)):

@@ -8,25 +8,18 @@ import time
 
 def timed(b, db, sql, pre=""):
     """Run one statement, after `pre` in the same session (so that the
-    session is warm); return (ms, wal_bytes, start_epoch, end_epoch,
-    output of the statement)."""
+    session is warm); return (ms, wal_bytes, output of the statement)."""
     script = (
         (pre.rstrip() + "\n" if pre else "") +
         "\\echo __TIMED__\n"
         "SELECT pg_current_wal_insert_lsn() AS l0 \\gset\n"
-        "SELECT extract(epoch FROM clock_timestamp()) AS e0 \\gset\n"
         "\\timing on\n" + sql.rstrip(";") + ";\n\\timing off\n"
-        "SELECT 'WAL=' || (pg_current_wal_insert_lsn() - :'l0'::pg_lsn);\n"
-        "SELECT 'E0=' || :'e0';\n"
-        "SELECT 'E1=' || extract(epoch FROM clock_timestamp());\n")
+        "SELECT 'WAL=' || (pg_current_wal_insert_lsn() - :'l0'::pg_lsn);\n")
     b.last_pre, _, out = b.psql(db, script).rpartition("__TIMED__")
     ms = float(re.findall(r"^Time: ([\d.]+) ms", out, re.M)[-1])
     wal = int(re.search(r"^WAL=(\d+)", out, re.M).group(1))
-    e0 = float(re.search(r"^E0=([\d.]+)", out, re.M).group(1))
-    e1 = float(re.search(r"^E1=([\d.]+)", out, re.M).group(1))
-    body = "\n".join(l for l in out.splitlines()
-                     if l.strip() and not re.match(r"^(Time:|WAL=|E0=|E1=)", l))
-    return ms, wal, e0, e1, body
+    body = "\n".join(l for l in out.splitlines() if l.strip() and not re.match(r"^(Time:|WAL=)", l))
+    return ms, wal, body
 
 
 def load_expired_handwritten(b, db, rows, live):
@@ -142,7 +135,7 @@ def run(b):
     for rows in sizes:
         load_expired_handwritten(b, db, rows, live)
         before = int(b.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
-        ms, wal, _, _, _ = timed(b, db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
+        ms, wal, _ = timed(b, db, "DELETE FROM dedup_ttl WHERE expires_at < now()")
         after = int(b.val(db, "SELECT pg_total_relation_size('dedup_ttl')"))
         t0 = time.time()
         b.psql(db, "VACUUM dedup_ttl")
@@ -165,7 +158,7 @@ def run(b):
         for rows in order:
             b.wait_quiet()
             t0 = time.time()
-            ms, wal, _, _, out = timed(b, 
+            ms, wal, out = timed(b, 
                 db, "SELECT idem_maintain()",
                 pre="SELECT idem_maintain();\n" + expired_idem_sql(b, db, rows, live) +
                     "SELECT 'SIZE=' || sum(pg_total_relation_size(relid)) || '/' || count(*)"
@@ -183,7 +176,7 @@ def run(b):
         b.wait_quiet()
         load_expired_idem(b, db, rows, live)
         before = b.claims_size(db)
-        ms, wal, _, _, out = timed(b, db, "SELECT idem_maintain()")
+        ms, wal, out = timed(b, db, "SELECT idem_maintain()")
         res["idem_cold"].append(maintain_result(b, db, rows, ms, wal, out, before, "cold", 0))
         b.save()
     b.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
