@@ -45,9 +45,9 @@ need_idem() {
 # A throw-away cluster in $DATA (tests/lib/cluster.sh) with the server's
 # own defaults where they count: the instruction counts of earlier runs
 # (docs/performance.md) were taken with them.
-fresh_cluster() { # PORT
+fresh_cluster() { # [PORT]: its Unix socket's (a single-user backend opens none)
   pc_fresh "$DATA"
-  pc_initdb "$PG_BIN" "$DATA" "$1" "shared_buffers = 128MB" "fsync = on"
+  pc_initdb "$PG_BIN" "$DATA" "${1:-5432}" "shared_buffers = 128MB" "fsync = on"
 }
 single() { # DB [OPTION...]: a single-user session of $DATA, statements on stdin
   local db=$1
@@ -173,7 +173,7 @@ cmd_native() {
   tag="$PG_SUFFIX$([ $preload = 0 ] || echo -preload)$([ $steady = 1 ] || echo -fresh)"
   OUT="$ROOT/bench/out/profile$tag" DATA="$(data_dir "native$tag")"
   rm -rf "$OUT"; mkdir -p "$OUT"
-  fresh_cluster 5460
+  fresh_cluster
   single postgres "${opts[@]}" >/dev/null 2>&1 <<'SQL'
 CREATE EXTENSION idem;
 SELECT idem_maintain();
@@ -209,7 +209,7 @@ cmd_ttl() {
   need_idem; need_valgrind
   OUT="$ROOT/bench/out/profile-ttl$PG_SUFFIX" DATA="$(data_dir "ttl$PG_SUFFIX")"
   rm -rf "$OUT"; mkdir -p "$OUT"
-  fresh_cluster 5460
+  fresh_cluster
   printf 'CREATE DATABASE ttl_mixed;\nCREATE DATABASE ttl_base;\n' | single postgres >/dev/null 2>&1
   gen ttl "$spread"
   for db in ttl_mixed ttl_base; do

@@ -265,7 +265,7 @@ def report(R):
         R.target("hw_p99", f"handwritten: idem p99 during cleanup ≤ {TARGET_P99} × hand-written's",
                  f"{ip:.2f} ms vs {hp:.2f} ms = {ip / hp:.2f}" if hp and ip else "not measured",
                  (ip / hp <= TARGET_P99) if hp and ip else None)
-        # (what the cleanup section measured until it left this question here)
+        # (does idem_maintain() slow the claims beside it: against idem's own run)
         ia = m("idem", lambda x: x["p99_ms"])
         R.target("clean_p99", f"Claim p99 during idem_maintain() ≤ {TARGET_P99_OWN} × the claims' p99 over "
                  "the whole run (handwritten section, idem)",
