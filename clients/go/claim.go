@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -270,6 +271,47 @@ func Fail(ctx context.Context, tx any, key, bizType string, errDoc any, leaseTok
 	return call(ctx, tx, "idem_fail", `SELECT idem_fail($1, $2, $3::jsonb, $4)::text`,
 		key, bizType, errDoc, leaseToken)
 }
+
+// finishAndCommitSQL is Complete (op "idem_complete") or Fail
+// ("idem_fail") of the claim followed by COMMIT, as one simple-protocol
+// query: the values are written in as literals, so that one round trip
+// stores the outcome and commits. If the function fails, the COMMIT in the
+// same query does not run and the transaction stays aborted.
+func (c *ClaimResult) finishAndCommitSQL(op string, doc any) (string, error) {
+	text, err := jsonText(doc)
+	if err != nil {
+		return "", err
+	}
+	token := "NULL"
+	if c.LeaseToken != "" {
+		token = literal(c.LeaseToken)
+	}
+	docLit := "NULL"
+	if s, ok := text.(string); ok {
+		docLit = literal(s)
+	}
+	q := "SELECT " + op + "(" + literal(c.Key) + ", " + literal(c.BizType) + ", " + docLit + "::jsonb, " + token + "); COMMIT"
+	if strings.IndexByte(q, 0) >= 0 {
+		// (a query message ends at its first NUL byte)
+		return "", errors.New("idem: a NUL byte in the key, business type or document")
+	}
+	return q, nil
+}
+
+// literal quotes s as a SQL string literal as libpq's PQescapeLiteral
+// does: quotes doubled, and with backslashes an E'' literal with them
+// doubled too, which reads the same whatever standard_conforming_strings.
+func literal(s string) string {
+	s = strings.ReplaceAll(s, "'", "''")
+	if strings.Contains(s, `\`) {
+		return ` E'` + strings.ReplaceAll(s, `\`, `\\`) + "'"
+	}
+	return "'" + s + "'"
+}
+
+// markFinished records Complete (StateCompleted) or Fail (StateFailed)
+// done by finishAndCommitSQL.
+func (c *ClaimResult) markFinished(s State) { c.finished = s }
 
 // call runs one finishing function; the document (the argument before the
 // last) goes as JSON text, the token as NULL when empty.

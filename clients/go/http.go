@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ReplayedHeader marks a replayed response (a common convention, not part
@@ -429,12 +431,12 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	}
 
 	ctx := r.Context()
-	tx, err := m.cfg.Pool.Begin(ctx)
+	tx, err := m.begin(ctx)
 	if err != nil {
 		m.internal(w, r, rt, err)
 		return
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit: a no-op
+	defer func() { tx.rollback(context.WithoutCancel(ctx)) }() // after a commit: a no-op
 	wait := !m.cfg.NoWait
 	if rt.wait != nil {
 		wait = *rt.wait
@@ -463,7 +465,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	if !c.Claimed {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		if c.State == StateInProgress {
 			m.inProgress(w, rt)
 			return
@@ -497,11 +499,11 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		// writes and the stored response are a second transaction. (The
 		// deferred rollback is of tx, whichever it is.) Failing from here
 		// on leaves the lease to run out.
-		if err := tx.Commit(ctx); err != nil {
+		if err := tx.commit(ctx); err != nil {
 			m.internal(w, r, rt, err)
 			return
 		}
-		second, err := m.cfg.Pool.Begin(ctx)
+		second, err := m.begin(ctx)
 		if err != nil {
 			m.internal(w, r, rt, err)
 			return
@@ -518,41 +520,142 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	handBack := func() {
 		if rt.lease > 0 && !handedBack && c.Finished() == "" {
 			handedBack = true
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			tx.rollback(context.WithoutCancel(ctx))
 			m.release(context.WithoutCancel(ctx), c)
 		}
 	}
 	defer handBack() // (a panic)
-	rec := m.run(next, r, &requestState{tx: tx, claim: c, pool: m.cfg.Pool})
+	rec := m.run(next, r, &requestState{tx: tx.Tx, claim: c, pool: m.cfg.Pool})
 	if !store(rec.status) {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		handBack()
 		rec.send(w)
 		return
 	}
 	doc := toDocument(rec.status, rec.header, rec.body.Bytes(), m.cfg.StoredHeaders, m.cfg.MaxStoredBody)
-	if rec.status < 400 {
-		err = c.Complete(ctx, doc)
-	} else {
-		err = c.Fail(ctx, doc)
-	}
-	if err != nil {
+	storeErr, commitErr := m.storeAndCommit(ctx, r, tx, c, rec.status >= 400, doc)
+	if storeErr != nil {
 		handBack()
-		m.notStored(w, r, rt, err)
+		m.notStored(w, r, rt, storeErr)
 		return
 	}
-	if m.cfg.Phase != nil {
-		m.cfg.Phase("before_commit", r)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	if commitErr != nil {
 		// (the outcome may be unknown: a retry replays it or runs again)
-		m.notStored(w, r, rt, err)
+		m.notStored(w, r, rt, commitErr)
 		return
 	}
 	if m.cfg.Phase != nil {
 		m.cfg.Phase("after_commit", r)
 	}
 	rec.send(w)
+}
+
+// connAcquirer is a Pool that lends whole connections (a *pgxpool.Pool).
+type connAcquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// reqTx is a request's transaction: with a connAcquirer, on a connection
+// the middleware holds, so that storing the response and COMMIT can be one
+// round trip (a pgx.Tx of the pool's always sends a COMMIT of its own, and
+// only its Commit or Rollback hands the connection back).
+type reqTx struct {
+	pgx.Tx
+	conn *pgxpool.Conn // nil: the Pool's Begin gave Tx
+	done bool
+}
+
+func (m *Middleware) begin(ctx context.Context) (*reqTx, error) {
+	pool, ok := m.cfg.Pool.(connAcquirer)
+	if !ok {
+		tx, err := m.cfg.Pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &reqTx{Tx: tx}, nil
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return &reqTx{Tx: tx, conn: conn}, nil
+}
+
+// rollback ends the transaction unless it has ended (a no-op then).
+func (t *reqTx) rollback(ctx context.Context) {
+	if !t.done {
+		t.done = true
+		_ = t.Tx.Rollback(ctx)
+		t.hangUp()
+	}
+}
+
+func (t *reqTx) commit(ctx context.Context) error {
+	t.done = true
+	err := t.Tx.Commit(ctx)
+	t.hangUp()
+	return err
+}
+
+// hangUp gives the connection back to the pool (which closes it if a
+// transaction is still open on it).
+func (t *reqTx) hangUp() {
+	if t.conn != nil {
+		t.conn.Release()
+		t.conn = nil
+	}
+}
+
+// storeAndCommit stores the response (idem_fail for a failure, else
+// idem_complete) and commits. On a connection of the middleware's own and
+// with no Phase hook to run between the two, one simple-protocol query does
+// both (the values written in as literals); its COMMIT does not run if
+// storing fails. storeErr: nothing was stored (the transaction rolls
+// back); commitErr: the COMMIT failed, and the outcome may be unknown.
+func (m *Middleware) storeAndCommit(ctx context.Context, r *http.Request, tx *reqTx, c *ClaimResult, failure bool, doc storedResponse) (storeErr, commitErr error) {
+	op, state := "idem_complete", StateCompleted
+	if failure {
+		op, state = "idem_fail", StateFailed
+	}
+	if tx.conn != nil && m.cfg.Phase == nil {
+		q, err := c.finishAndCommitSQL(op, doc)
+		if err != nil {
+			return err, nil
+		}
+		// No arguments: pgx sends it with the simple protocol, in any
+		// query exec mode (a query of several statements).
+		_, err = tx.conn.Exec(ctx, q)
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			tx.done = true
+			tx.hangUp()
+			c.markFinished(state)
+			return nil, nil
+		case errors.As(err, &pgErr) && tx.conn.Conn().PgConn().TxStatus() == 'E':
+			return wrap(op, err), nil // the function failed; COMMIT did not run
+		default:
+			return nil, err
+		}
+	}
+	var err error
+	if failure {
+		err = c.Fail(ctx, doc)
+	} else {
+		err = c.Complete(ctx, doc)
+	}
+	if err != nil {
+		return err, nil
+	}
+	if m.cfg.Phase != nil {
+		m.cfg.Phase("before_commit", r)
+	}
+	return nil, tx.commit(ctx)
 }
 
 // markReplay sets the headers of a replay.
