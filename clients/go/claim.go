@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // State is a claim's state as idem_claim returns it.
@@ -141,20 +144,101 @@ func seconds(d time.Duration) any {
 // errors.Is(err, ErrTransient) (40001, 40P01, 55P03, 57014, a lost
 // connection: the transaction is lost, retry it).
 func Claim(ctx context.Context, tx any, key, bizType string, opts ...ClaimOption) (*ClaimResult, error) {
+	cfg, query, args := claimQuery(opts)
+	row, err := queryRow(ctx, tx, query, append([]any{key, bizType}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanClaim(row, cfg, &ClaimResult{Key: key, BizType: bizType, tx: tx})
+}
+
+// claimQuery is the claim's statement and its arguments after the key and
+// the business type.
+func claimQuery(opts []ClaimOption) (claimConfig, string, []any) {
 	cfg := claimConfig{wait: true}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	query, args := claimSQL, []any{key, bizType, seconds(cfg.ttl), cfg.fingerprint, cfg.wait, seconds(cfg.lease)}
+	query, args := claimSQL, []any{seconds(cfg.ttl), cfg.fingerprint, cfg.wait, seconds(cfg.lease)}
 	if cfg.lockTimeout > 0 {
 		query = claimBoundedSQL
 		args = append(args, fmt.Sprintf("%dms", max(cfg.lockTimeout.Milliseconds(), 1)))
 	}
-	row, err := queryRow(ctx, tx, query, args...)
-	if err != nil {
-		return nil, err
+	return cfg, query, args
+}
+
+// beginAndClaim sends BEGIN and the claim as one simple-protocol query on
+// conn, which must be outside a transaction, the values written in as
+// literals; the transaction stays open on conn, aborted if the claim
+// failed. One round trip where pgx.Tx takes two (its BEGIN is a query of
+// its own); the handler then gets the transaction as a connTx.
+func beginAndClaim(ctx context.Context, conn *pgx.Conn, tx any, key, bizType string, opts ...ClaimOption) (*ClaimResult, error) {
+	cfg, query, args := claimQuery(opts)
+	args = append([]any{key, bizType}, args...)
+	// $7 first: no placeholder is the prefix of a later one.
+	for i := len(args); i >= 1; i-- {
+		lit, err := sqlLiteral(args[i-1])
+		if err != nil {
+			return nil, err
+		}
+		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), lit)
 	}
-	c := &ClaimResult{Key: key, BizType: bizType, tx: tx}
+	results, err := conn.PgConn().Exec(ctx, "BEGIN; "+query).ReadAll()
+	if err != nil {
+		return nil, wrap("idem_claim", err)
+	}
+	if len(results) != 2 || len(results[1].Rows) != 1 {
+		return nil, &Error{Op: "idem_claim", Err: errors.New("idem: the claim returned no row")}
+	}
+	return scanClaim(textRow{conn.TypeMap(), results[1].FieldDescriptions, results[1].Rows[0]}, cfg,
+		&ClaimResult{Key: key, BizType: bizType, tx: tx})
+}
+
+// textRow scans a row of a simple-protocol result with pgx's types.
+type textRow struct {
+	types  *pgtype.Map
+	fields []pgconn.FieldDescription
+	values [][]byte
+}
+
+func (r textRow) Scan(dest ...any) error {
+	if len(dest) != len(r.values) {
+		return fmt.Errorf("idem: %d columns, %d destinations", len(r.values), len(dest))
+	}
+	for i, d := range dest {
+		if err := r.types.Scan(r.fields[i].DataTypeOID, r.fields[i].Format, r.values[i], d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sqlLiteral writes one of the claim's arguments as SQL.
+func sqlLiteral(v any) (string, error) {
+	switch a := v.(type) {
+	case nil:
+		return "NULL", nil
+	case *string:
+		if a == nil {
+			return "NULL", nil
+		}
+		return sqlLiteral(*a)
+	case string:
+		if strings.IndexByte(a, 0) >= 0 {
+			// (a query message ends at its first NUL byte)
+			return "", errors.New("idem: a NUL byte in a key, business type or fingerprint")
+		}
+		return literal(a), nil
+	case bool:
+		return strconv.FormatBool(a), nil
+	case float64:
+		return strconv.FormatFloat(a, 'f', -1, 64), nil
+	}
+	return "", fmt.Errorf("idem: no literal for %T", v)
+}
+
+// scanClaim reads the claim's row into c.
+func scanClaim(row interface{ Scan(...any) error }, cfg claimConfig, c *ClaimResult) (*ClaimResult, error) {
 	var state string
 	var result sql.NullString
 	var first, expires sql.NullTime
