@@ -249,7 +249,8 @@ type requestState struct {
 // Tx is the transaction of the request being handled (the claim's), or
 // nil outside a route of the middleware. Run the business writes in it;
 // never Commit or Rollback it: the middleware does, after storing the
-// response.
+// response (with a *pgxpool.Pool, both return ErrTxOwned; the README's
+// "Round trips to PostgreSQL").
 func Tx(ctx context.Context) pgx.Tx {
 	if s, ok := ctx.Value(ctxKey{}).(*requestState); ok {
 		return s.tx

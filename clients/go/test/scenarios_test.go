@@ -286,3 +286,21 @@ func leaseLargeAnswer(t *testing.T, s *server) {
 		t.Fatalf("after the retry: %d business rows (want 1)", n)
 	}
 }
+
+// The handler's idem.Tx: its own savepoints work (one rolled back, one
+// released), and its Commit is refused (the middleware ends the
+// transaction after storing the response): 201, one business row, the
+// retry replayed.
+func handlerSavepoints(t *testing.T, s *server) {
+	u := runID()
+	key := u + "-savepoints"
+	first := send(s.order("/conformance/orders", key, u, map[string]string{"X-Test-Savepoint": "1"}))
+	again := send(s.order("/conformance/orders", key, u, map[string]string{"X-Test-Savepoint": "1"}))
+	if first.err != nil || first.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" ||
+		!bytes.Equal(first.body, again.body) {
+		t.Fatalf("a handler with savepoints: %s, then %s; server log:\n%s", first, again, s.log)
+	}
+	if n := rowsOf(t, u); n != 1 {
+		t.Fatalf("%d rows (want the released savepoint's only)", n)
+	}
+}

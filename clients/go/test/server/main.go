@@ -15,6 +15,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -143,8 +144,28 @@ func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer
 	if t := h.Get("X-Tenant"); t != "" {
 		tenant = &t
 	}
-	if err := tx.QueryRow(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id",
-		in.Run, tenant, a.status).Scan(&a.id); err != nil {
+	insert := func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id",
+			in.Run, tenant, a.status).Scan(&a.id)
+	}
+	if h.Get("X-Test-Savepoint") != "" {
+		// A handler's own savepoint, and an attempt to commit the request's
+		// transaction, which is the middleware's to end.
+		if err := tx.Commit(ctx); !errors.Is(err, idem.ErrTxOwned) {
+			return answer{err: fmt.Errorf("Commit of idem.Tx: %v", err)}
+		}
+		if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			if _, err := sp.Exec(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, 'savepoint', 0)", in.Run); err != nil {
+				return err
+			}
+			return errors.New("rolled back to the savepoint")
+		}); err == nil {
+			return answer{err: errors.New("BeginFunc kept a failed savepoint")}
+		}
+		if err := pgx.BeginFunc(ctx, tx, insert); err != nil {
+			return answer{err: err}
+		}
+	} else if err := insert(tx); err != nil {
 		return answer{err: err}
 	}
 	if code := h.Get("X-Conformance-Fail"); code != "" {
