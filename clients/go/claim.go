@@ -6,13 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // State is a claim's state as idem_claim returns it.
@@ -167,74 +163,26 @@ func claimQuery(opts []ClaimOption) (claimConfig, string, []any) {
 	return cfg, query, args
 }
 
-// beginAndClaim sends BEGIN and the claim as one simple-protocol query on
-// conn, which must be outside a transaction, the values written in as
-// literals; the transaction stays open on conn, aborted if the claim
-// failed. One round trip where pgx.Tx takes two (its BEGIN is a query of
-// its own); the handler then gets the transaction as a connTx.
+// beginAndClaim sends BEGIN and the claim as one batch on conn (pgx
+// pipelines it: one round trip, the claim a prepared statement as any
+// other), which must be outside a transaction; the transaction stays open
+// on conn, aborted if the claim failed. pgx.Tx sends its BEGIN as a round
+// trip of its own; the handler then gets the transaction as a connTx.
 func beginAndClaim(ctx context.Context, conn *pgx.Conn, tx any, key, bizType string, opts ...ClaimOption) (*ClaimResult, error) {
 	cfg, query, args := claimQuery(opts)
-	args = append([]any{key, bizType}, args...)
-	// $7 first: no placeholder is the prefix of a later one.
-	for i := len(args); i >= 1; i-- {
-		lit, err := sqlLiteral(args[i-1])
-		if err != nil {
-			return nil, err
-		}
-		query = strings.ReplaceAll(query, "$"+strconv.Itoa(i), lit)
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(query, append([]any{key, bizType}, args...)...)
+	br := conn.SendBatch(ctx, b)
+	var c *ClaimResult
+	_, err := br.Exec() // BEGIN's
+	if err == nil {
+		c, err = scanClaim(br.QueryRow(), cfg, &ClaimResult{Key: key, BizType: bizType, tx: tx})
 	}
-	results, err := conn.PgConn().Exec(ctx, "BEGIN; "+query).ReadAll()
-	if err != nil {
-		return nil, wrap("idem_claim", err)
+	if closeErr := br.Close(); err == nil && closeErr != nil {
+		err = closeErr
 	}
-	if len(results) != 2 || len(results[1].Rows) != 1 {
-		return nil, &Error{Op: "idem_claim", Err: errors.New("idem: the claim returned no row")}
-	}
-	return scanClaim(textRow{conn.TypeMap(), results[1].FieldDescriptions, results[1].Rows[0]}, cfg,
-		&ClaimResult{Key: key, BizType: bizType, tx: tx})
-}
-
-// textRow scans a row of a simple-protocol result with pgx's types.
-type textRow struct {
-	types  *pgtype.Map
-	fields []pgconn.FieldDescription
-	values [][]byte
-}
-
-func (r textRow) Scan(dest ...any) error {
-	if len(dest) != len(r.values) {
-		return fmt.Errorf("idem: %d columns, %d destinations", len(r.values), len(dest))
-	}
-	for i, d := range dest {
-		if err := r.types.Scan(r.fields[i].DataTypeOID, r.fields[i].Format, r.values[i], d); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// sqlLiteral writes one of the claim's arguments as SQL.
-func sqlLiteral(v any) (string, error) {
-	switch a := v.(type) {
-	case nil:
-		return "NULL", nil
-	case *string:
-		if a == nil {
-			return "NULL", nil
-		}
-		return sqlLiteral(*a)
-	case string:
-		if strings.IndexByte(a, 0) >= 0 {
-			// (a query message ends at its first NUL byte)
-			return "", errors.New("idem: a NUL byte in a key, business type or fingerprint")
-		}
-		return literal(a), nil
-	case bool:
-		return strconv.FormatBool(a), nil
-	case float64:
-		return strconv.FormatFloat(a, 'f', -1, 64), nil
-	}
-	return "", fmt.Errorf("idem: no literal for %T", v)
+	return c, wrap("idem_claim", err)
 }
 
 // scanClaim reads the claim's row into c.
@@ -356,46 +304,46 @@ func Fail(ctx context.Context, tx any, key, bizType string, errDoc any, leaseTok
 		key, bizType, errDoc, leaseToken)
 }
 
-// finishAndCommitSQL is Complete (op "idem_complete") or Fail
-// ("idem_fail") of the claim followed by COMMIT, as one simple-protocol
-// query: the values are written in as literals, so that one round trip
-// stores the outcome and commits. If the function fails, the COMMIT in the
-// same query does not run and the transaction stays aborted.
-func (c *ClaimResult) finishAndCommitSQL(op string, doc any) (string, error) {
+// finishAndCommit is Complete (failure false) or Fail of the claim
+// followed by COMMIT, as one batch on conn (one round trip). If the
+// function fails, the COMMIT does not run and the transaction stays
+// aborted. storeErr: nothing was stored; commitErr: the COMMIT failed.
+func (c *ClaimResult) finishAndCommit(ctx context.Context, conn *pgx.Conn, failure bool, doc any) (storeErr, commitErr error) {
+	op, state := "idem_complete", StateCompleted
+	if failure {
+		op, state = "idem_fail", StateFailed
+	}
+	if err := c.finishable(op); err != nil {
+		return err, nil
+	}
 	text, err := jsonText(doc)
 	if err != nil {
-		return "", err
+		return err, nil
 	}
-	token := "NULL"
+	var token any
 	if c.LeaseToken != "" {
-		token = literal(c.LeaseToken)
+		token = c.LeaseToken
 	}
-	docLit := "NULL"
-	if s, ok := text.(string); ok {
-		docLit = literal(s)
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+op+`($1, $2, $3::jsonb, $4)::text`, c.Key, c.BizType, text, token)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	var ignored sql.NullString
+	storeErr = br.QueryRow().Scan(&ignored)
+	if storeErr == nil {
+		_, commitErr = br.Exec()
 	}
-	q := "SELECT " + op + "(" + literal(c.Key) + ", " + literal(c.BizType) + ", " + docLit + "::jsonb, " + token + "); COMMIT"
-	if strings.IndexByte(q, 0) >= 0 {
-		// (a query message ends at its first NUL byte)
-		return "", errors.New("idem: a NUL byte in the key, business type or document")
+	if err := br.Close(); storeErr == nil && commitErr == nil {
+		commitErr = err
 	}
-	return q, nil
+	if storeErr != nil {
+		return wrap(op, storeErr), nil
+	}
+	if commitErr == nil {
+		c.finished = state
+	}
+	return nil, commitErr
 }
-
-// literal quotes s as a SQL string literal as libpq's PQescapeLiteral
-// does: quotes doubled, and with backslashes an E'' literal with them
-// doubled too, which reads the same whatever standard_conforming_strings.
-func literal(s string) string {
-	s = strings.ReplaceAll(s, "'", "''")
-	if strings.Contains(s, `\`) {
-		return ` E'` + strings.ReplaceAll(s, `\`, `\\`) + "'"
-	}
-	return "'" + s + "'"
-}
-
-// markFinished records Complete (StateCompleted) or Fail (StateFailed)
-// done by finishAndCommitSQL.
-func (c *ClaimResult) markFinished(s State) { c.finished = s }
 
 // call runs one finishing function; the document (the argument before the
 // last) goes as JSON text, the token as NULL when empty.

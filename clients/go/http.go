@@ -715,35 +715,18 @@ func (t *connTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 
 // storeAndCommit stores the response (idem_fail for a failure, else
 // idem_complete) and commits. On a connection of the middleware's own and
-// with no Phase hook to run between the two, one simple-protocol query does
-// both (the values written in as literals); its COMMIT does not run if
-// storing fails. storeErr: nothing was stored (the transaction rolls
-// back); commitErr: the COMMIT failed, and the outcome may be unknown.
+// with no Phase hook to run between the two, one batch does both (one
+// round trip; its COMMIT does not run if storing fails). storeErr: nothing
+// was stored (the transaction rolls back); commitErr: the COMMIT failed,
+// and the outcome may be unknown.
 func (m *Middleware) storeAndCommit(ctx context.Context, r *http.Request, tx *reqTx, c *ClaimResult, failure bool, doc storedResponse) (storeErr, commitErr error) {
-	op, state := "idem_complete", StateCompleted
-	if failure {
-		op, state = "idem_fail", StateFailed
-	}
 	if tx.conn != nil && m.cfg.Phase == nil {
-		q, err := c.finishAndCommitSQL(op, doc)
-		if err != nil {
-			return err, nil
-		}
-		// No arguments: pgx sends it with the simple protocol, in any
-		// query exec mode (a query of several statements).
-		_, err = tx.conn.Exec(ctx, q)
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
+		storeErr, commitErr := c.finishAndCommit(ctx, tx.conn.Conn(), failure, doc)
+		if storeErr == nil && commitErr == nil {
 			tx.done = true
 			tx.hangUp()
-			c.markFinished(state)
-			return nil, nil
-		case errors.As(err, &pgErr) && tx.conn.Conn().PgConn().TxStatus() == 'E':
-			return wrap(op, err), nil // the function failed; COMMIT did not run
-		default:
-			return nil, err
 		}
+		return storeErr, commitErr
 	}
 	var err error
 	if failure {
