@@ -100,7 +100,9 @@ func main() {
 	cpuUs := map[string][]float64{}
 	run := func(variant string, n int, keys []string) (float64, []string) {
 		cpu0 := cpuNow(ctx, pool)
-		defer func() { cpuUs[variant] = append(cpuUs[variant], cpuNow(ctx, pool).since(cpu0).Seconds()*1e6/float64(n)) }()
+		defer func() {
+			cpuUs[variant] = append(cpuUs[variant], cpuNow(ctx, pool).since(cpu0).Seconds()*1e6/float64(n))
+		}()
 		path, replay := "/"+variant, variant == "b"
 		if replay {
 			path = "/a"
