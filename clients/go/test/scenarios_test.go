@@ -236,7 +236,7 @@ func leaseLargeAnswer(t *testing.T, s *server) {
 	ctx := context.Background()
 	release := holdLock(t, u)
 	req := s.order("/conformance/orders-lease", key, u,
-		map[string]string{"X-Conformance-Hold": u, "X-Conformance-Status": "500", "X-Test-Pad": "65536"})
+		map[string]string{"X-Conformance-Hold": u, "X-Conformance-Status": "500", "X-Conformance-Pad": "65536"})
 	headers := make(chan struct{})
 	done := make(chan response, 1)
 	go func() {

@@ -81,11 +81,11 @@ type answer struct {
 	status  int
 	id      int64
 	attempt int
-	pad     int // X-Test-Pad: that many bytes more in the body
+	pad     int // X-Conformance-Pad: that many bytes more in the body
 	err     error
 }
 
-// body is the answer's JSON body: {"id": ...}, and with X-Test-Pad a
+// body is the answer's JSON body: {"id": ...}, and with X-Conformance-Pad a
 // member "pad" that makes it as large as that.
 func (a answer) body() map[string]any {
 	b := map[string]any{"id": a.id}
@@ -139,7 +139,7 @@ func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer
 	if s := h.Get("X-Conformance-Status"); s != "" {
 		a.status, _ = strconv.Atoi(s)
 	}
-	a.pad, _ = strconv.Atoi(h.Get("X-Test-Pad"))
+	a.pad, _ = strconv.Atoi(h.Get("X-Conformance-Pad"))
 	var tenant *string
 	if t := h.Get("X-Tenant"); t != "" {
 		tenant = &t
