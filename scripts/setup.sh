@@ -174,7 +174,8 @@ tool_middleware_go() (
     go_new_enough || { echo "the toolchain in $dir is not Go $GO_MIN or newer" >&2; exit 1; }
   fi
 
-  stamp="$GO_CACHE_DIR/.complete-$(cat "$ROOT/clients/go/go.sum" "$ROOT/clients/go/test/go.sum" | sha256sum | cut -c1-16)"
+  # (go.mod too: a module newly required can have its hashes in go.sum already)
+  stamp="$GO_CACHE_DIR/.complete-$(cat "$ROOT"/clients/go/go.{mod,sum} "$ROOT"/clients/go/test/go.{mod,sum} | sha256sum | cut -c1-16)"
   if [ ! -f "$stamp" ]; then
     say "downloading the Go client's modules (pgx, chi, echo, gin) into $GO_CACHE_DIR/mod"
     (cd "$ROOT/clients/go" && go mod download)

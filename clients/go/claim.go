@@ -140,20 +140,53 @@ func seconds(d time.Duration) any {
 // errors.Is(err, ErrTransient) (40001, 40P01, 55P03, 57014, a lost
 // connection: the transaction is lost, retry it).
 func Claim(ctx context.Context, tx any, key, bizType string, opts ...ClaimOption) (*ClaimResult, error) {
+	cfg, query, args := claimQuery(opts)
+	row, err := queryRow(ctx, tx, query, append([]any{key, bizType}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanClaim(row, cfg, &ClaimResult{Key: key, BizType: bizType, tx: tx})
+}
+
+// claimQuery is the claim's statement and its arguments after the key and
+// the business type.
+func claimQuery(opts []ClaimOption) (claimConfig, string, []any) {
 	cfg := claimConfig{wait: true}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	query, args := claimSQL, []any{key, bizType, seconds(cfg.ttl), cfg.fingerprint, cfg.wait, seconds(cfg.lease)}
+	query, args := claimSQL, []any{seconds(cfg.ttl), cfg.fingerprint, cfg.wait, seconds(cfg.lease)}
 	if cfg.lockTimeout > 0 {
 		query = claimBoundedSQL
 		args = append(args, fmt.Sprintf("%dms", max(cfg.lockTimeout.Milliseconds(), 1)))
 	}
-	row, err := queryRow(ctx, tx, query, args...)
-	if err != nil {
-		return nil, err
+	return cfg, query, args
+}
+
+// beginAndClaim sends BEGIN and the claim as one batch on conn (pgx
+// pipelines it: one round trip, the claim a prepared statement as any
+// other), which must be outside a transaction; the transaction stays open
+// on conn, aborted if the claim failed. pgx.Tx sends its BEGIN as a round
+// trip of its own; the handler then gets the transaction as a connTx.
+func beginAndClaim(ctx context.Context, conn *pgx.Conn, tx any, key, bizType string, opts ...ClaimOption) (*ClaimResult, error) {
+	cfg, query, args := claimQuery(opts)
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(query, append([]any{key, bizType}, args...)...)
+	br := conn.SendBatch(ctx, b)
+	var c *ClaimResult
+	_, err := br.Exec() // BEGIN's
+	if err == nil {
+		c, err = scanClaim(br.QueryRow(), cfg, &ClaimResult{Key: key, BizType: bizType, tx: tx})
 	}
-	c := &ClaimResult{Key: key, BizType: bizType, tx: tx}
+	if closeErr := br.Close(); err == nil && closeErr != nil {
+		err = closeErr
+	}
+	return c, wrap("idem_claim", err)
+}
+
+// scanClaim reads the claim's row into c.
+func scanClaim(row interface{ Scan(...any) error }, cfg claimConfig, c *ClaimResult) (*ClaimResult, error) {
 	var state string
 	var result sql.NullString
 	var first, expires sql.NullTime
@@ -269,6 +302,47 @@ func Release(ctx context.Context, tx any, key, bizType, leaseToken string) error
 func Fail(ctx context.Context, tx any, key, bizType string, errDoc any, leaseToken string) error {
 	return call(ctx, tx, "idem_fail", `SELECT idem_fail($1, $2, $3::jsonb, $4)::text`,
 		key, bizType, errDoc, leaseToken)
+}
+
+// finishAndCommit is Complete (failure false) or Fail of the claim
+// followed by COMMIT, as one batch on conn (one round trip). If the
+// function fails, the COMMIT does not run and the transaction stays
+// aborted. storeErr: nothing was stored; commitErr: the COMMIT failed.
+func (c *ClaimResult) finishAndCommit(ctx context.Context, conn *pgx.Conn, failure bool, doc any) (storeErr, commitErr error) {
+	op, state := "idem_complete", StateCompleted
+	if failure {
+		op, state = "idem_fail", StateFailed
+	}
+	if err := c.finishable(op); err != nil {
+		return err, nil
+	}
+	text, err := jsonText(doc)
+	if err != nil {
+		return err, nil
+	}
+	var token any
+	if c.LeaseToken != "" {
+		token = c.LeaseToken
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+op+`($1, $2, $3::jsonb, $4)::text`, c.Key, c.BizType, text, token)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	var ignored sql.NullString
+	storeErr = br.QueryRow().Scan(&ignored)
+	if storeErr == nil {
+		_, commitErr = br.Exec()
+	}
+	if err := br.Close(); storeErr == nil && commitErr == nil {
+		commitErr = err
+	}
+	if storeErr != nil {
+		return wrap(op, storeErr), nil
+	}
+	if commitErr == nil {
+		c.finished = state
+	}
+	return nil, commitErr
 }
 
 // call runs one finishing function; the document (the argument before the

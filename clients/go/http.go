@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ReplayedHeader marks a replayed response (a common convention, not part
@@ -247,7 +249,8 @@ type requestState struct {
 // Tx is the transaction of the request being handled (the claim's), or
 // nil outside a route of the middleware. Run the business writes in it;
 // never Commit or Rollback it: the middleware does, after storing the
-// response.
+// response (with a *pgxpool.Pool, both return ErrTxOwned; the README's
+// "Round trips to PostgreSQL").
 func Tx(ctx context.Context) pgx.Tx {
 	if s, ok := ctx.Value(ctxKey{}).(*requestState); ok {
 		return s.tx
@@ -429,12 +432,6 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	}
 
 	ctx := r.Context()
-	tx, err := m.cfg.Pool.Begin(ctx)
-	if err != nil {
-		m.internal(w, r, rt, err)
-		return
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit: a no-op
 	wait := !m.cfg.NoWait
 	if rt.wait != nil {
 		wait = *rt.wait
@@ -447,7 +444,10 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	if rt.lease > 0 {
 		claimOpts = append(claimOpts, WithLease(rt.lease))
 	}
-	c, err := Claim(ctx, tx, scoped, rt.bizType, claimOpts...)
+	tx, c, err := m.beginClaim(ctx, scoped, rt.bizType, claimOpts...)
+	if tx != nil {
+		defer func() { tx.rollback(context.WithoutCancel(ctx)) }() // after a commit: a no-op
+	}
 	switch {
 	case errors.Is(err, ErrLockTimeout):
 		// The claim's own wait for the first request ran out: that one is
@@ -463,7 +463,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	if !c.Claimed {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		if c.State == StateInProgress {
 			m.inProgress(w, rt)
 			return
@@ -497,17 +497,13 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		// writes and the stored response are a second transaction. (The
 		// deferred rollback is of tx, whichever it is.) Failing from here
 		// on leaves the lease to run out.
-		if err := tx.Commit(ctx); err != nil {
-			m.internal(w, r, rt, err)
-			return
-		}
-		second, err := m.cfg.Pool.Begin(ctx)
+		second, err := m.commitAndBegin(ctx, tx)
 		if err != nil {
 			m.internal(w, r, rt, err)
 			return
 		}
 		tx = second
-		c.inTx(tx)
+		c.inTx(tx.tx)
 	}
 	// Lease mode: an answer that is not stored (5xx, a refusal that is not
 	// kept, a failure to store, a panic) hands the lease back before the
@@ -518,41 +514,233 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	handBack := func() {
 		if rt.lease > 0 && !handedBack && c.Finished() == "" {
 			handedBack = true
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			tx.rollback(context.WithoutCancel(ctx))
 			m.release(context.WithoutCancel(ctx), c)
 		}
 	}
 	defer handBack() // (a panic)
-	rec := m.run(next, r, &requestState{tx: tx, claim: c, pool: m.cfg.Pool})
+	rec := m.run(next, r, &requestState{tx: tx.tx, claim: c, pool: m.cfg.Pool})
 	if !store(rec.status) {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		handBack()
 		rec.send(w)
 		return
 	}
 	doc := toDocument(rec.status, rec.header, rec.body.Bytes(), m.cfg.StoredHeaders, m.cfg.MaxStoredBody)
-	if rec.status < 400 {
-		err = c.Complete(ctx, doc)
-	} else {
-		err = c.Fail(ctx, doc)
-	}
-	if err != nil {
+	storeErr, commitErr := m.storeAndCommit(ctx, r, tx, c, rec.status >= 400, doc)
+	if storeErr != nil {
 		handBack()
-		m.notStored(w, r, rt, err)
+		m.notStored(w, r, rt, storeErr)
 		return
 	}
-	if m.cfg.Phase != nil {
-		m.cfg.Phase("before_commit", r)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	if commitErr != nil {
 		// (the outcome may be unknown: a retry replays it or runs again)
-		m.notStored(w, r, rt, err)
+		m.notStored(w, r, rt, commitErr)
 		return
 	}
 	if m.cfg.Phase != nil {
 		m.cfg.Phase("after_commit", r)
 	}
 	rec.send(w)
+}
+
+// connAcquirer is a Pool that lends whole connections (a *pgxpool.Pool).
+type connAcquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// reqTx is a request's transaction. With a connAcquirer, it runs on a
+// connection the middleware holds: BEGIN travels with the claim, and the
+// stored response with COMMIT (a pgx.Tx of the pool's sends BEGIN and
+// COMMIT as queries of their own, and only its Commit or Rollback hands
+// the connection back).
+type reqTx struct {
+	tx   pgx.Tx        // the handler's (Tx): a connTx on conn, or the Pool's
+	conn *pgxpool.Conn // nil: tx is the Pool's
+	done bool
+}
+
+// beginClaim opens the request's transaction and claims the key in it. It
+// returns the transaction (to be rolled back) also with an error.
+func (m *Middleware) beginClaim(ctx context.Context, key, bizType string, opts ...ClaimOption) (*reqTx, *ClaimResult, error) {
+	pool, ok := m.cfg.Pool.(connAcquirer)
+	if !ok {
+		tx, err := m.begin(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := Claim(ctx, tx.tx, key, bizType, opts...)
+		return tx, c, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tx := &reqTx{tx: &connTx{conn: conn.Conn()}, conn: conn}
+	c, err := beginAndClaim(ctx, conn.Conn(), tx.tx, key, bizType, opts...)
+	return tx, c, err
+}
+
+// begin opens a transaction of the Pool's.
+func (m *Middleware) begin(ctx context.Context) (*reqTx, error) {
+	tx, err := m.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &reqTx{tx: tx}, nil
+}
+
+// commitAndBegin commits tx and opens the next transaction (lease mode:
+// the claim's, then the handler's): on the connection the middleware
+// holds, one query (if the COMMIT fails, the BEGIN does not run).
+func (m *Middleware) commitAndBegin(ctx context.Context, tx *reqTx) (*reqTx, error) {
+	if tx.conn != nil {
+		_, err := tx.conn.Exec(ctx, "COMMIT; BEGIN")
+		return tx, err
+	}
+	if err := tx.commit(ctx); err != nil {
+		return nil, err
+	}
+	return m.begin(ctx)
+}
+
+// rollback ends the transaction unless it has ended (a no-op then).
+func (t *reqTx) rollback(ctx context.Context) {
+	if t.done {
+		return
+	}
+	t.done = true
+	if t.conn == nil {
+		_ = t.tx.Rollback(ctx)
+		return
+	}
+	if t.conn.Conn().PgConn().TxStatus() != 'I' {
+		_, _ = t.conn.Exec(ctx, "ROLLBACK")
+	}
+	t.hangUp()
+}
+
+func (t *reqTx) commit(ctx context.Context) error {
+	t.done = true
+	if t.conn == nil {
+		return t.tx.Commit(ctx)
+	}
+	defer t.hangUp()
+	tag, err := t.conn.Exec(ctx, "COMMIT")
+	if err == nil && tag.String() == "ROLLBACK" { // (an aborted transaction)
+		err = pgx.ErrTxCommitRollback
+	}
+	return err
+}
+
+// hangUp gives the connection back to the pool, which closes it if a
+// transaction is still open on it.
+func (t *reqTx) hangUp() {
+	t.conn.Release()
+	t.conn = nil
+}
+
+// connTx is the handler's pgx.Tx on the connection the middleware holds,
+// in the transaction the middleware began. Commit and Rollback are the
+// middleware's: here they fail. Begin (a savepoint) and LargeObjects go
+// through a pgx.Tx of pgx's own made on the first call, which costs one
+// round trip (a SELECT).
+type connTx struct {
+	conn *pgx.Conn
+	pgx  pgx.Tx
+}
+
+// ErrTxOwned: Commit or Rollback of the request's transaction (Tx), which
+// the middleware ends after storing the response.
+var ErrTxOwned = errors.New("idem: the middleware commits or rolls back the request's transaction")
+
+func (t *connTx) Commit(context.Context) error   { return ErrTxOwned }
+func (t *connTx) Rollback(context.Context) error { return ErrTxOwned }
+func (t *connTx) Conn() *pgx.Conn                { return t.conn }
+
+func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.conn.SendBatch(ctx, b)
+}
+
+func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error) {
+	return t.conn.CopyFrom(ctx, table, columns, rows)
+}
+
+func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.conn.Prepare(ctx, name, sql)
+}
+
+func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	inner, err := t.pgxTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return inner.Begin(ctx)
+}
+
+// LargeObjects panics if the transaction has failed or the connection is
+// lost (pgx gives no LargeObjects without a pgx.Tx of its own).
+func (t *connTx) LargeObjects() pgx.LargeObjects {
+	inner, err := t.pgxTx(context.Background())
+	if err != nil {
+		panic(fmt.Sprintf("idem: LargeObjects of the request's transaction: %v", err))
+	}
+	return inner.LargeObjects()
+}
+
+// pgxTx is a pgx.Tx of pgx's own in the open transaction: pgx begins one
+// with a query of the caller's choice, here one that does nothing.
+func (t *connTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
+	if t.pgx == nil {
+		inner, err := t.conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "SELECT"})
+		if err != nil {
+			return nil, err
+		}
+		t.pgx = inner
+	}
+	return t.pgx, nil
+}
+
+// storeAndCommit stores the response (idem_fail for a failure, else
+// idem_complete) and commits. On a connection of the middleware's own and
+// with no Phase hook to run between the two, one batch does both (one
+// round trip; its COMMIT does not run if storing fails). storeErr: nothing
+// was stored (the transaction rolls back); commitErr: the COMMIT failed,
+// and the outcome may be unknown.
+func (m *Middleware) storeAndCommit(ctx context.Context, r *http.Request, tx *reqTx, c *ClaimResult, failure bool, doc storedResponse) (storeErr, commitErr error) {
+	if tx.conn != nil && m.cfg.Phase == nil {
+		storeErr, commitErr := c.finishAndCommit(ctx, tx.conn.Conn(), failure, doc)
+		if storeErr == nil && commitErr == nil {
+			tx.done = true
+			tx.hangUp()
+		}
+		return storeErr, commitErr
+	}
+	var err error
+	if failure {
+		err = c.Fail(ctx, doc)
+	} else {
+		err = c.Complete(ctx, doc)
+	}
+	if err != nil {
+		return err, nil
+	}
+	if m.cfg.Phase != nil {
+		m.cfg.Phase("before_commit", r)
+	}
+	return nil, tx.commit(ctx)
 }
 
 // markReplay sets the headers of a replay.
@@ -563,8 +751,16 @@ func markReplay(h http.Header, c *ClaimResult) {
 	}
 }
 
-// release hands a leased claim back (idem_release) in a transaction of its own.
+// release hands a leased claim back (idem_release) in a transaction of its
+// own: one statement outside a transaction when the Pool runs queries (a
+// *pgxpool.Pool), else BEGIN, the statement, COMMIT.
 func (m *Middleware) release(ctx context.Context, c *ClaimResult) {
+	if pool, ok := m.cfg.Pool.(PgxQuerier); ok {
+		if err := Release(ctx, pool, c.Key, c.BizType, c.LeaseToken); err != nil {
+			m.cfg.ErrorLog.Printf("idem: handing back the lease of (%s, %s): %v", c.BizType, c.Key, err)
+		}
+		return
+	}
 	tx, err := m.cfg.Pool.Begin(ctx)
 	if err == nil {
 		defer func() { _ = tx.Rollback(ctx) }()

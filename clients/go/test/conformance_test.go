@@ -49,6 +49,7 @@ type conformanceReq struct {
 	Query        string          `json:"query"`
 	Status       int             `json:"status"`
 	Fail         string          `json:"fail"`
+	Pad          int             `json:"pad"`
 	Hold         bool            `json:"hold"`
 	AfterRelease bool            `json:"after_release"`
 	Expect       struct {
@@ -159,6 +160,9 @@ func (s *server) request(c conformanceCase, rq conformanceReq, u string, hold bo
 	}
 	if rq.Fail != "" {
 		req.Header.Set("X-Conformance-Fail", rq.Fail)
+	}
+	if rq.Pad != 0 {
+		req.Header.Set("X-Conformance-Pad", strconv.Itoa(rq.Pad))
 	}
 	if hold {
 		req.Header.Set("X-Conformance-Hold", u)

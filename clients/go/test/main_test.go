@@ -177,6 +177,8 @@ func TestMiddleware(t *testing.T) {
 				t.Run("killed before COMMIT", func(t *testing.T) { killed(t, s, "before_commit") })
 				t.Run("killed after COMMIT", func(t *testing.T) { killed(t, s, "after_commit") })
 				t.Run("lease taken over after a kill", func(t *testing.T) { leaseTakeover(t, s) })
+				t.Run("lease handed back before a large 500 goes out", func(t *testing.T) { leaseLargeAnswer(t, s) })
+				t.Run("the handler's savepoints; its Commit refused", func(t *testing.T) { handlerSavepoints(t, s) })
 				if strings.Contains(s.log.String(), "WARNING: DATA RACE") || strings.Contains(s.log.String(), "panic:") {
 					t.Fatalf("the %s server's log:\n%s", router, s.log)
 				}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -219,5 +220,87 @@ func leaseTakeover(t *testing.T, s *server) {
 		"FROM conformance_rows WHERE run = $1", u).Scan(&calls, &writes)
 	if calls != 1 || writes != 1 {
 		t.Fatalf("%d external calls, %d business rows (want one of each)", calls, writes)
+	}
+}
+
+// Lease mode: a handler that answers 500 with a large body (64 kB, which
+// net/http starts sending while the handler still writes) hands the lease
+// back before any of the answer goes out. The test holds the claim's row
+// (FOR UPDATE), so that idem_release waits for it; while pg_stat_activity
+// shows that wait, the client must have received nothing. Then the
+// client's immediate retry takes the lease over (attempt 2) and runs the
+// handler: one business row.
+func leaseLargeAnswer(t *testing.T, s *server) {
+	u := runID()
+	key := u + "-lease-500-large"
+	ctx := context.Background()
+	release := holdLock(t, u)
+	req := s.order("/conformance/orders-lease", key, u,
+		map[string]string{"X-Conformance-Hold": u, "X-Conformance-Status": "500", "X-Conformance-Pad": "65536"})
+	headers := make(chan struct{})
+	done := make(chan response, 1)
+	go func() {
+		resp, err := client.Do(req)
+		close(headers) // the status line and headers arrived (or the request failed)
+		if err != nil {
+			done <- response{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		done <- response{status: resp.StatusCode, header: resp.Header, body: body, err: err}
+	}()
+	untilTrue(t, "the leased request waits at the gate (its claim committed)", waitingForHold, u, 1)
+	rowLock, err := checkDB.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rowLock.Rollback(ctx)
+	var n int
+	var pid int32
+	if err := rowLock.QueryRow(ctx, `SELECT count(*), pg_backend_pid() FROM (SELECT FROM idem.claims
+		WHERE biz_type = 'conformance.lease' AND key = $1 FOR UPDATE) c`, "4:acme:"+key).Scan(&n, &pid); err != nil || n != 1 {
+		t.Fatalf("locking the claim's row: %d rows, %v", n, err)
+	}
+	release()
+	untilTrue(t, "idem_release waits for the test's row lock",
+		`SELECT count(*) = 1 FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)) AND query LIKE '%idem_release%'`, pid)
+	select {
+	case <-headers:
+		t.Errorf("the 500 went out before its lease was handed back")
+	default:
+	}
+	if err := rowLock.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := <-done
+	if first.err != nil || first.status != http.StatusInternalServerError || len(first.body) < 65536 ||
+		first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the 500: %d %v %v (%d bytes)", first.status, first.header, first.err, len(first.body))
+	}
+	r := send(s.order("/conformance/orders-lease", key, u, nil))
+	if r.err != nil || r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "" || r.header.Get("X-Attempt") != "2" {
+		t.Fatalf("the immediate retry after the 500: %s", r)
+	}
+	if n := rowsOf(t, u); n != 1 {
+		t.Fatalf("after the retry: %d business rows (want 1)", n)
+	}
+}
+
+// The handler's idem.Tx: its own savepoints work (one rolled back, one
+// released), and its Commit is refused (the middleware ends the
+// transaction after storing the response): 201, one business row, the
+// retry replayed.
+func handlerSavepoints(t *testing.T, s *server) {
+	u := runID()
+	key := u + "-savepoints"
+	first := send(s.order("/conformance/orders", key, u, map[string]string{"X-Test-Savepoint": "1"}))
+	again := send(s.order("/conformance/orders", key, u, map[string]string{"X-Test-Savepoint": "1"}))
+	if first.err != nil || first.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" ||
+		!bytes.Equal(first.body, again.body) {
+		t.Fatalf("a handler with savepoints: %s, then %s; server log:\n%s", first, again, s.log)
+	}
+	if n := rowsOf(t, u); n != 1 {
+		t.Fatalf("%d rows (want the released savepoint's only)", n)
 	}
 }

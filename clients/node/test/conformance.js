@@ -24,6 +24,7 @@ function send(base, kase, req, u) {
   if (tenant !== null) headers.push(['x-tenant', tenant]);
   if ('status' in req) headers.push(['x-conformance-status', String(req.status)]);
   if ('fail' in req) headers.push(['x-conformance-fail', req.fail]);
+  if ('pad' in req) headers.push(['x-conformance-pad', String(req.pad)]);
   if (req.hold) headers.push(['x-conformance-hold', u]);
   const body = Buffer.from(expand('body' in req ? req.body : d.body, u), 'utf8');
   headers.push(['content-length', String(body.length)]);

@@ -115,7 +115,9 @@ async function conformance(ctx, req, body) {
   const id = Number(r.rows[0].id);
   const fail = header(req, 'x-conformance-fail');
   if (fail) await ctx.query(`DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '${fail.replace(/[^0-9A-Z]/g, '')}'; END $$`);
-  return { status, headers: { location: `/conformance/rows/${id}`, 'x-conformance-row': String(id) }, body: { id } };
+  const pad = Number(header(req, 'x-conformance-pad') || 0);
+  return { status, headers: { location: `/conformance/rows/${id}`, 'x-conformance-row': String(id) },
+           body: pad ? { id, pad: 'x'.repeat(pad) } : { id } };
 }
 
 const routes = [

@@ -50,6 +50,8 @@ def send(base: str, case: dict[str, Any], req: dict[str, Any], u: str) -> Option
         headers.append(("X-Conformance-Status", str(req["status"])))
     if "fail" in req:
         headers.append(("X-Conformance-Fail", req["fail"]))
+    if "pad" in req:
+        headers.append(("X-Conformance-Pad", str(req["pad"])))
     if req.get("hold"):
         headers.append(("X-Conformance-Hold", u))
     try:

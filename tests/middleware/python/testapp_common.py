@@ -114,7 +114,13 @@ def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]]) -> 
     return (int(headers("x-conformance-status") or 201),
             [("Content-Type", "application/json"), ("Location", f"/conformance/rows/{row_id}"),
              ("X-Conformance-Row", str(row_id))],
-            json.dumps({"id": row_id}).encode())
+            json.dumps(conformance_body(row_id, headers)).encode())
+
+
+def conformance_body(row_id: int, headers: Callable[[str], Optional[str]]) -> dict:
+    """{"id": ...}, and with X-Conformance-Pad: N a member "pad" of N letters x."""
+    pad = int(headers("x-conformance-pad") or 0)
+    return {"id": row_id, "pad": "x" * pad} if pad else {"id": row_id}
 
 
 def keeps_writes(headers: Callable[[str], Optional[str]]) -> bool:

@@ -12,7 +12,11 @@
 //	d  no idempotency: the business insert in a transaction (the floor)
 //
 // Rounds interleave the variants (a, c, d, b); it prints each run's
-// requests/s and the medians and ratios.
+// requests/s and the medians and ratios, and the CPU time per request of
+// this process (server and load client: the client's share is the same in
+// every variant) plus PostgreSQL's (its processes' utime + stime from
+// /proc, the processes pg_stat_activity lists), which other programs on
+// the machine move less than they move requests/s.
 package main
 
 import (
@@ -30,6 +34,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	idem "github.com/idem-pg/idem/clients/go"
@@ -92,7 +97,12 @@ func main() {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *concurrency}}
 	var seq atomic.Int64
+	cpuUs := map[string][]float64{}
 	run := func(variant string, n int, keys []string) (float64, []string) {
+		cpu0 := cpuNow(ctx, pool)
+		defer func() {
+			cpuUs[variant] = append(cpuUs[variant], cpuNow(ctx, pool).since(cpu0).Seconds()*1e6/float64(n))
+		}()
 		path, replay := "/"+variant, variant == "b"
 		if replay {
 			path = "/a"
@@ -145,6 +155,7 @@ func main() {
 	run("c", *warmup, nil)
 	run("d", *warmup, nil)
 	rps := map[string][]float64{}
+	clear(cpuUs) // (the warm-up's)
 	for r := 1; r <= *rounds; r++ {
 		var line []string
 		for _, v := range []string{"a", "c", "d", "b"} {
@@ -185,7 +196,77 @@ func main() {
 		sort.Float64s(rs)
 		fmt.Printf("same-round %s/c: median %.2f, range %.2f-%.2f\n", v, rs[len(rs)/2], rs[0], rs[len(rs)-1])
 	}
+	// By CPU time: c's per request over the variant's, per round and of
+	// the medians (above 1: cheaper than c).
+	var perRound []string
+	for i := range rounds0 {
+		perRound = append(perRound, fmt.Sprintf("a %.0f c %.0f d %.0f b %.0f", cpuUs["a"][i], cpuUs["c"][i], cpuUs["d"][i], cpuUs["b"][i]))
+	}
+	fmt.Printf("CPU us per request (this process + PostgreSQL), per round: %s\n", strings.Join(perRound, "; "))
+	cpuMed := map[string]float64{}
+	for v, xs := range cpuUs {
+		xs = append([]float64(nil), xs...)
+		sort.Float64s(xs)
+		cpuMed[v] = xs[len(xs)/2]
+	}
+	for _, v := range []string{"a", "b", "d"} {
+		var rs []string
+		for i := range rounds0 {
+			rs = append(rs, fmt.Sprintf("%.2f", cpuUs["c"][i]/cpuUs[v][i]))
+		}
+		fmt.Printf("by CPU time, (%s)/(c): %.2f of the medians (%.0f / %.0f us), per round %s\n",
+			v, cpuMed["c"]/cpuMed[v], cpuMed["c"], cpuMed[v], strings.Join(rs, ", "))
+	}
 }
+
+// cpuSample: the CPU time (user + system) used so far by this process
+// and by each PostgreSQL process that pg_stat_activity lists.
+type cpuSample struct {
+	self time.Duration
+	pg   map[int32]time.Duration
+}
+
+func cpuNow(ctx context.Context, pool *pgxpool.Pool) cpuSample {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		log.Fatal(err)
+	}
+	c := cpuSample{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), pg: map[int32]time.Duration{}}
+	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, pid := range pids {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // (ended meanwhile)
+		}
+		// Fields 14 and 15 (utime, stime) in clock ticks, after the
+		// command in parentheses.
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		c.pg[pid] = time.Duration(utime+stime) * time.Second / clockTicks
+	}
+	return c
+}
+
+// since: the CPU time used between c0 and c, by this process and by the
+// PostgreSQL processes alive at c (one that started meanwhile from 0).
+func (c cpuSample) since(c0 cpuSample) time.Duration {
+	d := c.self - c0.self
+	for pid, t := range c.pg {
+		d += t - c0.pg[pid]
+	}
+	return d
+}
+
+// clockTicks: USER_HZ, 100 on Linux for every architecture Go supports.
+const clockTicks = 100
 
 func amountOf(r *http.Request) int {
 	var in struct {

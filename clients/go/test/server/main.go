@@ -15,6 +15,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -55,22 +56,23 @@ func pause(phase string, h http.Header) {
 type routeSpec struct {
 	path, bizType string
 	opts          []idem.RouteOption
+	killPoints    bool // the Phase hook: the response stored and COMMIT in two round trips
 }
 
 var routes = []routeSpec{
-	{"/conformance/orders", "conformance.orders", nil},
-	{"/conformance/orders-nowait", "conformance.nowait", []idem.RouteOption{idem.Wait(false)}},
-	{"/conformance/orders-short-wait", "conformance.shortwait", []idem.RouteOption{idem.LockTimeout(200 * time.Millisecond)}},
-	{"/conformance/orders-anonymous", "conformance.anonymous", []idem.RouteOption{idem.Anonymous(true)}},
+	{"/conformance/orders", "conformance.orders", nil, false},
+	{"/conformance/orders-nowait", "conformance.nowait", []idem.RouteOption{idem.Wait(false)}, false},
+	{"/conformance/orders-short-wait", "conformance.shortwait", []idem.RouteOption{idem.LockTimeout(200 * time.Millisecond)}, false},
+	{"/conformance/orders-anonymous", "conformance.anonymous", []idem.RouteOption{idem.Anonymous(true)}, false},
 	{"/conformance/orders-2xx-only", "conformance.only2xx",
-		[]idem.RouteOption{idem.StoreStatus(func(s int) bool { return s >= 200 && s < 300 })}},
-	{"/conformance/orders-lease", "conformance.lease", []idem.RouteOption{idem.Lease(60 * time.Second)}},
+		[]idem.RouteOption{idem.StoreStatus(func(s int) bool { return s >= 200 && s < 300 })}, false},
+	{"/conformance/orders-lease", "conformance.lease", []idem.RouteOption{idem.Lease(60 * time.Second)}, false},
 	// The lease takeover test's: a lease that runs out soon after the
 	// server is killed.
-	{"/charges", "charges.create", []idem.RouteOption{idem.Lease(time.Second)}},
+	{"/charges", "charges.create", []idem.RouteOption{idem.Lease(time.Second)}, false},
 	// The concurrency and kill tests': duplicates wait as long as the test
 	// holds the first request (its own bound, not the verdict).
-	{"/orders", "orders.create", []idem.RouteOption{idem.LockTimeout(2 * time.Minute)}},
+	{"/orders", "orders.create", []idem.RouteOption{idem.LockTimeout(2 * time.Minute)}, true},
 }
 
 // answer is what the business handler decided; each framework renders it
@@ -79,7 +81,18 @@ type answer struct {
 	status  int
 	id      int64
 	attempt int
+	pad     int // X-Conformance-Pad: that many bytes more in the body
 	err     error
+}
+
+// body is the answer's JSON body: {"id": ...}, and with X-Conformance-Pad a
+// member "pad" that makes it as large as that.
+func (a answer) body() map[string]any {
+	b := map[string]any{"id": a.id}
+	if a.pad > 0 {
+		b["pad"] = strings.Repeat("x", a.pad)
+	}
+	return b
 }
 
 // pool: the server's, for the stand-in of an external call.
@@ -100,12 +113,14 @@ func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer
 		return answer{status: http.StatusBadRequest}
 	}
 	a := answer{status: http.StatusCreated}
+	if c := idem.ClaimOf(ctx); c != nil && c.LeaseToken != "" {
+		a.attempt = c.Attempt
+	}
 	if c := idem.ClaimOf(ctx); c != nil && c.LeaseToken != "" && h.Get("X-Test-External") != "" {
 		// Lease mode's use: a call outside the database (here a row
 		// committed on its own, tenant 'external'), recorded by a
 		// checkpoint; an attempt that takes the lease over resumes after
 		// it and does not call again.
-		a.attempt = c.Attempt
 		if c.RecoveryPoint != "called" {
 			if _, err := pool.Exec(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, 'external', 0)", in.Run); err != nil {
 				return answer{err: err}
@@ -124,12 +139,33 @@ func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer
 	if s := h.Get("X-Conformance-Status"); s != "" {
 		a.status, _ = strconv.Atoi(s)
 	}
+	a.pad, _ = strconv.Atoi(h.Get("X-Conformance-Pad"))
 	var tenant *string
 	if t := h.Get("X-Tenant"); t != "" {
 		tenant = &t
 	}
-	if err := tx.QueryRow(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id",
-		in.Run, tenant, a.status).Scan(&a.id); err != nil {
+	insert := func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, $2, $3) RETURNING id",
+			in.Run, tenant, a.status).Scan(&a.id)
+	}
+	if h.Get("X-Test-Savepoint") != "" {
+		// A handler's own savepoint, and an attempt to commit the request's
+		// transaction, which is the middleware's to end.
+		if err := tx.Commit(ctx); !errors.Is(err, idem.ErrTxOwned) {
+			return answer{err: fmt.Errorf("Commit of idem.Tx: %v", err)}
+		}
+		if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			if _, err := sp.Exec(ctx, "INSERT INTO conformance_rows (run, tenant, status) VALUES ($1, 'savepoint', 0)", in.Run); err != nil {
+				return err
+			}
+			return errors.New("rolled back to the savepoint")
+		}); err == nil {
+			return answer{err: errors.New("BeginFunc kept a failed savepoint")}
+		}
+		if err := pgx.BeginFunc(ctx, tx, insert); err != nil {
+			return answer{err: err}
+		}
+	} else if err := insert(tx); err != nil {
 		return answer{err: err}
 	}
 	if code := h.Get("X-Conformance-Fail"); code != "" {
@@ -156,41 +192,53 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{
+	cfg := idem.Config{
 		Pool:        pool,
 		Tenant:      func(r *http.Request) string { return r.Header.Get("X-Tenant") }, // stands in for authentication
 		ProblemBase: os.Getenv("IDEM_TEST_PROBLEM_BASE"),
-		Phase:       killPoint,
-	})
+	}
+	plain, err := idem.New(cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
+	cfg.Phase = killPoint
+	withKillPoints, err := idem.New(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	route := func(rt routeSpec) func(http.Handler) http.Handler {
+		if rt.killPoints {
+			return withKillPoints.Route(rt.bizType, rt.opts...)
+		}
+		return plain.Route(rt.bizType, rt.opts...)
+	}
+	mw := plain // (WriteError)
 	var handler http.Handler
 	switch *router {
 	case "nethttp":
 		mux := http.NewServeMux()
 		for _, rt := range routes {
-			mux.Handle("POST "+rt.path, mw.Route(rt.bizType, rt.opts...)(plainHandler(mw)))
+			mux.Handle("POST "+rt.path, route(rt)(plainHandler(mw)))
 		}
 		handler = mux
 	case "chi":
 		r := chi.NewRouter()
 		for _, rt := range routes {
-			r.With(mw.Route(rt.bizType, rt.opts...)).Post(rt.path, plainHandler(mw))
+			r.With(route(rt)).Post(rt.path, plainHandler(mw))
 		}
 		handler = r
 	case "echo":
 		e := echo.New()
 		e.HideBanner, e.HidePort = true, true
 		for _, rt := range routes {
-			e.POST(rt.path, echoHandler(mw), echo.WrapMiddleware(mw.Route(rt.bizType, rt.opts...)))
+			e.POST(rt.path, echoHandler(mw), echo.WrapMiddleware(route(rt)))
 		}
 		handler = e
 	case "gin":
 		gin.SetMode(gin.ReleaseMode)
 		g := gin.New()
 		for _, rt := range routes {
-			g.POST(rt.path, GinMiddleware(mw.Route(rt.bizType, rt.opts...)), ginHandler(mw))
+			g.POST(rt.path, GinMiddleware(route(rt)), ginHandler(mw))
 		}
 		handler = g
 	default:
@@ -220,7 +268,7 @@ func plainHandler(mw *idem.Middleware) http.HandlerFunc {
 		a.headers(w.Header())
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(a.status)
-		_ = json.NewEncoder(w).Encode(map[string]int64{"id": a.id})
+		_ = json.NewEncoder(w).Encode(a.body())
 	}
 }
 
@@ -238,7 +286,7 @@ func echoHandler(mw *idem.Middleware) echo.HandlerFunc {
 			return c.String(http.StatusBadRequest, "a JSON body with a run is required")
 		}
 		a.headers(c.Response().Header())
-		return c.JSON(a.status, map[string]int64{"id": a.id})
+		return c.JSON(a.status, a.body())
 	}
 }
 
@@ -256,6 +304,6 @@ func ginHandler(mw *idem.Middleware) gin.HandlerFunc {
 			return
 		}
 		a.headers(c.Writer.Header())
-		c.JSON(a.status, gin.H{"id": a.id})
+		c.JSON(a.status, a.body())
 	}
 }

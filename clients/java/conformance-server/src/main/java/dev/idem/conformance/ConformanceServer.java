@@ -187,6 +187,11 @@ public class ConformanceServer {
         }
         return ResponseEntity.status(status).contentType(MediaType.APPLICATION_JSON)
                 .header("Location", "/conformance/rows/" + id).header("X-Conformance-Row", Long.toString(id))
-                .body("{\"id\":" + id + "}");
+                .body("{\"id\":" + id + pad(request.getHeader("X-Conformance-Pad")) + "}");
+    }
+
+    /** With X-Conformance-Pad: N, a member "pad" of N letters x. */
+    static String pad(String n) {
+        return n == null ? "" : ",\"pad\":\"" + "x".repeat(Integer.parseInt(n)) + "\"";
     }
 }

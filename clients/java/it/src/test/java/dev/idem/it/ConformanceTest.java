@@ -192,7 +192,7 @@ class ConformanceTest {
                     "canonical_target", "cases"),
             "case", Set.of("name", "rule", "requires", "route", "seed", "requests", "rows"),
             "seed", Set.of("claim", "biz_type", "state", "result"),
-            "request", Set.of("key", "tenant", "body", "content_type", "route", "query", "status", "fail", "hold", "after_release", "expect"),
+            "request", Set.of("key", "tenant", "body", "content_type", "route", "query", "status", "fail", "pad", "hold", "after_release", "expect"),
             "expect", Set.of("status", "replayed", "ran", "same_as", "headers", "problem", "expires"));
 
     /** The features a case may require (its "requires") that the Java filter has; another fails the case. */
@@ -227,6 +227,7 @@ class ConformanceTest {
         }
         if (rq.has("status")) b.header("X-Conformance-Status", rq.get("status").asText());
         if (rq.has("fail")) b.header("X-Conformance-Fail", rq.get("fail").asText());
+        if (rq.has("pad")) b.header("X-Conformance-Pad", rq.get("pad").asText());
         if (hold) b.header("X-Conformance-Hold", u);
         return b.build();
     }
