@@ -15,23 +15,30 @@ each new key:
 One client, synchronous_commit off; M, S and H run interleaved (rotating
 order, several rounds), each run after the same reset and a CHECKPOINT, so
 that a loaded machine moves all three alike: the verdict is the ratio of
-the same round's runs, not a wall-clock figure. Keys per second = TPS x N."""
+the same round's runs, not a wall-clock figure. Keys per second = TPS x N.
+
+--bt-edition portable runs the same three in a database with the portable
+edition's plain script instead of the native extension (installed as the
+portable section installs it), so that M and S are the portable
+idem_claim_many and idem_claim; H is the same statement either way."""
 import os
 
-from . import common
+from . import common, portable
 
 DB = "bench_batch"
 VARIANTS = [("M", "many"), ("S", "single"), ("H", "handwritten")]
 TARGET_M_OVER_S = 5.0
 
 PROFILES = {
-    "smoke": dict(bt_rounds=1, bt_duration=1, bt_batch=50),
-    "default": dict(bt_rounds=5, bt_duration=5, bt_batch=500),
-    "full": dict(bt_rounds=7, bt_duration=6, bt_batch=500),
+    "smoke": dict(bt_rounds=1, bt_duration=1, bt_batch=50, bt_edition="native"),
+    "default": dict(bt_rounds=5, bt_duration=5, bt_batch=500, bt_edition="native"),
+    "full": dict(bt_rounds=7, bt_duration=6, bt_batch=500, bt_edition="native"),
 }
+EDITIONS = ("native", "portable")
 OPTIONS = [("--bt-rounds", "bt_rounds", int, "batch section: rounds (each runs M, S and H once)"),
            ("--bt-duration", "bt_duration", int, "batch section: seconds per run"),
-           ("--bt-batch", "bt_batch", int, "batch section: keys per transaction (500)")]
+           ("--bt-batch", "bt_batch", int, "batch section: keys per transaction (500)"),
+           ("--bt-edition", "bt_edition", str, "batch section: native (the extension) or portable (the plain script)")]
 
 
 def estimate(p, rates):
@@ -63,8 +70,14 @@ def reset(b):
 def run(b):
     p = b.p
     n = p["bt_batch"]
-    raw = b.raw["batch"] = {"batch": n, "runs": []}
-    common.create_db(b, DB)
+    edition = p["bt_edition"]
+    if edition not in EDITIONS:
+        raise common.BenchError(f"batch: --bt-edition must be one of {', '.join(EDITIONS)}, not {edition!r}")
+    raw = b.raw["batch"] = {"batch": n, "edition": edition, "runs": []}
+    if edition == "portable":
+        portable.install_portable(b, DB)
+    else:
+        common.create_db(b, DB)
     # the business type registered and its partitions made, as a deployment has them
     b.psql(DB, "SELECT idem_claim('bench-setup', 'bench')")
     b.psql(DB, "SELECT idem_maintain()")
@@ -98,12 +111,13 @@ def report(R):
     if not runs:
         return
     n = raw["batch"]
+    edition = raw.get("edition", "native")
     for x in runs:
         R.csv.append(("batch", x["variant"], x["sync"], 1, x["round"], "keys_per_s", x["keys_per_s"], "key/s"))
     by_round = {}
     for x in runs:
         by_round.setdefault(x["round"], {})[x["variant"]] = x["keys_per_s"]
-    lines = [f"## Batch claims (batch section)", "",
+    lines = [f"## Batch claims (batch section, {edition} edition)", "",
              f"Per-key cost of claiming {n} new keys in one transaction, with the business insert of each: "
              f"M = one `idem_claim_many` call, S = {n} `idem_claim` statements (one round trip each), "
              "H = hand-written `INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING`. One client, "
@@ -127,7 +141,7 @@ def report(R):
         lines.append(f"| {name} | {common.median(rs):.2f} | {rs[0]:.2f}–{rs[-1]:.2f} | "
                      + (f"≥ {target}" if target else "") + " |")
         if target:
-            R.target("batch_m_over_s", f"batch: idem_claim_many ≥ {target} × the keys/s of single claims",
+            R.target("batch_m_over_s", f"batch ({edition}): idem_claim_many ≥ {target} × the keys/s of single claims",
                      f"{common.median(rs):.2f}", common.median(rs) >= target)
     lines.append("")
     R.md += lines
