@@ -139,6 +139,12 @@ SELECT count(*) AS gates_naming_their_claims
 SELECT key, claimed, state FROM idem_claim_many(ARRAY['b0', 'b3'], 'pe.batch');
 COMMIT;
 SELECT key, count(*) AS claim_rows FROM idem.claims WHERE biz_type = 'pe.batch' GROUP BY key ORDER BY key;
+-- A redelivered batch is answered from the committed claims: no key lock,
+-- no xid, nothing written.
+BEGIN;
+SELECT state, count(*) AS elements FROM idem_claim_many(ARRAY['b0', 'b1', 'b2', 'b3', 'b0'], 'pe.batch') GROUP BY state;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
+COMMIT;
 -- A later element of a new key with another fingerprint than the first
 -- element's, which claims it: ID001, nothing claimed.
 SELECT key FROM idem_claim_many(ARRAY['b4', 'b4'], 'pe.batch', fingerprints => ARRAY['x', 'y']);
