@@ -500,6 +500,13 @@ CREATE FUNCTION idem.lease_until(doc jsonb) RETURNS timestamptz
 $fn$;
 COMMENT ON FUNCTION idem.lease_until(jsonb) IS 'When the lease of a lease document runs out.';
 
+CREATE FUNCTION idem.refuse_fingerprint(key text, biz_type text) RETURNS void
+    IMMUTABLE LANGUAGE sql AS $fn$
+    SELECT idem.fail_with('ID001', format('idem: key "%s" of biz_type "%s" was first claimed with a different fingerprint', key, biz_type),
+        'The same idempotency key was reused for a different request; use a new key for a new intent.')
+$fn$;
+COMMENT ON FUNCTION idem.refuse_fingerprint(text, text) IS 'Raise ID001 for a claim whose fingerprint differs from the one the key was first claimed with.';
+
 CREATE FUNCTION idem.not_claimed(key text, biz_type text, why text) RETURNS void
     IMMUTABLE LANGUAGE sql AS $fn$
     SELECT idem.fail_with('ID003', format('idem: key "%s" of biz_type "%s" %s', key, biz_type, why),
@@ -523,8 +530,9 @@ COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a cal
 -- gate held goes into the nearest wider class it sees, else the widest
 -- (400 days) one, without the gate: only holders add other classes, so a
 -- type's classes are at most the two a holder may add plus the widest.
-CREATE FUNCTION idem.insert_claim(h bigint, biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
-                                  state "char", fingerprint text, result jsonb) RETURNS void
+-- (idem.claim_class decides the class and registers it; idem_claim_many
+-- calls it once for a batch's new claims, which share one expiry.)
+CREATE FUNCTION idem.claim_class(biz_type text, claimed_at timestamptz, expires_at timestamptz) RETURNS smallint
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     k smallint := idem.ttl_class(expires_at - claimed_at);
@@ -536,9 +544,9 @@ DECLARE
     e numeric;
 BEGIN
     -- (The widest class is the one a claim may add without the gate.)
-    IF k <> top AND NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k) THEN
+    IF k <> top AND NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = claim_class.biz_type AND tc.ttl_class = k) THEN
         SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-          FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+          FROM idem.type_classes tc WHERE tc.biz_type = claim_class.biz_type;
         -- The gate only for a class that could be added (a type with room
         -- for it): a claim that folds anyway holds no gate, so a long
         -- transaction does not keep other types' new classes out.
@@ -548,7 +556,7 @@ BEGIN
             held := FOUND;
             IF held THEN
                 SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
-                  FROM idem.type_classes tc WHERE tc.biz_type = insert_claim.biz_type;
+                  FROM idem.type_classes tc WHERE tc.biz_type = claim_class.biz_type;
             END IF;
         END IF;
         IF NOT k = ANY (classes) THEN
@@ -561,12 +569,23 @@ BEGIN
         END IF;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM idem.type_classes tc
-                    WHERE tc.biz_type = insert_claim.biz_type AND tc.ttl_class = k AND tc.until >= insert_claim.expires_at) THEN
+                    WHERE tc.biz_type = claim_class.biz_type AND tc.ttl_class = k AND tc.until >= claim_class.expires_at) THEN
         span := greatest(idem.interval_us(idem.class_width(k)), 1);
         e := idem.us_since_2000(expires_at);
         INSERT INTO idem.type_classes (biz_type, ttl_class, until)
         VALUES (biz_type, k, timestamptz '2000-01-01 00:00:00+00' + idem.us_interval((floor(e / span) + 1) * span));
     END IF;
+    RETURN k;
+END
+$fn$;
+COMMENT ON FUNCTION idem.claim_class(text, timestamptz, timestamptz) IS 'The TTL class a new claim of biz_type from claimed_at to expires_at goes into (its own, or a wider one: at most three classes per type), registered for the type up to that expiry first when needed.';
+
+CREATE FUNCTION idem.insert_claim(h bigint, biz_type text, key text, claimed_at timestamptz, expires_at timestamptz,
+                                  state "char", fingerprint text, result jsonb) RETURNS void
+    VOLATILE LANGUAGE plpgsql AS $fn$
+DECLARE
+    k smallint := idem.claim_class(biz_type, claimed_at, expires_at);
+BEGIN
     WITH c AS (
         INSERT INTO idem.claims (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
         VALUES (expires_at, claimed_at, k, state, biz_type, key, fingerprint, result)
@@ -683,8 +702,7 @@ BEGIN
         RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
     END IF;
     IF fingerprint IS NOT NULL AND p.fingerprint IS NOT NULL AND fingerprint <> p.fingerprint THEN
-        PERFORM idem.fail_with('ID001', format('idem: key "%s" of biz_type "%s" was first claimed with a different fingerprint', key, biz_type),
-            'The same idempotency key was reused for a different request; use a new key for a new intent.');
+        PERFORM idem.refuse_fingerprint(key, biz_type);
     END IF;
     t_now := clock_timestamp();
     -- (src/protocol.rs, retry: the key is gated here, either way.)

@@ -1,22 +1,25 @@
 """batch section: the per-key cost of a consumer's batch of N keys: one
 idem_claim_many call (M), N idem_claim statements (S), a hand-written
-unnest ... ON CONFLICT (H). The method is bench/README.md's ("batch")."""
+unnest ... ON CONFLICT (H). --bt-edition portable runs M and S on the
+portable edition's plain script. The method is bench/README.md's ("batch")."""
 import os
 
-from . import common
+from . import common, portable
 
 DB = "bench_batch"
 VARIANTS = [("M", "many"), ("S", "single"), ("H", "handwritten")]
 TARGET_M_OVER_S = 5.0
 
 PROFILES = {
-    "smoke": dict(bt_rounds=1, bt_duration=1, bt_batch=50),
-    "default": dict(bt_rounds=5, bt_duration=5, bt_batch=500),
-    "full": dict(bt_rounds=7, bt_duration=6, bt_batch=500),
+    "smoke": dict(bt_rounds=1, bt_duration=1, bt_batch=50, bt_edition="native"),
+    "default": dict(bt_rounds=5, bt_duration=5, bt_batch=500, bt_edition="native"),
+    "full": dict(bt_rounds=7, bt_duration=6, bt_batch=500, bt_edition="native"),
 }
+EDITIONS = ("native", "portable")
 OPTIONS = [("--bt-rounds", "bt_rounds", int, "batch section: rounds (each runs M, S and H once)"),
            ("--bt-duration", "bt_duration", int, "batch section: seconds per run"),
-           ("--bt-batch", "bt_batch", int, "batch section: keys per transaction (500)")]
+           ("--bt-batch", "bt_batch", int, "batch section: keys per transaction (500)"),
+           ("--bt-edition", "bt_edition", str, "batch section: native (the extension) or portable (the plain script)")]
 
 
 def estimate(p, rates):
@@ -48,8 +51,14 @@ def reset(b):
 def run(b):
     p = b.p
     n = p["bt_batch"]
-    raw = b.raw["batch"] = {"batch": n, "runs": []}
-    common.create_db(b, DB)
+    edition = p["bt_edition"]
+    if edition not in EDITIONS:
+        raise common.BenchError(f"batch: --bt-edition must be one of {', '.join(EDITIONS)}, not {edition!r}")
+    raw = b.raw["batch"] = {"batch": n, "edition": edition, "runs": []}
+    if edition == "portable":
+        portable.install_portable(b, DB)
+    else:
+        common.create_db(b, DB)
     # the business type registered and its partitions made, as a deployment has them
     b.psql(DB, "SELECT idem_claim('bench-setup', 'bench')")
     b.psql(DB, "SELECT idem_maintain()")
@@ -83,12 +92,13 @@ def report(R):
     if not runs:
         return
     n = raw["batch"]
+    edition = raw.get("edition", "native")
     for x in runs:
         R.csv.append(("batch", x["variant"], x["sync"], 1, x["round"], "keys_per_s", x["keys_per_s"], "key/s"))
     by_round = {}
     for x in runs:
         by_round.setdefault(x["round"], {})[x["variant"]] = x["keys_per_s"]
-    lines = [f"## Batch claims (batch section)", "",
+    lines = [f"## Batch claims (batch section, {edition} edition)", "",
              f"{n} new keys per transaction: M = one `idem_claim_many` call, S = {n} `idem_claim` "
              "statements, H = hand-written unnest ON CONFLICT (method: bench/README.md, batch).", "",
              "| variant | keys/s (median) | range | µs per key |", "|---|---|---|---|"]
@@ -110,7 +120,7 @@ def report(R):
         lines.append(f"| {name} | {common.median(rs):.2f} | {rs[0]:.2f}–{rs[-1]:.2f} | "
                      + (f"≥ {target}" if target else "") + " |")
         if target:
-            R.target("batch_m_over_s", f"batch: idem_claim_many ≥ {target} × the keys/s of single claims",
+            R.target("batch_m_over_s", f"batch ({edition}): idem_claim_many ≥ {target} × the keys/s of single claims",
                      f"{common.median(rs):.2f}", common.median(rs) >= target)
     lines.append("")
     R.md += lines

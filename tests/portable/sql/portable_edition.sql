@@ -1,5 +1,5 @@
 -- portable_edition: what only the portable edition does (docs/portable.md).
--- Business types: pe, pe.reserved.
+-- Business types: pe, pe.reserved, pe.batch.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idem;
 RESET client_min_messages;
@@ -122,6 +122,33 @@ RESET DateStyle;
 RESET TimeZone;
 RESET IntervalStyle;
 SELECT idem.partition_from('pg_class'), idem.partition_class('idem.claims_default');
+
+-- idem_claim_many claims a batch's new keys with statements for the whole
+-- batch (one insert of their gates, in the keys' order, then one of their
+-- claims): each gate names this transaction and its key's claim. A key whose
+-- gate outlived its claim (forgotten) is claimed by idem_claim under that
+-- gate; a batch in a transaction that holds some of its keys goes key by key.
+SELECT claimed FROM idem_claim('b1', 'pe.batch');
+SELECT idem_forget('b1', 'pe.batch');
+BEGIN;
+SELECT key, claimed, state, first_claimed_at IS NOT NULL AS has_first
+  FROM idem_claim_many(ARRAY['b2', 'b1', 'b2', 'b0'], 'pe.batch');
+SELECT count(*) AS gates_naming_their_claims
+  FROM idem.key_gates g JOIN idem.claims c ON c.tableoid = g.part AND c.ctid = g.tid
+ WHERE g.writer = pg_current_xact_id() AND c.biz_type = 'pe.batch';
+SELECT key, claimed, state FROM idem_claim_many(ARRAY['b0', 'b3'], 'pe.batch');
+COMMIT;
+SELECT key, count(*) AS claim_rows FROM idem.claims WHERE biz_type = 'pe.batch' GROUP BY key ORDER BY key;
+-- A redelivered batch is answered from the committed claims: no key lock,
+-- no xid, nothing written.
+BEGIN;
+SELECT state, count(*) AS elements FROM idem_claim_many(ARRAY['b0', 'b1', 'b2', 'b3', 'b0'], 'pe.batch') GROUP BY state;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
+COMMIT;
+-- A later element of a new key with another fingerprint than the first
+-- element's, which claims it: ID001, nothing claimed.
+SELECT key FROM idem_claim_many(ARRAY['b4', 'b4'], 'pe.batch', fingerprints => ARRAY['x', 'y']);
+SELECT state FROM idem_lookup('b4', 'pe.batch');
 
 -- Citus needs the native edition.
 SELECT idem_distribute('pg_class');
