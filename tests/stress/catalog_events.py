@@ -42,6 +42,11 @@ waiting (pg_stat_activity), never after a fixed time:
      stored result (no second row), the new claim completes, its row is
      indexed by the new digest (idem.key_hash), in a class the type is
      registered in, and a duplicate from a fresh session gets its result.
+  3. then a reinstall (DROP + CREATE EXTENSION), uncommitted, while a
+     claim waits for idem.claims (its session has the type's settings
+     cached, so it waits nowhere else): once the reinstall commits, the
+     claim goes on in the new tables (their registry of TTL classes too),
+     completes, and a duplicate from a fresh session gets its result.
 Each time the claims made before the update still replay. With
 --no-events, only that.
 """
@@ -223,7 +228,35 @@ def update_waits(dsn, old):
     check(row == [(True, 1)], f"2: one row, indexed by the new digest, in a class its type is registered in: {row}")
     replays("waited", {"n": 2}, "2")
     replays("before", {"n": 0}, "2")
-    for c in (xd, xn, u, admin):
+    for c in (xd, xn, u):
+        c.close()
+
+    # 3. A reinstall, uncommitted, while a claim waits for idem.claims: its
+    # session has the type's settings cached (from a claim before), so it
+    # reads nothing of the new install until it holds that lock.
+    x = psycopg.connect(dsn, autocommit=True)
+    u = psycopg.connect(dsn, autocommit=True)
+    x.execute("SELECT idem_claim('warm', 'upd')")
+    u.execute("BEGIN")
+    u.execute("DROP EXTENSION idem")
+    u.execute("CREATE EXTENSION idem")
+
+    def after_reinstall():
+        # (The claim's row is not read: its type went with the old install,
+        # and PostgreSQL's executor would look it up to read it, 42704.)
+        with x.transaction():
+            n = x.execute("SELECT count(*) FROM (SELECT idem_claim('again', 'upd', ttl => '1 minute') OFFSET 0) c").fetchone()[0]
+            x.execute("""SELECT idem_complete('again', 'upd', '{"n": 3}')""")
+        return n == 1
+    x_pid = pid(x)
+    t, box = in_thread(after_reinstall)
+    check(wait_until("the claim waiting for the reinstall", waiting(x_pid)), "3: a claim waits for the uncommitted reinstall")
+    u.execute("COMMIT")
+    t.join(60)
+    got = outcome(box)
+    check(got is True, f"3: the claim that waited claims and completes in the new install's tables: {got}")
+    replays("again", {"n": 3}, "3")
+    for c in (x, u, admin):
         c.close()
     return len(failures)
 
