@@ -27,10 +27,10 @@ two live claims.
 With --update-waits OLD (repeatable), first (before the events above):
 ALTER EXTENSION idem UPDATE from OLD (0.2.0 or 0.3.0: the update to 0.4.0
 changes the key digest and makes the registry of TTL classes; the one from
-0.2.0 runs the update to 0.3.0 first, which alters idem.biz_types too) in a
-transaction of its own, with a claim on
-either side of its locks, each step taken once the other session is seen
-waiting (pg_stat_activity), never after a fixed time:
+0.2.0 runs the update to 0.3.0 first, which alters idem.biz_types too) in
+a transaction of its own, with claims on either side of its locks, each
+step taken once the other session is seen waiting (pg_stat_activity),
+never after a fixed time:
   1. a session has read a type's settings (idem.biz_types, which a claim
      reads before it locks idem.claims) in its open transaction; the update
      starts and waits for it; the session then claims and completes: no
