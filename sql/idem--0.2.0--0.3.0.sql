@@ -6,10 +6,15 @@
 \echo Use "ALTER EXTENSION idem UPDATE TO '0.3.0'" to load this file. \quit
 
 -- This update alters idem.claims and its partitions (replica identity) and
--- idem.biz_types. Claims lock idem.claims and its partitions before they
--- read idem.biz_types: take the locks in that order too, so that the update
--- waits for claims in progress instead of deadlocking with one of them.
-LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
+-- idem.biz_types. It runs with the library of the package that ships it,
+-- whose claims read idem.biz_types before they lock idem.claims (as
+-- sql/idem--0.3.0--0.4.0.sql says; the update to 0.4.0 runs this one
+-- first): take the locks in that order too, so that the update waits for
+-- claims in progress instead of deadlocking with one of them (with
+-- idem.claims alone first, a claim holding biz_types and waiting for
+-- idem.claims, and this update holding idem.claims and waiting to alter
+-- biz_types, deadlocked).
+LOCK TABLE idem.biz_types, idem.claims IN ACCESS EXCLUSIVE MODE;
 
 -- storage.sql ---------------------------------------------------------------
 

@@ -53,6 +53,7 @@ fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
 arguments!(claim_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINT = 3 "fingerprint", WAIT = 4 "wait", LEASE = 5 "lease");
 fn claim(args: Args) -> pg_sys::Datum {
     use claim_args::*;
+    args.result_type_first();
     let req = ClaimRequest {
         key: claim_key(args, KEY, BIZ_TYPE),
         ttl_us: args.interval(TTL).map(|iv| guc::checked_ttl(&iv, "ttl")),
@@ -71,6 +72,7 @@ sql_function!(idem_claim, pg_finfo_idem_claim, claim);
 arguments!(claim_many_args: KEYS = 0 "keys", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINTS = 3 "fingerprints", WAIT = 4 "wait");
 fn claim_many(args: Args) -> pg_sys::Datum {
     use claim_many_args::*;
+    args.result_type_first();
     let keys = args.datum(KEYS).unwrap_or_else(|| IdemError::NullArgument("keys").fail());
     let biz_type = args.text_req(BIZ_TYPE, "biz_type");
     check_biz_type(biz_type);
@@ -138,6 +140,7 @@ sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many);
 arguments!(take_expired_args: BIZ_TYPE = 0 "biz_type", MAX_LEASES = 1 "max_leases", LEASE = 2 "lease");
 fn take_expired_leases(args: Args) -> pg_sys::Datum {
     use take_expired_args::*;
+    args.result_type_first();
     let biz_type = biz_type_arg(args, BIZ_TYPE);
     let max = args.int4(MAX_LEASES).unwrap_or_else(|| IdemError::NullArgument("max_leases").fail());
     if !(1..=10_000).contains(&max) {
@@ -203,6 +206,7 @@ sql_function!(idem_claim_id, pg_finfo_idem_claim_id, claim_id);
 arguments!(lookup_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
 fn lookup(args: Args) -> pg_sys::Datum {
     use lookup_args::*;
+    args.result_type_first();
     outcome_datum(args, protocol::lookup(&claim_key(args, KEY, BIZ_TYPE)))
 }
 sql_function!(idem_lookup, pg_finfo_idem_lookup, lookup);

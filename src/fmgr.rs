@@ -145,8 +145,10 @@ impl Args {
         // function is declared to return a set, so resultinfo is a
         // ReturnSetInfo, and every row has the descriptor's width (checked).
         unsafe {
-            pg_sys::InitMaterializedSRF(self.0, 0);
             let rsinfo = (*self.0).resultinfo.cast::<pg_sys::ReturnSetInfo>();
+            if (*rsinfo).setResult.is_null() {
+                pg_sys::InitMaterializedSRF(self.0, 0);
+            }
             for (mut values, mut nulls) in rows {
                 if (*(*rsinfo).setDesc).natts as usize != values.len() {
                     crate::errors::internal("the SQL result type does not match the C function");
@@ -159,6 +161,28 @@ impl Args {
                 );
             }
             pg_sys::Datum::from(0)
+        }
+    }
+
+    /// Look the declared result type up now, before the call waits for a
+    /// lock: a DROP EXTENSION that commits meanwhile removes this function's
+    /// catalog entry, and the lookup after the wait failed with XX000
+    /// ("cache lookup failed for function") where the call had answered
+    /// from the new install's tables. (A set-returning function's
+    /// tuplestore is made now, for return_rows; a composite's descriptor is
+    /// kept for composite.)
+    pub fn result_type_first(&self) {
+        // SAFETY: `Args` holds the live call record (see `entry`); a
+        // function declared to return a set is called with a ReturnSetInfo.
+        // (A function in FROM gets one too, so fn_retset decides.)
+        unsafe {
+            if (*(*self.0).flinfo).fn_retset {
+                if (*(*self.0).resultinfo.cast::<pg_sys::ReturnSetInfo>()).setResult.is_null() {
+                    pg_sys::InitMaterializedSRF(self.0, 0);
+                }
+            } else {
+                self.result_tupdesc();
+            }
         }
     }
 

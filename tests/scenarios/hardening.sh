@@ -12,17 +12,26 @@ source "$ROOT/tests/lib/scenarios.sh"
 # REINDEX [CONCURRENTLY], VACUUM FULL, CLUSTER, maintenance with a new width,
 # DETACH/ATTACH by hand, ALTER EXTENSION UPDATE (from 0.2.0) and DROP +
 # CREATE EXTENSION, each followed by every session claiming on; then every
-# acknowledged claim replays and no key has two live claims.
+# acknowledged claim replays and no key has two live claims. First, the
+# updates from 0.2.0 and 0.3.0 (a new digest, the registry of TTL classes)
+# with claims waiting on either side of their locks (--update-waits;
+# storage_sql runs them on the SQL path).
+old_versions() { # VERSION...: the old versions' install scripts, for ALTER EXTENSION UPDATE
+  # (as tests/scenarios/packaging.sh upgrade does; only when they differ, as there)
+  local v dest
+  for v in "$@"; do
+    dest="$("$PG_CONFIG" --sharedir)/extension/idem--$v.sql"
+    cmp -s "$ROOT/tests/upgrade/idem--$v.sql" "$dest" || install -m 644 "$ROOT/tests/upgrade/idem--$v.sql" "$dest"
+  done
+}
 scenario_catalog_events() {
 bash "$ROOT/scripts/cluster.sh" start >/dev/null
 db=idem_catalog_events
-# The previous version's install script, for ALTER EXTENSION UPDATE (as
-# tests/scenarios/packaging.sh upgrade does; only when it differs, as there).
-old_script="$("$PG_CONFIG" --sharedir)/extension/idem--0.2.0.sql"
-cmp -s "$ROOT/tests/upgrade/idem--0.2.0.sql" "$old_script" || install -m 644 "$ROOT/tests/upgrade/idem--0.2.0.sql" "$old_script"
+old_versions 0.2.0 0.3.0
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 trap 'psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
-"$IDEM_PY" "$ROOT/tests/stress/catalog_events.py" --dsn "host=$(cluster_dir) port=$IDEM_PORT user=postgres dbname=$db" --old-version 0.2.0
+"$IDEM_PY" "$ROOT/tests/stress/catalog_events.py" --dsn "host=$(cluster_dir) port=$IDEM_PORT user=postgres dbname=$db" \
+  --update-waits 0.2.0 --update-waits 0.3.0 --old-version 0.2.0
 }
 
 # A dropped connection rolls its claim back: a client that claimed a key and
@@ -395,7 +404,8 @@ PY
 # isolation tests listed in tests/sql_access/*schedule run unchanged against
 # their usual expected output (tests/pg_regress, tests/isolation), so both
 # paths must answer alike; tests/sql_access/ adds what differs (REPEATABLE
-# READ is refused with 0A000; the key lock is held to the end).
+# READ is refused with 0A000; the key lock is held to the end). Then the
+# updates with claims waiting on them (catalog_events' first part).
 scenario_storage_sql() {
 source "$ROOT/tests/lib/cluster.sh"
 PORT=5541
@@ -428,6 +438,13 @@ run isolation isolation idem_isolation "$ROOT/tests/sql_access/isolation_schedul
   "$ROOT/tests/isolation" -c "CREATE EXTENSION idem"
 run sql_only isolation idem_isolation "$ROOT/tests/sql_access/schedule" \
   "$ROOT/tests/sql_access" -c "CREATE EXTENSION idem"
+# The updates from 0.2.0 and 0.3.0 with claims waiting on either side of
+# their locks (tests/stress/catalog_events.py --update-waits; catalog_events
+# runs them on the direct path).
+old_versions 0.2.0 0.3.0
+psql_sql -d postgres -c "DROP DATABASE IF EXISTS idem_update_waits WITH (FORCE)" -c "CREATE DATABASE idem_update_waits"
+"$IDEM_PY" "$ROOT/tests/stress/catalog_events.py" --dsn "host=$dir port=$PORT user=postgres dbname=idem_update_waits" \
+  --update-waits 0.2.0 --update-waits 0.3.0 --no-events || fails=$((fails + 1))
 # Databases in other encodings: tests/scenarios/hardening.sh encodings, on both paths.
 echo "storage_access=sql suites failed: $fails"
 [ "$fails" = 0 ]

@@ -23,9 +23,36 @@ are counted, not failures; XX000 never is.
 At the end: every acknowledged claim (committed, and not erased by the
 reinstall) replays its stored result from a fresh session, and no key has
 two live claims.
+
+With --update-waits OLD (repeatable), first (before the events above):
+ALTER EXTENSION idem UPDATE from OLD (0.2.0 or 0.3.0: the update to 0.4.0
+changes the key digest and makes the registry of TTL classes; the one from
+0.2.0 runs the update to 0.3.0 first, which alters idem.biz_types too) in
+a transaction of its own, with claims on either side of its locks, each
+step taken once the other session is seen waiting (pg_stat_activity),
+never after a fixed time:
+  1. a session has read a type's settings (idem.biz_types, which a claim
+     reads before it locks idem.claims) in its open transaction; the update
+     starts and waits for it; the session then claims and completes: no
+     deadlock (40P01) on either side, the update completes;
+  2. the update, done but not committed, holds its locks while two claims
+     wait for them: a duplicate of a claim made before the update, and a
+     new claim with a TTL in a class the type had no claim in. Once the
+     update commits they go on in the new schema: the duplicate gets the
+     stored result (no second row), the new claim completes, its row is
+     indexed by the new digest (idem.key_hash), in a class the type is
+     registered in, and a duplicate from a fresh session gets its result.
+  3. then a reinstall (DROP + CREATE EXTENSION), uncommitted, while a
+     claim waits for idem.claims (its session has the type's settings
+     cached, so it waits nowhere else): once the reinstall commits, the
+     claim goes on in the new tables (their registry of TTL classes too),
+     completes, and a duplicate from a fresh session gets its result.
+Each time the claims made before the update still replay. With
+--no-events, only that.
 """
 import argparse
 import collections
+import os
 import random
 import sys
 import threading
@@ -33,6 +60,9 @@ import time
 
 import psycopg
 from psycopg import sql
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sessions import checker, in_thread, pid, sqlstate_of, wait_until  # noqa: E402
 
 BIZ = "catalog"
 # An event's window: a claim may fail while the event holds its lock or
@@ -101,12 +131,153 @@ def wait_alive(clients, before, what, timeout=60):
     return False
 
 
+def update_waits(dsn, old):
+    """The update from OLD with claims waiting on either side of its locks
+    (the module's docstring); returns the failed checks."""
+    check, failures = checker()
+    admin = psycopg.connect(dsn, autocommit=True)
+
+    def waiting(backend):
+        return lambda: admin.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (backend,)).fetchone()[0]
+
+    def fresh_install():
+        admin.execute("SET client_min_messages = warning")
+        admin.execute("DROP EXTENSION IF EXISTS idem CASCADE")
+        admin.execute(f"CREATE EXTENSION idem VERSION '{old}'")
+        admin.execute("SELECT idem_configure('upd', '3 days')")
+        with admin.transaction():
+            admin.execute("SELECT idem_claim('before', 'upd')")
+            admin.execute("""SELECT idem_complete('before', 'upd', '{"n": 0}')""")
+
+    def replays(key, result, what):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            try:
+                row = c.execute("SELECT claimed, state, result FROM idem_claim(%s, 'upd')", (key,)).fetchone()
+            except psycopg.Error as e:
+                row = f"{e.sqlstate} {e}".splitlines()[0]
+        check(row == (False, "completed", result), f"{what}: a duplicate of {key!r} from a fresh session gets its result ({row})")
+
+    # 1. The session's read of the settings first, then the update.
+    fresh_install()
+    x = psycopg.connect(dsn, autocommit=True)
+    u = psycopg.connect(dsn, autocommit=True)
+    x.execute("BEGIN")
+    x.execute("SELECT ttl FROM idem.biz_types WHERE biz_type = 'upd'")
+    u_pid = pid(u)
+    t, box = in_thread(lambda: sqlstate_of(u, "ALTER EXTENSION idem UPDATE"))
+    check(wait_until("the update waiting for the session", waiting(u_pid)), "1: the update waits for a session that read the settings")
+    claim = sqlstate_of(x, "SELECT idem_claim('during', 'upd')")
+    done = sqlstate_of(x, """SELECT idem_complete('during', 'upd', '{"n": 1}')""") if claim == "00000" else "-"
+    commit = sqlstate_of(x, "COMMIT")
+    t.join(60)
+    check((claim, done, commit) == ("00000",) * 3, f"1: the session claims and completes while the update waits (no 40P01): {claim} {done} {commit}")
+    check(box.get("value") == "00000", f"1: the update completes after the session: {box}")
+    version = admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'idem'").fetchone()[0]
+    check(version != old, f"1: updated from {old} to {version}")
+    replays("during", {"n": 1}, "1")
+    replays("before", {"n": 0}, "1")
+    x.close()
+    u.close()
+
+    # 2. The update first, uncommitted; two claims wait for it: a duplicate
+    # of a claim made before, and a new claim in a class new to its type.
+    fresh_install()
+    xd = psycopg.connect(dsn, autocommit=True)
+    xn = psycopg.connect(dsn, autocommit=True)
+    u = psycopg.connect(dsn, autocommit=True)
+    u.execute("BEGIN")
+    u.execute("ALTER EXTENSION idem UPDATE")
+
+    def duplicate():
+        with xd.transaction():
+            return xd.execute("SELECT claimed, state, result FROM idem_claim('before', 'upd')").fetchone()
+
+    def new_claim():
+        with xn.transaction():
+            claimed = xn.execute("SELECT claimed FROM idem_claim('waited', 'upd', ttl => '1 minute')").fetchone()[0]
+            xn.execute("""SELECT idem_complete('waited', 'upd', '{"n": 2}')""")
+        return claimed
+    waiters = [(pid(xd), *in_thread(duplicate)), (pid(xn), *in_thread(new_claim))]
+    check(all(wait_until("the claims waiting for the update", waiting(p)) for p, _, _ in waiters),
+          "2: two claims wait for the uncommitted update")
+    u.execute("COMMIT")
+    for _, t, _ in waiters:
+        t.join(60)
+
+    def outcome(box):
+        err = box.get("error")
+        return box.get("value") if err is None else f"{err.sqlstate} {err}".strip()
+    got = outcome(waiters[0][2])
+    check(got == (False, "completed", {"n": 0}), f"2: the duplicate that waited gets the result of the claim made before the update: {got}")
+    got = outcome(waiters[1][2])
+    check(got is True, f"2: the new claim that waited claims and completes in the new schema: {got}")
+    rows = admin.execute("SELECT count(*) FROM idem.claims WHERE biz_type = 'upd' AND key = 'before'").fetchone()[0]
+    check(rows == 1, f"2: one row for the key the duplicate claimed: {rows}")
+    # Found through the partitions' indexes by the new digest (no sequential
+    # scan: an index entry made with the old digest would not be found).
+    with admin.transaction():
+        admin.execute("SET LOCAL enable_seqscan = off")
+        row = admin.execute("""
+            SELECT EXISTS (SELECT 1 FROM idem.type_classes t
+                            WHERE t.biz_type = c.biz_type AND t.ttl_class = c.ttl_class AND t.until >= c.expires_at),
+                   count(*) OVER ()
+              FROM idem.claims c
+             WHERE idem.key_hash(c.biz_type, c.key) = idem.key_hash('upd', 'waited') AND c.biz_type = 'upd' AND c.key = 'waited'
+            """).fetchall()
+    check(row == [(True, 1)], f"2: one row, indexed by the new digest, in a class its type is registered in: {row}")
+    replays("waited", {"n": 2}, "2")
+    replays("before", {"n": 0}, "2")
+    for c in (xd, xn, u):
+        c.close()
+
+    # 3. A reinstall, uncommitted, while a claim waits for idem.claims: its
+    # session has the type's settings cached (from a claim before), so it
+    # reads nothing of the new install until it holds that lock.
+    x = psycopg.connect(dsn, autocommit=True)
+    u = psycopg.connect(dsn, autocommit=True)
+    x.execute("SELECT idem_claim('warm', 'upd')")
+    u.execute("BEGIN")
+    u.execute("DROP EXTENSION idem")
+    u.execute("CREATE EXTENSION idem")
+
+    def after_reinstall():
+        # (The claim's row is not read: its type went with the old install,
+        # and PostgreSQL's executor would look it up to read it, 42704.)
+        with x.transaction():
+            n = x.execute("SELECT count(*) FROM (SELECT idem_claim('again', 'upd', ttl => '1 minute') OFFSET 0) c").fetchone()[0]
+            x.execute("""SELECT idem_complete('again', 'upd', '{"n": 3}')""")
+        return n == 1
+    x_pid = pid(x)
+    t, box = in_thread(after_reinstall)
+    check(wait_until("the claim waiting for the reinstall", waiting(x_pid)), "3: a claim waits for the uncommitted reinstall")
+    u.execute("COMMIT")
+    t.join(60)
+    got = outcome(box)
+    check(got is True, f"3: the claim that waited claims and completes in the new install's tables: {got}")
+    replays("again", {"n": 3}, "3")
+    for c in (x, u, admin):
+        c.close()
+    return len(failures)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--old-version", default=None, help="installed at the start, for ALTER EXTENSION UPDATE")
+    ap.add_argument("--update-waits", action="append", default=[], metavar="OLD",
+                    help="first, the update from OLD with claims waiting on it (repeatable)")
+    ap.add_argument("--no-events", action="store_true", help="only --update-waits")
     a = ap.parse_args()
+
+    waits_failed = 0
+    for old in a.update_waits:
+        failed = update_waits(a.dsn, old)
+        print(f"update with waiting claims (from {old}): {'PASS' if not failed else 'FAIL'}", flush=True)
+        waits_failed += failed
+    if a.no_events:
+        sys.exit(min(waits_failed, 100))
 
     admin = psycopg.connect(a.dsn, autocommit=True)
     admin.execute("SET client_min_messages = warning")
@@ -223,7 +394,7 @@ def main():
             first.setdefault(code, msg)
     for code, msg in sorted(first.items()):
         print(f"  first {code}: {msg}", flush=True)
-    ok = ok and not fatal and lost == 0 and doubles == 0 and checked > 0
+    ok = ok and not fatal and lost == 0 and doubles == 0 and checked > 0 and not waits_failed
     print("catalog events:", "PASS" if ok else "FAIL", flush=True)
     sys.exit(0 if ok else 1)
 

@@ -68,6 +68,32 @@ SELECT l.expires_at >= c.expires_at AS not_earlier, l.first_claimed_at = c.first
 COMMIT;
 SELECT claimed, state, result FROM idem_claim('same-tx', 'rc');
 
+-- Across a change of daylight saving time in the session's TimeZone: the
+-- new expiry is the completion time plus the TTL in microseconds (the span
+-- of the claim), not plus an interval of days, which the zone would stretch
+-- or shrink by an hour. The TTL is as many days as reach past the zone's
+-- next change from now (exactly one change: they are months apart).
+SET TimeZone = 'Europe/Berlin';
+SELECT idem_configure('rc.dst', '1 hour', NULL, 'completion');
+CREATE TEMP TABLE dst AS
+  SELECT make_interval(days => min(d)) AS ttl FROM generate_series(1, 366) d
+   WHERE extract(timezone FROM now() + make_interval(days => d)) <> extract(timezone FROM now());
+BEGIN;
+SELECT claimed FROM idem_claim('across', 'rc.dst', ttl => (SELECT ttl FROM dst));
+CREATE TEMP TABLE dst_claim AS
+  SELECT claimed_at, expires_at, clock_timestamp() AS before_complete FROM idem.claims WHERE biz_type = 'rc.dst';
+SELECT idem_complete('across', 'rc.dst', '{"n": 3}');
+CREATE TEMP TABLE dst_done AS SELECT clock_timestamp() AS after_complete;
+COMMIT;
+SELECT extract(timezone FROM b.claimed_at) <> extract(timezone FROM b.expires_at) AS crosses_a_change,
+       extract(epoch FROM b.expires_at) - extract(epoch FROM b.claimed_at) = extract(epoch FROM d.ttl) AS claim_span_is_ttl,
+       extract(epoch FROM c.expires_at) - extract(epoch FROM b.expires_at) + extract(epoch FROM b.claimed_at)
+         BETWEEN extract(epoch FROM b.before_complete) AND extract(epoch FROM a.after_complete) AS completion_plus_span,
+       c.claimed_at = b.claimed_at AS same_claim_time
+  FROM idem.claims c, dst_claim b, dst_done a, dst d WHERE c.biz_type = 'rc.dst' AND c.key = 'across';
+SELECT claimed, state, result FROM idem_claim('across', 'rc.dst');
+RESET TimeZone;
+
 -- Maintenance after the moves: nothing live is removed, the keys answer.
 -- (idem_maintain runs in READ COMMITTED only: the environment matrix runs
 -- this file under other defaults too.)
