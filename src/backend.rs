@@ -65,3 +65,51 @@ pub fn caller_snapshot() -> pg_sys::Snapshot {
         }
     }
 }
+
+/// Call `forget` whenever what this backend's transaction wrote may be
+/// undone: at the abort of a transaction or subtransaction, and at PREPARE
+/// TRANSACTION (any session may roll a prepared transaction back). For a
+/// cache that may hold what its own transaction wrote; called once per
+/// backend and cache (the callbacks stay as long as the library).
+pub fn on_undo(forget: fn()) {
+    let arg = forget as *mut std::ffi::c_void;
+    // SAFETY: plain registrations; `arg` is a function pointer of the
+    // library, which is never unloaded once loaded.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(undo_xact_callback), arg);
+        pg_sys::RegisterSubXactCallback(Some(undo_subxact_callback), arg);
+    }
+}
+
+/// `arg`: the `fn()` given to `on_undo`.
+unsafe fn call_forget(arg: *mut std::ffi::c_void) {
+    // SAFETY: on_undo registered `arg` as a `fn()`.
+    let forget: fn() = unsafe { std::mem::transmute::<*mut std::ffi::c_void, fn()>(arg) };
+    forget();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn undo_xact_callback(event: pg_sys::XactEvent::Type, arg: *mut std::ffi::c_void) {
+    if matches!(
+        event,
+        pg_sys::XactEvent::XACT_EVENT_ABORT
+            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
+            | pg_sys::XactEvent::XACT_EVENT_PREPARE
+    ) {
+        // SAFETY: registered by on_undo.
+        unsafe { call_forget(arg) };
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn undo_subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    _my: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        // SAFETY: registered by on_undo.
+        unsafe { call_forget(arg) };
+    }
+}

@@ -9,6 +9,8 @@
 //! drops every cached OID and moves the `epoch` on: the caches built on
 //! these relations (business type settings in biztype.rs, the Citus
 //! distribution in storage/citus.rs) compare the epoch they were read at.
+//! An invalidation of idem.type_classes moves `registry_epoch` on, which
+//! the registrations cached in storage/type_classes.rs compare.
 //! Every invalidated relation is also passed to storage/partitions.rs,
 //! whose lists depend on relations of their own (the partitions and their
 //! indexes).
@@ -27,6 +29,10 @@ struct Cache {
     owner: Option<pg_sys::Oid>,
     /// Bumped whenever the OIDs are dropped.
     epoch: u64,
+    /// Bumped with `epoch` and whenever idem.type_classes' relcache entry
+    /// is invalidated (storage/type_classes.rs sends that invalidation at
+    /// once when a claim registers a type in a class).
+    registry_epoch: u64,
     callback_registered: bool,
 }
 
@@ -52,6 +58,7 @@ fn reset(c: &mut Cache) {
     c.type_classes = None;
     c.owner = None;
     c.epoch += 1;
+    c.registry_epoch += 1;
 }
 
 /// Forget everything cached of idem's relations, here and in the caches
@@ -68,6 +75,8 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
         let everything = relid == pg_sys::InvalidOid || Some(relid) == c.claims || Some(relid) == c.biz_types;
         if everything {
             reset(c);
+        } else if c.type_classes == Some(Some(relid)) {
+            c.registry_epoch += 1;
         }
         everything
     });
@@ -78,6 +87,13 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
 /// relations is current while the epoch it was read at is.
 pub fn epoch() -> u64 {
     with_cache(|c| c.epoch)
+}
+
+/// Moves on whenever `epoch` does and whenever idem.type_classes' relcache
+/// entry is invalidated: the registrations cached per backend
+/// (storage/type_classes.rs) are current while it is.
+pub fn registry_epoch() -> u64 {
+    with_cache(|c| c.registry_epoch)
 }
 
 /// The relation `name` in schema idem, if there is one.

@@ -18,14 +18,39 @@
 //! row lingers longer (up to that class's width), and expires when its TTL
 //! says. So the partitions a claim locks are bounded whatever TTLs its type
 //! has been claimed with.
+//!
+//! Registrations are cached per backend (`read`), and only what cannot
+//! change under a claim's feet is: rows committed by other transactions or
+//! written by this one, none of them being inserted or deleted by another
+//! transaction (those are read anew at every call). What a cached entry
+//! could miss is a registration another transaction writes later, and each
+//! is written by `register` under a claim's key lock, which sends
+//! idem.type_classes' relcache invalidation to every backend at once, not
+//! at commit, before that claim writes the row the registration is for. A
+//! claimer of the same key takes the key lock after that and processes
+//! pending invalidations (AcceptInvalidationMessages) before it reads the
+//! cache: the entry is gone and the registrations are read again, with a
+//! dirty snapshot, so it finds the class and then the row. What a cached
+//! entry could hold too many of: a registration rolled back (the cache is
+//! dropped at every abort of a transaction or subtransaction and at every
+//! PREPARE TRANSACTION, and another
+//! transaction's registration is cached only once committed) or deleted by
+//! idem_maintain (only registrations whose `until` is past when it runs,
+//! which cover no claim made after it, so they cost a probe, never a row
+//! left unregistered). Under Citus nothing is cached: a shard's
+//! registrations are written by other nodes, whose invalidations never
+//! reach this one.
 
 use super::keylock::KeyLock;
+use crate::backend::BackendLocal;
+use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
 use crate::errors::internal;
 use crate::guc::MAX_TTL_US;
 use crate::spi::Statement;
 use crate::ttl_class;
 use pgrx::pg_sys;
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
 /// The registrations of one type, as read.
@@ -55,10 +80,101 @@ pub fn predicate_lock(relid: pg_sys::Oid, biz_type: &[u8]) {
     scan(relid, biz_type, crate::backend::caller_snapshot(), |_, _, _| {});
 }
 
+/// The most business types whose registrations a backend keeps (as
+/// biztype.rs's settings): past it the cache starts over.
+const CACHE_MAX: usize = 4096;
+
+#[derive(Default)]
+struct Cache {
+    /// catalog::registry_epoch() the entries were read at.
+    registry_epoch: u64,
+    /// Per type, its registrations (class, latest until), sorted by class,
+    /// every one settled.
+    types: HashMap<Vec<u8>, Vec<(i16, i64)>>,
+}
+
+static CACHE: BackendLocal<Option<Cache>> = BackendLocal::new(None);
+
+fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
+    if CACHE.with(|c| c.is_none()) {
+        crate::backend::on_undo(forget);
+    }
+    CACHE.with(|c| f(c.get_or_insert_with(Cache::default)))
+}
+
+/// Drop every cached entry: one may hold what this transaction wrote
+/// (called at an abort or PREPARE, and when this backend registers).
+fn forget() {
+    CACHE.with(|c| c.iter_mut().for_each(|c| c.types.clear()));
+}
+
+/// Whether `relid`'s registrations may be cached: it is this database's
+/// idem.type_classes, off Citus (see the module's comment).
+fn cacheable(relid: pg_sys::Oid) -> bool {
+    !crate::guc::citus_preloaded() && catalog::type_classes_oid() == Some(relid)
+}
+
+/// Tell every backend of this database at once (not at commit) that
+/// idem.type_classes changed: their cached registrations go
+/// (catalog::registry_epoch), at their next AcceptInvalidationMessages.
+fn announce(relid: pg_sys::Oid) {
+    // SAFETY: a relcache invalidation message of this database, as
+    // PostgreSQL's own inval.c builds one; receivers drop their relcache
+    // entry of the table (rebuilt on next open) and run the relcache
+    // callbacks (catalog.rs's).
+    unsafe {
+        let mut msg: pg_sys::SharedInvalidationMessage = MaybeUninit::zeroed().assume_init();
+        msg.rc = pg_sys::SharedInvalRelcacheMsg {
+            id: pg_sys::SHAREDINVALRELCACHE_ID as _,
+            dbId: pg_sys::MyDatabaseId,
+            relId: relid,
+        };
+        pg_sys::SendSharedInvalidMessages(&msg, 1);
+    }
+}
+
 /// Read the registrations of `biz_type` in the registry table `relid`
-/// (idem.type_classes).
+/// (idem.type_classes), from the backend's cache when it holds them (see
+/// the module's comment). The caller holds the key lock, when it takes
+/// one: invalidations sent before its holder released it are processed
+/// here, before the cache is read.
 pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
+    if !cacheable(relid) {
+        return read_table(relid, biz_type).0;
+    }
+    // SAFETY: processes pending invalidations, as every lock acquisition does.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    let epoch = catalog::registry_epoch();
+    let hit = with_cache(|c| {
+        if c.registry_epoch != epoch {
+            c.types.clear();
+            c.registry_epoch = epoch;
+        }
+        c.types.get(biz_type).cloned()
+    });
+    if let Some(classes) = hit {
+        return Registered { settled: classes.clone(), classes };
+    }
+    let (found, settled) = read_table(relid, biz_type);
+    // (Not if an invalidation came in while the table was read: the read
+    // may predate what it announced.)
+    if settled && catalog::registry_epoch() == epoch {
+        with_cache(|c| {
+            if c.types.len() >= CACHE_MAX {
+                c.types.clear();
+            }
+            c.types.insert(biz_type.to_vec(), found.classes.clone());
+        });
+    }
+    found
+}
+
+/// Read the registrations of `biz_type` in `relid` from the table, and
+/// whether every one of them is settled and none is being deleted by
+/// another transaction (what may be cached).
+fn read_table(relid: pg_sys::Oid, biz_type: &[u8]) -> (Registered, bool) {
     let mut found = Registered::default();
+    let mut stable = true;
     // SAFETY: the dirty snapshot outlives the scan (which ends inside).
     let mut dirty: pg_sys::SnapshotData = unsafe { MaybeUninit::zeroed().assume_init() };
     dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
@@ -69,12 +185,15 @@ pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
         // SAFETY: `snap` is the dirty snapshot above, which the scan sets
         // for each tuple it returns.
         let being_written = unsafe { (*snap).xmin } != pg_sys::InvalidTransactionId;
+        // SAFETY: as above.
+        let being_deleted = unsafe { (*snap).xmax } != pg_sys::InvalidTransactionId;
         add(&mut found.classes, class, until);
         if !being_written {
             found.settled.push((class, until));
         }
+        stable &= !being_written && !being_deleted;
     });
-    found
+    (found, stable)
 }
 
 /// Scan `biz_type`'s registrations in `relid` with `snapshot`, calling
@@ -160,7 +279,7 @@ pub fn place(
         natural
     } else {
         _decided = KeyLock::for_type(biz_type);
-        *registered = read(relid, biz_type);
+        *registered = read_table(relid, biz_type).0;
         let top = ttl_class::of_ttl(MAX_TTL_US as i64);
         choose(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>(), natural, top)
     };
@@ -212,6 +331,9 @@ fn register(
     match shard_key {
         None => {
             INSERT.execute_as_owner(&args);
+            // Before the claim's row is written and the key lock released.
+            forget();
+            announce(relid);
         }
         Some(key) => {
             // SAFETY: a catalog lookup of a relation this transaction has open and locked (read scanned it).
