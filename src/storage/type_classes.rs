@@ -37,9 +37,16 @@
 //! transaction's registration is cached only once committed) or deleted by
 //! idem_maintain (only registrations whose `until` is past when it runs,
 //! which cover no claim made after it, so they cost a probe, never a row
-//! left unregistered). Under Citus nothing is cached: a shard's
-//! registrations are written by other nodes, whose invalidations never
-//! reach this one.
+//! left unregistered). Nothing is cached where registrations arrive
+//! without that message: under Citus (a shard's registrations are written
+//! by other nodes, whose invalidations never reach this one) and on a hot
+//! standby (the primary's registrations arrive as replayed rows; its
+//! sessions only look keys up, and read the registry at every call). The
+//! message is sent by idem's own writer only: rows put into the table by
+//! other means (by hand, a logical subscription's apply worker) reach a
+//! session's cache at its next invalidation of the table, so a session
+//! opened before them must reconnect before it claims (docs/operations.md,
+//! logical replication).
 
 use super::keylock::KeyLock;
 use crate::backend::BackendLocal;
@@ -109,9 +116,12 @@ fn forget() {
 }
 
 /// Whether `relid`'s registrations may be cached: it is this database's
-/// idem.type_classes, off Citus (see the module's comment).
+/// idem.type_classes, off Citus and off a standby (see the module's
+/// comment).
 fn cacheable(relid: pg_sys::Oid) -> bool {
-    !crate::guc::citus_preloaded() && catalog::type_classes_oid() == Some(relid)
+    // SAFETY: reads shared state, callable in any backend.
+    let standby = unsafe { pg_sys::RecoveryInProgress() };
+    !standby && !crate::guc::citus_preloaded() && catalog::type_classes_oid() == Some(relid)
 }
 
 /// Tell every backend of this database at once (not at commit) that

@@ -477,8 +477,57 @@ while read -r -t 60 line <&"${HOLDER[0]}"; do [ "$line" = committed ] && break; 
 primary -q -d standby -c "SELECT idem_configure('sync.marker', '2 hours')"
 expect "lookup after the primary committed" "$(replica -d standby -c "SELECT state FROM idem_lookup('open', 'pay')")" completed
 
-# Failover: the standby becomes the primary.
 kill "$holder" 2>/dev/null; holder=
+# A standby session that has read a type keeps what it read of its TTL
+# classes only while nothing can change them under it: the primary's
+# registrations reach a standby as replayed rows, with no message to its
+# sessions, so a session that looked 'pay' up before the primary put a claim
+# of 'pay' into a new class must still find that claim (on each path: a
+# class of its own).
+# (Another type takes the class first, so that its partitions exist and
+# 'pay''s claim writes a registration and a row, no DDL, whose replayed
+# invalidations would reach the session anyway.)
+claim_far() { # key type ttl: claimed and completed on the primary, then
+  # replayed (a new standby session finds it; the bound only stops a hang)
+  primary -q -d standby -c "BEGIN" -c "SELECT idem_claim('$1', '$2', ttl => '$3')" \
+    -c "SELECT idem_complete('$1', '$2', '{\"far\": 1}')" -c "COMMIT" >/dev/null
+  for _ in $(seq 1 300); do
+    [ "$(replica -d standby -c "SELECT state FROM idem_lookup('$1', '$2')")" = completed ] && break
+    sleep 0.1
+  done
+}
+primary -q -d standby -c "ALTER DATABASE standby SET idem.partition_width = '1 second'"
+for path in direct sql; do
+  replica -d postgres -c "ALTER SYSTEM SET idem.storage_access = '$path'" -c "SELECT pg_reload_conf()" >/dev/null
+  ttl='400 days'; [ "$path" = sql ] && ttl='30 days'
+  claim_far "first-$path" spare "$ttl"
+  coproc READER { replica -d standby; }
+  echo "SELECT 'read:' || state FROM idem_lookup('done', 'pay');" >&"${READER[1]}"
+  while read -r -t 60 line <&"${READER[0]}"; do [[ $line == read:* ]] && break; done
+  claim_far "far-$path" pay "$ttl"
+  echo "SELECT 'far:' || state FROM idem_lookup('far-$path', 'pay');" >&"${READER[1]}"
+  while read -r -t 60 line <&"${READER[0]}"; do [[ $line == far:* ]] && break; done
+  expect "$path: a standby session that read the type before finds its claim in a class added since" "$line" far:completed
+  # The same session, once a claim of a class the type is in needs a
+  # registration reaching further than the one it read (a 1-minute TTL's
+  # class is 11 s wide at the 1-second partition width set below: its
+  # registrations reach the next 11 s boundary past a claim's expiry).
+  claim_far "tick-$path-1" "tick-$path" '1 minute'
+  echo "SELECT 'read:' || state FROM idem_lookup('tick-$path-1', 'tick-$path');" >&"${READER[1]}"
+  while read -r -t 60 line <&"${READER[0]}"; do [[ $line == read:* ]] && break; done
+  # (waiting for the clock to pass what is registered: a state the primary reports)
+  for _ in $(seq 1 600); do
+    [ "$(primary -d standby -c "SELECT clock_timestamp() + interval '1 minute' > max(until) FROM idem.type_classes WHERE biz_type = 'tick-$path'")" = t ] && break
+    sleep 0.1
+  done
+  claim_far "tick-$path-2" "tick-$path" '1 minute'
+  echo "SELECT 'tick:' || state FROM idem_lookup('tick-$path-2', 'tick-$path');" >&"${READER[1]}"
+  while read -r -t 60 line <&"${READER[0]}"; do [[ $line == tick:* ]] && break; done
+  expect "$path: the same session finds a claim registered past what it read" "$line" tick:completed
+  kill "$READER_PID" 2>/dev/null; wait "$READER_PID" 2>/dev/null
+done
+
+# Failover: the standby becomes the primary.
 bash "$pgsh" failover "$pdir" "$rdir" >/dev/null
 expect "promoted: out of recovery" "$(replica -d standby -c "SELECT pg_is_in_recovery()")" f
 for path in direct sql; do
