@@ -107,10 +107,13 @@ rm -rf "$work"; mkdir -p "$work"
 python3 "$ROOT/scripts/portable.py" --out "$work/dist" > /dev/null
 export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT"
 as_owner() { "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$(cluster_dir)" -p "$IDEM_PORT" -U charge_owner -d "$db" "$@"; }
-# Leaves the cron database without idem, the jobs or the role.
+# Leaves the cron database without idem, the jobs, the role or the
+# database settings the cron scenario gives it (a 2-second default TTL,
+# under which the recipe's 1-hour leases are refused).
 reset_db() {
-  psql_idem -q -d "$db" > /dev/null <<'SQL'
+  psql_idem -q -d "$db" > /dev/null <<SQL
 SET client_min_messages = warning;
+ALTER DATABASE "$db" RESET ALL;
 SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname LIKE 'charge-completer%';
 DROP SCHEMA IF EXISTS charge_owner CASCADE;
 DROP EXTENSION IF EXISTS idem CASCADE;
