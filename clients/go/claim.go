@@ -54,15 +54,19 @@ type ClaimResult struct {
 	Claimed bool
 	State   State
 	// Result: the stored outcome for StateCompleted / StateFailed (nil if
-	// none was stored); after a lease takeover, the lease document.
+	// none was stored); claimed, what idem_claim tells the new attempt:
+	// after a lease takeover, the lease document; after a failure the
+	// business type retries (idem_configure's on_failure 'retry'),
+	// {attempt, previous_error}.
 	Result         json.RawMessage
 	FirstClaimedAt time.Time
 	ExpiresAt      time.Time
 	// LeaseToken: lease mode only (WithLease), from Result; Complete, Fail
 	// and Checkpoint pass it.
 	LeaseToken string
-	// Lease mode, claimed: Attempt is 1 for a first claim, 2, 3, ... after
-	// a lease that ran out was taken over; RecoveryPoint and RecoveryData
+	// Claimed: Attempt is 1 for a first claim, 2, 3, ... after a lease
+	// that ran out was taken over or a stored failure is retried (the
+	// type's on_failure 'retry'); RecoveryPoint and RecoveryData
 	// are the last Checkpoint of an earlier attempt ("" and nil: none), so
 	// the work resumes there instead of repeating an external call.
 	Attempt       int
@@ -202,7 +206,10 @@ func scanClaim(row interface{ Scan(...any) error }, cfg claimConfig, c *ClaimRes
 	if result.Valid {
 		c.Result = json.RawMessage(result.String)
 	}
-	if cfg.lease > 0 && c.Claimed && c.Result != nil {
+	if c.Claimed {
+		c.Attempt = 1
+	}
+	if c.Claimed && c.Result != nil {
 		var l struct {
 			Token         string          `json:"lease_token"`
 			Attempt       int             `json:"attempt"`
@@ -210,7 +217,10 @@ func scanClaim(row interface{ Scan(...any) error }, cfg claimConfig, c *ClaimRes
 			RecoveryData  json.RawMessage `json:"recovery_data"`
 		}
 		if json.Unmarshal(c.Result, &l) == nil {
-			c.LeaseToken, c.Attempt = l.Token, max(l.Attempt, 1)
+			c.Attempt = max(l.Attempt, 1)
+			if cfg.lease > 0 {
+				c.LeaseToken = l.Token
+			}
 			if l.RecoveryPoint != nil {
 				c.RecoveryPoint = *l.RecoveryPoint
 			}

@@ -41,7 +41,7 @@ export interface IdemContext {
   /** The Idempotency-Key header as sent. */
   clientKey: string | null;
   bizType: string;
-  /** idem_claim's row: claimed, state, result. */
+  /** idem_claim's row: claimed, state, result (claimed, a retry of a stored failure under the type's on_failure 'retry': {attempt, previous_error}). */
   claim: { claimed: boolean; state: string; result: any } | null;
   /** Lease mode only. */
   lease: LeaseInfo | null;

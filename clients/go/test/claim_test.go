@@ -111,6 +111,58 @@ func TestClaim(t *testing.T) {
 // A claim held by an open transaction: a duplicate with WithWait(false)
 // gets in_progress; a waiting one bounded by WithLockTimeout gets 55P03
 // (ErrLockTimeout, transient); the holder's lock_timeout is untouched.
+// A business type that retries stored failures (idem_configure's
+// on_failure 'retry'): the next arrival after Fail claims anew, told its
+// attempt; once completed, the key is never claimed again.
+func TestClaimRetryAfterFailure(t *testing.T) {
+	ctx := context.Background()
+	if _, err := checkDB.Exec(ctx, "SELECT idem_configure('go.retry', NULL, 'retry')"); err != nil {
+		t.Fatal(err)
+	}
+	for name, begin := range drivers(t) {
+		t.Run(name, func(t *testing.T) {
+			key := "retry-" + runID()
+			claim := func() *idem.ClaimResult {
+				t.Helper()
+				tx, commit, rollback := begin(t)
+				defer rollback()
+				c, err := idem.Claim(ctx, tx, key, "go.retry")
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case c.Claimed && c.Attempt == 1:
+					err = c.Fail(ctx, map[string]any{"declined": key})
+				case c.Claimed:
+					err = c.Complete(ctx, map[string]any{"charged": key})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := commit(); err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			if c := claim(); !c.Claimed || c.State != idem.StateNew || c.Attempt != 1 {
+				t.Fatalf("first claim: %+v", c)
+			}
+			c := claim()
+			var told struct {
+				Attempt       int               `json:"attempt"`
+				PreviousError map[string]string `json:"previous_error"`
+			}
+			if !c.Claimed || c.State != idem.StateNew || c.Attempt != 2 || c.LeaseToken != "" ||
+				c.Decode(&told) != nil || told.Attempt != 2 || told.PreviousError["declined"] != key {
+				t.Fatalf("the retry after the failure: %+v (%s)", c, c.Result)
+			}
+			if c := claim(); c.Claimed || c.State != idem.StateCompleted || c.Attempt != 0 || string(c.Result) != `{"charged": "`+key+`"}` {
+				t.Fatalf("after completion: %+v (%s)", c, c.Result)
+			}
+		})
+	}
+}
+
 func TestClaimConcurrent(t *testing.T) {
 	ctx := context.Background()
 	for name, begin := range drivers(t) {

@@ -36,6 +36,10 @@ type conformanceCase struct {
 		State   string          `json:"state"`
 		Result  json.RawMessage `json:"result"`
 	} `json:"seed"`
+	Configure *struct {
+		BizType   string `json:"biz_type"`
+		OnFailure string `json:"on_failure"`
+	} `json:"configure"`
 	Requests []conformanceReq `json:"requests"`
 	Rows     int              `json:"rows"`
 }
@@ -245,6 +249,14 @@ func runConformance(t *testing.T, s *server) {
 				t.Fatal(err)
 			}
 			defer holdConn.Release()
+			if c.Configure != nil {
+				// The business type's failure policy (its TTL the
+				// default), before the requests.
+				if _, err := checkDB.Exec(context.Background(), "SELECT idem_configure($1, NULL, $2)",
+					c.Configure.BizType, c.Configure.OnFailure); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if c.Seed != nil {
 				seedClaim(t, c.Seed.Claim, c.Seed.BizType, c.Seed.State, c.Seed.Result, u)
 			}

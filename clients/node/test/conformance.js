@@ -107,6 +107,10 @@ async function runCase(base, db, kase) {
   const check = (i) => {
     for (const b of verdict(responses[i], reqs[i].expect, responses.slice(0, i))) problems.push(`request ${i}: ${b}`);
   };
+  if (kase.configure) {
+    // The business type's failure policy (its TTL the default), before the requests.
+    await db.query('SELECT idem_configure($1, NULL, $2)', [kase.configure.biz_type, kase.configure.on_failure]);
+  }
   if (kase.seed) {
     // A claim finished by other code (a SQL handler, a consumer), before the requests.
     const s = kase.seed;

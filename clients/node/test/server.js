@@ -105,6 +105,8 @@ const conformanceRoutes = [
   ['/conformance/orders-2xx-only', { bizType: 'conformance.only2xx', store: (s) => s >= 200 && s < 300, storeHeaders: ['content-type', 'location'] }],
   // Lease mode: the handler's writes are the second transaction on ctx.client.
   ['/conformance/orders-lease', { bizType: 'conformance.lease', lease: 60, storeHeaders: ['content-type', 'location'] }],
+  // The runner configures conformance.retry with on_failure => 'retry'.
+  ['/conformance/orders-retry', { bizType: 'conformance.retry', storeHeaders: ['content-type', 'location'] }],
 ];
 async function conformance(ctx, req, body) {
   const hold = header(req, 'x-conformance-hold');

@@ -97,6 +97,24 @@ def sync_checks() -> None:
             d.complete({"status": 200})
         check(again == (True, 2, "called", {"charge": "ch_1"}),
               f"sync lease: an exception in the block hands the lease back; the next claim takes over: {again}")
+        # A type that retries stored failures: the next claim after fail()
+        # runs again (attempt 2, the error told); once completed, never.
+        conn.execute("SELECT idem_configure('api.retry', NULL, 'retry')")
+        key6 = f"{RUN}-retry"
+        seen, told = [], None
+        for _ in range(3):
+            with idem_http.claim(conn, key6, "api.retry") as c:
+                seen.append((c.claimed, c.state, c.attempt))
+                if c.claimed:
+                    conn.execute("INSERT INTO claim_api_rows VALUES (%s)", (key6,))
+                    if c.attempt == 1:
+                        c.fail({"status": 422, "body": "declined"})
+                    else:
+                        told = c.result.get("previous_error") if isinstance(c.result, dict) else None
+                        c.complete({"status": 201, "body": "made"})
+        check(seen == [(True, "new", 1), (True, "new", 2), (False, "completed", 1)]
+              and told == {"status": 422, "body": "declined"} and count(conn, key6) == 2,
+              f"sync: under on_failure 'retry' the claim after fail() runs again, then the completion is kept: {seen}")
 
 
 async def async_checks() -> None:

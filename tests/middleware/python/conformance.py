@@ -140,6 +140,11 @@ def seed(db: psycopg.Connection[Any], s: dict[str, Any], u: str) -> None:
                    (claim, biz, None if s["result"] is None else json.dumps(s["result"])))
 
 
+def configure(db: psycopg.Connection[Any], c: dict[str, Any]) -> None:
+    """The business type's failure policy (its TTL the default), before the requests."""
+    db.execute("SELECT idem_configure(%s, NULL, %s)", (c["biz_type"], c["on_failure"]))
+
+
 def run_case(base: str, conninfo: str, case: dict[str, Any]) -> list[str]:
     u = uuid.uuid4().hex[:12]
     reqs = case["requests"]
@@ -147,6 +152,8 @@ def run_case(base: str, conninfo: str, case: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     held: list[tuple[int, threading.Thread]] = []
     with psycopg.connect(conninfo, autocommit=True) as db:
+        if "configure" in case:
+            configure(db, case["configure"])
         if "seed" in case:
             seed(db, case["seed"], u)
         holding = any(r.get("hold") for r in reqs)

@@ -91,6 +91,8 @@ CONFORMANCE_ROUTES = {
     ("POST", "/conformance/orders-anonymous"): Route("conformance.anonymous", anonymous=True),
     ("POST", "/conformance/orders-2xx-only"): Route("conformance.only2xx", store_status=lambda s: 200 <= s < 300),
     ("POST", "/conformance/orders-lease"): Route("conformance.lease", lease="60 seconds"),
+    # The runner configures conformance.retry with on_failure => 'retry'.
+    ("POST", "/conformance/orders-retry"): Route("conformance.retry"),
 }
 ROUTES.update(CONFORMANCE_ROUTES)
 CONFORMANCE_PATHS = [p for (_, p) in CONFORMANCE_ROUTES]

@@ -67,6 +67,8 @@ var routes = []routeSpec{
 	{"/conformance/orders-2xx-only", "conformance.only2xx",
 		[]idem.RouteOption{idem.StoreStatus(func(s int) bool { return s >= 200 && s < 300 })}, false},
 	{"/conformance/orders-lease", "conformance.lease", []idem.RouteOption{idem.Lease(60 * time.Second)}, false},
+	// The runner configures conformance.retry with on_failure => 'retry'.
+	{"/conformance/orders-retry", "conformance.retry", nil, false},
 	// The lease takeover test's: a lease that runs out soon after the
 	// server is killed.
 	{"/charges", "charges.create", []idem.RouteOption{idem.Lease(time.Second)}, false},

@@ -53,7 +53,8 @@ class ClaimState:
 
     @property
     def attempt(self) -> int:
-        """1 for a first claim; 2, 3, … after a lease that ran out was taken over."""
+        """1 for a first claim; 2, 3, … after a lease that ran out was taken
+        over, or a stored failure is retried (the type's on_failure 'retry')."""
         attempt = self.result.get("attempt") if self.claimed and isinstance(self.result, dict) else None
         return attempt if isinstance(attempt, int) else 1
 

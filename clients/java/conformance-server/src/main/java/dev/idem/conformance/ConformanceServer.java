@@ -78,6 +78,13 @@ public class ConformanceServer {
         return handle(body, request);
     }
 
+    /** Its business type is configured by the runner with on_failure => 'retry'. */
+    @PostMapping("/conformance/orders-retry")
+    @IdempotentRequest(bizType = "conformance.retry")
+    public ResponseEntity<String> retry(@RequestBody(required = false) byte[] body, HttpServletRequest request) {
+        return handle(body, request);
+    }
+
     @PostMapping("/conformance/orders-2xx-only")
     @IdempotentRequest(bizType = "conformance.only2xx", store = Only2xx.class)
     public ResponseEntity<String> only2xx(@RequestBody(required = false) byte[] body, HttpServletRequest request) {

@@ -190,7 +190,8 @@ class ConformanceTest {
     static final Map<String, Set<String>> KNOWN = Map.of(
             "table", Set.of("format", "about", "problem_base", "problems", "defaults", "canonical_json", "canonical_body",
                     "canonical_target", "cases"),
-            "case", Set.of("name", "rule", "requires", "route", "seed", "requests", "rows"),
+            "case", Set.of("name", "rule", "requires", "route", "configure", "seed", "requests", "rows"),
+            "configure", Set.of("biz_type", "on_failure"),
             "seed", Set.of("claim", "biz_type", "state", "result"),
             "request", Set.of("key", "tenant", "body", "content_type", "route", "query", "status", "fail", "pad", "hold", "after_release", "expect"),
             "expect", Set.of("status", "replayed", "ran", "same_as", "headers", "problem", "expires"));
@@ -237,6 +238,7 @@ class ConformanceTest {
         for (JsonNode f : c.path("requires")) {
             assertTrue(FEATURES.contains(f.asText()), "the case requires \"" + f.asText() + "\", which the Java filter does not have");
         }
+        if (c.has("configure")) knownFields("configure", c.get("configure"));
         if (c.has("seed")) knownFields("seed", c.get("seed"));
         for (JsonNode rq : c.get("requests")) {
             knownFields("request", rq);
@@ -247,6 +249,11 @@ class ConformanceTest {
         List<HttpResponse<String>> got = new ArrayList<>();
         for (int i = 0; i < requests.size(); i++) got.add(null);
         List<Long> ids = new ArrayList<>();
+        if (c.has("configure")) {
+            // The business type's failure policy (its TTL the default), before the requests.
+            exec(db, "SELECT idem_configure(?, NULL, ?)", c.get("configure").get("biz_type").asText(),
+                    c.get("configure").get("on_failure").asText());
+        }
         if (c.has("seed")) seed(c.get("seed"), u);
         try (Connection holdConn = DriverManager.getConnection(TestDatabase.jdbcUrl() + "&ApplicationName=idem-conformance-hold")) {
             int held = -1;
