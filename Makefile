@@ -13,6 +13,8 @@
 #                                                         templates (sql/updates/, scripts/updates.py)
 #   make installcheck [PG_CONFIG=...]                     the regression and isolation tests against a
 #                                                         running server with idem installed (below)
+#   make installcheck-portable [PG_CONFIG=...]            the same on the portable edition, through
+#                                                         pg_tle, against a server that preloads it
 # PostgreSQL 15 to 18 (the cargo feature pgNN follows pg_config).
 # CARGO_TARGET_DIR, when set, is where cargo builds (and this finds the
 # result).
@@ -99,4 +101,47 @@ installcheck-isolation:
 	  --bindir='$(PG_BINDIR)' --dbname=isolation_regression --load-extension=idem $(ISOLATION_OPTS) \
 	  $(or $(ISOLATION),--schedule=$(ISOLATION_SCHEDULE))
 
-.PHONY: all install uninstall portable updates installcheck installcheck-regress installcheck-isolation
+# make installcheck-portable: the portable edition's schedules
+# (tests/portable/regress_schedule, isolation_schedule: the native tests
+# that apply, and its own) against a running server whose
+# shared_preload_libraries has pg_tle and which has no idem library
+# loaded. The edition is generated into REGRESS_OUT/portable/dist and
+# registered through pg_tle by PGUSER (a superuser, or a pgtle_admin with
+# CREATEDB) in two databases it makes anew, portable_regression and
+# portable_isolation. The native expected outputs are used where the
+# edition answers alike; where it does not, tests/portable/expected_diffs
+# holds the difference as a patch of the native file (it keeps applying
+# while the rest of the test changes), and tests/portable/expected the
+# outputs of its own tests. psql runs with PL/pgSQL's error context off, as
+# the native tests' C functions have none.
+PORTABLE_OUT = $(REGRESS_OUT)/portable
+PSQL = '$(PG_BINDIR)/psql' -X -q -v ON_ERROR_STOP=1
+installcheck-portable:
+	rm -rf '$(PORTABLE_OUT)'
+	mkdir -p '$(PORTABLE_OUT)/regress-input' '$(PORTABLE_OUT)/isolation-input'
+	python3 scripts/portable.py --out '$(PORTABLE_OUT)/dist' > /dev/null
+	cp -r tests/pg_regress/sql tests/pg_regress/expected '$(PORTABLE_OUT)/regress-input/'
+	cp tests/portable/expected/*.out '$(PORTABLE_OUT)/regress-input/expected/'
+	cp tests/portable/sql/*.sql '$(PORTABLE_OUT)/regress-input/sql/'
+	cp -r tests/isolation/specs tests/isolation/expected '$(PORTABLE_OUT)/isolation-input/'
+	@set -e; for d in tests/portable/expected_diffs/*.diff; do \
+	  patch -s -d '$(PORTABLE_OUT)/regress-input' -p0 < "$$d" || { echo "$$d no longer applies to tests/pg_regress/expected" >&2; exit 1; }; done; \
+	for d in tests/portable/expected_diffs/isolation/*.diff; do \
+	  patch -s -d '$(PORTABLE_OUT)/isolation-input' -p0 < "$$d" || { echo "$$d no longer applies to tests/isolation/expected" >&2; exit 1; }; done
+	printf '#!/bin/sh\nexec "$$@" -v SHOW_CONTEXT=never\n' > '$(PORTABLE_OUT)/psql_launcher'
+	chmod +x '$(PORTABLE_OUT)/psql_launcher'
+	chmod -R a+rX '$(PORTABLE_OUT)'
+	@set -e; for db in portable_regression portable_isolation; do \
+	  $(PSQL) -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $$db WITH (FORCE)" -c "CREATE DATABASE $$db"; \
+	  $(PSQL) -d $$db -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_tle" -f '$(PORTABLE_OUT)/dist/idem_pg_tle.sql' > /dev/null; done
+	$(PSQL) -d portable_isolation -c "CREATE EXTENSION idem"
+	@rc=0; \
+	'$(PGXS_TEST)/regress/pg_regress' --use-existing --dbname=portable_regression --bindir='$(PG_BINDIR)' \
+	  --inputdir='$(PORTABLE_OUT)/regress-input' --outputdir='$(PORTABLE_OUT)/regress' \
+	  --launcher='$(PORTABLE_OUT)/psql_launcher' $(REGRESS_OPTS) --schedule=tests/portable/regress_schedule || rc=1; \
+	'$(PGXS_TEST)/isolation/pg_isolation_regress' --use-existing --dbname=portable_isolation --bindir='$(PG_BINDIR)' \
+	  --inputdir='$(PORTABLE_OUT)/isolation-input' --outputdir='$(PORTABLE_OUT)/isolation' \
+	  $(ISOLATION_OPTS) --schedule=tests/portable/isolation_schedule || rc=1; \
+	exit $$rc
+
+.PHONY: all install uninstall portable updates installcheck installcheck-regress installcheck-isolation installcheck-portable

@@ -949,6 +949,20 @@ BEGIN
     -- without taking the key. Else the key is locked and probed again.
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.present THEN
+        -- Under REPEATABLE READ and SERIALIZABLE the snapshot may miss a
+        -- claim committed after it, which the native edition refuses with
+        -- 40001. Its gate tells: locking a gate version committed after
+        -- the snapshot raises 40001, as for a claim (idem.lock_gate). The
+        -- lock is taken in a subtransaction and undone, so a forget that
+        -- finds nothing holds no key (it waits for a claim in flight).
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            BEGIN
+                PERFORM idem.take_gate(h, true);
+                RAISE EXCEPTION USING ERRCODE = 'IDZ01', MESSAGE = 'idem: undo the gate';
+            EXCEPTION WHEN SQLSTATE 'IDZ01' THEN
+                NULL;
+            END;
+        END IF;
         RETURN false;
     END IF;
     IF NOT p.gated THEN

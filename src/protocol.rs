@@ -548,13 +548,16 @@ fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
 /// Operator eviction: delete the key's live claim (committed, or this
 /// transaction's own), after waiting for a transaction that is finishing
 /// it; a claim another transaction has not committed is left alone. True if
-/// one was removed.
+/// one was removed. Under REPEATABLE READ and SERIALIZABLE, a claim
+/// committed after the snapshot is 40001, as a DELETE of a row updated
+/// since would be: "true" would report a claim the snapshot cannot see.
 pub fn forget(k: &ClaimKey) -> bool {
     require_writable("idem_forget");
     biztype::admit(k);
     let (store, found) = Storage::find(k, Intent::Forget);
     match found {
         Found::Row(row, held) => {
+            check_visible(k, &row);
             store.delete(&row, k);
             drop(held);
             true

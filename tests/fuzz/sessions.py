@@ -41,11 +41,25 @@ SETTINGS = {
     "IntervalStyle": ["postgres", "sql_standard", "iso_8601", "postgres_verbose"],
 }
 LEVELS = ["read committed", "repeatable read", "serializable"]
-# The SQL storage path works under READ COMMITTED only (0A000 otherwise).
-SQL_PATH_LEVELS = ["read committed"]
 DSN = None
+# direct, sql (the native library's two storage paths; the SQL path works
+# under READ COMMITTED only, 0A000 otherwise) or portable (the portable
+# edition's PL/pgSQL, installed from PORTABLE_DIST: the same protocol
+# written a second time, checked against the same model)
 PATH = "direct"
+PORTABLE_DIST = None
 STEPS = 0
+
+
+def install(op):
+    """Make the edition under test anew in the operator's database."""
+    if PATH != "portable":
+        op.execute("DROP EXTENSION IF EXISTS idem CASCADE")
+        op.execute("CREATE EXTENSION idem")
+        return
+    if op.execute("SELECT to_regnamespace('idem') IS NOT NULL").fetchone()[0]:
+        op.execute(open(f"{PORTABLE_DIST}/idem_portable_uninstall.sql").read())
+    op.execute(open(f"{PORTABLE_DIST}/idem_portable.sql").read())
 
 
 class Session:
@@ -78,8 +92,7 @@ class Promise(RuleBasedStateMachine):
         super().__init__()
         self.op = psycopg.connect(DSN, autocommit=True)
         self.op.execute("SET client_min_messages = warning")
-        self.op.execute("DROP EXTENSION IF EXISTS idem CASCADE")
-        self.op.execute("CREATE EXTENSION idem")
+        install(self.op)
         self.sessions = [Session() for _ in range(3)]
         self.committed = {}  # key -> (state, result)
         self.version = {}    # key -> which committed row it is (a new claim, a new row)
@@ -99,10 +112,17 @@ class Promise(RuleBasedStateMachine):
         return any(key in s.forgotten for s in self.sessions if s is not me)
 
     def others_pending(self, me, key):
-        """Another open transaction is writing the key's row: it reads
-        in_progress. (The SQL path cannot see an uncommitted deletion: it
-        reads the committed outcome until the forget commits.)"""
+        """Another open transaction is writing the key's row: a claim
+        reads in_progress. (The SQL path and the portable edition cannot
+        see an uncommitted deletion: they read the committed outcome until
+        the forget commits.)"""
         return self.others_inserting(me, key) or (PATH == "direct" and self.others_deleting(me, key))
+
+    def lookup_pending(self, me, key):
+        """What idem_lookup reads as in_progress: as a claim, except on the
+        portable edition, whose lookup takes no lock and so cannot see a
+        claim in flight (absent until it commits; docs/portable.md)."""
+        return PATH != "portable" and self.others_pending(me, key)
 
     def others_writing(self, me, key):
         """A writer of the key waits for another open transaction."""
@@ -220,11 +240,15 @@ class Promise(RuleBasedStateMachine):
             del s.pending[key]
             if s.level is not None:
                 s.ghosts.add(key)
-        elif self.others_inserting(s, key) and PATH == "direct":
+        elif self.others_inserting(s, key) and (
+                PATH == "direct" or (PATH == "portable" and s.level in (None, "read committed"))):
             assert (code, rows) == ("ok", [(False,)]), f"forget of another transaction's claim: {code} {rows}"
         elif self.others_inserting(s, key):
-            # The SQL path cannot see the claim, only its key lock: it waits.
-            assert code == "55P03", f"forget of another transaction's claim (SQL path): {code} {rows}"
+            # The SQL path cannot see the claim, only its key lock: it
+            # waits; so does the portable edition under a transaction
+            # snapshot, which tries the key's gate (a claim committed after
+            # the snapshot is 40001).
+            assert code == "55P03", f"forget of another transaction's claim ({PATH}): {code} {rows}"
             if s.level is not None:
                 self.abort(s)
         elif self.others_deleting(s, key):
@@ -254,7 +278,7 @@ class Promise(RuleBasedStateMachine):
         if key in s.pending:
             st_, res = s.pending[key]
             want = ("in_progress", None) if st_ == "p" else (st_, res)
-        elif self.others_pending(s, key):
+        elif self.lookup_pending(s, key):
             want = ("in_progress", None)
         elif key in self.committed and key not in s.forgotten:
             want = self.committed[key]
@@ -288,8 +312,7 @@ class Promise(RuleBasedStateMachine):
             op.execute("SET idem.partition_width = %s" % ("'1 hour'" if event == "maintain_hour" else "'1 day'"))
             op.execute("SELECT idem_maintain()")
         else:
-            op.execute("DROP EXTENSION idem")
-            op.execute("CREATE EXTENSION idem")
+            install(op)
             self.committed.clear()
 
     @invariant()
@@ -309,15 +332,19 @@ class Promise(RuleBasedStateMachine):
 
 
 def main():
-    global DSN, PATH
+    global DSN, PATH, PORTABLE_DIST
     ap = argparse.ArgumentParser()
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--examples", type=int, default=40)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--path", choices=["direct", "sql"], default="direct",
-                    help="the server's idem.storage_access (sql: READ COMMITTED transactions only)")
+    ap.add_argument("--path", choices=["direct", "sql", "portable"], default="direct",
+                    help="the server's idem.storage_access (sql: READ COMMITTED transactions only), "
+                         "or the portable edition (a database without the extension)")
+    ap.add_argument("--portable-dist", help="with --path portable: scripts/portable.py's output")
     a = ap.parse_args()
-    DSN, PATH = a.dsn, a.path
+    DSN, PATH, PORTABLE_DIST = a.dsn, a.path, a.portable_dist
+    if PATH == "portable" and not PORTABLE_DIST:
+        ap.error("--path portable needs --portable-dist")
     Promise.TestCase.settings = settings(
         max_examples=a.examples, stateful_step_count=a.steps, derandomize=True, deadline=None,
         suppress_health_check=list(HealthCheck), database=None, print_blob=False)

@@ -132,14 +132,6 @@ check() { # what expected actual
 }
 [ ! -e "$("$TLE_CONFIG" --pkglibdir)/idem.so" ] || { echo "the native library is in the private tree: this test needs a server without it"; exit 1; }
 
-# A database with pg_tle and the portable edition registered in it (a
-# registration is per database), as a pgtle_admin role.
-tle_database() { # db
-  psql_as postgres postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
-  psql_as postgres "$1" -c "CREATE EXTENSION pg_tle" -c "GRANT CREATE ON DATABASE $1 TO tle_admin"
-  psql_as tle_admin "$1" -f "$out/dist/idem_pg_tle.sql" >/dev/null
-}
-
 echo "== 1. pg_tle, as a role that is not a superuser"
 psql_as postgres postgres -c "CREATE ROLE tle_admin LOGIN NOSUPERUSER" -c "CREATE ROLE app LOGIN NOSUPERUSER" \
   -c "CREATE ROLE plain_owner LOGIN NOSUPERUSER"
@@ -227,47 +219,10 @@ check "plain, API in schema app: claim, guard, uninstall" "t|app|0" "$(
   c=$(psql_as plain_owner plain_app -Atc "SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\_%'")
   echo "$a|$b|$c")"
 
-echo "== 3. pg_regress and isolation tests"
-# psql as pg_regress runs it, with PL/pgSQL's error context off (the tests
-# turn it off with \set where their output shows errors; a few do not).
-cat > "$out/psql_launcher" <<'SH'
-#!/bin/sh
-exec "$@" -v SHOW_CONTEXT=never
-SH
-chmod +x "$out/psql_launcher"
-source "$ROOT/tests/lib/suite.sh"
-run() { # name kind db inputdir schedule [extra runner args]
-  local name=$1 kind=$2 db=$3 input=$4 schedule=$5
-  shift 5
-  tle_database "$db"
-  [ "$name" != isolation ] || psql_as postgres "$db" -c "CREATE EXTENSION idem"
-  # (the runners and binaries of the pg_tle server tree)
-  if ! PGXS_TEST="$TLE_TEST" PG_BIN="$TLE_BIN" regress_run "$kind" "$dir" "$PORT" "$db" "$input" "$out/$name" \
-      "$out/$name.log" --schedule="$schedule" "$@"; then
-    fails=$((fails + 1))
-    regress_diffs "$out/$name" 200
-  fi
-  regress_results "$out/$name.log" | grep . || cat "$out/$name.log"
-}
-# The native tests with this edition's expected outputs where they differ.
-mkdir -p "$out/input"
-cp -r "$ROOT/tests/pg_regress/sql" "$ROOT/tests/pg_regress/expected" "$out/input/"
-cp "$ROOT"/tests/portable/expected/*.out "$out/input/expected/"
-# Where a native test's output differs here, the difference is kept as a
-# patch of its expected output (it keeps applying while the rest of the
-# test changes).
-for d in "$ROOT"/tests/portable/expected_diffs/*.diff; do
-  patch -s -d "$out/input" -p0 < "$d" || { echo "FAILED: $(basename "$d") no longer applies to tests/pg_regress/expected"; fails=$((fails + 1)); }
-done
-cp "$ROOT"/tests/portable/sql/*.sql "$out/input/sql/"
-chmod -R a+rX "$out"
-run regress regress portable_regress "$out/input" "$ROOT/tests/portable/regress_schedule" \
-  --launcher="$out/psql_launcher"
-mkdir -p "$out/iso_input"
-cp -r "$ROOT/tests/isolation/specs" "$ROOT/tests/isolation/expected" "$out/iso_input/"
-for d in "$ROOT"/tests/portable/expected_diffs/isolation/*.diff; do
-  patch -s -d "$out/iso_input" -p0 < "$d" || { echo "FAILED: isolation/$(basename "$d") no longer applies to tests/isolation/expected"; fails=$((fails + 1)); }
-done
+echo "== 3. pg_regress and isolation tests (make installcheck-portable)"
+# The target (Makefile) registers the edition through pg_tle as the
+# superuser, in portable_regression and portable_isolation, and runs the
+# native tests that apply with this edition's expected outputs.
 # A `wait => false` claim that meets another session's uncommitted first
 # insert of the key's gate tries it in a subtransaction with lock_timeout =
 # 1 ms (docs/portable.md, "Key lock"; no SQL statement meets another
@@ -284,16 +239,22 @@ done
 # prepared transaction (whose holder isolationtester does not count as a
 # session of the test), or a committed claim it answers without the gate:
 # it never waits.
-chmod -R a+rX "$out"
-run isolation isolation portable_isolation "$out/iso_input" \
-  "$ROOT/tests/portable/isolation_schedule"
+source "$ROOT/tests/lib/suite.sh"
+if ! PGHOST="$dir" PGPORT="$PORT" PGUSER=postgres make -s -C "$ROOT" installcheck-portable \
+    PG_CONFIG="$TLE_CONFIG" REGRESS_OUT="$out/installcheck" > "$out/installcheck.log" 2>&1; then
+  fails=$((fails + 1))
+  grep -E "no longer applies|ERROR|error:" "$out/installcheck.log" | head -20
+  regress_diffs "$out/installcheck/portable/regress" 200
+  regress_diffs "$out/installcheck/portable/isolation" 200
+fi
+regress_results "$out/installcheck.log" | grep . || cat "$out/installcheck.log"
 
 echo "== 4. the same results and signatures as the native edition ($NATIVE_HOST:$NATIVE_PORT)"
 psql_native -d postgres -c "DROP DATABASE IF EXISTS portable_native WITH (FORCE)" -c "CREATE DATABASE portable_native"
 psql_native -d portable_native -c "CREATE EXTENSION idem"
 for f in equality signatures; do
   psql_native -d portable_native -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.native"
-  psql_as postgres portable_regress -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.portable"
+  psql_as postgres portable_regression -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.portable"
 done
 psql_native -d postgres -c "DROP DATABASE portable_native"
 check "digests, TTL classes, widths: lines compared" "1" "$(($(grep -c . "$out/equality.native") > 20000))"

@@ -339,9 +339,11 @@ exit $rc
 scenario_sessions_property() {
 bash "$ROOT/scripts/cluster.sh" start >/dev/null
 db=idem_sessions_property
+dist=""
 restore() {
   psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null || true
-  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+  psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "DROP DATABASE IF EXISTS ${db}_portable WITH (FORCE)" || true
+  rm -rf "${dist:-}"
 }
 trap restore EXIT
 psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
@@ -349,6 +351,15 @@ dsn="host=$(cluster_dir) port=$IDEM_PORT user=postgres dbname=$db"
 "$IDEM_PY" "$ROOT/tests/fuzz/sessions.py" --dsn "$dsn" --path direct --examples "${SESSIONS_EXAMPLES:-100}" --steps 40
 psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM SET idem.storage_access = 'sql'" -c "SELECT pg_reload_conf()" >/dev/null
 "$IDEM_PY" "$ROOT/tests/fuzz/sessions.py" --dsn "$dsn" --path sql --examples "${SESSIONS_EXAMPLES:-60}" --steps 40
+# The portable edition against the same model, in a database of its own
+# (the plain script, generated from this checkout): the protocol written a
+# second time in PL/pgSQL (docs/design.md §14).
+psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null
+dist=$(mktemp -d /tmp/idem-sessions-portable.XXXXXX)
+python3 "$ROOT/scripts/portable.py" --out "$dist" >/dev/null
+psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS ${db}_portable WITH (FORCE)" -c "CREATE DATABASE ${db}_portable"
+"$IDEM_PY" "$ROOT/tests/fuzz/sessions.py" --dsn "${dsn}_portable" --path portable --portable-dist "$dist" \
+  --examples "${SESSIONS_EXAMPLES:-40}" --steps 40
 }
 
 # The README's SQLSTATE table against the code: every SQLSTATE idem raises

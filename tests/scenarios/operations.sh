@@ -250,7 +250,10 @@ echo "demo checks failed: $fails"
 # exists (pg_settings with the library loaded; idem's objects; the README's
 # SQLSTATE table, src/errors.rs or PostgreSQL's codes). And tests/docs/paths.py:
 # the files, links, `bash …` and `make …` commands and the project layout
-# that README.md and docs/development.md name exist.
+# that README.md and docs/development.md name exist. And tests/docs/rules.py:
+# every restatement of the input rules (TTL range, default TTL, partition
+# width, biz_type pattern, key length) in sql/, portable/ and the README
+# agrees with its one home in src/.
 scenario_docs_sql() {
 export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PG_BIN
 export DOC_LOG="$ROOT/target/docs_sql.log"
@@ -306,6 +309,9 @@ PG_CONFIG="$PG_CONFIG" python3 "$ROOT/tests/docs/names.py" "$ROOT" doc_names || 
 
 say "files, links and commands named in the README and the development guide"
 python3 "$ROOT/tests/docs/paths.py" "$ROOT" || failed=$((failed + 1))
+
+say "the input rules restated in SQL and the README agree with src/"
+python3 "$ROOT/tests/docs/rules.py" "$ROOT" || failed=$((failed + 1))
 
 echo
 echo "$files files with sql blocks, $runnable blocks to run, $failed files failed (psql output: $DOC_LOG)"
