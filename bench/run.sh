@@ -61,29 +61,11 @@ say "creating the benchmark cluster in $CLUSTER (port $PORT)"
 # Tuned like a small production server: fsync and full_page_writes on
 # (synchronous_commit is set per session), checkpoints spaced so that none
 # lands inside a measurement (the benchmark issues CHECKPOINT itself).
-mapfile -t conf <<CONF
-max_connections = 50
-shared_buffers = 1GB
-huge_pages = try
-work_mem = 16MB
-maintenance_work_mem = 512MB
-wal_buffers = 16MB
-max_wal_size = 32GB
-min_wal_size = 2GB
-checkpoint_timeout = 60min
-checkpoint_completion_target = 0.9
-fsync = on
-full_page_writes = on
-synchronous_commit = on
-wal_level = replica
-effective_cache_size = 8GB
-random_page_cost = 1.1
-autovacuum = on
-track_io_timing = on
-log_min_messages = warning
-log_checkpoints = on
-log_autovacuum_min_duration = 0
-CONF
+conf=("max_connections = 50" "shared_buffers = 1GB" "huge_pages = try" "work_mem = 16MB" "maintenance_work_mem = 512MB"
+  "wal_buffers = 16MB" "max_wal_size = 32GB" "min_wal_size = 2GB" "checkpoint_timeout = 60min"
+  "checkpoint_completion_target = 0.9" "fsync = on" "full_page_writes = on" "synchronous_commit = on" "wal_level = replica"
+  "effective_cache_size = 8GB" "random_page_cost = 1.1" "autovacuum = on" "track_io_timing = on"
+  "log_min_messages = warning" "log_checkpoints = on" "log_autovacuum_min_duration = 0")
 pc_initdb "$PG_BIN" "$CLUSTER" "$PORT" "${conf[@]}"
 pc_server_start "$CLUSTER"
 

@@ -1,20 +1,15 @@
 /*
- * txn: the benchmark's C client, for what pgbench cannot do (bench/README.md).
- *
- *   txn b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN
- *     variants B0c and B3: what pgbench -M prepared does for B0 (prepared
- *     BEGIN, INSERT, END, one round trip each, a connection per client
- *     thread), in mode b3 after one SET key 1 NX EX 86400 round trip to
- *     redis-server. pgbench's \shell would charge Redis a fork per
- *     transaction; B3/B0c compares like with like. Prints
+ * The benchmark's C client, for what pgbench cannot do (bench/README.md):
+ *   txn b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN: B0 as pgbench -M
+ *     prepared runs it (BEGIN, INSERT, END, a connection per thread), in mode
+ *     b3 after a SET key 1 NX EX 86400 round trip to redis-server (pgbench's
+ *     \shell would charge Redis a fork per transaction). Prints
  *     "txns=N seconds=S tps=T lat_avg_ms=L failed=F dup=D".
- *   txn kill redis|idem|handwritten first|retry CONNINFO REDIS_SOCKET KEY
- *     the kills section's client: the dedup step (Redis SET NX before BEGIN;
- *     idem_claim or INSERT INTO hw_dedup ... ON CONFLICT inside it) and the
- *     business INSERT; "first" then stops itself before COMMIT
- *     (raise(SIGSTOP): the harness SIGKILLs it, a kill point without timing),
- *     "retry" commits, or does no work when the dedup step says duplicate.
- *     Prints "outcome=done|duplicate".
+ *   txn kill redis|idem|handwritten first|retry CONNINFO REDIS_SOCKET KEY: the
+ *     dedup step and the business INSERT; "first" then stops itself before
+ *     COMMIT (SIGSTOP; the harness SIGKILLs it: a kill point without timing),
+ *     "retry" commits, or does no work when told duplicate. Prints
+ *     "outcome=done|duplicate".
  */
 #include <errno.h>
 #include <inttypes.h>

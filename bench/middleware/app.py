@@ -1,6 +1,6 @@
 """The Python side of bench/middleware.sh: one FastAPI app, served by uvicorn
 with one worker, with the same handler (insert one business row, answer 201
-with a small JSON body) behind four routes:
+with a small JSON body) behind three routes:
 
   POST /mw     idem_http's IdempotencyMiddleware (new key: variant a;
                a key already completed: variant b, the replay)
@@ -9,10 +9,6 @@ with a small JSON body) behind four routes:
                the business insert, then the response stored in the dedup
                row (variant c: what a user writes instead of the middleware)
   POST /plain  no idempotency at all, one transaction (variant d: the floor)
-  POST /mw-nolt  the middleware with Policy(lock_timeout=None) (variant e, a
-               diagnostic: no bound on a duplicate's wait, so the claim's
-               statement without the set_config('lock_timeout') before and
-               after the claim)
 
 Every route takes its connection from the same psycopg_pool
 AsyncConnectionPool (autocommit, as the middleware's README asks), so the
@@ -43,8 +39,6 @@ pool = AsyncConnectionPool(CONNINFO, min_size=POOL_SIZE, max_size=POOL_SIZE, ope
 app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
                    routes={("POST", "/mw"): "bench.mw"}, policy=Policy(single_tenant=True))
-app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
-                   routes={("POST", "/mw-nolt"): "bench.mw"}, policy=Policy(single_tenant=True, lock_timeout=None))
 
 
 @app.on_event("startup")
@@ -70,11 +64,6 @@ async def create_order(conn: AsyncConnection[Any], key: str | None, body: dict[s
 
 @app.post("/mw", status_code=201)
 async def mw(request: Request, conn: AsyncConnection[Any] = Depends(idem_connection)) -> dict[str, Any]:
-    return await create_order(conn, request.headers.get("idempotency-key"), await request.json())
-
-
-@app.post("/mw-nolt", status_code=201)
-async def mw_nolt(request: Request, conn: AsyncConnection[Any] = Depends(idem_connection)) -> dict[str, Any]:
     return await create_order(conn, request.headers.get("idempotency-key"), await request.json())
 
 
