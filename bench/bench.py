@@ -210,6 +210,10 @@ class Bench:
         self.psql(db, lib.BENCH_CLAIM_SQL + "SELECT idem_claim('bench-setup', 'bench'); SELECT idem_maintain();"
                   + sql)
 
+    def checkpoint(self, db):
+        if self.ckpt:
+            self.psql(db, self.ckpt)
+
     def drop_db(self, db):
         self.psql("postgres", f"DROP DATABASE {db} WITH (FORCE)")
 

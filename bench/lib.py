@@ -190,11 +190,11 @@ def wal_and_xids(b, db, script, n, prefill, tag):
     call takes an xid itself: x1 - x0 - 1). The records no transaction of the
     run wrote (Standby running-xacts snapshots, XLOG) are counted by their
     LSN span, padding included, so that "0 WAL" means 0 for the workload."""
-    x0 = int(b.val(db, "SELECT txid_current()"))
-    l0 = b.val(db, "SELECT pg_current_wal_insert_lsn()")
+    # (each statement its own transaction: the first xid's commit record lands before l0)
+    x0, l0 = b.psql(db, "SELECT txid_current(); SELECT pg_current_wal_insert_lsn();").split()
     res = b.pgbench(db, script, 1, "off", txns=n, prefill=prefill, tag=tag)
-    l1 = b.val(db, "SELECT pg_current_wal_insert_lsn()")
-    x1 = int(b.val(db, "SELECT txid_current()"))
+    l1, x1 = b.psql(db, "SELECT pg_current_wal_insert_lsn(); SELECT txid_current();").split()
+    x0, x1 = int(x0), int(x1)
     for _ in range(200):   # pg_walinspect reads flushed WAL only
         if b.val(db, f"SELECT pg_current_wal_flush_lsn() >= '{l1}'::pg_lsn") == "t":
             break

@@ -72,7 +72,8 @@ mw_stop_hook() { # the servers, by their pids
     kill -KILL "$p" 2>/dev/null || true
   done
 }
-MW_OUT=$OUT mw_begin middleware-bench idem-mwbench
+sfx=$([ "$LANGS" != java ] || echo -java)
+MW_OUT=$OUT mw_begin "middleware-bench$sfx" "idem-mwbench$sfx"
 MW_KILL+=("$work/conformance-server/")
 exec > >(tee "$OUT/run.log") 2>&1
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')

@@ -10,7 +10,7 @@ from lib import fmt, median, table
 PARAMS = {
     "hw_ttl": (2, 60, 60, "TTL in seconds of the handwritten section"),
     "hw_interval": (1, 5, 5, "seconds between its cleanups"),
-    "hw_seconds": (3, 300, 600, "length of each of its runs"),
+    "hw_seconds": (2, 300, 600, "length of each of its runs"),
     "hw_rounds": (1, 1, 2, "its runs per approach"),
 }
 DB = "bench_hw"

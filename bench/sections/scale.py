@@ -35,7 +35,7 @@ def run(b):
                 load(b, db, sizes["small"])   # back to exactly small_keys; the big one keeps what runs add
             b.psql(db, "TRUNCATE orders")
             live = int(b.val(db, f"SELECT count(*) FROM {'idem.claims' if v == 'I1' else 'dedup'}"))
-            res = b.measured(lambda: b.psql(db, b.ckpt + "SELECT 1"),
+            res = b.measured(lambda: b.checkpoint(db),
                              lambda: b.pgbench(db, VARIANTS[v][1], 1, "off", duration=b.p["duration"], tag=f"scale-{v}-{label}"))
             res.update(variant=v, size=label, keys=sizes[label], live_at_start=live, round=r)
             rows.append(res)

@@ -9,7 +9,7 @@ import time
 from lib import STORE, VARIANTS, fmt, table
 
 PARAMS = {
-    "sustained_seconds": (2, 300, 300, "length of each sustained run"),
+    "sustained_seconds": (1, 300, 300, "length of each sustained run"),
     "sustained_window": (1, 30, 30, "TPS window of the sustained runs"),
     "sustained_variants": (["B1r", "I2"], ["B1", "B1r", "I1c", "I2", "I3"], ["B1", "B1r", "I1c", "I2", "I3"],
                            "variants of the sustained section"),

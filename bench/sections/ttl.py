@@ -115,7 +115,7 @@ def run(b):
         for r in range(p["ttl_rounds"]):
             for label, db, t, kind, script in lib.rotated(VARIANTS, r, p["ttl_rounds"]):
                 k += 1
-                res = b.measured(lambda: b.psql(db, b.ckpt + "SELECT 1"),
+                res = b.measured(lambda: b.checkpoint(db),
                                  lambda: b.pgbench(db, script, clients, "off", duration=p["duration"], prefill=p["ttl_keys"],
                                                    tag=f"ttl-{label}", defines={"type": t}))
                 res.update(variant=label, clients=clients, round=r)

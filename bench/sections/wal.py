@@ -19,7 +19,7 @@ def run(b):
         for v in WAL_VARIANTS:
             # the CHECKPOINT before the reset: the reset's writes pay the full-page
             # images, so the run's numbers are its record bytes
-            b.psql("bench", b.ckpt + "SELECT 1")
+            b.checkpoint("bench")
             b.reset_main("bench", p["prefill"])
             row = dict(lib.wal_and_xids(b, "bench", VARIANTS[v][1], p["wal_txns"], p["prefill"], f"wal-{v}"), variant=v)
             rows.append(row)
