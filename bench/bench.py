@@ -56,7 +56,7 @@ class Bench:
         self.steady_ready = set()
         self.raw = {"meta": {}, "errors": [], "notes": [], "discarded": []}
         self.t_start = time.time()
-        self.txn = None
+        self.txn, self.redis = None, False
         self.meter = lib.CpuMeter(a.host, a.port, a.redis_pid)
         self.quiet_budget = a.quiet_wait if a.quiet_wait is not None else (0 if self.smoke else 1800)
 
@@ -307,16 +307,16 @@ class Bench:
                  settings=dict(l.split("|") for l in settings.splitlines()),
                  idem_version=self.val("postgres", "SELECT default_version FROM pg_available_extensions "
                                                    "WHERE name = 'idem'"),
-                 idem_build=lib.idem_build(), idem_so_md5=lib.digest(lib.idem_so()), redis=bool(self.txn),
+                 idem_build=lib.idem_build(), idem_so_md5=lib.digest(lib.idem_so()), redis=self.redis,
                  estimate_s={s: round(MOD[s].estimate(self.p)) for s in sections})
 
     def run(self, sections):
         a = self.a
-        if a.redis_sock and not a.no_redis:
-            self.txn = lib.build_txn(self.out, self.pg_bin)
-            if not self.txn:
-                self.raw["notes"].append("B3 skipped: could not compile bench/txn.c (needs cc and libpq-fe.h)")
-        elif not a.no_redis:
+        self.txn = lib.build_txn(self.out, self.pg_bin)   # B3, B0c and the kills' client
+        self.redis = bool(self.txn and a.redis_sock and not a.no_redis)
+        if not self.txn:
+            self.raw["notes"].append("B3 and the kills skipped: bench/txn.c did not compile (needs cc and libpq-fe.h)")
+        elif not a.no_redis and not a.redis_sock:
             self.raw["notes"].append("B3 skipped: redis-server not available")
         self.meta(sections)
         est = sum(self.raw["meta"]["estimate_s"].values())

@@ -1,18 +1,8 @@
-"""The Python side of bench/middleware.sh: one FastAPI app, served by uvicorn
-with one worker, with the same handler (insert one business row, answer 201
-with a small JSON body) behind three routes:
-
-  POST /mw     idem_http's IdempotencyMiddleware (new key: variant a;
-               a key already completed: variant b, the replay)
-  POST /hand   hand-written idempotency in the handler's own transaction:
-               INSERT INTO dedup ... ON CONFLICT DO NOTHING RETURNING, then
-               the business insert, then the response stored in the dedup
-               row (variant c: what a user writes instead of the middleware)
-  POST /plain  no idempotency at all, one transaction (variant d: the floor)
-
-Every route takes its connection from the same psycopg_pool
-AsyncConnectionPool (autocommit, as the middleware's README asks), so the
-variants differ only in the idempotency work.
+"""The Python side of bench/middleware.sh: FastAPI on uvicorn (one worker), one
+handler (insert a business row, answer 201) behind POST /mw (idem_http's
+middleware: variants a and b), /hand (hand-written dedup in the handler's
+transaction: c) and /plain (none: d), all on one psycopg_pool pool
+(autocommit, as the middleware's README asks).
 
     uvicorn --app-dir bench/middleware app:app   (BENCH_CONNINFO, BENCH_POOL)
 """

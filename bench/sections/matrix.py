@@ -35,7 +35,7 @@ def estimate(p):
 
 def run(b):
     p = b.p
-    vs = variants(p, b.txn)
+    vs = variants(p, b.redis)
     runs, hist = b.raw.setdefault("matrix", []), b.raw.setdefault("latency", {})
     configs = [(s, c) for s in p["sync"] for c in p["clients"]]
     k, total = 0, len(configs) * p["rounds"] * len(vs)
