@@ -88,7 +88,7 @@ if [ "$LANGS" = java ]; then
   bash "$ROOT/scripts/setup.sh" --tool middleware_node   # node runs the load client
   LOAD="$HERE/load.js"
 else
-# ---- Python: idem-http's wheel in a fresh venv ----------------------------------
+  # ---- Python: idem-http's wheel in a fresh venv
   bash "$ROOT/scripts/setup.sh" --tool middleware_python
   say "idem-http: wheel, fresh venv (FastAPI, uvicorn, psycopg, psycopg-pool)"
   venv="$work/venv"
@@ -107,9 +107,8 @@ else
   "$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/pysrc" > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
   "$venv/bin/pip" install -q "$(ls "$work"/dist/idem_http-*.whl)[fastapi]" "psycopg[binary]" psycopg-pool uvicorn pyinstrument
   unset PIP_NO_INDEX PIP_FIND_LINKS
-  py_versions=$("$venv/bin/python" -c "
-  from importlib.metadata import version as v
-  print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'uvicorn', 'psycopg', 'psycopg-binary', 'psycopg-pool']))")
+  py_versions=$("$venv/bin/python" -c "from importlib.metadata import version as v
+print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'uvicorn', 'psycopg', 'psycopg-binary', 'psycopg-pool']))")
   echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
 
   # ---- Node: idem-pg packed and installed with express and pg --------------------------
