@@ -1,31 +1,16 @@
 #!/usr/bin/env bash
-# The benchmark's Citus section: the single-node variants through a Citus
-# coordinator (tests/lib/cluster.sh citus: coordinator 127.0.0.1:5530, workers
-# :5531 and :5532, Citus 13.2.2 from ../shared/vendor via
-# tests/scenarios/scaling.sh citus --server), in a database of its own (idem_bench):
-#
-#   B0  BEGIN; INSERT INTO orders ...; END
-#   B1  BEGIN; INSERT INTO dedup ... ON CONFLICT DO NOTHING; INSERT INTO orders ...; END
-#   I1  BEGIN; SELECT idem_claim(key, 'bench'); INSERT INTO orders ...; END
-#   I2  I1 plus SELECT idem_complete(key, 'bench', '{"ok": true}')
-#
-# orders, dedup and idem.claims distributed by the key (32 shards),
-# co-located, so that every statement of a transaction goes to one worker.
-# The same pgbench scripts as the single-node matrix (bench/sql/*.sql: new
-# 32-character md5 keys, -M prepared; idem_claim's call form is delegated),
-# synchronous_commit on. For each round, each client count and each variant
-# (in an order that rotates from round to round) the tables are emptied
-# (TRUNCATE), then pgbench runs for DURATION seconds. Reports the median TPS
-# over rounds, the min-max, and the ratios to B0 and B1.
+# The matrix's B0, B1, I1 and I2 (bench/sql/*.sql) through the coordinator of
+# the Citus test cluster (tests/lib/cluster.sh citus: coordinator :5530,
+# workers :5531 and :5532; Citus built by tests/scenarios/scaling.sh citus
+# --server), in database idem_bench: orders, dedup and idem.claims
+# distributed by the key and co-located, so each transaction runs on one
+# worker; synchronous_commit on, fsync off (the test cluster's). Per round and
+# client count each variant (rotating order) runs DURATION s after a TRUNCATE.
+# Writes OUT/report.md (median TPS, min-max, ratios, the target I1 >= 0.9 x B1)
+# and OUT/raw.csv; about 9 minutes with the defaults.
 #
 #   bash bench/citus.sh [--rounds 3] [--duration 20] [--clients "2 4"] [--variants "b0 b1 i1 i2"]
 #                       [--out bench/out/citus] [--keep-cluster]
-#
-# About 9 minutes with the defaults (after the Citus build). The cluster is
-# the test cluster's (fsync off, synchronous_commit on: commits still wait
-# for the WAL write, not for the disk), created if missing and stopped at the
-# end unless --keep-cluster; the numbers compare variants on one cluster,
-# not with the single-node matrix.
 # The PostgreSQL Citus is built into: the private copy of Debian's 15.
 # (made once, Citus built into it once, then cached)
 PG_CONFIG=$(bash "$(dirname "${BASH_SOURCE[0]}")/../tests/scenarios/scaling.sh" citus --server)
@@ -40,7 +25,7 @@ while [ $# -gt 0 ]; do
     --variants) VARIANTS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --keep-cluster) KEEP=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -103,44 +88,32 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 - "$raw" "$OUT/report.md" "$ROUNDS" "$DURATION" "$("$PG_CONFIG" --version)" <<'PY'
-import csv, statistics, sys, os, datetime
+BENCH_DIR="$ROOT/bench" python3 - "$raw" "$OUT/report.md" "$ROUNDS" "$DURATION" "$("$PG_CONFIG" --version)" <<'PY'
+import csv, datetime, os, sys
+sys.path.insert(0, os.environ["BENCH_DIR"])
+from lib import median, table
 raw, out, rounds, duration, pgv = sys.argv[1:6]
-rows = list(csv.DictReader(open(raw)))
 tps = {}
-for r in rows:
+for r in csv.DictReader(open(raw)):
     tps.setdefault((r["variant"], int(r["clients"])), []).append(float(r["tps"]))
-clients = sorted({k[1] for k in tps})
-variants = [v for v in ("b0", "b1", "i1", "i2") if any(k[0] == v for k in tps)]
+clients = sorted({c for _, c in tps})
+vs = [v for v in ("b0", "b1", "i1", "i2") if (v, clients[0]) in tps]
 names = {"b0": "B0 business insert only", "b1": "B1 + `INSERT … ON CONFLICT DO NOTHING` (co-located)",
          "i1": "I1 + `idem_claim` (new key)", "i2": "I2 + `idem_claim` + `idem_complete`"}
-med = {k: statistics.median(v) for k, v in tps.items()}
-lines = [f"# idem benchmark, Citus section",
-         "",
+cell = lambda x: f"{median(x):,.0f} ({min(x):,.0f}–{max(x):,.0f})"
+ratio = lambda n, d, c: (f"**{median(tps[(n, c)]) / median(tps[(d, c)]):.2f}** (rounds "
+                         + "–".join(f"{f(a / b for a, b in zip(tps[(n, c)], tps[(d, c)])):.2f}" for f in (min, max)) + ")")
+lines = ["# idem benchmark, Citus section", "",
          f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, `bash bench/citus.sh`, {rounds} rounds × {duration} s, "
-         f"{os.cpu_count()} cores, {pgv}, Citus 13.2.2 (coordinator + 2 workers on this machine), "
-         "synchronous_commit on, fsync off. TPS through the coordinator: median over rounds (min–max).",
-         "",
-         "| variant | " + " | ".join(f"{c} clients" for c in clients) + " |",
-         "|---|" + "---|" * len(clients)]
-for v in variants:
-    cells = []
-    for c in clients:
-        vals = tps.get((v, c))
-        cells.append(f"{med[(v, c)]:,.0f} ({min(vals):,.0f}–{max(vals):,.0f})" if vals else "")
-    lines.append(f"| {names[v]} | " + " | ".join(cells) + " |")
-for num, den in (("b1", "b0"), ("i1", "b1"), ("i2", "b1"), ("i1", "b0")):
-    if num in variants and den in variants:
-        cells = []
-        for c in clients:
-            ratio = med[(num, c)] / med[(den, c)]
-            same = [a / b for a, b in zip(tps[(num, c)], tps[(den, c)])]
-            cells.append(f"**{ratio:.2f}** (rounds {min(same):.2f}–{max(same):.2f})")
-        lines.append(f"| {num.upper()} / {den.upper()} | " + " | ".join(cells) + " |")
-if "i1" in variants and "b1" in variants:
-    worst = min(med[("i1", c)] / med[("b1", c)] for c in clients)
-    lines += ["", f"Target `idem_claim` ≥ 0.9 × the co-located ON CONFLICT table (I1/B1): "
-              f"{worst:.2f} at worst — **{'PASS' if worst >= 0.9 else 'MISS'}**."]
+         f"{os.cpu_count()} cores, {pgv}, Citus (coordinator + 2 workers on this machine), synchronous_commit on, "
+         "fsync off. TPS through the coordinator: median over rounds (min–max).", ""] + \
+    table(["variant"] + [f"{c} clients" for c in clients], [[names[v]] + [cell(tps[(v, c)]) for c in clients] for v in vs]
+          + [[f"{n.upper()} / {d.upper()}"] + [ratio(n, d, c) for c in clients]
+             for n, d in (("b1", "b0"), ("i1", "b1"), ("i2", "b1"), ("i1", "b0")) if n in vs and d in vs])
+if "i1" in vs and "b1" in vs:
+    worst = min(median(tps[("i1", c)]) / median(tps[("b1", c)]) for c in clients)
+    lines += [f"Target `idem_claim` ≥ 0.9 × the co-located ON CONFLICT table (I1/B1): {worst:.2f} at worst — "
+              f"**{'PASS' if worst >= 0.9 else 'MISS'}**."]
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

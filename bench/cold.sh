@@ -6,19 +6,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$ROOT/tests/servers/common.sh"
 
-# How long the README's demo command takes on a fresh Debian 12 machine,
-# measured as close to one as this machine gets: a new Debian 12 root
-# (debootstrap minbase, plus ca-certificates, as on any server), run on
-# this kernel through tests/servers/in-trixie.sh, with only the prerequisite
-# the README names: a Rust toolchain (this machine's rustup toolchains,
-# behind a fresh CARGO_HOME: no cargo-pgrx, no crates downloaded yet) and a
-# fresh cargo target folder. Then `bash scripts/demo.sh` twice (cold,
-# then warm), each timed (wall clock and CPU), its output in the log.
-#   bash bench/cold.sh demo            writes bench/out/first_run/
-# Takes as long as a first run does (465 s on a 2-core machine,
-# 2026-12-01; 29 minutes earlier that day while other jobs kept it at a
-# load of 5 to 8) and needs network access (deb.debian.org, crates.io). Deletes
-# its root and caches at the end (KEEP=1 keeps them).
+# demo: the README's demo on a new Debian 12 root (debootstrap minbase +
+# ca-certificates, run through tests/servers/in-trixie.sh) with only what the
+# README asks for, a Rust toolchain (the host's rustup toolchains behind a
+# fresh CARGO_HOME) and a fresh target folder; `bash scripts/demo.sh` cold,
+# then warm, timed. Writes bench/out/first_run/; needs deb.debian.org and
+# crates.io; deletes its root and caches at the end (KEEP=1 keeps them).
 cold_demo() {
 OUT="$ROOT/bench/out/first_run"
 work="$IDEM_CACHE/first-run.$$"
@@ -76,23 +69,11 @@ IDEM_TRIXIE_ROOT="$work/root" IDEM_TRIXIE_PG_CONFIG=/usr/lib/postgresql/15/bin/p
   echo "cold: $(cat "$OUT/demo-cold.time")"; echo "warm: $(cat "$OUT/demo-warm.time")"; } | tee "$OUT/summary.txt"
 }
 
-# How long the README's test command takes on this machine with nothing
-# cached: a fresh clone of this checkout beside it (so that ../shared/ is
-# reached as from the project), and empty caches for everything the
-# project's scripts cache or build:
-#   IDEM_CACHE    the PostgreSQL 18 and 15.18 trees, 16.2, the copy of 15
-#                 for the units, the Debian 12 and 13 roots, the Citus and
-#                 pg_tle trees (tests/servers/, tests/citus/, tests/portable/),
-#                 and idem's cargo target folders (cargo-target/)
-#   CARGO_HOME    the rustup proxies only: no cargo-pgrx, no crates fetched
-#   PGRX_HOME     no `cargo pgrx init` yet
-#   target/       new with the clone (the tests' outputs)
-# What it cannot make cold: Debian packages this host already has (the
-# scripts install what is missing with apt; `bench/cold.sh demo` measures
-# the demo's share of that on a new Debian 12 root).
-#   bash bench/cold.sh tests       writes bench/out/cold_test/
-# Takes as long as a cold run does; deletes the clone and the caches at the
-# end (KEEP=1 keeps them; the cache can then replace /var/cache/idem).
+# tests: the README's test command in a fresh clone beside this checkout (so
+# that ../shared/ is reached as from the project) with empty IDEM_CACHE (the
+# servers, roots, Citus and pg_tle trees, cargo targets), CARGO_HOME (rustup
+# proxies only) and PGRX_HOME; Debian packages the host has stay installed.
+# Writes bench/out/cold_test/; deletes the clone and caches (KEEP=1 keeps them).
 cold_tests() {
 OUT="$ROOT/bench/out/cold_test"
 work="/var/cache/idem-cold.$$"

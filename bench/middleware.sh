@@ -1,63 +1,27 @@
 #!/usr/bin/env bash
-# Requests per second through the idempotency middleware, next to the same
-# handler with hand-written idempotency and with none: for Python (idem-http,
-# FastAPI on uvicorn, one worker) and Node (idem-pg, Express). Not a test
-# (scripts/test.sh never runs it): it measures, it asserts only that every
-# answer was the expected one. See bench/README.md, "Middleware".
+# HTTP requests per second through the middleware, next to the same handler
+# with hand-written idempotency and with none (bench/README.md): Python
+# (idem-http, FastAPI on uvicorn, one worker) and Node (idem-pg, Express), or
+# with `go` / `java` the Go client and the Spring MVC filter. Not a test: it
+# checks only that every answer was the expected one.
 #
-#   bash bench/middleware.sh [--rounds 5] [--requests 3000] [--concurrency 8]
-#                            [--warmup 300] [--profile] [--out DIR]
-#   bash bench/middleware.sh go ...   the Go middleware instead (below, bench_go)
-#   bash bench/middleware.sh java ... the Java filter instead (below, bench_java)
+#   bash bench/middleware.sh [go|java] [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 300]
+#                            [--profile] [--out DIR]       (--profile, --out: Python and Node only)
 #
-# Per server, the same handler (insert one row into orders, answer 201 with
-# {"id", "amount"}) behind four variants, all on one connection pool:
-#   a  the middleware, a new Idempotency-Key per request (claim, handler,
-#      idem_complete, COMMIT)
-#   b  the middleware replaying keys a completed (the duplicate path)
-#   c  hand-written: INSERT INTO dedup ... ON CONFLICT DO NOTHING RETURNING,
-#      the business insert, UPDATE dedup SET response, one transaction
-#   d  no idempotency: the business insert in one transaction (the floor)
-#   e  (Python only, a diagnostic) a with Policy(lock_timeout=None): the same
-#      middleware, its claim statement without the set_config('lock_timeout')
-#      around the claim that bounds a duplicate's wait (idem-pg always has it)
-# One load client (bench/middleware/load.js, Node's http module, keep-alive)
-# drives every variant: CONCURRENCY connections, REQUESTS requests per run.
-# Rounds interleave the variants (a, c, d, b, e for Python, then a, c, d, b
-# for Node, then the next round); a CHECKPOINT precedes every run. b replays the keys a sent
-# in the same round. Results: median requests/s per variant, the ratios a/c
-# and b/c (with the range of the same-round ratios), and the cost per request
-# in microseconds (1/rps differences; with CONCURRENCY in flight that is the
-# machine's time per request, not a latency).
-#
-# Its own PostgreSQL 15 cluster (the system's binaries, where idem is
-# installed), port 5590 (BENCH_MW_PORT, 5590-5599), unix socket only, fsync on
-# and synchronous_commit = off like the project's other benchmarks' default
-# runs (a commit does not wait for the WAL flush: the numbers are CPU and
-# round trips, not the disk). Packages as users get them: idem-http's wheel
-# in a fresh venv (wheelhouse of scripts/setup.sh --tool middleware_python,
-# plus psycopg-pool and pyinstrument from PyPI, kept in .venv-wheels/
-# middleware-bench), idem-pg by npm pack + npm install with express and pg.
-# --profile: after the rounds, one more run of a and c each under pyinstrument
-# (Python) and node --cpu-prof (Node), summaries in the output folder.
+# Variants, on one connection pool: a the middleware, a new key per request;
+# b the middleware replaying a's keys; c hand-written: INSERT INTO dedup ... ON
+# CONFLICT DO NOTHING RETURNING, the business insert, UPDATE dedup SET
+# response, one transaction; d no idempotency (the floor). Rounds interleave
+# them, a CHECKPOINT before each run. Its own cluster (port BENCH_MW_PORT
+# 5590, BENCH_MW_GO_PORT 5592, BENCH_MW_JAVA_PORT 5445), fsync on,
+# synchronous_commit = off: CPU and round trips, not the disk. Packages as
+# users get them (a wheel in a fresh venv, npm pack). --profile: one more run
+# of a and c under pyinstrument and node --cpu-prof, with pg_stat_statements.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/lib/middleware.sh"
 
-# Requests per second through the Go middleware (clients/go), next to the
-# same net/http + pgx handler with hand-written idempotency (INSERT ... ON
-# CONFLICT on a dedup table) and with none; the Go counterpart of
-# the Python and Node runs above, with its variants a (a new key per
-# request), b (replays), c (hand-written), d (no idempotency). Not a test
-# (scripts/test.sh never runs it): it measures, and checks only that every
-# answer was the expected one. The program is clients/go/test/bench; the
-# server and the load client share one process and the machine's cores.
-#
-#   bash bench/middleware.sh go [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 300]
-#
-# Its own PostgreSQL 15 cluster (port 5592, BENCH_MW_GO_PORT), unix socket
-# only, fsync on and synchronous_commit = off as for Python and Node.
-# Modules from the cache of scripts/setup.sh --tool middleware_go.
+# Go: one program (clients/go/test/bench) serves net/http on a pgx pool and drives it.
 bench_go() {
   PG_PORT=${BENCH_MW_GO_PORT:-5592}
   mw_begin middleware-go-bench
@@ -70,61 +34,14 @@ bench_go() {
   BENCH_DSN="host=$dir port=$PG_PORT user=postgres dbname=bench pool_max_conns=16" "$work/bench" "$@"
 }
 
-# Requests per second through the Spring MVC filter (clients/java,
-# @IdempotentRequest), next to the same Spring MVC + JdbcTemplate handler
-# with hand-written idempotency (INSERT ... ON CONFLICT on a dedup table)
-# and with none: variants a, b, c and d as for Go. The server is
-# clients/java/conformance-server's jar (Spring Boot 3.5, its own JVM,
-# HikariCP); the load client bench/middleware_java/Load.java (Java's source
-# launcher) shares the machine's cores with it.
-#
-#   bash bench/middleware.sh java [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 2000]
-#
-# Its own PostgreSQL 15 cluster (port 5445, BENCH_MW_JAVA_PORT), on loopback
-# for pgJDBC, fsync on and synchronous_commit = off as for the others.
-# Maven's repository from scripts/setup.sh --tool java (built offline).
-bench_java() {
-  local rounds=5 requests=3000 concurrency=8 warmup=2000 server port=
-  while [ $# -gt 0 ]; do
-    case "$1" in
-      --rounds) rounds=$2; shift 2;; --requests) requests=$2; shift 2;;
-      --concurrency) concurrency=$2; shift 2;; --warmup) warmup=$2; shift 2;;
-      *) echo "unknown option $1"; exit 2;;
-    esac
-  done
-  PG_PORT=${BENCH_MW_JAVA_PORT:-5445}
-  mw_begin middleware-java-bench
-  MW_KILL+=("$work/conformance-server/")
-  tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$work" -xf -
-  (cd "$work" && mvn_idem -o -q package -DskipTests -pl conformance-server -am) || fail "the build failed"
-  mw_cluster "$PG_PORT" bench "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
-    "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min" "listen_addresses = '127.0.0.1'"
-  pc_psql -d bench -q <<'SQL'
-CREATE TABLE bench_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount int NOT NULL);
-CREATE TABLE bench_dedup (key text PRIMARY KEY, response jsonb);
-SQL
-  java -XX:+UseParallelGC -jar "$work/conformance-server/target/idem-conformance-server.jar" --server.port=0 \
-    --spring.datasource.url="jdbc:postgresql://127.0.0.1:$PG_PORT/bench?user=postgres" \
-    --spring.datasource.hikari.maximum-pool-size=16 > "$work/server.log" 2>&1 &
-  server=$!
-  for _ in $(seq 1 1200); do
-    port=$(sed -n 's/.*Tomcat started on port[^0-9]*\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -1)
-    [ -n "$port" ] && break
-    kill -0 "$server" 2>/dev/null || { cat "$work/server.log"; exit 1; }
-    sleep 0.2
-  done
-  [ -n "$port" ] || fail "the server did not start"
-  echo "PostgreSQL $(pc_psql -d bench -Atc 'SHOW server_version'), $(java -version 2>&1 | head -1), Spring Boot $(grep -o 'Spring Boot :: *(v[0-9.]*)' "$work/server.log" | grep -o '[0-9.]*[0-9]'), $(nproc) cores"
-  java "$ROOT/bench/middleware_java/Load.java" "http://127.0.0.1:$port" "$rounds" "$requests" "$concurrency" "$warmup"
-}
+ARGS="$*" LANGS="python node" WARMUP=300 PG_PORT=${BENCH_MW_PORT:-5590}
 case "${1:-}" in
   go) shift; bench_go "$@"; exit ;;
-  java) shift; bench_java "$@"; exit ;;
+  # Java: clients/java/conformance-server's jar (Spring Boot, HikariCP, its own JVM), /bench/{a,c,d}
+  java) shift; LANGS=java WARMUP=2000 PG_PORT=${BENCH_MW_JAVA_PORT:-5445} ;;
 esac
-
-ROUNDS=5 REQUESTS=3000 CONCURRENCY=8 WARMUP=300 PROFILE=0
-ARGS="$*"
-OUT="$ROOT/bench/out/middleware"
+ROUNDS=5 REQUESTS=3000 CONCURRENCY=8 PROFILE=0
+OUT="$ROOT/bench/out/middleware$([ "$LANGS" != java ] || echo -java)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -137,26 +54,27 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-PG_PORT=${BENCH_MW_PORT:-5590}
 [ "$PG_MAJOR" = 15 ] || { echo "bench/middleware.sh runs on Debian's PostgreSQL 15 (PG_CONFIG=$PG_CONFIG)" >&2; exit 2; }
 HERE="$ROOT/bench/middleware"
 WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
 BENCH_WHEELS="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-bench"
 PY_PORT=$(free_port)
 NODE_PORT=$(free_port)
-py_pid=
-node_pid=
+JAVA_PORT=
+py_pid= node_pid= java_pid=
 mw_stop_hook() { # the servers, by their pids
   local p
-  for p in $py_pid $node_pid; do
+  for p in $py_pid $node_pid $java_pid; do
     kill -TERM "$p" 2>/dev/null || true
   done
-  for p in $py_pid $node_pid; do
+  for p in $py_pid $node_pid $java_pid; do
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
     kill -KILL "$p" 2>/dev/null || true
   done
 }
-MW_OUT=$OUT mw_begin middleware-bench idem-mwbench
+sfx=$([ "$LANGS" != java ] || echo -java)
+MW_OUT=$OUT mw_begin "middleware-bench$sfx" "idem-mwbench$sfx"
+MW_KILL+=("$work/conformance-server/")
 exec > >(tee "$OUT/run.log") 2>&1
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -164,45 +82,52 @@ echo "bench/middleware.sh: $started; $(nproc) cores, $(grep -m1 'model name' /pr
 echo "load average at start: $load_start"
 echo "rounds $ROUNDS, $REQUESTS requests per run, $CONCURRENCY connections, warm-up $WARMUP per variant"
 
-# ---- Python: idem-http's wheel in a fresh venv ----------------------------------
-bash "$ROOT/scripts/setup.sh" --tool middleware_python
-say "idem-http: wheel, fresh venv (FastAPI, uvicorn, psycopg, psycopg-pool)"
-venv="$work/venv"
-python3 -m venv "$venv"
-if [ ! -f "$BENCH_WHEELS/.complete-1" ]; then
-  # Two packages the middleware scenario does not need: the connection pool
-  # an application would use, and the profiler of --profile.
-  mkdir -p "$BENCH_WHEELS"
-  "$venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$BENCH_WHEELS" \
-    "psycopg-pool==3.2.*" "pyinstrument==5.*"
-  touch "$BENCH_WHEELS/.complete-1"
-fi
-export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE $BENCH_WHEELS" PIP_DISABLE_PIP_VERSION_CHECK=1
-"$venv/bin/pip" install -q build
-cp -r "$ROOT/clients/python" "$work/pysrc"
-"$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/pysrc" > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
-"$venv/bin/pip" install -q "$(ls "$work"/dist/idem_http-*.whl)[fastapi]" "psycopg[binary]" psycopg-pool uvicorn pyinstrument
-unset PIP_NO_INDEX PIP_FIND_LINKS
-py_versions=$("$venv/bin/python" -c "
-from importlib.metadata import version as v
+if [ "$LANGS" = java ]; then
+  tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$work" -xf -
+  (cd "$work" && mvn_idem -o -q package -DskipTests -pl conformance-server -am) || fail "the build failed"
+  bash "$ROOT/scripts/setup.sh" --tool middleware_node   # node runs the load client
+  LOAD="$HERE/load.js"
+else
+  # ---- Python: idem-http's wheel in a fresh venv
+  bash "$ROOT/scripts/setup.sh" --tool middleware_python
+  say "idem-http: wheel, fresh venv (FastAPI, uvicorn, psycopg, psycopg-pool)"
+  venv="$work/venv"
+  python3 -m venv "$venv"
+  if [ ! -f "$BENCH_WHEELS/.complete-1" ]; then
+    # Two packages the middleware scenario does not need: the connection pool
+    # an application would use, and the profiler of --profile.
+    mkdir -p "$BENCH_WHEELS"
+    "$venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$BENCH_WHEELS" \
+      "psycopg-pool==3.2.*" "pyinstrument==5.*"
+    touch "$BENCH_WHEELS/.complete-1"
+  fi
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE $BENCH_WHEELS" PIP_DISABLE_PIP_VERSION_CHECK=1
+  "$venv/bin/pip" install -q build
+  cp -r "$ROOT/clients/python" "$work/pysrc"
+  "$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/pysrc" > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+  "$venv/bin/pip" install -q "$(ls "$work"/dist/idem_http-*.whl)[fastapi]" "psycopg[binary]" psycopg-pool uvicorn pyinstrument
+  unset PIP_NO_INDEX PIP_FIND_LINKS
+  py_versions=$("$venv/bin/python" -c "from importlib.metadata import version as v
 print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'uvicorn', 'psycopg', 'psycopg-binary', 'psycopg-pool']))")
-echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
+  echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
 
-# ---- Node: idem-pg packed and installed with express and pg --------------------------
-bash "$ROOT/scripts/setup.sh" --tool middleware_node
-say "idem-pg: npm pack, npm install with express and pg"
-mkdir -p "$work/pack" "$work/app"
-tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
-cp "$HERE/package.json" "$HERE/server.js" "$HERE/load.js" "$work/app/"
-(cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
-node_versions=$(cd "$work/app" && node -p "['idem-pg','express','pg'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
-echo "$node_versions (Node $(node --version))"
+  # ---- Node: idem-pg packed and installed with express and pg --------------------------
+  bash "$ROOT/scripts/setup.sh" --tool middleware_node
+  say "idem-pg: npm pack, npm install with express and pg"
+  mkdir -p "$work/pack" "$work/app"
+  tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
+  cp "$HERE/package.json" "$HERE/server.js" "$HERE/load.js" "$work/app/"
+  (cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
+  node_versions=$(cd "$work/app" && node -p "['idem-pg','express','pg'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
+  echo "$node_versions (Node $(node --version))"
+  LOAD="$work/app/load.js"
+fi
 
 # ---- the cluster ------------------------------------------------------------------
 say "PostgreSQL cluster on port $PG_PORT (synchronous_commit = off)"
 mw_cluster "$PG_PORT" mw "fsync = on" "synchronous_commit = off" "shared_buffers = 256MB" \
   "max_connections = 40" "max_wal_size = 4GB" "checkpoint_timeout = 30min" \
-  "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track = none"
+  "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track = none" "listen_addresses = '127.0.0.1'"
 pc_psql -q -d mw <<'SQL'
 -- Statement times for --profile only (tracking is off for the measured runs).
 CREATE EXTENSION pg_stat_statements;
@@ -218,6 +143,9 @@ CREATE TABLE dedup (
     created_at timestamptz NOT NULL DEFAULT now(),
     response   jsonb
 );
+-- The Java server's (clients/java/conformance-server)
+CREATE TABLE bench_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, amount int NOT NULL);
+CREATE TABLE bench_dedup (key text PRIMARY KEY, response jsonb);
 SQL
 pg_version=$(pc_psql -d mw -Atc "SHOW server_version")
 idem_version=$(pc_psql -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")
@@ -252,27 +180,43 @@ stop_server() { # PID: SIGINT (pyinstrument writes its profile on an interrupt, 
   for _ in $(seq 1 1200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
   kill -KILL "$1" 2>/dev/null || true
 }
-start_python "$venv/bin/python"
-start_node
-echo "servers: Python (uvicorn) on 127.0.0.1:$PY_PORT, Node (Express) on 127.0.0.1:$NODE_PORT, pools of $CONCURRENCY connections"
+if [ "$LANGS" = java ]; then
+  java -XX:+UseParallelGC -jar "$work/conformance-server/target/idem-conformance-server.jar" --server.port=0 \
+    --spring.datasource.url="jdbc:postgresql://127.0.0.1:$PG_PORT/mw?user=postgres" \
+    --spring.datasource.hikari.maximum-pool-size=16 > "$OUT/java.log" 2>&1 &
+  java_pid=$!
+  for _ in $(seq 1 1200); do
+    JAVA_PORT=$(sed -n 's/.*Tomcat started on port[^0-9]*\([0-9][0-9]*\).*/\1/p' "$OUT/java.log" | head -1)
+    [ -n "$JAVA_PORT" ] && break
+    kill -0 "$java_pid" 2>/dev/null || { cat "$OUT/java.log"; exit 1; }
+    sleep 0.2
+  done
+  [ -n "$JAVA_PORT" ] || fail "the Java server did not start"
+  echo "$(java -version 2>&1 | head -1), Spring Boot $(grep -o 'Spring Boot :: *(v[0-9.]*)' "$OUT/java.log" | grep -o '[0-9.]*[0-9]') on 127.0.0.1:$JAVA_PORT"
+else
+  start_python "$venv/bin/python"
+  start_node
+  echo "servers: Python (uvicorn) on 127.0.0.1:$PY_PORT, Node (Express) on 127.0.0.1:$NODE_PORT, pools of $CONCURRENCY connections"
+fi
 
 # ---- the runs ------------------------------------------------------------------------
-path_of() { case $1 in a|b) echo /mw ;; c) echo /hand ;; d) echo /plain ;; e) echo /mw-nolt ;; esac; }
-variants() { if [ "$1" = python ]; then echo a c d b e; else echo a c d b; fi; }
+path_of() { # LANG VARIANT
+  if [ "$1" = java ]; then echo "/bench/${2/b/a}"; else case $2 in a|b) echo /mw ;; c) echo /hand ;; d) echo /plain ;; esac; fi
+}
 run() { # LANG VARIANT ROUND REQUESTS [JSONL]
-  local port keys save=
-  port=$([ "$1" = python ] && echo "$PY_PORT" || echo "$NODE_PORT")
+  local port server_pid keys save=
+  case $1 in python) port=$PY_PORT server_pid=$py_pid ;; node) port=$NODE_PORT server_pid=$node_pid ;;
+             java) port=$JAVA_PORT server_pid=$java_pid ;; esac
   case $2 in
     a) keys=fresh save="$work/keys-$1" ;;
     b) keys="file:$work/keys-$1" ;;
-    c|e) keys=fresh ;;
+    c) keys=fresh ;;
     d) keys=none ;;
   esac
   pc_psql -q -d mw -c CHECKPOINT
-  local line server_pid cpu0 cpu1
-  server_pid=$([ "$1" = python ] && echo "$py_pid" || echo "$node_pid")
+  local line cpu0 cpu1
   cpu0=$(python3 "$HERE/cpu.py" "$server_pid" "$(head -1 "$dir/data/postmaster.pid")")
-  line=$(node "$work/app/load.js" "http://127.0.0.1:$port$(path_of "$2")" "$4" "$CONCURRENCY" "$keys" $save) || {
+  line=$(BENCH_TENANT=$([ "$1" != java ] || echo bench) node "$LOAD" "http://127.0.0.1:$port$(path_of "$1" "$2")" "$4" "$CONCURRENCY" "$keys" $save) || {
     echo "FAIL $1 $2 round $3: $line"; exit 1; }
   cpu1=$(python3 "$HERE/cpu.py" "$server_pid" "$(head -1 "$dir/data/postmaster.pid")")
   if [ -n "${5:-}" ]; then
@@ -281,12 +225,12 @@ run() { # LANG VARIANT ROUND REQUESTS [JSONL]
   printf '  %-6s %s round %s: %s\n' "$1" "$2" "$3" "$(echo "$line" | python3 -c "import json, sys; r = json.load(sys.stdin); print('%7.1f req/s  p50 %s us  p99 %s us  %s' % (r['rps'], r['p50_us'], r['p99_us'], r['statuses']))")"
 }
 say "warm-up: $WARMUP requests per variant and server (not counted)"
-for lang in python node; do for v in $(variants $lang); do run $lang $v 0 "$WARMUP"; done; done
+for lang in $LANGS; do for v in a c d b; do run $lang $v 0 "$WARMUP"; done; done
 say "$ROUNDS rounds of $REQUESTS requests per variant"
 t0=$(date +%s)
 for r in $(seq 1 "$ROUNDS"); do
-  for lang in python node; do
-    for v in $(variants $lang); do run $lang $v "$r" "$REQUESTS" "$OUT/results.jsonl"; done
+  for lang in $LANGS; do
+    for v in a c d b; do run $lang $v "$r" "$REQUESTS" "$OUT/results.jsonl"; done
   done
 done
 seconds=$(( $(date +%s) - t0 ))
@@ -298,7 +242,7 @@ echo "load average at end: $load_end"
 python3 "$HERE/report.py" "$OUT/results.jsonl" \
   --meta "date=$started" "command=bash bench/middleware.sh${ARGS:+ $ARGS}" "machine=$(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB" \
          "load_start=$load_start" "load_end=$load_end" "postgres=PostgreSQL $pg_version, idem $idem_version ($idem_build build)" \
-         "python=$py_versions" "node=$node_versions, Node $(node --version)" \
+         "python=${py_versions:-}" "node=${node_versions:-}, Node $(node --version)" \
          "setup=rounds $ROUNDS x $REQUESTS requests, $CONCURRENCY connections, synchronous_commit = off, fsync on" \
   > "$OUT/report.md"
 cat "$OUT/report.md"
@@ -309,7 +253,7 @@ cat "$OUT/report.md"
 # node --cpu-prof the Node one (bench/middleware/cpuprof.js summarises it);
 # pg_stat_statements (switched on for these runs only) gives the database's
 # side: execution time per statement.
-if [ "$PROFILE" = 1 ]; then
+if [ "$PROFILE" = 1 ] && [ "$LANGS" != java ]; then
   say "profiles: one run of a and one of c per server, each in a server of its own"
   stop_server "$py_pid"; py_pid=
   stop_server "$node_pid"; node_pid=

@@ -1,39 +1,20 @@
 #!/usr/bin/env bash
-# Profiles: instructions per transaction counted by callgrind (repeatable,
-# unlike timings on a shared 2-core box), and where the portable edition's
-# claim spends its time. One subcommand per question (bench/README.md, the
-# end: what each measures and how):
-#   bash bench/profile.sh native [--preload] [--fresh] [N]
-#       B0, B1, B1r, I1, I1c, I2, I3 of the installed native build, N (3000)
-#       transactions each; --preload: shared_preload_libraries = 'idem';
-#       --fresh: on empty tables (default: at steady state, PROFILE_FILL =
-#       200000 aged claims of the 1-day type, as many rows in dedup and
-#       dedup_r). Writes bench/out/profile[-NN][-preload][-fresh]/.
-#   bash bench/profile.sh ttl [N] [SPREAD]
-#       per business-type TTL (1 hour, 1 day, 30 days, 400 days in one
-#       database, 1 day alone in another), a new key (claim + complete) and
-#       a duplicate, N (300) transactions each, SPREAD (2000) aged claims per
-#       type; prints "variant instr/txn" (the ttl section of bench/run.sh
-#       reads it). Writes bench/out/profile-ttl[-NN]/.
-#   bash bench/profile.sh portable [-n N] [--tcp] [REV ...]
-#       B1, I1, I2, I3 with the portable edition's plain script of each git
-#       revision (default ".", the checkout as it is), N (300) transactions
-#       each; --tcp: from psql over 127.0.0.1:COUNT_PORT (5553) to a server
-#       under callgrind (autovacuum off), that session's backend counted.
-#   bash bench/profile.sh portable-time HOST PORT [N]
-#       on a running cluster (bench/run.sh --keep-cluster): the portable
-#       edition's I1, I2, I3, N (2000) transactions each with one client,
-#       time per function (track_functions = all) and, when the cluster
-#       preloads pg_stat_statements, per statement; then idem.key_hash alone.
-# The counts use the PostgreSQL of PG_CONFIG (default Debian's 15, as
-# scripts/lib.sh) and need valgrind (installed with apt-get if missing);
-# native and ttl need idem installed into it. Each variant runs N and N/10
-# transactions in two sessions: instructions per transaction are the
-# difference over the difference, so the backend's start, the loading of a
-# library and the first call's catalog lookups are not in it.
+# Profiles (bench/README.md; findings in docs/performance.md):
+#   bash bench/profile.sh native [--preload] [--fresh] [N]   B0 B1 B1r I1 I1c I2 I3, N (3000) each, at steady
+#       state (PROFILE_FILL = 200000 aged claims of the 1-day type, as many rows in dedup and dedup_r; --fresh:
+#       empty tables); --preload: shared_preload_libraries = 'idem'. Writes bench/out/profile[-NN][-preload][-fresh]/
+#   bash bench/profile.sh ttl [N] [SPREAD]                   per TTL (1 hour - 400 days, and 1 day alone), new
+#       key and duplicate, N (300) each, SPREAD (2000) aged claims per type (the ttl section reads it)
+#   bash bench/profile.sh portable [-n N] [--tcp] [REV ...]  B1 I1 I2 I3 of the portable edition of each git
+#       revision (default ".", the checkout), N (300) each; --tcp: psql over 127.0.0.1:COUNT_PORT (5553)
+#   bash bench/profile.sh portable-time HOST PORT [N]        the portable edition's I1 I2 I3 on a running
+#       cluster, N (2000) each: time per function, per statement when it preloads pg_stat_statements
+# Instructions per transaction under callgrind (valgrind, installed if missing) in single-user backends of a
+# throw-away cluster of PG_CONFIG's PostgreSQL: N and N/10 transactions in two sessions, the difference over
+# the difference, so the backend's start and the loading of a library are left out.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
-usage() { sed -n '6,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '3,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "$*" >&2; exit 1; }
 need_n() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 10 ] || die "N must be a number, at least 10"; N=$1 N0=$(($1 / 10)); }
 need_valgrind() {
@@ -155,7 +136,7 @@ data_dir() { echo "/tmp/idem-profile-$1-$(echo "$ROOT" | md5sum | cut -c1-8)"; }
 
 # ---- native -------------------------------------------------------------------
 cmd_native() {
-  local preload=0 steady=1 fill tag opts=() v long short
+  local preload=0 steady=1 fill tag opts=() v
   while [ $# -gt 0 ]; do
     case "$1" in
       --preload) preload=1; shift ;;
@@ -190,12 +171,9 @@ SQL
   else
     echo "fresh tables (--fresh)"
   fi
-  # ("total/N", the session's whole count divided by N, is the older measure)
-  printf '%-5s %12s %12s\n' variant "instr/txn" "total/N"
+  printf '%-5s %12s\n' variant "instr/txn"
   for v in b0 b1 b1r i1 i1c i2 i3; do
-    long=$(count postgres "$v" "${opts[@]}")
-    short=$(count postgres "$v-short" "${opts[@]}")
-    printf '%-5s %12d %12d\n' "$v" "$(per_txn "$long" "$short")" $((long / N))
+    printf '%-5s %12d\n' "$v" "$(per_txn "$(count postgres "$v" "${opts[@]}")" "$(count postgres "$v-short" "${opts[@]}")")"
   done
   echo "profiles: $OUT/callgrind.* (callgrind_annotate --inclusive=yes ...)"
   rm -rf "$DATA"

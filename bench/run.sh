@@ -1,18 +1,9 @@
 #!/usr/bin/env bash
-# idem's benchmark suite. One command:
-#
-#   bash bench/run.sh --full     # the targets' sizes (10 M live keys, cleanup of
-#                                # 10 M rows, 5-minute sustained runs): ~1.5 h on 2 cores
-#   bash bench/run.sh            # default run (1 M live keys; ~1 h on 2 cores)
-#   bash bench/run.sh --smoke    # tiny sizes, < 3 min, proves the script works
-#   bash bench/run.sh --help     # every option
-# It prints its estimated duration when it starts.
-#
-# Starts its own cluster of the PostgreSQL of PG_CONFIG (default Debian's 15,
-# as scripts/lib.sh; port 5498, unix socket only, under bench/out/cluster;
-# tests/lib/cluster.sh), and its own redis-server (unix socket) for variant B3,
-# runs every section, writes bench/out/{results.csv,results.json,report.md,
-# tps.svg} and prints the targets with PASS/MISS. See bench/README.md.
+# idem's benchmark (bench/README.md): bash bench/run.sh [--smoke|--full] [--sections a,b] [--help]
+# Its own cluster of the PostgreSQL of PG_CONFIG (port BENCH_PORT, 5498; unix
+# socket only) and redis-server (unix socket, variant B3 and the kills), then
+# bench.py (the measurements: OUT/raw.json) and report.py (report.md,
+# results.csv, results.json, tps.svg).
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 source "$ROOT/tests/lib/cluster.sh"
 BENCH="$ROOT/bench"
@@ -67,38 +58,18 @@ trap cleanup EXIT
 # (pc_fresh first stops what a previous run that was killed left behind)
 pc_fresh "$CLUSTER"
 say "creating the benchmark cluster in $CLUSTER (port $PORT)"
-# Tuned like a small production server, not like a test cluster: fsync and
-# full_page_writes stay on (synchronous_commit is set per session by the
-# benchmark), and checkpoints are spaced so that none lands inside a
-# measurement (the benchmark issues CHECKPOINT between sections itself).
-# (These lines come after pc_initdb's, and win.)
-mapfile -t conf <<CONF
-max_connections = 50
-shared_buffers = 1GB
-huge_pages = try
-work_mem = 16MB
-maintenance_work_mem = 512MB
-wal_buffers = 16MB
-max_wal_size = 32GB
-min_wal_size = 2GB
-checkpoint_timeout = 60min
-checkpoint_completion_target = 0.9
-fsync = on
-full_page_writes = on
-synchronous_commit = on
-wal_level = replica
-effective_cache_size = 8GB
-random_page_cost = 1.1
-autovacuum = on
-track_io_timing = on
-log_min_messages = warning
-log_checkpoints = on
-log_autovacuum_min_duration = 0
-CONF
+# Tuned like a small production server: fsync and full_page_writes on
+# (synchronous_commit is set per session), checkpoints spaced so that none
+# lands inside a measurement (the benchmark issues CHECKPOINT itself).
+conf=("max_connections = 50" "shared_buffers = 1GB" "huge_pages = try" "work_mem = 16MB" "maintenance_work_mem = 512MB"
+  "wal_buffers = 16MB" "max_wal_size = 32GB" "min_wal_size = 2GB" "checkpoint_timeout = 60min"
+  "checkpoint_completion_target = 0.9" "fsync = on" "full_page_writes = on" "synchronous_commit = on" "wal_level = replica"
+  "effective_cache_size = 8GB" "random_page_cost = 1.1" "autovacuum = on" "track_io_timing = on"
+  "log_min_messages = warning" "log_checkpoints = on" "log_autovacuum_min_duration = 0")
 pc_initdb "$PG_BIN" "$CLUSTER" "$PORT" "${conf[@]}"
 pc_server_start "$CLUSTER"
 
-# ---- redis (variant B3) -----------------------------------------------------
+# ---- redis (variant B3, the kills) ----------------------------------------------
 REDIS_SOCK=""
 if [ "$NO_REDIS" = 0 ]; then
   if ! command -v redis-server >/dev/null; then
@@ -109,8 +80,7 @@ if [ "$NO_REDIS" = 0 ]; then
     RDIR="$OUT/redis"
     rm -rf "$RDIR"; mkdir -p "$RDIR"
     REDIS_SOCK="$RDIR/redis.sock"
-    # No TCP, no persistence (like synchronous_commit = off at best: a
-    # redis crash forgets keys), one server for the whole run.
+    # No TCP, no persistence (a restart forgets keys), one server for the run.
     redis-server --port 0 --unixsocket "$REDIS_SOCK" --unixsocketperm 700 \
       --save '' --appendonly no --dir "$RDIR" --daemonize no \
       --logfile "$RDIR/redis.log" &

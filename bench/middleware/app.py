@@ -1,22 +1,8 @@
-"""The Python side of bench/middleware.sh: one FastAPI app, served by uvicorn
-with one worker, with the same handler (insert one business row, answer 201
-with a small JSON body) behind four routes:
-
-  POST /mw     idem_http's IdempotencyMiddleware (new key: variant a;
-               a key already completed: variant b, the replay)
-  POST /hand   hand-written idempotency in the handler's own transaction:
-               INSERT INTO dedup ... ON CONFLICT DO NOTHING RETURNING, then
-               the business insert, then the response stored in the dedup
-               row (variant c: what a user writes instead of the middleware)
-  POST /plain  no idempotency at all, one transaction (variant d: the floor)
-  POST /mw-nolt  the middleware with Policy(lock_timeout=None) (variant e, a
-               diagnostic: no bound on a duplicate's wait, so the claim's
-               statement without the set_config('lock_timeout') before and
-               after the claim)
-
-Every route takes its connection from the same psycopg_pool
-AsyncConnectionPool (autocommit, as the middleware's README asks), so the
-variants differ only in the idempotency work.
+"""The Python side of bench/middleware.sh: FastAPI on uvicorn (one worker), one
+handler (insert a business row, answer 201) behind POST /mw (idem_http's
+middleware: variants a and b), /hand (hand-written dedup in the handler's
+transaction: c) and /plain (none: d), all on one psycopg_pool pool
+(autocommit, as the middleware's README asks).
 
     uvicorn --app-dir bench/middleware app:app   (BENCH_CONNINFO, BENCH_POOL)
 """
@@ -43,8 +29,6 @@ pool = AsyncConnectionPool(CONNINFO, min_size=POOL_SIZE, max_size=POOL_SIZE, ope
 app = FastAPI()
 app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
                    routes={("POST", "/mw"): "bench.mw"}, policy=Policy(single_tenant=True))
-app.add_middleware(IdempotencyMiddleware, connection=pool.connection,
-                   routes={("POST", "/mw-nolt"): "bench.mw"}, policy=Policy(single_tenant=True, lock_timeout=None))
 
 
 @app.on_event("startup")
@@ -70,11 +54,6 @@ async def create_order(conn: AsyncConnection[Any], key: str | None, body: dict[s
 
 @app.post("/mw", status_code=201)
 async def mw(request: Request, conn: AsyncConnection[Any] = Depends(idem_connection)) -> dict[str, Any]:
-    return await create_order(conn, request.headers.get("idempotency-key"), await request.json())
-
-
-@app.post("/mw-nolt", status_code=201)
-async def mw_nolt(request: Request, conn: AsyncConnection[Any] = Depends(idem_connection)) -> dict[str, Any]:
     return await create_order(conn, request.headers.get("idempotency-key"), await request.json())
 
 

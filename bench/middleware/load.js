@@ -49,6 +49,7 @@ function post(key) {
   return new Promise((resolve, reject) => {
     const headers = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) };
     if (key !== null) headers['idempotency-key'] = `"${key}"`; // an sf-string, as the draft says
+    if (process.env.BENCH_TENANT) headers['x-tenant'] = process.env.BENCH_TENANT; // the Java server's scope
     const req = http.request({ agent, host: target.hostname, port: target.port, path: target.pathname, method: 'POST', headers }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));

@@ -1,14 +1,7 @@
-// The Node side of bench/middleware.sh: one Express 5 app with the same
-// handler (insert one business row, answer 201 with a small JSON body)
-// behind four routes, all on one pg.Pool of BENCH_POOL connections:
-//
-//   POST /mw     idem-pg's Express middleware (new key: variant a; a key
-//                already completed: variant b, the replay)
-//   POST /hand   hand-written idempotency in one transaction: INSERT INTO
-//                dedup ... ON CONFLICT DO NOTHING RETURNING, the business
-//                insert, the response stored in the dedup row (variant c)
-//   POST /plain  no idempotency, one transaction (variant d: the floor)
-//
+// The Node side of bench/middleware.sh: Express 5, one handler (insert a
+// business row, answer 201) behind POST /mw (idem-pg's middleware: variants a
+// and b), /hand (hand-written dedup in one transaction: c) and /plain (none:
+// d), on one pg.Pool of BENCH_POOL connections.
 //   node server.js PORT      (PGHOST, PGPORT, PGUSER, PGDATABASE, BENCH_POOL)
 'use strict';
 const express = require('express');

@@ -1,8 +1,5 @@
--- B1r: the hand-written equivalent of claim + stored result (I2's
--- counterpart): INSERT ... ON CONFLICT DO NOTHING into a table with a result
--- column, the business insert, then UPDATE of the result in the same
--- transaction ({"ok": true}: the space keeps pgbench from reading ":true"
--- as a variable).
+-- B1r, I2's counterpart: ON CONFLICT DO NOTHING, the business insert, UPDATE
+-- of the result ({"ok": true}: the space keeps pgbench from reading ":true").
 \set n :n + 1
 \set kid (:run * 1000 + :client_id) * 10000000000 + :n
 BEGIN;

@@ -1,7 +1,4 @@
--- I2: claim + stored result, B1r's counterpart: idem_claim on a new key (in
--- the form the README recommends, as I1c), the business insert, then
--- idem_complete with a small result ({"ok": true}: the space keeps pgbench
--- from reading ":true" as a variable).
+-- I2, B1r's counterpart: I1c, the business insert, idem_complete (as b1r.sql).
 \set n :n + 1
 \set kid (:run * 1000 + :client_id) * 10000000000 + :n
 BEGIN;

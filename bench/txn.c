@@ -1,22 +1,20 @@
 /*
- * redis_txn: the pgbench-like driver of variants B3 and B0c (bench/run.sh).
- *
- * pgbench cannot talk to Redis (\shell / \setshell fork a process per
- * transaction, which would charge Redis a fork+exec it does not cost), so
- * this driver does what pgbench -M prepared does for B0 -- prepared BEGIN,
- * INSERT, END, one round trip each, one connection per client thread -- and,
- * in mode b3, first one SET <key> 1 NX EX 86400 round trip to redis-server
- * over its unix socket. Mode b0 is the same loop without Redis: the B3/B0c
- * ratio compares like with like, and B0c/B0 shows how close this driver is
- * to pgbench.
- *
- *   redis_txn MODE CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN
- *
- * Prints one line: txns=N seconds=S tps=T lat_avg_ms=L failed=F dup=D
+ * The benchmark's C client, for what pgbench cannot do (bench/README.md):
+ *   txn b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN: B0 as pgbench -M
+ *     prepared runs it (BEGIN, INSERT, END, a connection per thread), in mode
+ *     b3 after a SET key 1 NX EX 86400 round trip to redis-server (pgbench's
+ *     \shell would charge Redis a fork per transaction). Prints
+ *     "txns=N seconds=S tps=T lat_avg_ms=L failed=F dup=D".
+ *   txn kill redis|idem|handwritten first|retry CONNINFO REDIS_SOCKET KEY: the
+ *     dedup step and the business INSERT; "first" then stops itself before
+ *     COMMIT (SIGSTOP; the harness SIGKILLs it: a kill point without timing),
+ *     "retry" commits, or does no work when told duplicate. Prints
+ *     "outcome=done|duplicate".
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,17 +24,7 @@
 #include <unistd.h>
 #include <libpq-fe.h>
 
-static const char *mode, *conninfo, *redis_path;
-static int nclients, seconds;
-static long run_id;
-static pthread_barrier_t start_barrier;
-
-typedef struct {
-    int id;
-    long txns, failed, dup;
-    double lat_sum;
-    int error;
-} Client;
+static const char *conninfo, *redis_path;
 
 static double now_s(void) {
     struct timespec ts;
@@ -90,20 +78,28 @@ static int redis_set_nx(int fd, const char *key) {
     return -1;
 }
 
+/* Clears r; 1 when it succeeded, else prints the error. */
 static int ok(PGconn *c, PGresult *r, const char *what) {
     ExecStatusType s = PQresultStatus(r);
-    if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
-        fprintf(stderr, "%s: %s", what, PQerrorMessage(c));
-        PQclear(r);
-        return 0;
-    }
+    int good = s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK;
+    if (!good) fprintf(stderr, "%s: %s", what, PQerrorMessage(c));
     PQclear(r);
-    return 1;
+    return good;
 }
+
+/* ---- b0, b3: timed loop ---------------------------------------------------- */
+static int b3, seconds;
+static long run_id;
+static pthread_barrier_t start_barrier;
+
+typedef struct {
+    int id, error;
+    long txns, failed, dup;
+    double lat_sum;
+} Client;
 
 static void *client_main(void *arg) {
     Client *cl = arg;
-    int b3 = strcmp(mode, "b3") == 0;
     PGconn *c = PQconnectdb(conninfo);
     int rfd = -1;
     if (PQstatus(c) != CONNECTION_OK) {
@@ -118,7 +114,6 @@ static void *client_main(void *arg) {
     }
     pthread_barrier_wait(&start_barrier);
     if (cl->error) return NULL;
-
     double t_end = now_s() + seconds;
     for (long n = 1;; n++) {
         double t0 = now_s();
@@ -150,20 +145,7 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
-int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: %s b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN\n", argv[0]);
-        return 2;
-    }
-    mode = argv[1];
-    conninfo = argv[2];
-    redis_path = argv[3];
-    nclients = atoi(argv[4]);
-    seconds = atoi(argv[5]);
-    run_id = atol(argv[6]);
-    if (strcmp(mode, "b0") && strcmp(mode, "b3")) { fprintf(stderr, "mode must be b0 or b3\n"); return 2; }
-    if (nclients < 1 || nclients > 999 || seconds < 1) { fprintf(stderr, "bad clients/seconds\n"); return 2; }
-
+static int timed(int nclients) {
     Client *cl = calloc(nclients, sizeof *cl);
     pthread_t *th = calloc(nclients, sizeof *th);
     pthread_barrier_init(&start_barrier, NULL, nclients + 1);
@@ -172,9 +154,8 @@ int main(int argc, char **argv) {
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
     pthread_barrier_wait(&start_barrier);
-    double t0 = now_s();
+    double t0 = now_s(), lat = 0;
     long txns = 0, failed = 0, dup = 0;
-    double lat = 0;
     int error = 0;
     for (int i = 0; i < nclients; i++) {
         pthread_join(th[i], NULL);
@@ -188,4 +169,74 @@ int main(int argc, char **argv) {
     printf("txns=%ld seconds=%.3f tps=%.3f lat_avg_ms=%.4f failed=%ld dup=%ld\n",
            txns, el, txns / el, txns ? lat / txns * 1000 : 0.0, failed, dup);
     return error ? 1 : 0;
+}
+
+/* ---- kill: one client of the kills section --------------------------------- */
+static PGconn *conn;
+
+static PGresult *run(const char *sql, const char *key) {
+    const char *params[1] = {key};
+    PGresult *r = PQexecParams(conn, sql, key ? 1 : 0, NULL, key ? params : NULL, NULL, NULL, 0);
+    ExecStatusType s = PQresultStatus(r);
+    if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
+        fprintf(stderr, "%s: %s", sql, PQerrorMessage(conn));
+        exit(2);
+    }
+    return r;
+}
+
+static int kill_client(const char *approach, int first, const char *key) {
+    conn = PQconnectdb(conninfo);
+    if (PQstatus(conn) != CONNECTION_OK) { fprintf(stderr, "connect: %s", PQerrorMessage(conn)); return 2; }
+    int fresh;   /* did the dedup step say "new"? */
+    if (strcmp(approach, "redis") == 0) {
+        int fd = redis_connect();
+        if (fd < 0 || (fresh = redis_set_nx(fd, key)) < 0) return 2;
+        close(fd);
+        PQclear(run("BEGIN", NULL));
+    } else {
+        int idem = strcmp(approach, "idem") == 0;
+        if (!idem && strcmp(approach, "handwritten")) { fprintf(stderr, "unknown approach %s\n", approach); return 2; }
+        PQclear(run("BEGIN", NULL));
+        PGresult *r = run(idem ? "SELECT claimed FROM idem_claim($1, 'kills')"
+                               : "INSERT INTO hw_dedup (key) VALUES ($1) ON CONFLICT DO NOTHING RETURNING key", key);
+        fresh = PQntuples(r) == 1 && (!idem || strcmp(PQgetvalue(r, 0, 0), "t") == 0);
+        PQclear(r);
+    }
+    if (!fresh) {
+        if (first) { fprintf(stderr, "first client: the dedup step said duplicate\n"); return 3; }
+        PQclear(run("ROLLBACK", NULL));
+        printf("outcome=duplicate\n");
+        return 0;
+    }
+    PQclear(run("INSERT INTO orders (key, amount) VALUES ($1, 1)", key));
+    if (first) {
+        fflush(stdout);
+        raise(SIGSTOP);   /* the harness SIGKILLs us here */
+    }
+    PQclear(run("COMMIT", NULL));
+    printf("outcome=done\n");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 7 && strcmp(argv[1], "kill") == 0) {
+        conninfo = argv[4];
+        redis_path = argv[5];
+        if (strcmp(argv[3], "first") && strcmp(argv[3], "retry")) { fprintf(stderr, "phase: first or retry\n"); return 2; }
+        return kill_client(argv[2], strcmp(argv[3], "first") == 0, argv[6]);
+    }
+    if (argc != 7 || (strcmp(argv[1], "b0") && strcmp(argv[1], "b3"))) {
+        fprintf(stderr, "usage: %s b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN\n"
+                        "       %s kill redis|idem|handwritten first|retry CONNINFO REDIS_SOCKET KEY\n", argv[0], argv[0]);
+        return 2;
+    }
+    b3 = strcmp(argv[1], "b3") == 0;
+    conninfo = argv[2];
+    redis_path = argv[3];
+    int nclients = atoi(argv[4]);
+    seconds = atoi(argv[5]);
+    run_id = atol(argv[6]);
+    if (nclients < 1 || nclients > 999 || seconds < 1) { fprintf(stderr, "bad clients/seconds\n"); return 2; }
+    return timed(nclients);
 }
