@@ -40,11 +40,6 @@ SELECT pos, key, claimed, state, result, first_claimed_at IS NOT NULL AS has_fir
        expires_at > first_claimed_at AS expires_later
   FROM poll ORDER BY pos;
 INSERT INTO mixed_applied SELECT key, 'mixed.orders' FROM poll WHERE claimed;
--- Each claim this batch wrote is named by its key's gate, as a single
--- claim's is.
-SELECT count(*) AS gates_naming_their_claims
-  FROM idem.key_gates g JOIN idem.claims c ON c.tableoid = g.part AND c.ctid = g.tid
- WHERE g.writer = pg_current_xact_id() AND c.biz_type = 'mixed.orders';
 -- In the same transaction: the keys it holds are in progress (n1, x1, r1),
 -- n3 is new, the others answer as before.
 SELECT key, claimed, state FROM idem_claim_many(ARRAY['x1', 'n3', 'n1', 'c1', 'l1', 'r1'], 'mixed.orders');
