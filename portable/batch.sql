@@ -68,11 +68,17 @@ BEGIN
     k1 := classes[1]; u1 := untils[1];
     k2 := coalesce(classes[2], k1); u2 := coalesce(untils[2], u1);
     k3 := coalesce(classes[3], k1); u3 := coalesce(untils[3], u1);
-    -- Most keys have at most one version: one row per element (LEFT JOIN,
-    -- the element's version or none), in the elements' order (a nested loop
-    -- over them), aggregated without a sort. Where a key has more (an
-    -- expired one beside a live one, say) or the rows came in another
-    -- order, each key's versions are aggregated by key instead, and sorted.
+    -- One row per version of each element's key (LEFT JOIN: one row of
+    -- NULLs for a key without any), in the elements' order (a nested loop
+    -- over them), aggregated without a sort, each row sorted as if its
+    -- version were the key's only one. Most keys have at most one: then
+    -- these rows are the elements. Where a key has more (an expired one
+    -- beside a live one, say) or the rows came in another order, the rows
+    -- are grouped by element: o or n as its row says, a if its one live
+    -- version is, else s. (The rows are kept as arrays: an aggregate per
+    -- key in the probe, with its arrays sorted back into the elements'
+    -- order, cost a batch of committed keys a quarter more;
+    -- docs/performance.md.)
     SELECT count(*), array_agg(u.n), array_agg(x.kind), array_agg(c.state), array_agg(c.result),
            array_agg(c.claimed_at), array_agg(c.expires_at), array_agg(c.fingerprint),
            count(*) FILTER (WHERE x.kind IN ('s', 'o'))
@@ -104,32 +110,20 @@ BEGIN
            array_agg(x.claimed_at ORDER BY x.n), array_agg(x.expires_at ORDER BY x.n),
            array_agg(x.fingerprint ORDER BY x.n), count(*) FILTER (WHERE x.kind IN ('s', 'o'))
       INTO kinds, states, results, claimed, expires, fps, others
-      FROM (SELECT u.n,
-                   CASE WHEN me IS NOT NULL
-                             AND EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = u.h AND g.writer = me) THEN 'o'
-                        WHEN a.versions = 0 THEN 'n'
-                        WHEN a.live = 1 AND (a.state IN ('p', 'c') OR a.state IN ('f', 'r') AND NOT retrying
-                                             OR a.state = 'l' AND a.running) THEN 'a'
+      FROM (SELECT v.n,
+                   CASE WHEN bool_or(v.kind = 'o') THEN 'o'
+                        WHEN bool_or(v.kind = 'n') THEN 'n'
+                        WHEN count(*) FILTER (WHERE v.expires_at > t_now) = 1
+                             AND bool_or(v.kind = 'a') THEN 'a'
                         ELSE 's' END::"char" AS kind,
-                   a.state, a.result, a.claimed_at, a.expires_at, a.fingerprint
-              FROM unnest(hs, keys) WITH ORDINALITY AS u(h, k, n)
-             CROSS JOIN LATERAL (
-                SELECT count(*) AS versions, count(*) FILTER (WHERE c.expires_at > t_now) AS live,
-                       min(c.state) FILTER (WHERE c.expires_at > t_now) AS state,
-                       (array_agg(c.result) FILTER (WHERE c.expires_at > t_now))[1] AS result,
-                       min(c.claimed_at) FILTER (WHERE c.expires_at > t_now) AS claimed_at,
-                       min(c.expires_at) FILTER (WHERE c.expires_at > t_now) AS expires_at,
-                       min(c.fingerprint) FILTER (WHERE c.expires_at > t_now) AS fingerprint,
-                       bool_or(c.state = 'l' AND idem.lease_running(c.result, t_now)) FILTER (WHERE c.expires_at > t_now) AS running
-                  FROM (SELECT c.state, c.result, c.claimed_at, c.expires_at, c.fingerprint
-                          FROM idem.claims c
-                         WHERE idem.key_hash(c.biz_type, c.key) = u.h
-                           AND c.biz_type = probe_batch.biz_type
-                           AND c.key = u.k
-                           AND (c.ttl_class = k1 AND c.expires_at <= u1
-                                OR c.ttl_class = k2 AND c.expires_at <= u2
-                                OR c.ttl_class = k3 AND c.expires_at <= u3)
-                        OFFSET 0) c) a) x;
+                   min(v.state) FILTER (WHERE v.kind = 'a') AS state,
+                   (array_agg(v.result) FILTER (WHERE v.kind = 'a'))[1] AS result,
+                   min(v.claimed_at) FILTER (WHERE v.kind = 'a') AS claimed_at,
+                   min(v.expires_at) FILTER (WHERE v.kind = 'a') AS expires_at,
+                   min(v.fingerprint) FILTER (WHERE v.kind = 'a') AS fingerprint
+              FROM unnest(ns, kinds, states, results, claimed, expires, fps)
+                   AS v(n, kind, state, result, claimed_at, expires_at, fingerprint)
+             GROUP BY v.n) x;
     ok := true;
 END
 $fn$;
