@@ -1,23 +1,37 @@
 -- Portable bodies of sql/batch.sql's C functions (scripts/portable.py).
 
 -- @helpers
--- The batch's keys that a set of statements can claim or answer without
--- idem_claim's per-key statements (docs/performance.md, "Batch claims"):
--- the first look at every key of the batch in one statement (idem.probe,
--- over the same TTL classes and partitions), whose rows say, per key,
--- whether it is new (no version of it at all), answered without the key
--- lock (one live committed claim, plain or completed: what idem_claim
--- answers from its first look), or anything else (a lease, a stored
--- failure, an expired version, two live ones). ok is false when any key is
--- of the last kind, the type is in more than three classes, or this
--- transaction holds the gate of one of the keys (it wrote it): then the
--- batch goes through idem_claim key by key. Otherwise found_* describe the
--- answered elements (found_at: their positions in keys, 1-based), and every
--- other element's key is new.
-CREATE FUNCTION idem.probe_batch(hs bigint[], biz_type text, keys text[], t_now timestamptz,
-                                 OUT ok boolean, OUT found_at int[], OUT found_states "char"[],
-                                 OUT found_results jsonb[], OUT found_claimed timestamptz[],
-                                 OUT found_expires timestamptz[], OUT found_fps text[])
+-- A lease document idem_claim answers from without the key lock: well
+-- formed (idem.check_lease; a damaged one is left to idem_claim, which
+-- raises it) and running at t_now.
+CREATE FUNCTION idem.lease_running(doc jsonb, t_now timestamptz) RETURNS boolean
+    IMMUTABLE LANGUAGE sql AS $fn$
+    SELECT jsonb_typeof(doc -> 'attempt') = 'number' AND jsonb_typeof(doc -> 'lease_us') = 'number'
+           AND jsonb_typeof(doc -> 'lease_until_us') = 'number' AND jsonb_typeof(doc -> 'owner_token_sha256') = 'string'
+           AND idem.lease_until(doc) > t_now
+$fn$;
+COMMENT ON FUNCTION idem.lease_running(jsonb, timestamptz) IS 'Portable edition: whether a lease document is well formed and its lease runs at t_now.';
+
+-- The first look at every key of a batch, in one statement (idem.probe's,
+-- over the same TTL classes and partitions), and what each element of
+-- keys is (kinds, by position in keys, 1-based):
+--   n  new: no version of the key at all;
+--   a  answered without the key lock, from its one live committed claim,
+--      as idem_claim answers from its first look: a plain or completed
+--      claim, a stored failure of a type that does not retry (retrying
+--      false), a lease still running (states, results, claimed, expires,
+--      fps: that claim's, for these elements only);
+--   s  anything else, which idem_claim decides under the key lock: an
+--      expired version only, a lease run out, a failure the type retries,
+--      two live versions, a damaged lease document;
+--   o  a key this transaction holds (its gate names this transaction), to
+--      which idem.probe's own-row rule applies.
+-- others: how many elements are s or o. ok is false when the type is in
+-- more than three classes: then the batch goes through idem_claim key by
+-- key.
+CREATE FUNCTION idem.probe_batch(hs bigint[], biz_type text, keys text[], t_now timestamptz, retrying boolean,
+                                 OUT ok boolean, OUT kinds "char"[], OUT states "char"[], OUT results jsonb[],
+                                 OUT claimed timestamptz[], OUT expires timestamptz[], OUT fps text[], OUT others int)
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
     me xid8 := pg_current_xact_id_if_assigned();
@@ -25,46 +39,52 @@ DECLARE
     untils timestamptz[];
     k1 smallint; k2 smallint; k3 smallint;
     u1 timestamptz; u2 timestamptz; u3 timestamptz;
-    rows_seen int;
-    elements_seen int;
-    odd boolean;
+    rows_seen bigint;
+    ns bigint[];
 BEGIN
     ok := false;
-    -- (any gate naming this transaction: idem.probe's own-row rule then
-    -- applies, which idem_claim has)
-    IF me IS NOT NULL AND EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = ANY (hs) AND g.writer = me) THEN
-        RETURN;
-    END IF;
     -- The type's classes and their latest expiries as values, as in
     -- idem.probe (the planner prunes to the partitions that can hold a row
-    -- of the type before anything is locked). Then each key looked up as
-    -- idem.probe looks it up, by its digest in each partition's index: a
-    -- join per key (LATERAL, kept a subquery by OFFSET 0, so that it stays
-    -- a nested loop over the keys), not one scan for an array of digests
-    -- or a join the planner may turn into a hash join: for 500 keys both
-    -- were planned as a scan (a parallel one, too) of the partitions,
-    -- computing the digest of every row in them.
+    -- of the type before anything is locked; no class: no partition, every
+    -- key is new). Then each key looked up as idem.probe looks it up, by
+    -- its digest in each partition's index: a join per key (LATERAL, kept
+    -- a subquery by OFFSET 0, so that it stays a nested loop over the
+    -- keys), not one scan for an array of digests or a join the planner
+    -- may turn into a hash join: for 500 keys both were planned as a scan
+    -- (a parallel one, too) of the partitions, computing the digest of
+    -- every row in them.
     SELECT array_agg(x.k ORDER BY x.k), array_agg(x.u ORDER BY x.k) INTO classes, untils
       FROM (SELECT tc.ttl_class AS k, max(tc.until) AS u FROM idem.type_classes tc
              WHERE tc.biz_type = probe_batch.biz_type GROUP BY tc.ttl_class) x;
-    IF classes IS NULL THEN
-        ok := true;
+    IF cardinality(classes) > 3 THEN
         RETURN;
     END IF;
-    IF cardinality(classes) > 3 THEN
+    IF classes IS NULL AND me IS NULL THEN
+        kinds := array_fill('n'::"char", ARRAY[cardinality(keys)]);
+        others := 0;
+        ok := true;
         RETURN;
     END IF;
     k1 := classes[1]; u1 := untils[1];
     k2 := coalesce(classes[2], k1); u2 := coalesce(untils[2], u1);
     k3 := coalesce(classes[3], k1); u3 := coalesce(untils[3], u1);
-    SELECT count(*), count(DISTINCT u.n),
-           coalesce(bool_or(c.expires_at <= t_now OR c.state NOT IN ('p', 'c')), false),
-           array_agg(u.n), array_agg(c.state), array_agg(c.result), array_agg(c.claimed_at),
-           array_agg(c.expires_at), array_agg(c.fingerprint)
-      INTO rows_seen, elements_seen, odd, found_at, found_states, found_results, found_claimed,
-           found_expires, found_fps
+    -- One row per version of each element's key (LEFT JOIN: one row of
+    -- NULLs for a key without any), in the elements' order (a nested loop
+    -- over them), aggregated without a sort, each row sorted as if its
+    -- version were the key's only one. Most keys have at most one: then
+    -- these rows are the elements. Where a key has more (an expired one
+    -- beside a live one, say) or the rows came in another order, the rows
+    -- are grouped by element: o or n as its row says, a if its one live
+    -- version is, else s. (The rows are kept as arrays: an aggregate per
+    -- key in the probe, with its arrays sorted back into the elements'
+    -- order, cost a batch of committed keys a quarter more;
+    -- docs/performance.md.)
+    SELECT count(*), array_agg(u.n), array_agg(x.kind), array_agg(c.state), array_agg(c.result),
+           array_agg(c.claimed_at), array_agg(c.expires_at), array_agg(c.fingerprint),
+           count(*) FILTER (WHERE x.kind IN ('s', 'o'))
+      INTO rows_seen, ns, kinds, states, results, claimed, expires, fps, others
       FROM unnest(hs, keys) WITH ORDINALITY AS u(h, k, n)
-     CROSS JOIN LATERAL (
+      LEFT JOIN LATERAL (
         SELECT c.state, c.result, c.claimed_at, c.expires_at, c.fingerprint
           FROM idem.claims c
          WHERE idem.key_hash(c.biz_type, c.key) = u.h
@@ -73,11 +93,41 @@ BEGIN
            AND (c.ttl_class = k1 AND c.expires_at <= u1
                 OR c.ttl_class = k2 AND c.expires_at <= u2
                 OR c.ttl_class = k3 AND c.expires_at <= u3)
-        OFFSET 0) AS c;
-    ok := rows_seen = elements_seen AND NOT odd;
+        OFFSET 0) AS c ON true
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN me IS NOT NULL
+                         AND EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = u.h AND g.writer = me) THEN 'o'
+                    WHEN c.state IS NULL THEN 'n'
+                    WHEN c.expires_at > t_now
+                         AND (c.state IN ('p', 'c') OR c.state IN ('f', 'r') AND NOT retrying
+                              OR c.state = 'l' AND idem.lease_running(c.result, t_now)) THEN 'a'
+                    ELSE 's' END::"char" AS kind) AS x;
+    IF rows_seen = cardinality(keys) AND ns = ARRAY(SELECT generate_series(1, rows_seen)) THEN
+        ok := true;
+        RETURN;
+    END IF;
+    SELECT array_agg(x.kind ORDER BY x.n), array_agg(x.state ORDER BY x.n), array_agg(x.result ORDER BY x.n),
+           array_agg(x.claimed_at ORDER BY x.n), array_agg(x.expires_at ORDER BY x.n),
+           array_agg(x.fingerprint ORDER BY x.n), count(*) FILTER (WHERE x.kind IN ('s', 'o'))
+      INTO kinds, states, results, claimed, expires, fps, others
+      FROM (SELECT v.n,
+                   CASE WHEN bool_or(v.kind = 'o') THEN 'o'
+                        WHEN bool_or(v.kind = 'n') THEN 'n'
+                        WHEN count(*) FILTER (WHERE v.expires_at > t_now) = 1
+                             AND bool_or(v.kind = 'a') THEN 'a'
+                        ELSE 's' END::"char" AS kind,
+                   min(v.state) FILTER (WHERE v.kind = 'a') AS state,
+                   (array_agg(v.result) FILTER (WHERE v.kind = 'a'))[1] AS result,
+                   min(v.claimed_at) FILTER (WHERE v.kind = 'a') AS claimed_at,
+                   min(v.expires_at) FILTER (WHERE v.kind = 'a') AS expires_at,
+                   min(v.fingerprint) FILTER (WHERE v.kind = 'a') AS fingerprint
+              FROM unnest(ns, kinds, states, results, claimed, expires, fps)
+                   AS v(n, kind, state, result, claimed_at, expires_at, fingerprint)
+             GROUP BY v.n) x;
+    ok := true;
 END
 $fn$;
-COMMENT ON FUNCTION idem.probe_batch(bigint[], text, text[], timestamptz) IS 'Portable edition: the first look at a batch''s keys in one statement: ok when every key is new or has one live committed plain or completed claim (found_*, by position in keys), which idem_claim_many then claims or answers with statements for the whole batch.';
+COMMENT ON FUNCTION idem.probe_batch(bigint[], text, text[], timestamptz, boolean) IS 'Portable edition: the first look at a batch''s keys in one statement: per element, whether its key is new (n), answered from its one live committed claim without the key lock (a, with that claim''s columns), left to idem_claim under the key lock (s), or held by this transaction (o).';
 -- @end
 
 -- @body idem_claim_many
@@ -90,27 +140,34 @@ DECLARE
     -- Per element (the statements below subscript these arrays, which
     -- PL/pgSQL keeps expanded, rather than join arrays: a join of arrays is
     -- planned for 10 rows each, a nested loop, n^2 comparisons for n keys):
-    -- the position of the first element of the same key; the committed
-    -- claim found for it; whether its key's gate was there already.
+    -- the position of the first element of the same key; what
+    -- idem.probe_batch found (kinds and, for an answered key, its claim);
+    -- for a first element that takes the key lock, how this call goes on
+    -- with it (via: NULL, in statements for the batch; c, through
+    -- idem_claim; x, in progress in another transaction, with wait false);
+    -- a new claim's time.
     firsts int[];
+    kinds "char"[];
     f_state "char"[];
     f_result jsonb[];
     f_claimed timestamptz[];
     f_expires timestamptz[];
     f_fp text[];
-    held boolean[];
+    via "char"[];
+    ts timestamptz[];
+    others bigint[];
     done @extschema@.idem_claim_result[];
     i int;
-    j int;
     bad text;
     p record;
     fast boolean := false;
     to_lock int;
     inserted int;
+    lock_wait text;
     ttl_us bigint;
+    ttl_iv interval;
     type_ttl_us bigint;
-    t_now timestamptz;
-    t_exp timestamptz;
+    t_last timestamptz;
     cls smallint;
 BEGIN
     IF keys IS NULL THEN
@@ -143,16 +200,14 @@ BEGIN
         RETURN;
     END IF;
     type_ttl_us := idem.admit(biz_type);
-    -- The batch in statements for all its keys where every key is new or
-    -- answered from a committed claim without the key lock (idem.probe_batch)
-    -- and the call may wait; otherwise (and when two keys share a digest,
-    -- and so a gate) key by key below.
-    IF coalesce(wait, true) THEN
-        hs := ARRAY(SELECT idem.key_hash(biz_type, u.k) FROM unnest(ks) WITH ORDINALITY AS u(k, n) ORDER BY u.n);
-        IF (SELECT count(DISTINCT u.k) = count(DISTINCT u.h) FROM unnest(ks, hs) AS u(k, h)) THEN
-            p := idem.probe_batch(hs, biz_type, ks, clock_timestamp());
-            fast := p.ok;
-        END IF;
+    -- The batch in statements for all its keys (idem.probe_batch), but for
+    -- the keys idem_claim has to decide under their key locks; the whole
+    -- batch key by key below when the type is in more than three classes,
+    -- or two keys share a digest (and so a gate).
+    hs := ARRAY(SELECT idem.key_hash(biz_type, u.k) FROM unnest(ks) WITH ORDINALITY AS u(k, n) ORDER BY u.n);
+    IF (SELECT count(DISTINCT u.k) = count(DISTINCT u.h) FROM unnest(ks, hs) AS u(k, h)) THEN
+        p := idem.probe_batch(hs, biz_type, ks, clock_timestamp(), idem.retries_failures(biz_type));
+        fast := p.ok;
     END IF;
     IF NOT fast THEN
         -- In the order of the keys' bytes, the first of equal keys first (as
@@ -166,89 +221,153 @@ BEGIN
               FROM generate_series(1, cardinality(ks)) AS u(n) ORDER BY u.n;
         RETURN;
     END IF;
+    kinds := p.kinds;
+    f_state := p.states;
+    f_result := p.results;
+    f_claimed := p.claimed;
+    f_expires := p.expires;
+    f_fp := p.fps;
     firsts := ARRAY(SELECT min(u.n) OVER (PARTITION BY u.k) FROM unnest(ks) WITH ORDINALITY AS u(k, n) ORDER BY u.n);
-    FOR j IN 1 .. coalesce(cardinality(p.found_at), 0) LOOP
-        i := p.found_at[j];
-        f_state[i] := p.found_states[j];
-        f_result[i] := p.found_results[j];
-        f_claimed[i] := p.found_claimed[j];
-        f_expires[i] := p.found_expires[j];
-        f_fp[i] := p.found_fps[j];
-    END LOOP;
     -- Fingerprints, as idem_claim checks them key by key: against the
-    -- committed claim found, and a later element of a new key against its
-    -- first element's (which claims it). The whole statement fails.
+    -- committed claim an answered key has, and a later element of a new key
+    -- against its first element's (which claims it); idem_claim checks
+    -- the others' itself. The whole statement fails.
     SELECT u.k INTO bad FROM unnest(ks, fps) WITH ORDINALITY AS u(k, f, n)
      WHERE u.f IS NOT NULL
-       AND CASE WHEN f_state[u.n] IS NOT NULL THEN u.f <> f_fp[u.n] ELSE u.f <> fps[firsts[u.n]] END
+       AND CASE kinds[u.n] WHEN 'a' THEN u.f <> f_fp[u.n] WHEN 'n' THEN u.f <> fps[firsts[u.n]] ELSE false END
      ORDER BY u.k COLLATE "C", u.n LIMIT 1;
     IF FOUND THEN
         PERFORM idem.refuse_fingerprint(bad, biz_type);
     END IF;
-    -- The key locks of the new keys, in one statement, in the order of the
-    -- keys' bytes (the rows are inserted in the order the sort gives them,
-    -- each waiting for its gate's holder as idem.lock_gate does); a key
-    -- answered from its committed claim takes none, as in idem_claim. A
-    -- gate inserted ('i' of idem.lock_gate) is a key no one has written
-    -- since the first look; where a gate was there ('l'), the key's
-    -- idem_claim looks again, under the lock now held.
-    WITH lock_order AS (
-        SELECT u.h FROM unnest(ks, hs) WITH ORDINALITY AS u(k, h, n)
-         WHERE f_state[u.n] IS NULL AND firsts[u.n] = u.n
-         ORDER BY u.k COLLATE "C"),
-    ins AS (
-        INSERT INTO idem.key_gates AS g (h, writer)
-        SELECT l.h, pg_current_xact_id() FROM lock_order l
-            ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false
-        RETURNING g.h)
-    SELECT (SELECT count(*) FROM lock_order), (SELECT count(*) FROM ins) INTO to_lock, inserted;
-    IF inserted < to_lock THEN
-        -- (rare: a gate left by an earlier claim of the key, or by one
-        -- committed since the first look). The gates the statement above
-        -- inserted are the only ones of these keys that name this
-        -- transaction as their writer (idem.probe_batch: none did before).
-        held := ARRAY(SELECT f_state[u.n] IS NULL AND firsts[u.n] = u.n
-                             AND NOT EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = u.h AND g.writer = pg_current_xact_id())
-                        FROM unnest(ks, hs) WITH ORDINALITY AS u(k, h, n) ORDER BY u.n);
+    IF coalesce(wait, true) THEN
+        -- The key locks of every key not answered (new or not), in one
+        -- statement, in the order of the keys' bytes (the rows are inserted
+        -- in the order the sort gives them, each waiting for its gate's
+        -- holder as idem.lock_gate does), so that two batches with keys in
+        -- common wait for each other in one direction only, and idem_claim
+        -- below waits for no key. An answered key takes none, as in
+        -- idem_claim. A new key's gate inserted ('i' of idem.lock_gate) is a
+        -- key no one has written since the first look; where a gate was
+        -- there ('l'), the key's idem_claim looks again, under the lock now
+        -- held. (inserted: the new keys' gates inserted; the others' may be
+        -- too, where idem_maintain removed them.)
+        IF p.others > 0 THEN
+            others := ARRAY(SELECT hs[u.n] FROM generate_series(1, cardinality(ks)) AS u(n)
+                             WHERE kinds[u.n] IN ('s', 'o') AND firsts[u.n] = u.n);
+        END IF;
+        WITH lock_order AS (
+            SELECT u.h, kinds[u.n] AS kind FROM unnest(ks, hs) WITH ORDINALITY AS u(k, h, n)
+             WHERE kinds[u.n] <> 'a' AND firsts[u.n] = u.n
+             ORDER BY u.k COLLATE "C"),
+        ins AS (
+            INSERT INTO idem.key_gates AS g (h, writer)
+            SELECT l.h, pg_current_xact_id() FROM lock_order l
+                ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false
+            RETURNING g.h)
+        SELECT (SELECT count(*) FROM lock_order l WHERE l.kind = 'n'),
+               (SELECT count(*) FROM ins WHERE others IS NULL OR NOT ins.h = ANY (others))
+          INTO to_lock, inserted;
+        IF p.others > 0 OR inserted < to_lock THEN
+            -- The new keys' gates the statement above inserted are the only
+            -- ones of these keys that name this transaction as their writer
+            -- (o: none did before).
+            via := ARRAY(SELECT CASE WHEN firsts[u.n] <> u.n OR kinds[u.n] = 'a' THEN NULL
+                                     WHEN kinds[u.n] <> 'n' THEN 'c'
+                                     WHEN inserted < to_lock
+                                          AND NOT EXISTS (SELECT 1 FROM idem.key_gates g
+                                                           WHERE g.h = u.h AND g.writer = pg_current_xact_id()) THEN 'c'
+                                END::"char"
+                           FROM unnest(hs) WITH ORDINALITY AS u(h, n) ORDER BY u.n);
+        END IF;
+    ELSE
+        -- Without waiting, as idem.lock_gate with wait false, for the whole
+        -- batch: a key whose gate is there is locked at once unless another
+        -- transaction holds it (x: in progress); the gates of the others are
+        -- inserted in one statement, in a subtransaction that may wait a
+        -- millisecond for a first insert in flight (docs/design.md §14); if
+        -- one is, each of those keys is left to idem_claim, which tries it
+        -- on its own.
+        via := ARRAY(SELECT CASE WHEN firsts[u.n] <> u.n OR kinds[u.n] = 'a' THEN NULL
+                                 WHEN EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = u.h FOR UPDATE SKIP LOCKED) THEN 'c'
+                                 WHEN EXISTS (SELECT 1 FROM idem.key_gates g WHERE g.h = u.h) THEN 'x'
+                                 ELSE '-' END::"char"
+                       FROM unnest(hs) WITH ORDINALITY AS u(h, n) ORDER BY u.n);
+        -- (a new key whose gate was there goes through idem_claim, as above)
+        IF '-' = ANY (via) THEN
+            to_lock := (SELECT count(*) FROM unnest(via) v WHERE v = '-');
+            lock_wait := current_setting('lock_timeout');
+            BEGIN
+                PERFORM set_config('lock_timeout', '1ms', true);
+                WITH ins AS (
+                    INSERT INTO idem.key_gates AS g (h, writer)
+                    SELECT hs[u.n], pg_current_xact_id() FROM unnest(ks) WITH ORDINALITY AS u(k, n)
+                     WHERE via[u.n] = '-' ORDER BY u.k COLLATE "C"
+                        ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false
+                    RETURNING g.h)
+                SELECT count(*) INTO inserted FROM ins;
+                PERFORM set_config('lock_timeout', lock_wait, true);
+                via := ARRAY(SELECT CASE WHEN v.v IS DISTINCT FROM '-' THEN v.v
+                                         WHEN kinds[v.n] <> 'n' THEN 'c'
+                                         WHEN inserted < to_lock
+                                              AND NOT EXISTS (SELECT 1 FROM idem.key_gates g
+                                                               WHERE g.h = hs[v.n] AND g.writer = pg_current_xact_id()) THEN 'c'
+                                    END::"char"
+                               FROM unnest(via) WITH ORDINALITY AS v(v, n) ORDER BY v.n);
+            EXCEPTION WHEN lock_not_available THEN
+                via := ARRAY(SELECT CASE WHEN v.v = '-' THEN 'c' ELSE v.v END::"char"
+                               FROM unnest(via) WITH ORDINALITY AS v(v, n) ORDER BY v.n);
+            END;
+        END IF;
     END IF;
-    IF inserted > 0 THEN
+    -- The new keys whose gates this call inserted: each claim's time its
+    -- own, as each native claim reads the clock (read here in the
+    -- elements' order: in the keys' order, a sort of the keys, cost 8 % of
+    -- a batch of new keys), one class decision for the batch (the TTL is
+    -- the batch's) and its registration made for the latest expiry, which
+    -- covers every other.
+    ts := ARRAY(SELECT CASE WHEN kinds[u.n] = 'n' AND firsts[u.n] = u.n AND via[u.n] IS NULL THEN clock_timestamp() END
+                  FROM generate_series(1, cardinality(ks)) AS u(n));
+    t_last := (SELECT max(t) FROM unnest(ts) t);
+    IF t_last IS NOT NULL THEN
         ttl_us := coalesce(ttl_us, type_ttl_us,
                            idem.setting_us('idem.default_ttl', interval '24 hours', 1000000, 34560000000000));
-        t_now := clock_timestamp();
-        t_exp := t_now + idem.us_interval(ttl_us);
-        cls := idem.claim_class(biz_type, t_now, t_exp);
+        ttl_iv := idem.us_interval(ttl_us);
+        cls := idem.claim_class(biz_type, t_last, t_last + ttl_iv);
         -- Each new claim row, and this transaction's gate for its key naming
         -- it (idem.insert_claim, for the whole batch; the digest again, by
         -- which the gate is found in its index).
         WITH c AS (
             INSERT INTO idem.claims AS ic (expires_at, claimed_at, ttl_class, state, biz_type, key, fingerprint, result)
-            SELECT t_exp, t_now, cls, 'p', biz_type, u.k, fps[u.n], NULL
+            SELECT ts[u.n] + ttl_iv, ts[u.n], cls, 'p', biz_type, u.k, fps[u.n], NULL
               FROM unnest(ks) WITH ORDINALITY AS u(k, n)
-             WHERE f_state[u.n] IS NULL AND firsts[u.n] = u.n AND held[u.n] IS NOT TRUE
+             WHERE ts[u.n] IS NOT NULL
             RETURNING ic.key, ic.tableoid, ic.ctid)
         UPDATE idem.key_gates g SET writer = pg_current_xact_id(), part = c.tableoid, tid = c.ctid
           FROM c WHERE g.h = idem.key_hash(biz_type, c.key);
     END IF;
-    -- Keys whose gate was there: idem_claim, holding the lock, in the order
-    -- of the keys' bytes, each element (a later one of the same key after
-    -- the first, as the loop above).
-    IF inserted < to_lock THEN
-        FOR i IN SELECT u.n FROM unnest(ks) WITH ORDINALITY AS u(k, n) WHERE held[firsts[u.n]]
+    -- The keys left to idem_claim, holding their locks (or, with wait
+    -- false, trying them), in the order of the keys' bytes, each element (a
+    -- later one of the same key after the first, as the loop above).
+    IF 'c' = ANY (via) THEN
+        FOR i IN SELECT u.n FROM unnest(ks) WITH ORDINALITY AS u(k, n) WHERE via[firsts[u.n]] = 'c'
                   ORDER BY u.k COLLATE "C", u.n LOOP
             done[i] := @extschema@.idem_claim(ks[i], biz_type, ttl, fps[i], wait);
         END LOOP;
     END IF;
     -- One row per element, in input order: idem_claim's answer where it
-    -- made one; a committed claim's outcome (idem.outcome_of_row); a new
+    -- made one; in progress where another transaction holds the key (wait
+    -- false); a committed claim's outcome (idem.outcome_of_row); a new
     -- key's first element claimed it, and a later one finds it in progress.
     RETURN QUERY
         SELECT o.k, (o.r).claimed, (o.r).state, (o.r).result, (o.r).first_claimed_at, (o.r).expires_at
           FROM (SELECT u.n, u.k,
                        CASE WHEN (done[u.n]).claimed IS NOT NULL THEN done[u.n]
-                            WHEN f_state[u.n] IS NOT NULL
+                            WHEN via[firsts[u.n]] = 'x' THEN ROW(false, 'in_progress', NULL, NULL, NULL)::@extschema@.idem_claim_result
+                            WHEN kinds[u.n] = 'a'
                             THEN idem.outcome_of_row(f_state[u.n], false, f_result[u.n], f_claimed[u.n], f_expires[u.n])
-                            WHEN firsts[u.n] = u.n THEN ROW(true, 'new', NULL, t_now, t_exp)::@extschema@.idem_claim_result
-                            ELSE ROW(false, 'in_progress', NULL, t_now, t_exp)::@extschema@.idem_claim_result
+                            WHEN firsts[u.n] = u.n
+                            THEN ROW(true, 'new', NULL, ts[u.n], ts[u.n] + ttl_iv)::@extschema@.idem_claim_result
+                            ELSE ROW(false, 'in_progress', NULL, ts[firsts[u.n]], ts[firsts[u.n]] + ttl_iv)::@extschema@.idem_claim_result
                        END AS r
                   FROM unnest(ks) WITH ORDINALITY AS u(k, n)
                 OFFSET 0) AS o

@@ -145,6 +145,17 @@ BEGIN;
 SELECT state, count(*) AS elements FROM idem_claim_many(ARRAY['b0', 'b1', 'b2', 'b3', 'b0'], 'pe.batch') GROUP BY state;
 SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
 COMMIT;
+-- A batch that mixes new keys with keys left to idem_claim (a lapsed
+-- claim, a key given twice) and a committed one: every claim it wrote, in
+-- statements or through idem_claim, is named by its key's gate.
+SELECT claimed FROM idem_claim('b5', 'pe.batch', ttl => '1 second');
+SELECT pg_sleep(1.1);
+BEGIN;
+SELECT key, claimed, state FROM idem_claim_many(ARRAY['b6', 'b5', 'b0', 'b7', 'b6'], 'pe.batch');
+SELECT count(*) AS gates_naming_their_claims
+  FROM idem.key_gates g JOIN idem.claims c ON c.tableoid = g.part AND c.ctid = g.tid
+ WHERE g.writer = pg_current_xact_id() AND c.biz_type = 'pe.batch';
+COMMIT;
 -- A later element of a new key with another fingerprint than the first
 -- element's, which claims it: ID001, nothing claimed.
 SELECT key FROM idem_claim_many(ARRAY['b4', 'b4'], 'pe.batch', fingerprints => ARRAY['x', 'y']);
