@@ -43,6 +43,10 @@ export interface IdemContext {
   bizType: string;
   /** idem_claim's row: claimed, state, result (claimed, a retry of a stored failure under the type's on_failure 'retry': {attempt, previous_error}). */
   claim: { claimed: boolean; state: string; result: any } | null;
+  /** 1 for a first run; 2, 3, ... when a stored failure is retried (the business type's on_failure 'retry') or a lease is taken over. */
+  attempt: number;
+  /** What the previous attempt stored with idem_fail (this library's stored response: {status, headers, body}), when a failure is retried; else null. */
+  previousError: unknown;
   /** Lease mode only. */
   lease: LeaseInfo | null;
   /** Lease mode only: record a recovery point (committed at once; renews the lease). */

@@ -274,6 +274,8 @@ class Idem {
       clientKey,
       bizType: route.bizType,
       claim: null,
+      attempt: 1,
+      previousError: null,
       lease: null,
       replayed: false,
       request: raw,
@@ -326,17 +328,23 @@ class Idem {
         const expires = c.expires_at ? new Date(c.expires_at).toUTCString() : null;
         return { response: replay(c.result, c.state, route, expires), replayed: true };
       }
+      // Which attempt this is, and what the last one left: idem_claim tells
+      // a new claim {attempt, previous_error} when it retries a stored
+      // failure (the type's on_failure 'retry'), and a takeover of a lease
+      // the lease document (attempt, recovery point, the failure it kept).
+      const told = c.result && typeof c.result === 'object' && !Array.isArray(c.result) ? c.result : {};
+      ctx.attempt = Number.isInteger(told.attempt) && told.attempt > 1 ? told.attempt : 1;
+      ctx.previousError = told.previous_error === undefined ? null : told.previous_error;
       if (route.lease !== null) {
         // Lease mode: the claim commits now, so that it outlives this process
         // and a takeover finds the recovery points; the handler's writes and
         // the stored response are a second transaction on the same connection.
-        const r = c.result || {};
         ctx.lease = {
-          token: r.lease_token,
-          attempt: r.attempt || 1,
-          recoveryPoint: r.recovery_point === undefined ? null : r.recovery_point,
-          recoveryData: r.recovery_data === undefined ? null : r.recovery_data,
-          until: r.lease_until || null,
+          token: told.lease_token,
+          attempt: ctx.attempt,
+          recoveryPoint: told.recovery_point === undefined ? null : told.recovery_point,
+          recoveryData: told.recovery_data === undefined ? null : told.recovery_data,
+          until: told.lease_until || null,
         };
         await client.query('COMMIT; BEGIN');
         ctx.checkpoint = (point, data) => this.#checkpoint(ctx, point, data);

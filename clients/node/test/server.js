@@ -118,8 +118,10 @@ async function conformance(ctx, req, body) {
   const fail = header(req, 'x-conformance-fail');
   if (fail) await ctx.query(`DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '${fail.replace(/[^0-9A-Z]/g, '')}'; END $$`);
   const pad = Number(header(req, 'x-conformance-pad') || 0);
-  return { status, headers: { location: `/conformance/rows/${id}`, 'x-conformance-row': String(id) },
-           body: pad ? { id, pad: 'x'.repeat(pad) } : { id } };
+  const headers = { location: `/conformance/rows/${id}`, 'x-conformance-row': String(id), 'x-conformance-attempt': String(ctx.attempt) };
+  const previous = ctx.previousError;
+  if (previous && Number.isInteger(previous.status)) headers['x-conformance-previous-status'] = String(previous.status);
+  return { status, headers, body: pad ? { id, pad: 'x'.repeat(pad) } : { id } };
 }
 
 const routes = [

@@ -20,6 +20,10 @@ app.post('/orders', idem.express(route), async (req, res) => {
   const r = await ctx.query<{ id: string }>('INSERT INTO orders (sku) VALUES ($1) RETURNING id', [req.body.sku]);
   const same: IdemContext | undefined = idem.current();
   void same;
+  const attempt: number = ctx.attempt; // 2 when a stored failure is retried
+  const previous: unknown = ctx.previousError;
+  void attempt;
+  void previous;
   res.status(201).json({ id: r.rows[0].id });
 });
 app.use(idem.expressErrorHandler());

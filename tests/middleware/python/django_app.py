@@ -113,7 +113,7 @@ def conformance(request: HttpRequest) -> HttpResponse:
             cur.execute(common.conformance_fail(h("X-Conformance-Fail", "")))
         if common.leased(request.path) and not common.keeps_writes(h):
             transaction.set_rollback(True)  # lease mode: the view's transaction is its own
-    status, headers, body = common.conformance_answer(row_id, h)
+    status, headers, body = common.conformance_answer(row_id, h, request.idem)  # type: ignore[attr-defined]
     resp = HttpResponse(body, status=status)
     for n, v in headers:
         resp[n] = v

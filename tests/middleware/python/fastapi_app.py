@@ -131,7 +131,7 @@ async def conformance(request: Request, ctx: IdemContext = Depends(idem_context)
                 raise psycopg.Rollback()
     else:
         row_id = await conformance_work(request, ctx)
-    status, headers, body = common.conformance_answer(row_id, h)
+    status, headers, body = common.conformance_answer(row_id, h, ctx.claim)
     return Response(body, status_code=status, headers=dict(headers))
 
 

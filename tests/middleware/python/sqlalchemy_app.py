@@ -64,7 +64,7 @@ def conformance_handler(session: Session, info: RequestInfo, c: Optional[Claim])
         # transaction of its own.
         tx = session.begin()
         try:
-            resp = conformance_work(session, info)
+            resp = conformance_work(session, info, c)
         except BaseException:
             tx.rollback()
             raise
@@ -73,10 +73,10 @@ def conformance_handler(session: Session, info: RequestInfo, c: Optional[Claim])
         else:
             tx.rollback()
         return resp
-    return conformance_work(session, info)
+    return conformance_work(session, info, c)
 
 
-def conformance_work(session: Session, info: RequestInfo) -> Response:
+def conformance_work(session: Session, info: RequestInfo, c: Optional[Claim]) -> Response:
     conn = session.connection()
     if info.header("x-conformance-hold"):
         conn.exec_driver_sql(common.CONFORMANCE_HOLD, (info.header("x-conformance-hold"),))
@@ -84,7 +84,7 @@ def conformance_work(session: Session, info: RequestInfo) -> Response:
                                   common.conformance_params(info.body, info.header)).scalar_one()
     if info.header("x-conformance-fail"):
         conn.exec_driver_sql(common.conformance_fail(info.header("x-conformance-fail") or ""))
-    return Response(*common.conformance_answer(row_id, info.header))
+    return Response(*common.conformance_answer(row_id, info.header, c))
 
 
 def run(info: RequestInfo, handler: Any = orders_handler) -> HTTPResponse:

@@ -111,11 +111,18 @@ def conformance_fail(sqlstate: str) -> str:
     return f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{code}'; END $$"
 
 
-def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]]) -> tuple[int, list[tuple[str, str]], bytes]:
-    """The conformance handler's answer (tests/middleware/README.md)."""
+def conformance_answer(row_id: int, headers: Callable[[str], Optional[str]],
+                       claim: Any = None) -> tuple[int, list[tuple[str, str]], bytes]:
+    """The conformance handler's answer (tests/middleware/README.md); claim:
+    the request's (its attempt, and the previous attempt's stored error
+    that idem_claim told it: result's previous_error), None without one."""
+    told = [("X-Conformance-Attempt", str(claim.attempt))] if claim is not None and claim.claimed else []
+    previous = claim.result.get("previous_error") if told and isinstance(claim.result, dict) else None
+    if isinstance(previous, dict) and isinstance(previous.get("status"), int):
+        told.append(("X-Conformance-Previous-Status", str(previous["status"])))
     return (int(headers("x-conformance-status") or 201),
             [("Content-Type", "application/json"), ("Location", f"/conformance/rows/{row_id}"),
-             ("X-Conformance-Row", str(row_id))],
+             ("X-Conformance-Row", str(row_id)), *told],
             json.dumps(conformance_body(row_id, headers)).encode())
 
 

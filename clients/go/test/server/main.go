@@ -85,6 +85,10 @@ type answer struct {
 	attempt int
 	pad     int // X-Conformance-Pad: that many bytes more in the body
 	err     error
+
+	// told: the claim's attempt and the status of the error the previous
+	// attempt stored (0: none), which the conformance table checks.
+	told, previousStatus int
 }
 
 // body is the answer's JSON body: {"id": ...}, and with X-Conformance-Pad a
@@ -117,6 +121,17 @@ func business(ctx context.Context, tx pgx.Tx, h http.Header, body []byte) answer
 	a := answer{status: http.StatusCreated}
 	if c := idem.ClaimOf(ctx); c != nil && c.LeaseToken != "" {
 		a.attempt = c.Attempt
+	}
+	if c := idem.ClaimOf(ctx); c != nil && c.Claimed {
+		a.told = c.Attempt
+		var r struct {
+			PreviousError struct {
+				Status int `json:"status"`
+			} `json:"previous_error"`
+		}
+		if c.Result != nil && json.Unmarshal(c.Result, &r) == nil {
+			a.previousStatus = r.PreviousError.Status
+		}
 	}
 	if c := idem.ClaimOf(ctx); c != nil && c.LeaseToken != "" && h.Get("X-Test-External") != "" {
 		// Lease mode's use: a call outside the database (here a row
@@ -183,6 +198,12 @@ func (a answer) headers(h http.Header) {
 	h.Set("X-Conformance-Row", strconv.FormatInt(a.id, 10))
 	if a.attempt > 0 {
 		h.Set("X-Attempt", strconv.Itoa(a.attempt))
+	}
+	if a.told > 0 {
+		h.Set("X-Conformance-Attempt", strconv.Itoa(a.told))
+	}
+	if a.previousStatus > 0 {
+		h.Set("X-Conformance-Previous-Status", strconv.Itoa(a.previousStatus))
 	}
 }
 

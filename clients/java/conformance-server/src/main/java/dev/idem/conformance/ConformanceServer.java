@@ -1,5 +1,6 @@
 package dev.idem.conformance;
 
+import dev.idem.spring.IdemClaim;
 import dev.idem.spring.web.DefaultStore;
 import dev.idem.spring.web.IdemLease;
 import dev.idem.spring.web.IdemTenant;
@@ -192,9 +193,17 @@ public class ConformanceServer {
         if (fail != null) {
             jdbc.queryForObject("SELECT raise_sqlstate(?)::text", String.class, fail);
         }
-        return ResponseEntity.status(status).contentType(MediaType.APPLICATION_JSON)
-                .header("Location", "/conformance/rows/" + id).header("X-Conformance-Row", Long.toString(id))
-                .body("{\"id\":" + id + pad(request.getHeader("X-Conformance-Pad")) + "}");
+        ResponseEntity.BodyBuilder answer = ResponseEntity.status(status).contentType(MediaType.APPLICATION_JSON)
+                .header("Location", "/conformance/rows/" + id).header("X-Conformance-Row", Long.toString(id));
+        IdemClaim claim = IdemClaim.current();
+        if (claim != null) {
+            answer.header("X-Conformance-Attempt", Integer.toString(claim.attempt()));
+            if (claim.previousError() != null && Json.parse(claim.previousError()) instanceof Map<?, ?> error
+                    && error.get("status") instanceof Json.Num previous) {
+                answer.header("X-Conformance-Previous-Status", Long.toString((long) previous.value()));
+            }
+        }
+        return answer.body("{\"id\":" + id + pad(request.getHeader("X-Conformance-Pad")) + "}");
     }
 
     /** With X-Conformance-Pad: N, a member "pad" of N letters x. */

@@ -9,7 +9,6 @@ import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
-import java.time.Duration;
 import java.util.HexFormat;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
@@ -109,7 +108,7 @@ final class IdempotentInterceptor implements MethodInterceptor {
             }
             Claim claim = claim(con, key, bizType, spec, fingerprint, ds);
             if (claim.claimed) {
-                return runAndComplete(invocation, con, key, bizType, ds);
+                return runAndComplete(invocation, con, key, bizType, claim.result, ds);
             }
             return replay(claim, method, targetClass, key, bizType, where);
         } finally {
@@ -119,43 +118,13 @@ final class IdempotentInterceptor implements MethodInterceptor {
 
     private record Claim(boolean claimed, String state, String result) { }
 
+    /** The claim, its wait bounded by idem.wait-timeout: one statement, one round trip (with the transaction's BEGIN if it is the first). */
     private Claim claim(Connection con, String key, String bizType, Idempotent spec, String fingerprint, DataSource ds) {
-        String sql = "SELECT claimed, state, result::text FROM " + prefix()
-                + "idem_claim(?, ?, ttl => ?::interval, fingerprint => ?, wait => ?)";
-        Duration timeout = properties.get().getWaitTimeout();
-        boolean bounded = spec.waitForFirst() && timeout != null && !timeout.isZero() && !timeout.isNegative();
-        try {
-            String previous = null;
-            if (bounded) {
-                // lock_timeout for the claim alone: the business statements after it keep the session's.
-                try (PreparedStatement st = con.prepareStatement(
-                        "SELECT current_setting('lock_timeout'), set_config('lock_timeout', ?, true)")) {
-                    st.setString(1, timeout.toMillis() + "ms");
-                    try (ResultSet rs = st.executeQuery()) {
-                        rs.next();
-                        previous = rs.getString(1);
-                    }
-                }
-            }
-            Claim claim;
-            try (PreparedStatement st = con.prepareStatement(sql)) {
-                st.setString(1, key);
-                st.setString(2, bizType);
-                st.setString(3, spec.ttl().isEmpty() ? null : spec.ttl());
-                st.setString(4, fingerprint);
-                st.setBoolean(5, spec.waitForFirst());
-                try (ResultSet rs = st.executeQuery()) {
-                    rs.next();
-                    claim = new Claim(rs.getBoolean(1), rs.getString(2), rs.getString(3));
-                }
-            }
-            if (bounded) {
-                try (PreparedStatement st = con.prepareStatement("SELECT set_config('lock_timeout', ?, true)")) {
-                    st.setString(1, previous);
-                    st.executeQuery().close();
-                }
-            }
-            return claim;
+        try (PreparedStatement st = ClaimStatement.prepare(con, prefix(), key, bizType, spec.ttl().isEmpty() ? null : spec.ttl(),
+                fingerprint, spec.waitForFirst(), properties.get().getWaitTimeout(), null);
+             ResultSet rs = st.executeQuery()) {
+            rs.next();
+            return new Claim(rs.getBoolean(1), rs.getString(2), rs.getString(3));
         } catch (SQLException e) {
             String state = e.getSQLState();
             if ("ID001".equals(state)) {
@@ -166,16 +135,17 @@ final class IdempotentInterceptor implements MethodInterceptor {
                 throw new IdempotencyInProgressException("key " + key + " of " + bizType + ": the first call's transaction is"
                         + " still open after the wait (" + state + "); retry later", bizType, key, state, e);
             }
-            throw translate(ds, sql, e);
+            throw translate(ds, "idem_claim", e);
         }
     }
 
-    private Object runAndComplete(MethodInvocation invocation, Connection con, String key, String bizType, DataSource ds)
+    /** told: what idem_claim answered the new claim (its attempt and previous error: IdemClaim.current() in the method). */
+    private Object runAndComplete(MethodInvocation invocation, Connection con, String key, String bizType, String told, DataSource ds)
             throws Throwable {
         Guard guard = new Guard(key, bizType);
         TransactionSynchronizationManager.registerSynchronization(guard);
         Object result;
-        try {
+        try (IdemClaim.Scope bound = IdemClaim.told(key, bizType, told).bind()) {
             result = invocation.proceed();
         } catch (Throwable t) {
             guard.failure = t; // the commit, if one comes, is refused with it as the cause

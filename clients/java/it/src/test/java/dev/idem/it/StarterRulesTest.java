@@ -4,6 +4,7 @@ import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import dev.idem.spring.IdemAutoConfiguration;
+import dev.idem.spring.IdemClaim;
 import dev.idem.spring.IdempotencyException;
 import dev.idem.spring.Idempotent;
 import java.util.UUID;
@@ -40,6 +41,14 @@ class StarterRulesTest {
             jdbc.update("INSERT INTO starter_rows (key) VALUES (?)", key);
             if (fail) throw new Exception("a checked failure after the insert");
             return "done " + key;
+        }
+
+        /** The claim it was told: "attempt previous-error". */
+        @Idempotent(bizType = "starter.retry", key = "#key")
+        public String told(String key) {
+            IdemClaim claim = IdemClaim.current();
+            jdbc.update("INSERT INTO starter_rows (key) VALUES (?)", key);
+            return claim.attempt() + " " + claim.previousError();
         }
     }
 
@@ -148,6 +157,37 @@ class StarterRulesTest {
             assertThat(second).isEqualTo(first);
             assertThat(rows(jdbc, key)).isEqualTo(1);
             assertThat(state(jdbc, key)).isEqualTo("completed");
+        });
+    }
+
+    /**
+     * Under the type's on_failure 'retry', a key whose claim other code
+     * failed runs the method again as attempt 2, told the stored error
+     * (IdemClaim.current()); its result is then replayed; a new key is
+     * attempt 1 with none; outside the method there is no current claim.
+     */
+    @Test
+    void aRetriedFailureTellsTheMethodItsAttemptAndTheError() {
+        runner.run(context -> {
+            JdbcTemplate jdbc = context.getBean(JdbcTemplate.class);
+            jdbc.execute("CREATE TABLE IF NOT EXISTS starter_rows (key text NOT NULL)");
+            jdbc.queryForObject("SELECT idem_configure('starter.retry', NULL, 'retry')::text", String.class);
+            TransactionTemplate tx = context.getBean(TransactionTemplate.class);
+            Work work = context.getBean(Work.class);
+            String failed = UUID.randomUUID().toString();
+            tx.execute(s -> {
+                jdbc.queryForObject("SELECT claimed FROM idem_claim(?, 'starter.retry')", Boolean.class, failed);
+                return jdbc.queryForObject("SELECT idem_fail(?, 'starter.retry', '{\"declined\": \"try later\"}')::text", String.class, failed);
+            });
+            String retried = tx.execute(s -> work.told(failed));
+            assertThat(retried).isEqualTo("2 {\"declined\":\"try later\"}");
+            String replayed = tx.execute(s -> work.told(failed));
+            assertThat(replayed).isEqualTo(retried);
+            assertThat(rows(jdbc, failed)).isEqualTo(1);
+            String fresh = UUID.randomUUID().toString();
+            String first = tx.execute(s -> work.told(fresh));
+            assertThat(first).isEqualTo("1 null");
+            assertThat(IdemClaim.current()).isNull();
         });
     }
 

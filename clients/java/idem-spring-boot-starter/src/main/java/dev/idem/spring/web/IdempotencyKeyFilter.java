@@ -1,5 +1,7 @@
 package dev.idem.spring.web;
 
+import dev.idem.spring.ClaimStatement;
+import dev.idem.spring.IdemClaim;
 import dev.idem.spring.IdemProperties;
 import jakarta.servlet.FilterChain;
 import jakarta.servlet.ReadListener;
@@ -81,14 +83,6 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
     private static final Log LOG = LogFactory.getLog(IdempotencyKeyFilter.class);
     private static final Pattern BIZ_TYPE = Pattern.compile("^[A-Za-z0-9_.:-]{1,64}$");
     private static final Set<String> TRANSIENT = Set.of("40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300");
-
-    /** The lock_timeout around the claim only, in one round trip; the select list restores the caller's setting. */
-    private static final String CLAIM_BOUNDED = "WITH s AS MATERIALIZED (SELECT ?::text AS k, current_setting('lock_timeout') AS prev,"
-            + " set_config('lock_timeout', ?, true) AS bound) SELECT c.claimed, c.state, c.result::text, c.expires_at,"
-            + " set_config('lock_timeout', s.prev, true)"
-            + " FROM s, LATERAL %sidem_claim(s.k, ?, ttl => ?::interval, fingerprint => ?, wait => ?, lease => ?::interval) c";
-    private static final String CLAIM = "SELECT claimed, state, result::text, expires_at FROM %sidem_claim(?, ?, ttl => ?::interval, fingerprint => ?,"
-            + " wait => ?, lease => ?::interval)";
 
     /** lease: a PostgreSQL interval, or null (no lease mode); retryAfter: seconds, on this route's 409 and 503. */
     private record Route(String bizType, boolean keyOptional, boolean waitForFirst, Duration lockTimeout, String ttl, boolean anonymous,
@@ -256,6 +250,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 replay(response, rt, claim[1], claim[2], claim[3]);
                 return;
             }
+            IdemClaim told = IdemClaim.told(scoped, rt.bizType, claim[2]);
             IdemLease lease = null;
             if (rt.lease != null) {
                 // Lease mode: the claim commits now, so that it outlives this
@@ -273,7 +268,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 }
                 req.setAttribute(IdemLease.ATTRIBUTE, lease);
             }
-            runAndStore(rt, req, response, chain, tx, scoped, lease);
+            runAndStore(rt, req, response, chain, tx, scoped, told, lease);
         } finally {
             rollback(tx); // a no-op once committed or rolled back
         }
@@ -284,7 +279,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             throws ServletException, IOException {
         TransactionStatus tx = transactions.getTransaction(TransactionDefinition.withDefaults());
         try {
-            runAndStore(rt, request, response, chain, tx, null, null);
+            runAndStore(rt, request, response, chain, tx, null, null, null);
         } finally {
             rollback(tx);
         }
@@ -294,12 +289,14 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
      * Runs the handler in tx with its answer held back; if the answer is to
      * be stored, stores it for the claim of scoped (null: no claim, an
      * optional key's absence) and commits, then sends it; if not, rolls back
-     * (claim included; a lease is handed back) and sends it.
+     * (claim included; a lease is handed back) and sends it. told: the
+     * claim as the handler sees it (IdemClaim.current()), null without one.
      */
     private void runAndStore(Route rt, HttpServletRequest req, HttpServletResponse response, FilterChain chain, TransactionStatus tx,
-                             String scoped, IdemLease lease) throws ServletException, IOException {
+                             String scoped, IdemClaim told, IdemLease lease) throws ServletException, IOException {
         ContentCachingResponseWrapper rec = new ContentCachingResponseWrapper(response);
-        try {
+        if (told != null) req.setAttribute(IdemClaim.ATTRIBUTE, told);
+        try (IdemClaim.Scope bound = told == null ? null : told.bind()) {
             chain.doFilter(req, rec);
         } catch (ServletException | IOException | RuntimeException e) {
             abandon(tx, lease);
@@ -322,7 +319,8 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         if (scoped != null) {
             String doc = StoredResponse.document(status, storedHeaders(rec), rec.getContentAsByteArray(), cfg.getMaxStoredBody());
             try {
-                finish(status < 400 ? "idem_complete" : "idem_fail", scoped, rt.bizType, doc, lease == null ? null : lease.token());
+                finish(status < 400 ? "idem_complete" : "idem_fail", scoped, rt.bizType, new String[] {doc}, lease == null ? null : lease.token(),
+                        commitsWithStore(tx));
             } catch (SQLException e) {
                 abandon(tx, lease);
                 rec.reset();
@@ -331,7 +329,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
             }
         }
         try {
-            transactions.commit(tx);
+            transactions.commit(tx); // (after a COMMIT sent with the stored response, pgJDBC sends nothing)
         } catch (RuntimeException e) {
             // (the outcome may be unknown: a retry replays it or runs again)
             rec.reset();
@@ -367,16 +365,8 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
     /** idem_claim on the transaction's connection: {claimed ("t"/"f"), state, result, expires_at as an HTTP-date}. */
     private String[] claim(Route rt, String scoped, String fingerprint) throws SQLException {
         Connection con = connection();
-        boolean bounded = rt.waitForFirst && rt.lockTimeout != null && rt.lockTimeout.toMillis() > 0;
-        try (PreparedStatement st = con.prepareStatement(String.format(bounded ? CLAIM_BOUNDED : CLAIM, schemaPrefix))) {
-            int i = 1;
-            st.setString(i++, scoped);
-            if (bounded) st.setString(i++, rt.lockTimeout.toMillis() + "ms");
-            st.setString(i++, rt.bizType);
-            st.setString(i++, rt.ttl);
-            st.setString(i++, fingerprint);
-            st.setBoolean(i++, rt.waitForFirst);
-            st.setString(i, rt.lease);
+        try (PreparedStatement st = ClaimStatement.prepare(con, schemaPrefix, scoped, rt.bizType, rt.ttl, fingerprint, rt.waitForFirst,
+                rt.lockTimeout, rt.lease)) {
             try (ResultSet rs = st.executeQuery()) {
                 rs.next();
                 java.sql.Timestamp expires = rs.getTimestamp(4);
@@ -388,25 +378,58 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         }
     }
 
-    /** idem_complete or idem_fail (doc: jsonb), idem_checkpoint (point, data) or idem_release (no argument), on the transaction's connection. */
-    private void finish(String function, String scoped, String bizType, String doc, String token) throws SQLException {
-        finish(function, scoped, bizType, new String[] {doc}, token);
+    /**
+     * The stored response may travel with COMMIT (one round trip instead of
+     * two): when COMMIT has nothing else to do, that is the transaction is
+     * the filter's own on a DataSourceTransactionManager (JPA would flush
+     * at commit) with no synchronization registered (whose beforeCommit
+     * would run after the COMMIT: an @Idempotent method's guard, a
+     * transactional event listener), and the driver is pgJDBC, whose
+     * commit() then sends nothing, as its transaction is no longer open.
+     */
+    private boolean commitsWithStore(TransactionStatus tx) {
+        if (!(transactions instanceof org.springframework.jdbc.datasource.DataSourceTransactionManager) || !tx.isNewTransaction()
+                || tx.isRollbackOnly()
+                || (TransactionSynchronizationManager.isSynchronizationActive() && !TransactionSynchronizationManager.getSynchronizations().isEmpty())) {
+            return false;
+        }
+        Boolean known = pgJdbc;
+        if (known == null) {
+            Connection con = connection();
+            try {
+                known = pgJdbc = "PostgreSQL JDBC Driver".equals(con.getMetaData().getDriverName());
+            } catch (SQLException e) {
+                return false;
+            } finally {
+                DataSourceUtils.releaseConnection(con, dataSource);
+            }
+        }
+        return known;
     }
 
-    private void finish(String function, String scoped, String bizType, String[] args, String token) throws SQLException {
+    /** Whether the DataSource's driver is pgJDBC (commitsWithStore), once known. */
+    private volatile Boolean pgJdbc;
+
+    /**
+     * idem_complete or idem_fail (args: the jsonb document), idem_checkpoint
+     * (point, data) or idem_release (no argument), on the transaction's
+     * connection; andCommit: COMMIT in the same round trip (not run if the
+     * function fails).
+     */
+    private void finish(String function, String scoped, String bizType, String[] args, String token, boolean andCommit) throws SQLException {
         Connection con = connection();
         String sql = "SELECT " + schemaPrefix + function + "(?, ?, " + switch (args.length) {
             case 0 -> "";
             case 1 -> "?::jsonb, ";
             default -> "?, ?::jsonb, ";
-        } + "?)";
+        } + "?)" + (andCommit ? "; COMMIT" : "");
         try (PreparedStatement st = con.prepareStatement(sql)) {
             int i = 1;
             st.setString(i++, scoped);
             st.setString(i++, bizType);
             for (String a : args) st.setString(i++, a);
             st.setString(i, token);
-            st.executeQuery().close();
+            st.execute();
         } finally {
             DataSourceUtils.releaseConnection(con, dataSource);
         }
@@ -428,7 +451,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         TransactionStatus own = transactions.getTransaction(new org.springframework.transaction.support.DefaultTransactionDefinition(
                 TransactionDefinition.PROPAGATION_REQUIRES_NEW));
         try {
-            finish("idem_checkpoint", lease.key(), lease.bizType(), new String[] {point, dataJson}, lease.token());
+            finish("idem_checkpoint", lease.key(), lease.bizType(), new String[] {point, dataJson}, lease.token(), false);
             transactions.commit(own);
         } catch (SQLException e) {
             throw new org.springframework.dao.DataAccessResourceFailureException("idem_checkpoint: " + e.getMessage(), e);
@@ -458,7 +481,7 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
         try {
             TransactionStatus own = transactions.getTransaction(TransactionDefinition.withDefaults());
             try {
-                finish("idem_release", lease.key(), lease.bizType(), new String[0], lease.token());
+                finish("idem_release", lease.key(), lease.bizType(), new String[0], lease.token(), false);
                 transactions.commit(own);
             } finally {
                 rollback(own);
