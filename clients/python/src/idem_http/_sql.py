@@ -38,8 +38,8 @@ def claim_statement(key: str, biz_type: str, ttl: Optional[str], fingerprint: Op
 
 def begin_statement(conn: Any) -> str:
     """The BEGIN psycopg would send on `conn` (its isolation level, read-only
-    and deferrable settings), for the middleware to send itself, pipelined
-    with the claim."""
+    and deferrable settings), for the middleware to send itself, with
+    the claim."""
     parts = ["BEGIN"]
     if conn.isolation_level is not None:
         parts.append("ISOLATION LEVEL " + conn.isolation_level.name.replace("_", " "))

@@ -53,13 +53,13 @@ class AsyncClaim(ClaimState):
 
     async def finish_and_commit(self, document: Any, failed: bool) -> None:
         """complete() (or fail() when `failed`), then COMMIT, in one round
-        trip (see `pipelined`). Not for a leased claim. If storing fails,
+        trip (see `joined`). Not for a leased claim. If storing fails,
         the COMMIT does not run: the caller rolls back."""
         self._require_claimed("fail" if failed else "complete")
         if self.lease:
             raise ValueError("finish_and_commit() is not for a leased claim")
         try:
-            await pipelined(self._conn, _sql.FAIL if failed else _sql.COMPLETE,
+            await joined(self._conn, _sql.FAIL if failed else _sql.COMPLETE,
                             (self.key, self.biz_type, _sql.to_json(document), self.lease_token), after="COMMIT")
         except Exception as e:
             err = classify(e)
@@ -103,11 +103,11 @@ async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str,
                     lock_timeout: Optional[str], begin: bool = False) -> AsyncClaim:
     """Run idem_claim in the connection's current transaction; with
     `begin` (an autocommit connection), BEGIN and the claim in one round
-    trip (see `pipelined`)."""
+    trip (see `joined`)."""
     query, params = _sql.claim_statement(key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
     try:
         if begin:
-            cur = await pipelined(conn, query, params, before=_sql.begin_statement(conn))
+            cur = await joined(conn, query, params, before=_sql.begin_statement(conn))
         else:
             cur = await conn.execute(query, params)
     except Exception as e:
@@ -123,29 +123,18 @@ async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str,
     return c
 
 
-async def pipelined(conn: psycopg.AsyncConnection[Any], query: str, params: tuple[Any, ...], *,
+async def joined(conn: psycopg.AsyncConnection[Any], query: str, params: tuple[Any, ...], *,
                     before: Optional[str] = None, after: Optional[str] = None) -> psycopg.AsyncCursor[Any]:
-    """`query` between the statements `before` and `after` (BEGIN, COMMIT),
-    in one round trip: one pipeline, one Sync, so `query` stays an
-    extended-protocol statement that psycopg prepares as its others
-    (prepare_threshold; behind PgBouncer in transaction mode, None).
-    Nothing follows COMMIT, so no pipeline spans two transactions of a
-    transaction-mode pooler. Without pipeline mode (libpq older than 14), one simple query with the
-    values bound client-side. An error in `query` skips `after`."""
-    if psycopg.AsyncPipeline.is_supported():
-        async with conn.pipeline():
-            if before is not None:
-                await conn.cursor().execute(before)
-            cur = conn.cursor()
-            await cur.execute(query, params)
-            if after is not None:
-                await conn.cursor().execute(after)
-        return cur
-    client = psycopg.AsyncClientCursor(conn)
-    await client.execute("; ".join(q for q in (before, query, after) if q is not None), params)
+    """`query` between the statements `before` and `after` (BEGIN, COMMIT)
+    as one simple query, its values bound client-side: one round trip. (In
+    psycopg's pipeline mode `query` could stay a prepared statement, but
+    that cost 2 to 3 ms more of this process's CPU per request:
+    docs/performance.md.) An error in `query` skips `after`."""
+    cur = psycopg.AsyncClientCursor(conn)
+    await cur.execute("; ".join(q for q in (before, query, after) if q is not None), params)
     if before is not None:
-        client.nextset()
-    return client
+        cur.nextset()
+    return cur
 
 
 @asynccontextmanager

@@ -191,25 +191,15 @@ def claim(conn: psycopg.Connection[Any], key: str, biz_type: str, *, fingerprint
         yield c
 
 
-def pipelined(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...], *, before: Optional[str] = None,
+def joined(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...], *, before: Optional[str] = None,
               after: Optional[str] = None) -> psycopg.Cursor[Any]:
-    """`query` between the statements `before` and `after` (BEGIN, COMMIT)
-    in one round trip, on the connection's own cursor class: the sync
-    counterpart of `idem_http.aio.pipelined`."""
-    if psycopg.Pipeline.is_supported():
-        with conn.pipeline():
-            if before is not None:
-                conn.cursor().execute(before)
-            cur = conn.cursor()
-            cur.execute(query, params)
-            if after is not None:
-                conn.cursor().execute(after)
-        return cur
-    client = psycopg.ClientCursor(conn)
-    client.execute("; ".join(q for q in (before, query, after) if q is not None), params)
+    """The sync counterpart of `idem_http.aio.joined`: `query` between
+    `before` and `after` as one simple query."""
+    cur = psycopg.ClientCursor(conn)
+    cur.execute("; ".join(q for q in (before, query, after) if q is not None), params)
     if before is not None:
-        client.nextset()
-    return client
+        cur.nextset()
+    return cur
 
 
 class _Rollback(Exception):

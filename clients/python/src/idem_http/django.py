@@ -30,7 +30,7 @@ from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from . import _sql
-from .core import Claim, handle_request, pipelined
+from .core import Claim, handle_request, joined
 from .errors import is_transient, sqlstate_of
 from .policy import Policy, RequestInfo, Response
 from .routes import resolver
@@ -103,8 +103,8 @@ class IdempotencyMiddleware:
         def begin_with(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
             # atomic() turned autocommit off, and psycopg would send BEGIN
             # alone before the first statement. Still idle, the connection
-            # goes back to autocommit (which sends nothing) and BEGIN is
-            # pipelined with the claim. The block's end is Django's as
+            # goes back to autocommit (which sends nothing) and BEGIN
+            # travels with the claim. The block's end is Django's as
             # always: psycopg sends COMMIT or ROLLBACK whatever the flag,
             # and Django then turns autocommit on, as after any outermost block.
             raw = outermost()
@@ -112,7 +112,7 @@ class IdempotencyMiddleware:
                 return None
             begin = _sql.begin_statement(raw)
             raw.autocommit = True
-            row = pipelined(raw, sql, params, before=begin).fetchone()
+            row = joined(raw, sql, params, before=begin).fetchone()
             return None if row is None else tuple(row)
 
         def commit_with(sql: str, params: tuple[Any, ...]) -> bool:
@@ -121,7 +121,7 @@ class IdempotencyMiddleware:
             raw = outermost()
             if raw is None:
                 return False
-            pipelined(raw, sql, params, after="COMMIT")
+            joined(raw, sql, params, after="COMMIT")
             return True
 
         def call(c: Optional[Claim]) -> HttpResponseBase:

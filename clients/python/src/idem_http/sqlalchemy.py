@@ -66,7 +66,7 @@ def _begin_with(session: Session) -> core.BeginWith:
         # As for _commit_with, a session bound to an engine over psycopg 3.
         # psycopg would send BEGIN alone before the first statement. Still
         # idle, the connection goes to autocommit (which sends nothing) and
-        # BEGIN is pipelined with the claim; the session's COMMIT or
+        # BEGIN travels with the claim; the session's COMMIT or
         # ROLLBACK then ends the transaction as always (psycopg sends them
         # whatever the flag), and the pool's check-in turns autocommit off
         # before the connection can serve anyone else.
@@ -84,7 +84,7 @@ def _begin_with(session: Session) -> core.BeginWith:
         begin = _sql.begin_statement(raw)
         proxied.info[_AUTOCOMMIT] = True
         raw.autocommit = True
-        row = core.pipelined(raw, sql, params, before=begin).fetchone()
+        row = core.joined(raw, sql, params, before=begin).fetchone()
         return None if row is None else tuple(row)
 
     return begin_with
@@ -102,7 +102,7 @@ def _commit_with(session: Session) -> core.CommitWith:
         raw = session.connection().connection.driver_connection
         if not isinstance(raw, psycopg.Connection):
             return False
-        core.pipelined(raw, sql, params, after="COMMIT")
+        core.joined(raw, sql, params, after="COMMIT")
         return True
 
     return commit_with
