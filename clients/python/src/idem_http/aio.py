@@ -60,7 +60,7 @@ class AsyncClaim(ClaimState):
             raise ValueError("finish_and_commit() is not for a leased claim")
         try:
             await joined(self._conn, _sql.FAIL if failed else _sql.COMPLETE,
-                            (self.key, self.biz_type, _sql.to_json(document), self.lease_token), after="COMMIT")
+                         (self.key, self.biz_type, _sql.to_json(document), self.lease_token), after="COMMIT")
         except Exception as e:
             err = classify(e)
             if err is not None and err is not e:
@@ -124,7 +124,7 @@ async def claim_row(conn: psycopg.AsyncConnection[Any], key: str, biz_type: str,
 
 
 async def joined(conn: psycopg.AsyncConnection[Any], query: str, params: tuple[Any, ...], *,
-                    before: Optional[str] = None, after: Optional[str] = None) -> psycopg.AsyncCursor[Any]:
+                 before: Optional[str] = None, after: Optional[str] = None) -> psycopg.AsyncCursor[Any]:
     """`query` between the statements `before` and `after` (BEGIN, COMMIT)
     as one simple query, its values bound client-side: one round trip. (In
     psycopg's pipeline mode `query` could stay a prepared statement, but
