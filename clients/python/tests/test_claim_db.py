@@ -152,9 +152,74 @@ async def async_checks() -> None:
         check(again == (True, 2), f"async lease: an exception hands the lease back; the next claim takes over: {again}")
 
 
+def sqlalchemy_checks() -> None:
+    """idem_http.sqlalchemy.handle_request switches the pooled psycopg
+    connection to autocommit to send BEGIN with the claim: after every kind
+    of request the pool holds it out of autocommit again, so the next
+    session's statements are one transaction, and each request's outcome
+    is its own (one pooled connection serves them all)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    import idem_http.sqlalchemy as idem_sa
+    from idem_http import Policy, RequestInfo, Response, Route
+
+    params = dict(p.split("=", 1) for p in CONNINFO.split())
+    engine = create_engine(f"postgresql+psycopg://{params.get('user', 'postgres')}@/{params.get('dbname', '')}",
+                           connect_args={"host": params.get("host", ""), "port": params.get("port", "5432"),
+                                         "prepare_threshold": None}, pool_size=1, max_overflow=0)
+    policy, route = Policy(single_tenant=True), Route("api.sa")
+
+    def request(key: str, body: bytes, status: int = 201, raise_: bool = False) -> int:
+        info = RequestInfo("POST", "/sa", "", {"idempotency-key": f'"{key}"'}, body)
+
+        def handler(session: Session) -> Response:
+            session.execute(text("INSERT INTO claim_api_rows VALUES (:k)"), {"k": key})
+            if raise_:
+                raise KeyError("boom")
+            return Response(status, [], b"{}")
+
+        with Session(engine) as session:
+            try:
+                out = idem_sa.handle_request(session, policy, route, info, call=lambda c: handler(session),
+                                             describe=lambda r: r)
+            except KeyError:
+                return -1
+        return out.status
+
+    def pooled_state() -> tuple[bool, Any, int]:
+        with engine.connect() as sa_conn:
+            raw = sa_conn.connection.driver_connection
+            assert isinstance(raw, psycopg.Connection)
+            autocommit, status = raw.autocommit, raw.info.transaction_status
+            # Two statements of a session: one transaction, not two (an
+            # autocommit connection would answer two different xids).
+            xids = {sa_conn.execute(text("SELECT txid_current()")).scalar() for _ in range(2)}
+            sa_conn.rollback()
+        return autocommit, status, len(xids)
+
+    idle = psycopg.pq.TransactionStatus.IDLE
+    key = f"{RUN}-sa-new-key-0001"
+    steps = [("a new key", lambda: request(key, b"1"), 201),
+             ("its replay", lambda: request(key, b"1"), 201),
+             ("another body (ID001)", lambda: request(key, b"2"), 422),
+             ("a 500, rolled back", lambda: request(f"{RUN}-sa-answer-500", b"1", status=500), 500),
+             ("a handler that raised", lambda: request(f"{RUN}-sa-raised-key", b"1", raise_=True), -1)]
+    for what, step, expected in steps:
+        got = step()
+        check(got == expected and pooled_state() == (False, idle, 1),
+              f"sqlalchemy: after {what} ({got}), the pooled connection is out of autocommit, idle, "
+              f"and a session's statements are one transaction")
+    with psycopg.connect(CONNINFO, autocommit=True, prepare_threshold=None) as conn:
+        rows = [count(conn, k) for k in (key, f"{RUN}-sa-answer-500", f"{RUN}-sa-raised-key")]
+    check(rows == [1, 0, 0], f"sqlalchemy: one row for the new key, none for the rolled-back ones: {rows}")
+    engine.dispose()
+
+
 def main() -> None:
     sync_checks()
     asyncio.run(async_checks())
+    sqlalchemy_checks()
     print(f"summary: test_claim_db: {len(failures)} failed")
     sys.exit(1 if failures else 0)
 

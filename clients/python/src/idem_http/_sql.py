@@ -36,6 +36,20 @@ def claim_statement(key: str, biz_type: str, ttl: Optional[str], fingerprint: Op
     return CLAIM_BOUNDED, (key, lock_timeout, biz_type, ttl, fingerprint, wait, lease)
 
 
+def begin_statement(conn: Any) -> str:
+    """The BEGIN psycopg would send on `conn` (its isolation level, read-only
+    and deferrable settings), for the middleware to send itself, with
+    the claim."""
+    parts = ["BEGIN"]
+    if conn.isolation_level is not None:
+        parts.append("ISOLATION LEVEL " + conn.isolation_level.name.replace("_", " "))
+    if conn.read_only is not None:
+        parts.append("READ ONLY" if conn.read_only else "READ WRITE")
+    if conn.deferrable is not None:
+        parts.append("DEFERRABLE" if conn.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
+
+
 def to_json(value: Any) -> Optional[str]:
     return None if value is None else json.dumps(value)
 

@@ -34,6 +34,12 @@ TransactionFactory = Callable[[], ContextManager[Any]]
 #: outermost, or the driver is not psycopg 3. The framework's own COMMIT at
 #: the block's end then finds no transaction and sends nothing.
 CommitWith = Callable[[str, tuple[Any, ...]], bool]
+#: Sends BEGIN and the claim's statement in one round trip on the psycopg 3
+#: connection under the framework's transaction and returns the claim's row;
+#: or returns None having sent nothing where it cannot (the block is not the
+#: framework's outermost transaction, the driver is not psycopg 3): then
+#: the claim runs through Execute, after the BEGIN psycopg sends alone.
+BeginWith = Callable[[str, tuple[Any, ...]], Optional[tuple[Any, ...]]]
 T = TypeVar("T")
 
 
@@ -103,9 +109,12 @@ def _make_claim(execute: Execute, transaction: Optional[TransactionFactory], key
 
 
 def _claim_row(execute: Execute, key: str, biz_type: str, ttl: Optional[str], fingerprint: Optional[str],
-               wait: bool, lease: Optional[str], lock_timeout: Optional[str]) -> Optional[tuple[Any, ...]]:
+               wait: bool, lease: Optional[str], lock_timeout: Optional[str],
+               begin_with: Optional[BeginWith] = None) -> Optional[tuple[Any, ...]]:
+    statement = _sql.claim_statement(key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
     try:
-        return execute(*_sql.claim_statement(key, biz_type, ttl, fingerprint, wait, lease, lock_timeout))
+        row = begin_with(*statement) if begin_with is not None else None
+        return row if row is not None else execute(*statement)
     except Exception as e:
         if sqlstate_of(e) == LOCK_NOT_AVAILABLE:
             raise InProgress(f"({biz_type}, {key}) is in progress: the wait ran out") from e
@@ -133,13 +142,14 @@ def _reraise(e: BaseException) -> None:
 @contextmanager
 def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_type: str, *,
              fingerprint: Optional[str] = None, wait: bool = True, ttl: Optional[str] = None,
-             lease: Optional[str] = None, lock_timeout: Optional[str] = None) -> Iterator[Claim]:
+             lease: Optional[str] = None, lock_timeout: Optional[str] = None,
+             begin_with: Optional[BeginWith] = None) -> Iterator[Claim]:
     """claim() for any transaction and statement runner (Django's atomic and
     cursor, SQLAlchemy's session): the building block of the integrations."""
     try:
         if lease is None:
             with transaction():
-                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, None, lock_timeout)
+                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, None, lock_timeout, begin_with)
                 c = _make_claim(execute, None, key, biz_type, row, None)
                 yield c
                 c.check_finished()
@@ -147,7 +157,7 @@ def claim_in(transaction: TransactionFactory, execute: Execute, key: str, biz_ty
             # Lease mode: the claim commits first; the work runs outside
             # this transaction (external calls), finished with the token.
             with transaction():
-                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, lease, lock_timeout)
+                row = _claim_row(execute, key, biz_type, ttl, fingerprint, wait, lease, lock_timeout, begin_with)
             c = _make_claim(execute, transaction, key, biz_type, row, lease)
             try:
                 yield c
@@ -181,6 +191,17 @@ def claim(conn: psycopg.Connection[Any], key: str, biz_type: str, *, fingerprint
         yield c
 
 
+def joined(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...], *, before: Optional[str] = None,
+              after: Optional[str] = None) -> psycopg.Cursor[Any]:
+    """The sync counterpart of `idem_http.aio.joined`: `query` between
+    `before` and `after` as one simple query."""
+    cur = psycopg.ClientCursor(conn)
+    cur.execute("; ".join(q for q in (before, query, after) if q is not None), params)
+    if before is not None:
+        cur.nextset()
+    return cur
+
+
 class _Rollback(Exception):
     def __init__(self, native: Any) -> None:
         super().__init__("not stored: rolled back")
@@ -189,7 +210,8 @@ class _Rollback(Exception):
 
 def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transaction: TransactionFactory,
                    execute: Execute, call: Callable[[Optional[Claim]], T],
-                   describe: Callable[[T], Response], commit_with: Optional[CommitWith] = None) -> Union[Response, T]:
+                   describe: Callable[[T], Response], commit_with: Optional[CommitWith] = None,
+                   begin_with: Optional[BeginWith] = None) -> Union[Response, T]:
     """One request, the whole mapping (docs/http.md, "The rules"): 400 for a
     missing or invalid key, 500 without a tenant, claim, replay or 409, run
     `call` in the claim's transaction, store what `describe` says it
@@ -215,7 +237,7 @@ def handle_request(policy: Policy, route: Route, info: RequestInfo, *, transacti
         wait = policy.wait if route.wait is None else route.wait
         with claim_in(transaction, execute, policy.scoped_key(key, scope), route.biz_type,
                       fingerprint=policy.fingerprint_of(info, route, scope), wait=wait, ttl=route.ttl,
-                      lease=route.lease, lock_timeout=policy.lock_timeout_for(route)) as c:
+                      lease=route.lease, lock_timeout=policy.lock_timeout_for(route), begin_with=begin_with) as c:
             if not c.claimed:
                 answer = (policy.in_progress(route) if c.state == "in_progress"
                           else policy.replay(c.replay, c.state, c.expires))

@@ -29,7 +29,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
-from .core import Claim, handle_request
+from . import _sql
+from .core import Claim, handle_request, joined
 from .errors import is_transient, sqlstate_of
 from .policy import Policy, RequestInfo, Response
 from .routes import resolver
@@ -88,15 +89,39 @@ class IdempotencyMiddleware:
                 row = cur.fetchone()
                 return None if row is None else tuple(row)
 
-        def commit_with(sql: str, params: tuple[Any, ...]) -> bool:
-            # Only when the middleware's atomic block is the outermost (no
-            # transaction of the caller's around it), not marked for
-            # rollback, and the driver is psycopg 3; Django's COMMIT at the
-            # block's end then sends nothing.
+        def outermost() -> Optional[psycopg.Connection[Any]]:
+            # The psycopg 3 connection, when the middleware's atomic block
+            # is the outermost (no transaction of the caller's around it:
+            # Django commits it and turns autocommit back on at its end) and
+            # not marked for rollback.
             raw = conn.connection
-            if len(conn.atomic_blocks) != 1 or conn.needs_rollback or not isinstance(raw, psycopg.Connection):
+            if len(conn.atomic_blocks) != 1 or not conn.commit_on_exit or conn.needs_rollback \
+                    or not isinstance(raw, psycopg.Connection):
+                return None
+            return raw
+
+        def begin_with(sql: str, params: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
+            # atomic() turned autocommit off, and psycopg would send BEGIN
+            # alone before the first statement. Still idle, the connection
+            # goes back to autocommit (which sends nothing) and BEGIN
+            # travels with the claim. The block's end is Django's as
+            # always: psycopg sends COMMIT or ROLLBACK whatever the flag,
+            # and Django then turns autocommit on, as after any outermost block.
+            raw = outermost()
+            if raw is None or raw.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                return None
+            begin = _sql.begin_statement(raw)
+            raw.autocommit = True
+            row = joined(raw, sql, params, before=begin).fetchone()
+            return None if row is None else tuple(row)
+
+        def commit_with(sql: str, params: tuple[Any, ...]) -> bool:
+            # Django's COMMIT at the block's end then finds no transaction
+            # and sends nothing.
+            raw = outermost()
+            if raw is None:
                 return False
-            psycopg.ClientCursor(raw).execute(sql + "; COMMIT", params)
+            joined(raw, sql, params, after="COMMIT")
             return True
 
         def call(c: Optional[Claim]) -> HttpResponseBase:
@@ -105,7 +130,8 @@ class IdempotencyMiddleware:
 
         assert self.policy is not None
         out = handle_request(self.policy, route, info, transaction=lambda: transaction.atomic(using=self.database),
-                             execute=execute, call=call, describe=_describe, commit_with=commit_with)
+                             execute=execute, call=call, describe=_describe, commit_with=commit_with,
+                             begin_with=begin_with)
         return _to_django(out) if isinstance(out, Response) else out
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Optional[HttpResponse]:
