@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # HTTP requests per second through the middleware, next to the same handler
 # with hand-written idempotency and with none (bench/README.md): Python
-# (idem-http, FastAPI on uvicorn, one worker) and Node (idem-pg, Express), or
-# with `go` / `java` the Go client and the Spring MVC filter. Not a test: it
-# checks only that every answer was the expected one.
+# (idem-http: FastAPI on uvicorn, one worker; Django's runserver) and Node
+# (idem-pg: Express, Fastify), or with `go` / `java` the Go client and the
+# Spring MVC filter. Not a test: it checks only that every answer was the
+# expected one.
 #
 #   bash bench/middleware.sh [go|java] [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 300]
 #                            [--profile] [--out DIR]       (--profile, --out: Python and Node only)
@@ -34,7 +35,7 @@ bench_go() {
   BENCH_DSN="host=$dir port=$PG_PORT user=postgres dbname=bench pool_max_conns=16" "$work/bench" "$@"
 }
 
-ARGS="$*" LANGS="python node" WARMUP=300 PG_PORT=${BENCH_MW_PORT:-5590}
+ARGS="$*" LANGS="python django node fastify" WARMUP=300 PG_PORT=${BENCH_MW_PORT:-5590}
 case "${1:-}" in
   go) shift; bench_go "$@"; exit ;;
   # Java: clients/java/conformance-server's jar (Spring Boot, HikariCP, its own JVM), /bench/{a,c,d}
@@ -59,15 +60,17 @@ HERE="$ROOT/bench/middleware"
 WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
 BENCH_WHEELS="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-bench"
 PY_PORT=$(free_port)
+DJ_PORT=$(free_port)
 NODE_PORT=$(free_port)
+FY_PORT=$(free_port)
 JAVA_PORT=
-py_pid= node_pid= java_pid=
+py_pid= dj_pid= node_pid= fy_pid= java_pid=
 mw_stop_hook() { # the servers, by their pids
   local p
-  for p in $py_pid $node_pid $java_pid; do
+  for p in $py_pid $dj_pid $node_pid $fy_pid $java_pid; do
     kill -TERM "$p" 2>/dev/null || true
   done
-  for p in $py_pid $node_pid $java_pid; do
+  for p in $py_pid $dj_pid $node_pid $fy_pid $java_pid; do
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
     kill -KILL "$p" 2>/dev/null || true
   done
@@ -90,7 +93,7 @@ if [ "$LANGS" = java ]; then
 else
   # ---- Python: idem-http's wheel in a fresh venv
   bash "$ROOT/scripts/setup.sh" --tool middleware_python
-  say "idem-http: wheel, fresh venv (FastAPI, uvicorn, psycopg, psycopg-pool)"
+  say "idem-http: wheel, fresh venv (FastAPI, uvicorn, Django, psycopg, psycopg-pool)"
   venv="$work/venv"
   python3 -m venv "$venv"
   if [ ! -f "$BENCH_WHEELS/.complete-1" ]; then
@@ -105,20 +108,20 @@ else
   "$venv/bin/pip" install -q build
   cp -r "$ROOT/clients/python" "$work/pysrc"
   "$venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/pysrc" > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
-  "$venv/bin/pip" install -q "$(ls "$work"/dist/idem_http-*.whl)[fastapi]" "psycopg[binary]" psycopg-pool uvicorn pyinstrument
+  "$venv/bin/pip" install -q "$(ls "$work"/dist/idem_http-*.whl)[fastapi,django]" "psycopg[binary]" psycopg-pool uvicorn pyinstrument
   unset PIP_NO_INDEX PIP_FIND_LINKS
   py_versions=$("$venv/bin/python" -c "from importlib.metadata import version as v
-print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'uvicorn', 'psycopg', 'psycopg-binary', 'psycopg-pool']))")
+print(', '.join(n + ' ' + v(n) for n in ['idem-http', 'fastapi', 'starlette', 'uvicorn', 'django', 'psycopg', 'psycopg-binary', 'psycopg-pool']))")
   echo "$py_versions (Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))"
 
   # ---- Node: idem-pg packed and installed with express and pg --------------------------
   bash "$ROOT/scripts/setup.sh" --tool middleware_node
-  say "idem-pg: npm pack, npm install with express and pg"
+  say "idem-pg: npm pack, npm install with express, fastify and pg"
   mkdir -p "$work/pack" "$work/app"
   tarball=$(cd "$ROOT/clients/node" && npm pack --silent --pack-destination "$work/pack")
   cp "$HERE/package.json" "$HERE/server.js" "$HERE/load.js" "$work/app/"
   (cd "$work/app" && npm install --prefer-offline --no-audit --no-fund --loglevel=error "$work/pack/$tarball" >/dev/null)
-  node_versions=$(cd "$work/app" && node -p "['idem-pg','express','pg'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
+  node_versions=$(cd "$work/app" && node -p "['idem-pg','express','fastify','pg'].map(n => n + ' ' + require(n + '/package.json').version).join(', ')")
   echo "$node_versions (Node $(node --version))"
   LOAD="$work/app/load.js"
 fi
@@ -169,11 +172,21 @@ start_python() { # [launcher...]: uvicorn, one worker
   py_pid=$!
   wait_port "$PY_PORT" "$py_pid" python
 }
-start_node() { # [node options...]
+start_node() { # [node options...]: Express, then Fastify
   (cd "$work/app" && PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw BENCH_POOL=$CONCURRENCY \
-     exec node "$@" server.js "$NODE_PORT") > "$OUT/node.log" 2>&1 &
+     exec node "$@" server.js "$NODE_PORT" express) > "$OUT/node.log" 2>&1 &
   node_pid=$!
   wait_port "$NODE_PORT" "$node_pid" node
+  (cd "$work/app" && PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw BENCH_POOL=$CONCURRENCY \
+     exec node server.js "$FY_PORT" fastify) > "$OUT/fastify.log" 2>&1 &
+  fy_pid=$!
+  wait_port "$FY_PORT" "$fy_pid" fastify
+}
+start_django() { # runserver (a thread per connection), a pool of CONCURRENCY connections
+  (cd "$HERE" && BENCH_CONNINFO="$conninfo" BENCH_POOL=$CONCURRENCY exec "$venv/bin/python" -m django runserver --noreload \
+     --settings=django_app "127.0.0.1:$DJ_PORT") > "$OUT/django.log" 2>&1 &
+  dj_pid=$!
+  wait_port "$DJ_PORT" "$dj_pid" django
 }
 stop_server() { # PID: SIGINT (pyinstrument writes its profile on an interrupt, not on SIGTERM)
   kill -INT "$1" 2>/dev/null || true
@@ -195,8 +208,9 @@ if [ "$LANGS" = java ]; then
   echo "$(java -version 2>&1 | head -1), Spring Boot $(grep -o 'Spring Boot :: *(v[0-9.]*)' "$OUT/java.log" | grep -o '[0-9.]*[0-9]') on 127.0.0.1:$JAVA_PORT"
 else
   start_python "$venv/bin/python"
+  start_django
   start_node
-  echo "servers: Python (uvicorn) on 127.0.0.1:$PY_PORT, Node (Express) on 127.0.0.1:$NODE_PORT, pools of $CONCURRENCY connections"
+  echo "servers: FastAPI (uvicorn) on 127.0.0.1:$PY_PORT, Django on $DJ_PORT, Express on $NODE_PORT, Fastify on $FY_PORT; pools of $CONCURRENCY connections"
 fi
 
 # ---- the runs ------------------------------------------------------------------------
@@ -205,7 +219,8 @@ path_of() { # LANG VARIANT
 }
 run() { # LANG VARIANT ROUND REQUESTS [JSONL]
   local port server_pid keys save=
-  case $1 in python) port=$PY_PORT server_pid=$py_pid ;; node) port=$NODE_PORT server_pid=$node_pid ;;
+  case $1 in python) port=$PY_PORT server_pid=$py_pid ;; django) port=$DJ_PORT server_pid=$dj_pid ;;
+             node) port=$NODE_PORT server_pid=$node_pid ;; fastify) port=$FY_PORT server_pid=$fy_pid ;;
              java) port=$JAVA_PORT server_pid=$java_pid ;; esac
   case $2 in
     a) keys=fresh save="$work/keys-$1" ;;
@@ -256,7 +271,7 @@ cat "$OUT/report.md"
 if [ "$PROFILE" = 1 ] && [ "$LANGS" != java ]; then
   say "profiles: one run of a and one of c per server, each in a server of its own"
   stop_server "$py_pid"; py_pid=
-  stop_server "$node_pid"; node_pid=
+  stop_server "$node_pid"; stop_server "$fy_pid"; node_pid= fy_pid=
   pc_psql -q -d mw -c "ALTER SYSTEM SET pg_stat_statements.track = top" -c "SELECT pg_reload_conf()" >/dev/null
   statements() { # FILE: what the database spent per statement since the reset
     pc_psql -d mw -P pager=off -c "SELECT calls, round((total_exec_time * 1000 / calls)::numeric, 1) AS mean_exec_us,
@@ -277,7 +292,7 @@ if [ "$PROFILE" = 1 ] && [ "$LANGS" != java ]; then
     pc_psql -q -d mw -c "SELECT pg_stat_statements_reset()" >/dev/null
     run node $v p "$REQUESTS"
     statements "$OUT/statements-node-$v.txt"
-    stop_server "$node_pid"; node_pid=
+    stop_server "$node_pid"; stop_server "$fy_pid"; node_pid= fy_pid=
     node "$HERE/cpuprof.js" "$(ls "$work/node-cpuprof-$v"/*.cpuprofile)" 30 > "$OUT/node-cpuprof-$v.txt"
   done
   pc_psql -q -d mw -c "ALTER SYSTEM RESET pg_stat_statements.track" -c "SELECT pg_reload_conf()" >/dev/null

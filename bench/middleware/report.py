@@ -14,7 +14,8 @@ from lib import fmt_ratio, median, ratio, table  # noqa: E402
 
 NAMES = {"a": "a: middleware, new key", "b": "b: middleware, replay", "c": "c: hand-written dedup",
          "d": "d: no idempotency"}
-SERVERS = {"python": "Python: FastAPI + uvicorn (1 worker), idem-http", "node": "Node: Express 5, idem-pg",
+SERVERS = {"python": "Python: FastAPI + uvicorn (1 worker), idem-http", "django": "Python: Django (runserver), idem-http",
+           "node": "Node: Express 5, idem-pg", "fastify": "Node: Fastify 5, idem-pg",
            "java": "Java: Spring MVC filter (clients/java conformance server)"}
 
 
