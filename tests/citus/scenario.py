@@ -934,20 +934,27 @@ def check_update_race():
     waiting = lambda: q(w1, """SELECT l.pid, l.relation::regclass::text, l.mode, pg_blocking_pids(l.pid)
                                 FROM pg_locks l WHERE NOT l.granted AND l.locktype = 'relation'
                                  AND l.relation::regclass::text LIKE 'idem.%%'""")
+
+    def wait_for(what, thread, match):
+        found = []
+        wait_until(what, lambda: not thread.is_alive() or bool(found.extend(w for w in waiting() if match(w)) or found))
+        return found
+    biz_shard = one(c, "SELECT shard_name('idem.biz_types', shardid) FROM pg_dist_shard WHERE logicalrelid = 'idem.biz_types'::regclass")[0]
     # (the update reaches worker 1 as a session of Citus's: found by its wait)
-    u_wait = []
-    wait_until("the update waits on worker 1 for H",
-               lambda: not tu.is_alive() or bool(u_wait.extend(w for w in waiting() if h_pid in w[3]) or u_wait))
-    ok(tu.is_alive() and len(u_wait) == 1, f"the update waits on worker 1 for H ({u_wait})")
+    claims_locks = lambda pid: one(w1, """SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'relation'
+                                           AND relation::regclass::text LIKE 'idem.claims%%'""", pid)[0]
+    u_wait = wait_for("the update waits on worker 1 for H", tu, lambda w: h_pid in w[3])
     u_pid = u_wait[0][0] if u_wait else None
+    u_claims = claims_locks(u_pid)
+    ok(tu.is_alive() and [w[1:3] for w in u_wait] == [(biz_shard, "AccessExclusiveLock")] and u_claims == 0,
+       f"the update waits on worker 1 for H, to alter the shard of idem.biz_types, before it locks idem.claims "
+       f"({u_wait}; {u_claims} locks on idem.claims*)")
     tc = threading.Thread(daemon=True, target=run, args=("c", lambda: pay(C, ck, "C")))
     tc.start()
-    c_wait = []
-    wait_until("C's claim waits on worker 1 for the update",
-               lambda: not tc.is_alive() or bool(c_wait.extend(w for w in waiting() if w[0] == c_pid) or c_wait))
-    ok(tc.is_alive() and c_wait and u_pid in c_wait[0][3] and c_wait[0][1] == u_wait[0][1],
-       f"C's claim queues for the relation the update waits for, behind it: biz_types's shard, before idem.claims "
-       f"(update {u_wait}, C {c_wait})")
+    c_wait = wait_for("C's claim waits on worker 1", tc, lambda w: w[0] == c_pid)
+    c_claims = claims_locks(c_pid)
+    ok(tc.is_alive() and [(w[1], u_pid in w[3]) for w in c_wait] == [(biz_shard, True)] and c_claims == 0,
+       f"C's claim queues behind the update for the shard of idem.biz_types, holding nothing of idem.claims ({c_wait}; {c_claims} locks on idem.claims*)")
     H.commit()
     tu.join(300)
     tc.join(300)
