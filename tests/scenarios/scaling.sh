@@ -23,8 +23,8 @@ source "$ROOT/tests/lib/scenarios.sh"
 # idem_health), a shard move racing a claim, moves under load, replica
 # identity repaired after moves (one of them logical), a worker crashed
 # under paying clients who retry with the same key, DROP EXTENSION /
-# reinstall in a fresh database, and the update from 0.3.0 meeting a claim
-# queued behind it on a worker. Without ../shared/vendor/ it fails (Citus
+# reinstall in a fresh database, and the update from 0.3.0 with a claim
+# queued behind it on a worker (both complete, no deadlock). Without ../shared/vendor/ it fails (Citus
 # is not in Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/scaling.sh citus    leave the cluster running
 #   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/scaling.sh citus
