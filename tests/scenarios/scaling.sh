@@ -24,8 +24,9 @@ source "$ROOT/tests/lib/scenarios.sh"
 # identity repaired after moves (one of them logical), a worker crashed
 # under paying clients who retry with the same key, DROP EXTENSION /
 # reinstall in a fresh database, and the update from 0.3.0 with a claim
-# queued behind it on a worker (both complete, no deadlock). Without ../shared/vendor/ it fails (Citus
-# is not in Debian's archive; the test is not skipped).
+# queued behind it on a worker (both complete, no deadlock). Without
+# ../shared/vendor/ it fails (Citus is not in Debian's archive; the test is
+# not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/scaling.sh citus    leave the cluster running
 #   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/scaling.sh citus
 #       other ports than 5530-5532 (coordinator, worker 1, worker 2), e.g.
@@ -421,6 +422,16 @@ if [ ! -f "$IDEM_SHARE/extension/idem.control" ] || [ ! -f "$IDEM_LIB/idem.so" ]
   echo "FAIL: no build of idem in $IDEM_LIB and $IDEM_SHARE/extension"
   echo "      (bash scripts/setup.sh installs it into $PG_CONFIG's server; or IDEM_STAGE=<cargo pgrx package output>)"; exit 1
 fi
+# The update scripts the cluster runs are this checkout's (the build copies
+# sql/idem--A--B.sql as they are): a build of another checkout left in the
+# server (a run with IDEM_SETUP=0 from a fresh clone) would test that
+# checkout's updates under this one's checks.
+for f in "$ROOT"/sql/idem--*--*.sql; do
+  if ! cmp -s "$f" "$IDEM_SHARE/extension/$(basename "$f")"; then
+    echo "FAIL: $IDEM_SHARE/extension/$(basename "$f") is not this checkout's sql/$(basename "$f"):"
+    echo "      another build of idem is installed (bash scripts/setup.sh installs this one; or IDEM_STAGE=...)"; exit 1
+  fi
+done
 
 # Citus and idem go into a private copy of Debian's PostgreSQL 15
 # (citus_tree), never into the system's: the build of idem the
