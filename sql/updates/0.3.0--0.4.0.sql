@@ -14,8 +14,10 @@
 -- biz_types, would deadlock). Under Citus, biz_types is a reference table:
 -- a claim made on a worker reads the worker's shard of it, which the LOCK
 -- TABLE below does not reach (Citus locks the workers' shells only); the
--- changes to biz_types, made before idem.claims is locked, lock that shard
--- on every worker (idem.claims is locked after them, below).
+-- first change to biz_types below, which Citus runs on that shard on every
+-- node (worker_apply_shard_ddl_command, ACCESS EXCLUSIVE), locks it, and
+-- idem.claims is locked after it (update_race in tests/citus/scenario.py
+-- finds the update waiting on the shard, holding nothing of idem.claims).
 LOCK TABLE idem.biz_types IN ACCESS EXCLUSIVE MODE;
 
 -- Under Citus, once idem_distribute ran, Citus runs this update on the
