@@ -24,9 +24,9 @@ source "$ROOT/tests/lib/scenarios.sh"
 # identity repaired after moves (one of them logical), a worker crashed
 # under paying clients who retry with the same key, DROP EXTENSION /
 # reinstall in a fresh database, and the update from 0.3.0 with a claim
-# queued behind it on a worker (both complete, no deadlock). Without
-# ../shared/vendor/ it fails (Citus is not in Debian's archive; the test is
-# not skipped).
+# queued behind it on a worker, and under claims from every node (all
+# complete, no deadlock). Without ../shared/vendor/ it fails (Citus is not
+# in Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/scaling.sh citus    leave the cluster running
 #   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/scaling.sh citus
 #       other ports than 5530-5532 (coordinator, worker 1, worker 2), e.g.
