@@ -880,6 +880,12 @@ def race_db_at_0_3_0():
     frozen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "upgrade", "idem--0.3.0.sql")
     with open(frozen) as f, open(os.path.join(extdir, "idem--0.3.0.sql"), "w") as g:
         g.write(f.read())
+    # (The update these checks run is this checkout's, not one another
+    # checkout's build left in the shared Citus tree.)
+    script = "idem--0.3.0--0.4.0.sql"
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sql", script)) as f, \
+         open(os.path.join(extdir, script)) as g:
+        ok(f.read() == g.read(), f"the installed {script} is this checkout's")
     c = conn("coord", db=RACE_DB)
     for sql in ("CREATE EXTENSION idem VERSION '0.3.0'",
                 "CREATE TABLE orders (order_no text PRIMARY KEY)",

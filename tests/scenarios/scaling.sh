@@ -432,6 +432,15 @@ for f in "$ROOT"/sql/idem--*--*.sql; do
     echo "      another build of idem is installed (bash scripts/setup.sh installs this one; or IDEM_STAGE=...)"; exit 1
   fi
 done
+# One Citus scenario at a time on this machine, held until this one exits:
+# the Citus tree is shared by every checkout, and another run copying its
+# build into it would swap the update script under this run's cluster (a
+# second run waits here, then copies its own).
+exec {citus_run_lock}>"$IDEM_CACHE/pg15-citus-run.lock"
+if ! flock -n "$citus_run_lock"; then
+  say "waiting for another run of the Citus scenario ($IDEM_CACHE/pg15-citus-run.lock)"
+  flock "$citus_run_lock"
+fi
 
 # Citus and idem go into a private copy of Debian's PostgreSQL 15
 # (citus_tree), never into the system's: the build of idem the
