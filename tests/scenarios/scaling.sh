@@ -435,7 +435,8 @@ done
 # One Citus scenario at a time on this machine, held until this one exits:
 # the Citus tree is shared by every checkout, and another run copying its
 # build into it would swap the update script under this run's cluster (a
-# second run waits here, then copies its own).
+# second run waits here, then copies its own; the cluster's servers inherit
+# the lock, so a cluster kept with CITUS_KEEP=1 holds it until stopped).
 exec {citus_run_lock}>"$IDEM_CACHE/pg15-citus-run.lock"
 if ! flock -n "$citus_run_lock"; then
   say "waiting for another run of the Citus scenario ($IDEM_CACHE/pg15-citus-run.lock)"
