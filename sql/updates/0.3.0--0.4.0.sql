@@ -8,11 +8,17 @@
 \echo Use "ALTER EXTENSION idem UPDATE TO '0.4.0'" to load this file. \quit
 
 -- Claims read a business type's settings (idem.biz_types) before they lock
--- idem.claims, and the partitions after: lock both first, in that order
--- (with idem.claims alone first, a claim holding biz_types and waiting for
--- idem.claims, and this update holding idem.claims and waiting to alter
--- biz_types, would deadlock).
-LOCK TABLE idem.biz_types, idem.claims IN ACCESS EXCLUSIVE MODE;
+-- idem.claims, and the partitions after: this update takes them in that
+-- order too (with idem.claims first, a claim holding biz_types and waiting
+-- for idem.claims, and this update holding idem.claims and waiting to alter
+-- biz_types, would deadlock). Under Citus, biz_types is a reference table:
+-- a claim made on a worker reads the worker's shard of it, which the LOCK
+-- TABLE below does not reach (Citus locks the workers' shells only); the
+-- first change to biz_types below, which Citus runs on that shard on every
+-- node (worker_apply_shard_ddl_command, ACCESS EXCLUSIVE), locks it, and
+-- idem.claims is locked after it (update_race in tests/citus/scenario.py
+-- finds the update waiting on the shard, holding nothing of idem.claims).
+LOCK TABLE idem.biz_types IN ACCESS EXCLUSIVE MODE;
 
 -- Under Citus, once idem_distribute ran, Citus runs this update on the
 -- coordinator, then on every worker (sql/scaling.sql's idem.citus_node says
@@ -55,6 +61,10 @@ BEGIN
 END
 $$;
 COMMENT ON TABLE idem.biz_types IS 'Business type settings: the TTL of its claims, what a stored failure does to the next arrival and whether a claim''s TTL counts from its completion (idem_configure), and the role whose members alone may use it (idem_set_owner).';
+
+-- idem.claims and its partitions (and under Citus the workers' shells),
+-- after biz_types (above).
+LOCK TABLE idem.claims IN ACCESS EXCLUSIVE MODE;
 
 -- claim.sql: a claim without a lease that takes a run-out lease over is a
 -- plain claim (its comment says so).

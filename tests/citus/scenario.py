@@ -79,9 +79,10 @@ def wait_until(what, fn, timeout=60):
 COORD = None
 
 
-def node_of_key(key):
-    """The worker ('w1'/'w2') holding key's shard of idem.claims."""
-    port = one(COORD, """SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+def node_of_key(key, c=None):
+    """The worker ('w1'/'w2') holding key's shard of idem.claims (in c's
+    database; COORD's by default)."""
+    port = one(c or COORD, """SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
                          WHERE p.shardid = get_shard_id_for_distribution_column('idem.claims', %s::text)""", key)[0]
     return {v: k for k, v in PORTS.items()}[port]
 
@@ -260,8 +261,8 @@ def check_ttl():
 
 
 # ---------------------------------------------------------------- stress
-def stress_worker(node, keys, stop, stats, bt, only_local=None):
-    c = conn(node, autocommit=False)
+def stress_worker(node, keys, stop, stats, bt, only_local=None, db=None):
+    c = conn(node, autocommit=False, db=db)
     rnd = random.Random(hash((node, threading.get_ident())))
     me = f"{node}-{threading.get_ident()}"
     while not stop.is_set():
@@ -293,37 +294,43 @@ def stress_worker(node, keys, stop, stats, bt, only_local=None):
 COORD_CLIENTS = 3
 
 
-def run_stress(seconds, bt, keys, extra=None):
+def run_stress(seconds, bt, keys, extra=None, db=None):
     """Coordinator sessions and worker-direct sessions claiming a shared pool
-    of keys at once (each worker session uses both forms on its local keys);
-    returns stats."""
+    of keys at once (each worker session uses both forms on its local keys)
+    in database db (DB by default), until `seconds` passed or extra()
+    returned; returns stats."""
     stop = threading.Event()
     stats = Counter()
-    local = {n: [k for k in keys if node_of_key(k) == n] for n in ("w1", "w2")}
-    threads = [threading.Thread(daemon=True, target=stress_worker, args=("coord", keys, stop, stats, bt)) for _ in range(COORD_CLIENTS)]
-    threads += [threading.Thread(daemon=True, target=stress_worker, args=(n, local[n], stop, stats, bt, True)) for n in ("w1", "w2")]
+    with conn("coord", db=db) as c:
+        local = {n: [k for k in keys if node_of_key(k, c) == n] for n in ("w1", "w2")}
+    threads = [threading.Thread(daemon=True, target=stress_worker, args=("coord", keys, stop, stats, bt, None, db))
+               for _ in range(COORD_CLIENTS)]
+    threads += [threading.Thread(daemon=True, target=stress_worker, args=(n, local[n], stop, stats, bt, True, db)) for n in ("w1", "w2")]
     for t in threads:
         t.start()
-    if extra:
-        extra()
-    else:
-        time.sleep(seconds)  # the load's duration, not an ordering
-    stop.set()
+    try:
+        if extra:
+            extra()
+        else:
+            time.sleep(seconds)  # the load's duration, not an ordering
+    finally:
+        stop.set()
     for t in threads:
         t.join(60)
     return stats
 
 
-def check_invariants(bt, keys, stats, what):
-    dup = q(COORD, """SELECT key, count(*) FROM idem.claims WHERE biz_type = %s AND expires_at > now()
-                      GROUP BY key HAVING count(*) > 1""", bt)
+def check_invariants(bt, keys, stats, what, c=None):
+    c = c or COORD
+    dup = q(c, """SELECT key, count(*) FROM idem.claims WHERE biz_type = %s AND expires_at > now()
+                  GROUP BY key HAVING count(*) > 1""", bt)
     ok(not dup, f"{what}: no key with two live rows across all shards ({len(dup)} found)")
-    ledger = dict(q(COORD, "SELECT order_no, count(*) FROM stress_ledger WHERE order_no = ANY(%s) GROUP BY 1", keys))
+    ledger = dict(q(c, "SELECT order_no, count(*) FROM stress_ledger WHERE order_no = ANY(%s) GROUP BY 1", keys))
     ok(all(n == 1 for n in ledger.values()), f"{what}: at most one business row per key ({sum(ledger.values())} rows, {len(ledger)} keys)")
     acks = stats.get("acks", {})
     replay = 0
     for k, who in acks.items():
-        r = one(COORD, "SELECT claimed, state, result FROM idem_claim(%s, %s)", k, bt)
+        r = one(c, "SELECT claimed, state, result FROM idem_claim(%s, %s)", k, bt)
         replay += r == (False, "completed", {"who": who})
     ok(len(acks) > 0 and replay == len(acks), f"{what}: every acknowledged claim replays its own result ({replay}/{len(acks)})")
     ok(set(ledger) == set(acks), f"{what}: a business row exactly for each acknowledged claim")
@@ -863,37 +870,57 @@ def check_uninstall():
 RACE_DB = os.environ.get("CITUS_RACE_DB", "idem_race")
 
 
-def check_update_race():
-    """ALTER EXTENSION idem UPDATE from 0.3.0 rebuilds idem.claims (new
-    shards; the old ones are dropped) while claims go on directly on a
-    worker. H's open transaction has claimed there, so the update waits for
-    H's lock on idem.claims; C's claim then reads its type's settings from
-    the worker's placement of idem.biz_types, looks its shard up, and queues
-    for idem.claims behind the update: the window in which its shard is
-    dropped under it. When H commits, the update goes on to alter
-    idem.biz_types, whose placement C holds: a deadlock, so one side gets
-    40P01 before the shard is dropped. C's session never runs the deadlock
-    check (deadlock_timeout 1 h), so the update is the side that does. No
-    XX000 anywhere; the update leaves nothing behind and succeeds when run
-    again; C's claim stands, and its retry replays: one business row per key."""
+def race_db_at_0_3_0():
+    """RACE_DB anew with idem 0.3.0 (tests/upgrade's frozen script)
+    distributed next to orders, and a business table stress_ledger beside
+    it; returns a coordinator session there."""
     cluster("reset", db=RACE_DB)
     extdir = os.path.join(subprocess.run([os.environ.get("PG_CONFIG", "pg_config"), "--sharedir"], check=True,
                                          capture_output=True, text=True).stdout.strip(), "extension")
     frozen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "upgrade", "idem--0.3.0.sql")
     with open(frozen) as f, open(os.path.join(extdir, "idem--0.3.0.sql"), "w") as g:
         g.write(f.read())
+    # (The update these checks run is this checkout's, not one another
+    # checkout's build left in the shared Citus tree.)
+    script = "idem--0.3.0--0.4.0.sql"
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sql", script)) as f, \
+         open(os.path.join(extdir, script)) as g:
+        ok(f.read() == g.read(), f"the installed {script} is this checkout's")
     c = conn("coord", db=RACE_DB)
     for sql in ("CREATE EXTENSION idem VERSION '0.3.0'",
                 "CREATE TABLE orders (order_no text PRIMARY KEY)",
                 "SELECT create_distributed_table('orders', 'order_no')",
-                "CREATE TABLE ledger (order_no text NOT NULL, who text NOT NULL)",
-                "SELECT create_distributed_table('ledger', 'order_no', colocate_with => 'orders')",
+                "CREATE TABLE stress_ledger (order_no text NOT NULL, who text NOT NULL)",
+                "SELECT create_distributed_table('stress_ledger', 'order_no', colocate_with => 'orders')",
                 "SELECT idem_distribute('orders')"):
         q(c, sql)
-    versions = lambda: [r[0] for r in q(c, """SELECT result FROM run_command_on_all_nodes(
-                            $$SELECT extversion FROM pg_extension WHERE extname = 'idem'$$) ORDER BY nodeid""")]
-    current = versions()
+    current = versions(c)
     ok(current == ["0.3.0"] * 3, f"idem 0.3.0 on every node, distributed ({current})")
+    return c
+
+
+def versions(c):
+    """idem's version on each node (coordinator first)."""
+    return [r[0] for r in q(c, """SELECT result FROM run_command_on_all_nodes(
+                                      $$SELECT extversion FROM pg_extension WHERE extname = 'idem'$$) ORDER BY nodeid""")]
+
+
+def check_update_race():
+    """ALTER EXTENSION idem UPDATE from 0.3.0 rebuilds idem.claims (new
+    shards; the old ones are dropped) while claims go on directly on a
+    worker. A claim reads its type's settings from the worker's shard of
+    the reference table idem.biz_types, then locks idem.claims; the update
+    must take them in that order there too, not only the shells Citus's
+    LOCK TABLE reaches (it once locked the shells of both, then altered the
+    shard of biz_types: a claim holding that shard and queued for
+    idem.claims deadlocked with it, 40P01). H's open transaction has claimed
+    on worker 1, so the update waits there for H; C's claim, made then, is
+    found waiting for the update (pg_locks, pg_blocking_pids). When H
+    commits, both go on with the default deadlock_timeout: the update
+    succeeds on every node, C's claim is answered after it (claimed, and
+    completed with its result in the new idem.claims); no 40P01, no XX000.
+    Retries replay the stored result: one business row per key."""
+    c = race_db_at_0_3_0()
     keys = []
     for i in range(5000):
         k = f"race-{RUN}-{i}"
@@ -907,17 +934,16 @@ def check_update_race():
     def pay(s, k, who):
         claimed = one(s, "SELECT claimed FROM idem_claim(%s, 'race')", k)[0]
         if claimed:
-            q(s, "INSERT INTO ledger (order_no, who) VALUES (%s, %s)", k, who)
+            q(s, "INSERT INTO stress_ledger (order_no, who) VALUES (%s, %s)", k, who)
             q(s, "SELECT idem_complete(%s, 'race', '{\"paid\": true}')", k)
         return claimed
     H = conn("w1", autocommit=False, db=RACE_DB)
     ok(pay(H, hk, "H"), "H claims on worker 1 and pays, not committed")
+    h_pid = one(H, "SELECT pg_backend_pid()")[0]
     U = conn("coord", db=RACE_DB)
-    u_pid = one(U, "SELECT pg_backend_pid()")[0]
-    C = conn("w1", db=RACE_DB)
-    q(C, "SET deadlock_timeout = '1h'")
+    C = conn("w1", autocommit=False, db=RACE_DB)
     c_pid = one(C, "SELECT pg_backend_pid()")[0]
-    C.autocommit = False
+    C.commit()
     res = {}
 
     def run(name, fn):
@@ -928,41 +954,95 @@ def check_update_race():
     tu = threading.Thread(daemon=True, target=run, args=("u", lambda: q(U, "ALTER EXTENSION idem UPDATE") or "updated"))
     tu.start()
     w1 = conn("w1", db=RACE_DB)
-    waits = lambda pid, rel: one(w1, """SELECT count(*) > 0 FROM pg_locks WHERE pid = %s AND NOT granted
-                                         AND relation = to_regclass(%s)""", pid, rel)[0]
+    # Who waits on worker 1 for an idem table, and for whom: (pid, relation,
+    # mode, blocking pids).
+    waiting = lambda: q(w1, """SELECT l.pid, l.relation::regclass::text, l.mode, pg_blocking_pids(l.pid)
+                                FROM pg_locks l WHERE NOT l.granted AND l.locktype = 'relation'
+                                 AND l.relation::regclass::text LIKE 'idem.%%'""")
+
+    def wait_for(what, thread, match):
+        found = []
+        wait_until(what, lambda: not thread.is_alive() or bool(found.extend(w for w in waiting() if match(w)) or found))
+        return found
+    biz_shard = one(c, "SELECT shard_name('idem.biz_types', shardid) FROM pg_dist_shard WHERE logicalrelid = 'idem.biz_types'::regclass")[0]
     # (the update reaches worker 1 as a session of Citus's: found by its wait)
-    wait_until("the update waits on worker 1 for H's lock on idem.claims",
-               lambda: not tu.is_alive() or one(w1, """SELECT count(*) > 0 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                                                       WHERE NOT l.granted AND l.relation = 'idem.claims'::regclass
-                                                         AND l.mode = 'AccessExclusiveLock' AND a.pid <> %s""", c_pid)[0])
-    ok(tu.is_alive(), "the update waits for H")
+    claims_locks = lambda pid: one(w1, """SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'relation'
+                                           AND relation::regclass::text LIKE 'idem.claims%%'""", pid)[0]
+    u_wait = wait_for("the update waits on worker 1 for H", tu, lambda w: h_pid in w[3])
+    u_pid = u_wait[0][0] if u_wait else None
+    u_claims = claims_locks(u_pid)
+    ok(tu.is_alive() and [w[1:3] for w in u_wait] == [(biz_shard, "AccessExclusiveLock")] and u_claims == 0,
+       f"the update waits on worker 1 for H, to alter the shard of idem.biz_types, before it locks idem.claims "
+       f"({u_wait}; {u_claims} locks on idem.claims*)")
     tc = threading.Thread(daemon=True, target=run, args=("c", lambda: pay(C, ck, "C")))
     tc.start()
-    wait_until("C's claim queues behind the update for idem.claims on worker 1",
-               lambda: not tc.is_alive() or waits(c_pid, "idem.claims"))
-    ok(tc.is_alive(), "C's claim, its shard looked up, waits behind the update for idem.claims")
+    c_wait = wait_for("C's claim waits on worker 1", tc, lambda w: w[0] == c_pid)
+    c_claims = claims_locks(c_pid)
+    ok(tc.is_alive() and [(w[1], u_pid in w[3]) for w in c_wait] == [(biz_shard, True)] and c_claims == 0,
+       f"C's claim queues behind the update for the shard of idem.biz_types, holding nothing of idem.claims ({c_wait}; {c_claims} locks on idem.claims*)")
     H.commit()
     tu.join(300)
     tc.join(300)
-    ok(res.get("u") == "40P01", f"the update meets C's lock on the placement of idem.biz_types: 40P01 to the update ({res.get('u')})")
-    ok(res.get("c") is True, f"C's claim goes on: claimed ({res.get('c')})")
+    ok(res.get("u") == "updated", f"the update goes on after H, without a deadlock ({res.get('u')})")
+    ok(res.get("c") is True, f"C's claim goes on after the update: claimed ({res.get('c')})")
     if res.get("c") is True:
         C.commit()
     else:
         C.rollback()
-    current = versions()
-    ok(current == ["0.3.0"] * 3, f"the failed update left idem 0.3.0 on every node ({current})")
-    state = sqlstate_of(lambda: q(U, "ALTER EXTENSION idem UPDATE"))
-    current = versions()
-    ok(state is None and len(set(current)) == 1 and current[0] != "0.3.0",
-       f"the update run again succeeds on every node ({state or 'ok'}, {current})")
+    current = versions(c)
+    ok(len(set(current)) == 1 and current[0] != "0.3.0", f"every node on the new version ({current})")
+    # C's claim, made before the update and answered after it, is a claim of
+    # the new table: its row there with its TTL class, completed with C's
+    # result.
+    row = q(c, "SELECT state, result, ttl_class = idem.ttl_class(expires_at - claimed_at) FROM idem.claims WHERE key = %s", ck)
+    ok(row == [("c", {"paid": True}, True)], f"C's claim stands in the new idem.claims: completed, its result, its TTL class ({row})")
     for k in (hk, ck):
-        ok(one(c, "SELECT claimed, state FROM idem_claim(%s, 'race')", k) == (False, "completed"),
-           f"{k} retried through the coordinator after the update: replayed")
-    rows = dict(q(c, "SELECT order_no, count(*) FROM ledger GROUP BY 1"))
+        got = one(c, "SELECT claimed, state, result FROM idem_claim(%s, 'race')", k)
+        ok(got == (False, "completed", {"paid": True}), f"{k} retried through the coordinator after the update: replayed ({got})")
+    rows = dict(q(c, "SELECT order_no, count(*) FROM stress_ledger GROUP BY 1"))
     ok(rows == {hk: 1, ck: 1}, f"one business row per key ({rows})")
     for s in (H, U, C, w1, c):
         s.close()
+
+
+def check_update_load():
+    """The update from 0.3.0 under load: three coordinator sessions and a
+    worker-direct session on each worker (run_stress, both call forms)
+    claim, write a business row and complete, from before ALTER EXTENSION
+    idem UPDATE until after it. Every claim waits for the update or the
+    update for it, on every node, in the claims' lock order: no session gets
+    40P01 (nor any other error), the update succeeds on every node, and the
+    invariants hold across the rebuilt idem.claims (one business row per
+    acknowledged claim, each replaying its own result). (With the update's
+    first lock reaching only the workers' shells of idem.biz_types and
+    idem.claims, such runs had sessions, and often the update, end with
+    40P01.)"""
+    c = race_db_at_0_3_0()
+    bt = f"upload.{RUN}"
+    keys = [f"ul-{RUN}-{i}" for i in range(2000)]
+    rows = lambda: one(c, "SELECT count(*) FROM stress_ledger")[0]
+    res = {}
+
+    def update():
+        # The load is under way before the update and still after it: told
+        # by the business rows committed, not by time.
+        # (The timeouts only bound a stalled load.)
+        wait_until("the load commits business rows", lambda: rows() >= 20, timeout=300)
+        with conn("coord", db=RACE_DB) as u:
+            res["u"] = sqlstate_of(lambda: q(u, "ALTER EXTENSION idem UPDATE")) or "updated"
+        after = rows()
+        wait_until("the load commits business rows after the update", lambda: rows() >= after + 20, timeout=300)
+    stats = run_stress(0, bt, keys, extra=update, db=RACE_DB)
+    errs = {k: v for k, v in stats.items() if k.startswith("err_")}
+    print(f"  the update under load: {stats['acknowledged']} acknowledged, {stats['duplicates']} duplicates, "
+          f"{stats['rolled_back']} rolled back, errors {errs}", flush=True)
+    ok(res.get("u") == "updated", f"the update under load succeeds ({res.get('u')})")
+    ok(not errs, f"no claim under the update gets an error, 40P01 or other ({errs})")
+    current = versions(c)
+    ok(len(set(current)) == 1 and current[0] != "0.3.0", f"every node on the new version ({current})")
+    check_invariants(bt, keys, stats, "the update under load", c)
+    summary["update_load"] = dict(acknowledged=stats["acknowledged"], duplicates=stats["duplicates"], errors=errs, update=res.get("u"))
+    c.close()
 
 
 CHECKS = {
@@ -978,6 +1058,7 @@ CHECKS = {
     "worker_kill": check_worker_kill,
     "uninstall": check_uninstall,
     "update_race": check_update_race,
+    "update_load": check_update_load,
 }
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ source "$ROOT/tests/lib/scenarios.sh"
 # idem_health), a shard move racing a claim, moves under load, replica
 # identity repaired after moves (one of them logical), a worker crashed
 # under paying clients who retry with the same key, DROP EXTENSION /
-# reinstall in a fresh database, and the update from 0.3.0 meeting a claim
-# queued behind it on a worker. Without ../shared/vendor/ it fails (Citus
-# is not in Debian's archive; the test is not skipped).
+# reinstall in a fresh database, and the update from 0.3.0 with a claim
+# queued behind it on a worker, and under claims from every node (all
+# complete, no deadlock). Without ../shared/vendor/ it fails (Citus is not
+# in Debian's archive; the test is not skipped).
 #   CITUS_KEEP=1 bash tests/scenarios/scaling.sh citus    leave the cluster running
 #   CITUS_PORTS="5560 5561 5562" bash tests/scenarios/scaling.sh citus
 #       other ports than 5530-5532 (coordinator, worker 1, worker 2), e.g.
@@ -420,6 +421,26 @@ fi
 if [ ! -f "$IDEM_SHARE/extension/idem.control" ] || [ ! -f "$IDEM_LIB/idem.so" ]; then
   echo "FAIL: no build of idem in $IDEM_LIB and $IDEM_SHARE/extension"
   echo "      (bash scripts/setup.sh installs it into $PG_CONFIG's server; or IDEM_STAGE=<cargo pgrx package output>)"; exit 1
+fi
+# The update scripts the cluster runs are this checkout's (the build copies
+# sql/idem--A--B.sql as they are): a build of another checkout left in the
+# server (a run with IDEM_SETUP=0 from a fresh clone) would test that
+# checkout's updates under this one's checks.
+for f in "$ROOT"/sql/idem--*--*.sql; do
+  if ! cmp -s "$f" "$IDEM_SHARE/extension/$(basename "$f")"; then
+    echo "FAIL: $IDEM_SHARE/extension/$(basename "$f") is not this checkout's sql/$(basename "$f"):"
+    echo "      another build of idem is installed (bash scripts/setup.sh installs this one; or IDEM_STAGE=...)"; exit 1
+  fi
+done
+# One Citus scenario at a time on this machine, held until this one exits:
+# the Citus tree is shared by every checkout, and another run copying its
+# build into it would swap the update script under this run's cluster (a
+# second run waits here, then copies its own; the cluster's servers inherit
+# the lock, so a cluster kept with CITUS_KEEP=1 holds it until stopped).
+exec {citus_run_lock}>"$IDEM_CACHE/pg15-citus-run.lock"
+if ! flock -n "$citus_run_lock"; then
+  say "waiting for another run of the Citus scenario ($IDEM_CACHE/pg15-citus-run.lock)"
+  flock "$citus_run_lock"
 fi
 
 # Citus and idem go into a private copy of Debian's PostgreSQL 15
