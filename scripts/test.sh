@@ -31,12 +31,14 @@ IDEM_MAJORS="${IDEM_MAJORS-16 17 18}"
 # native edition (portable).
 CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress wraparound retention portable)
 # The scenarios that use only servers of their own (no database of the
-# shared cluster, no write into this PostgreSQL's installed files): a second
-# lane, one after another, beside pg_regress, isolation and the other
+# shared cluster, no write into this PostgreSQL's installed files; each its
+# own ports and folders): a second lane, two workers taking them from a
+# queue (IDEM_LANE_B_WORKERS), beside pg_regress, isolation and the other
 # scenarios, which share the private cluster and change its settings (the
-# storage path, roles, pg_cron's database) and so stay in one line. Only in
-# the full run (the other majors' core suites run beside it already).
-LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby logical metrics middleware_go
+# storage path, roles, pg_cron's database) and so stay in one line, which
+# then helps with the queue. Only in the full run (the other majors' core
+# suites run beside it already).
+LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby java_spring logical metrics middleware_go
         middleware_node middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
         sql_exporter sqlstates storage_sql wraparound)
 # The longest scenarios first, in each line (the rest by name after them):
@@ -109,4 +111,5 @@ for name in $(longest_first $(scenario_names)); do
   [ ${#lane[@]} = 0 ] || ! in_list "$name" "${lane[@]}" || continue
   run_scenario "$name"
 done
+[ ${#lane[@]} = 0 ] || lane_help
 suite_end "$IDEM_SUITE"

@@ -18,7 +18,8 @@
 #   run_scenario NAME                that scenario, recorded as scenario/NAME
 #   run_major LABEL COMMAND...       another major's core suite (test.sh), counted as LABEL/<test>
 #   run_recorded NAME LOG COMMAND... a command that passes or fails as one test
-#   lane_start NAME...               those scenarios one after another in a second lane
+#   lane_start NAME... / lane_help   those scenarios in a second lane (a queue, two
+#                                    workers); the main line helps when its own are done
 #   jobs_start JOB...                major_JOB (pg_test, 16, 17, 18) as background jobs
 #   suite_end                        wait for lane and jobs, count their records,
 #                                    print "N passed, N failed"; its status is the verdict
@@ -26,7 +27,7 @@
 #                                    pg_regress and pg_isolation_regress (at the end)
 
 suite_begin() {
-  passed=0 failed=0 failures=() lane_b_pid= prepare_pid= jobs_started=() job_pids=()
+  passed=0 failed=0 failures=() lane_pids=() prepare_pid= jobs_started=() job_pids=()
   OUT="$IDEM_TARGET/test-out"
   rm -rf "$OUT"
   mkdir -p "$OUT"
@@ -219,15 +220,37 @@ run_scenario() { # name
   step_done "scenario/$1" "$cpu"
 }
 
-# The second lane: scenarios one after another, beside the main line; its
-# output is shown, and its records counted, when it is done (suite_end).
+# The second lane: scenarios that use servers of their own only, taken
+# one at a time from a queue (in the order given) by IDEM_LANE_B_WORKERS
+# workers (default 2) beside the main line, each worker one after another;
+# the main line takes from the same queue once its own scenarios are done
+# (lane_help). Their scenarios' ports and folders are their own, so any two
+# can run at once. The workers' output is shown, and their records counted,
+# when they are done (suite_end).
 lane_start() { # name...
+  local w
+  printf '%s\n' "$@" > "$OUT/lane-b.queue"
   : > "$OUT/lane-b.records"
-  (RECORDS="$OUT/lane-b.records"
-   step_started=$SECONDS
-   for name in "$@"; do [ -z "$(scenario_file "$name")" ] || run_scenario "$name"; done
-  ) > "$OUT/lane-b.out" 2>&1 &
-  lane_b_pid=$!
+  for w in $(seq 1 "${IDEM_LANE_B_WORKERS:-2}"); do
+    (RECORDS="$OUT/lane-b.records"
+     step_started=$SECONDS
+     while name=$(lane_take); do run_scenario "$name"; done
+    ) > "$OUT/lane-b-$w.out" 2>&1 &
+    lane_pids+=($!)
+  done
+}
+lane_take() { # the next scenario of the queue (status 1: none left)
+  local name
+  while [ -s "$OUT/lane-b.queue" ]; do
+    name=$( (flock 9; head -1 "$OUT/lane-b.queue"; sed -i 1d "$OUT/lane-b.queue") 9> "$OUT/lane-b.lock")
+    [ -z "$name" ] || [ -z "$(scenario_file "$name")" ] || { echo "$name"; return 0; }
+  done
+  return 1
+}
+lane_help() { # the main line: what is left in the queue
+  # (their CPU without the private cluster's, which they do not use)
+  local name CPU_CLUSTER=
+  while name=$(lane_take); do run_scenario "$name"; done
 }
 
 # Another major's run of test.sh (IDEM_SUITE=core): its tests count here as
@@ -318,9 +341,12 @@ jobs_start() { # job...
 
 suite_end() { # full|core
   local pid major
-  if [ -n "$lane_b_pid" ]; then
-    wait "$lane_b_pid" || echo "record lane-b/stopped 1" >> "$OUT/lane-b.records"
-    cat "$OUT/lane-b.out"
+  if [ ${#lane_pids[@]} -gt 0 ]; then
+    local w
+    for w in "${!lane_pids[@]}"; do
+      wait "${lane_pids[$w]}" || echo "record lane-b/stopped 1" >> "$OUT/lane-b.records"
+      cat "$OUT/lane-b-$((w + 1)).out"
+    done
     count_records "$OUT/lane-b.records"
   fi
   for pid in "${job_pids[@]}"; do wait "$pid" || true; done
