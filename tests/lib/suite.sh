@@ -9,8 +9,8 @@
 #                                    tests counted elsewhere (another major's run).
 #                                    Inside a lane or job (RECORDS set) they go
 #                                    to its record file, counted when it ends
-#   step_done STEP                   one line (seconds, step) in $OUT/times.tsv;
-#                                    nothing is decided by it
+#   step_done STEP [CPU]             one line (wall seconds, step, CPU seconds or "-")
+#                                    in $OUT/times.tsv; nothing is decided by it
 #   prepare_servers SCRIPT[:ARG]...  tests/servers/SCRIPT [ARG] each, built in the background
 #   run_suite regress|isolation      `make installcheck-NAME` against the private cluster
 #   scenario_names                   every scenario, by name (tests/lib/scenarios.sh)
@@ -22,7 +22,8 @@
 #                                    workers); the main line helps when its own are done
 #   jobs_start JOB...                major_JOB (pg_test, 16, 17, 18) as background jobs
 #   suite_end                        wait for lane and jobs, count their records,
-#                                    print "N passed, N failed"; its status is the verdict
+#                                    print the slowest steps (wall, CPU: cpu_begin below)
+#                                    and "N passed, N failed"; its status is the verdict
 #   regress_run, regress_results, regress_diffs
 #                                    pg_regress and pg_isolation_regress (at the end)
 
