@@ -16,7 +16,7 @@
 #                     and isolation, the scenarios in CORE_SCENARIOS below
 #   IDEM_MAJORS="16 17 18" (default) / "" : which other majors a full run covers
 #                     (side by side; IDEM_MAJORS_SERIAL=1: one after another)
-#   IDEM_LANES_SERIAL=1  the 15 suite's scenarios in one lane
+#   IDEM_LANES_SERIAL=1  all scenarios in one line (no second lane: LANE_B below)
 #   IDEM_SETUP=0      skip scripts/setup.sh (what it installs is there already)
 # Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/test.sh
 # (see lib.sh; its own cluster, port and target/pgNN/test-out).
@@ -36,9 +36,9 @@ CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgr
 # queue (IDEM_LANE_B_WORKERS), beside pg_regress, isolation and the other
 # scenarios, which share the private cluster and change its settings (the
 # storage path, roles, pg_cron's database) and so stay in one line, which
-# then helps with the queue. Only in the full run (the other majors' core
-# suites run beside it already).
-LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby java_spring logical metrics middleware_go
+# then helps with the queue. In the core suite too (on the other majors:
+# environments, storage_sql, retention and wraparound beside the rest).
+LANE_B=(backtraces bench_smoke citus crash dashboard environments failover hot_standby java_spring logical metrics middleware_go
         middleware_node middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
         sql_exporter sqlstates storage_sql wraparound)
 # The longest scenarios first, in each line (the rest by name after them):
@@ -99,8 +99,10 @@ longest_first() { # name...: these, those of LONGEST_FIRST first, in its order
 }
 wanted() { [ ${#only[@]} = 0 ] || in_list "$1" "${only[@]}"; }
 lane=()
-if [ "$IDEM_SUITE" = full ] && [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
-  for name in $(longest_first "${LANE_B[@]}"); do ! wanted "$name" || lane+=("$name"); done
+if [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
+  for name in $(longest_first "${LANE_B[@]}"); do
+    ! wanted "$name" || { [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; } || lane+=("$name")
+  done
   [ ${#lane[@]} = 0 ] || lane_start "${lane[@]}"
 fi
 ! wanted regress || { say "pg_regress: SQL API (make installcheck-regress)"; run_suite regress; }
