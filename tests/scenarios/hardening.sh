@@ -216,14 +216,15 @@ environments=(
 esc() { printf '%s' "$1" | sed 's/ /\\ /g'; }
 # Each environment on a cluster of its own (a copy of this PostgreSQL's
 # initdb, set as the suite's cluster is for the schedules: prepared
-# transactions; the storage path in its postgresql.conf), all four at once:
+# transactions, its shared buffers; the storage path in its
+# postgresql.conf), all four at once:
 # the schedules wait much of their time (sleeps past TTLs and leases, lock
 # waits), and the environments share nothing. Each writes its lines to
 # $out/NAME.out, and a file per failed or passed suite, read below.
 environment() { # name datestyle tz abbrevs intervalstyle isolation path strings
   local name=$1 datestyle=$2 tz=$3 abbrevs=$4 intervalstyle=$5 isolation=$6 path=$7 strings=$8 suite suites kind tool input schedule db ok bad
   trap pc_stop EXIT
-  pc_init "$(cluster_dir)/env-$name" "$(major_port 5580)" "max_prepared_transactions = 10" \
+  pc_init "$(cluster_dir)/env-$name" "$(major_port 5580)" "max_prepared_transactions = 10" "shared_buffers = 128MB" \
     "$([ "$path" = sql ] && echo "idem.storage_access = sql" || echo "# idem.storage_access: direct, the default")"
   pc_start
   launcher() { # file isolation
