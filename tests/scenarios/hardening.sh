@@ -278,6 +278,8 @@ SQL
     else
       echo "ok: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path; strings $strings) $kind: $ok tests"
     fi
+    # (dropped at once: autovacuum would otherwise work through its tables meanwhile)
+    pc_psql -q -d postgres -c "DROP DATABASE $db WITH (FORCE)"
   done
   # The Citus uninstall trigger's reading of DROP EXTENSION (it runs in the
   # dropping session, under its settings), without Citus: its patterns
