@@ -145,7 +145,7 @@ pc_initdb() { # BIN DIR PORT [CONF-LINE...]
 # initdb runs once per server (its programs' folder and build), owner and
 # options: its data directory is kept as a template under
 # $IDEM_CACHE/initdb, and every cluster made later is a copy of it (cp -a:
-# a twentieth of initdb's CPU; the suite makes some 60 clusters). Its path,
+# a tenth of initdb's CPU, for each of the many clusters the suite makes). Its path,
 # or nothing (status 1) where the cache cannot be written: initdb then
 # runs for each cluster. (The copies share one system identifier, which no
 # test of the project tells apart: a standby is a copy of its primary
