@@ -16,7 +16,7 @@
 #                     and isolation, the scenarios in CORE_SCENARIOS below
 #   IDEM_MAJORS="16 17 18" (default) / "" : which other majors a full run covers
 #                     (side by side; IDEM_MAJORS_SERIAL=1: one after another)
-#   IDEM_LANES_SERIAL=1  the 15 suite's scenarios in one lane
+#   IDEM_LANES_SERIAL=1  all scenarios in one line (no second lane: LANE_B below)
 #   IDEM_SETUP=0      skip scripts/setup.sh (what it installs is there already)
 # Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/test.sh
 # (see lib.sh; its own cluster, port and target/pgNN/test-out).
@@ -31,14 +31,22 @@ IDEM_MAJORS="${IDEM_MAJORS-16 17 18}"
 # native edition (portable).
 CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgrade stress wraparound retention portable)
 # The scenarios that use only servers of their own (no database of the
-# shared cluster, no write into this PostgreSQL's installed files): a second
-# lane, one after another, beside pg_regress, isolation and the other
+# shared cluster, no write into this PostgreSQL's installed files; each its
+# own ports and folders): a second lane, two workers taking them from a
+# queue (IDEM_LANE_B_WORKERS), beside pg_regress, isolation and the other
 # scenarios, which share the private cluster and change its settings (the
-# storage path, roles, pg_cron's database) and so stay in one line. Only in
-# the full run (the other majors' core suites run beside it already).
-LANE_B=(backtraces bench_smoke citus crash dashboard failover hot_standby logical metrics middleware_go
+# storage path, roles, pg_cron's database) and so stay in one line, which
+# then helps with the queue. In the core suite too (on the other majors:
+# environments, storage_sql, retention and wraparound beside the rest).
+LANE_B=(backtraces bench_smoke citus crash dashboard environments failover hot_standby java_spring logical metrics middleware_go
         middleware_node middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
         sql_exporter sqlstates storage_sql wraparound)
+# The longest scenarios first, in each line (the rest by name after them):
+# the run ends when its last line does, and a line that ends on a long
+# scenario leaves a core idle meanwhile. (By their CPU and wall in the
+# runs before: the summary of a full run lists both.)
+LONGEST_FIRST=(portable citus java_spring environments middleware_python bench_smoke middleware_node storage_sql
+               middleware_go logical stress hostile_input hot_standby retention crash failover)
 # What each other major needs built (tests/servers/, in the background while
 # 15 runs), and its job: its core suite, and what runs only there.
 declare -A PREPARE=([16]="pg16.sh" [17]="debian-root.sh:trixie" [18]="pg18.sh pg15-upstream.sh")
@@ -70,11 +78,13 @@ major_16() {
   PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
 }
 
+cpu_begin
 [ "${IDEM_SETUP:-1}" = 0 ] || bash "$ROOT/scripts/setup.sh" --tests
 idem_locate_cluster
-bash "$ROOT/scripts/cluster.sh" start
+CPU_CLUSTER=$(cpu_group cluster)
+(cpu_enter "$CPU_CLUSTER"; exec bash "$ROOT/scripts/cluster.sh" start)
 suite_begin
-step_done setup-and-cluster
+step_done setup-and-cluster "$(cpu_seconds "${CPU_RUN:-none}")"
 only=("$@")
 if [ "$IDEM_SUITE" = full ] && [ ${#only[@]} = 0 ]; then
   prepare=(debian-root.sh:bookworm)
@@ -82,18 +92,26 @@ if [ "$IDEM_SUITE" = full ] && [ ${#only[@]} = 0 ]; then
   prepare_servers "${prepare[@]}"
   jobs_start pg_test $IDEM_MAJORS
 fi
+longest_first() { # name...: these, those of LONGEST_FIRST first, in its order
+  local name
+  for name in "${LONGEST_FIRST[@]}"; do ! in_list "$name" "$@" || echo "$name"; done
+  for name in "$@"; do in_list "$name" "${LONGEST_FIRST[@]}" || echo "$name"; done
+}
 wanted() { [ ${#only[@]} = 0 ] || in_list "$1" "${only[@]}"; }
 lane=()
-if [ "$IDEM_SUITE" = full ] && [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
-  for name in "${LANE_B[@]}"; do ! wanted "$name" || lane+=("$name"); done
+if [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
+  for name in $(longest_first "${LANE_B[@]}"); do
+    ! wanted "$name" || { [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; } || lane+=("$name")
+  done
   [ ${#lane[@]} = 0 ] || lane_start "${lane[@]}"
 fi
 ! wanted regress || { say "pg_regress: SQL API (make installcheck-regress)"; run_suite regress; }
 ! wanted isolation || { say "pg_isolation_regress: concurrency (make installcheck-isolation)"; run_suite isolation; }
-for name in $(scenario_names); do
+for name in $(longest_first $(scenario_names)); do
   wanted "$name" || continue
   if [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; then continue; fi
   [ ${#lane[@]} = 0 ] || ! in_list "$name" "${lane[@]}" || continue
   run_scenario "$name"
 done
+[ ${#lane[@]} = 0 ] || lane_help
 suite_end "$IDEM_SUITE"

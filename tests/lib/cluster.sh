@@ -12,6 +12,7 @@
 #                                     initdb (of the server in BIN) into DIR/data,
 #                                     listening on a socket in DIR only, fsync off,
 #                                     shared_buffers 32MB (PC_INITDB_OPTS: more initdb options),
+#                                     a copy of a template made by initdb once (pc_template),
 #                                     with these settings too (later lines win);
 #                                     DIR must exist
 #   pc_fresh DIR                      DIR stopped, removed and made anew (postgres's, 0700)
@@ -122,9 +123,14 @@ pc_init() {
 pc_initdb() { # BIN DIR PORT [CONF-LINE...]
   local bin=$1 dir=$2 port=$3
   shift 3
+  local template
   # (PC_INITDB_OPTS: more options, as --no-data-checksums for an upgrade's new cluster)
-  as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync \
-    ${PC_INITDB_OPTS:-} >/dev/null
+  if [ ! -e "$dir/data" ] && template=$(pc_template "$bin"); then
+    cp -a "$template" "$dir/data"
+  else
+    as_postgres "$bin/initdb" -D "$dir/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync \
+      ${PC_INITDB_OPTS:-} >/dev/null
+  fi
   echo "$bin" > "$dir/pg_bin"
   {
     echo "listen_addresses = ''"
@@ -134,6 +140,32 @@ pc_initdb() { # BIN DIR PORT [CONF-LINE...]
     echo "fsync = off"
     printf '%s\n' "$@"
   } >> "$dir/data/postgresql.conf"
+}
+
+# initdb runs once per server (its programs' folder and build), owner and
+# options: its data directory is kept as a template under
+# $IDEM_CACHE/initdb, and every cluster made later is a copy of it (cp -a:
+# a tenth of initdb's CPU, for each of the many clusters the suite makes). Its path,
+# or nothing (status 1) where the cache cannot be written: initdb then
+# runs for each cluster. (The copies share one system identifier, which no
+# test of the project tells apart: a standby is a copy of its primary
+# anyway.)
+pc_template() { # BIN
+  local bin=$1 base="$IDEM_CACHE/initdb" key tmp
+  key=$(printf '%s|%s|%s|%s' "$bin" "$(stat -c '%Y %s' "$bin/postgres" "$bin/initdb" 2>/dev/null)" \
+    "$(id -u postgres)" "${PC_INITDB_OPTS:-}" | md5sum | cut -c1-16)
+  mkdir -p "$base" 2>/dev/null && [ -w "$base" ] || return 1
+  [ -f "$base/$key/PG_VERSION" ] || (
+    flock 9
+    [ -f "$base/$key/PG_VERSION" ] && exit 0
+    tmp="$base/.$key.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp" && chown postgres:postgres "$tmp" && chmod 700 "$tmp"
+    as_postgres "$bin/initdb" -D "$tmp/data" --auth=trust --username=postgres -E UTF8 --locale=C.UTF-8 --no-sync \
+      ${PC_INITDB_OPTS:-} >/dev/null || { rm -rf "$tmp"; exit 1; }
+    mv "$tmp/data" "$base/$key" && rm -rf "$tmp"
+  ) 9> "$base/.lock" || return 1
+  echo "$base/$key"
 }
 
 pc_start() { pc_server_start "$PC_DIR" "$@"; }

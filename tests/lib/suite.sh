@@ -9,8 +9,8 @@
 #                                    tests counted elsewhere (another major's run).
 #                                    Inside a lane or job (RECORDS set) they go
 #                                    to its record file, counted when it ends
-#   step_done STEP                   one line (seconds, step) in $OUT/times.tsv;
-#                                    nothing is decided by it
+#   step_done STEP [CPU]             one line (wall seconds, step, CPU seconds or "-")
+#                                    in $OUT/times.tsv; nothing is decided by it
 #   prepare_servers SCRIPT[:ARG]...  tests/servers/SCRIPT [ARG] each, built in the background
 #   run_suite regress|isolation      `make installcheck-NAME` against the private cluster
 #   scenario_names                   every scenario, by name (tests/lib/scenarios.sh)
@@ -18,15 +18,17 @@
 #   run_scenario NAME                that scenario, recorded as scenario/NAME
 #   run_major LABEL COMMAND...       another major's core suite (test.sh), counted as LABEL/<test>
 #   run_recorded NAME LOG COMMAND... a command that passes or fails as one test
-#   lane_start NAME...               those scenarios one after another in a second lane
+#   lane_start NAME... / lane_help   those scenarios in a second lane (a queue, two
+#                                    workers); the main line helps when its own are done
 #   jobs_start JOB...                major_JOB (pg_test, 16, 17, 18) as background jobs
 #   suite_end                        wait for lane and jobs, count their records,
-#                                    print "N passed, N failed"; its status is the verdict
+#                                    print the slowest steps (wall, CPU: cpu_begin below)
+#                                    and "N passed, N failed"; its status is the verdict
 #   regress_run, regress_results, regress_diffs
 #                                    pg_regress and pg_isolation_regress (at the end)
 
 suite_begin() {
-  passed=0 failed=0 failures=() lane_b_pid= prepare_pid= jobs_started=() job_pids=()
+  passed=0 failed=0 failures=() lane_pids=() prepare_pid= jobs_started=() job_pids=()
   OUT="$IDEM_TARGET/test-out"
   rm -rf "$OUT"
   mkdir -p "$OUT"
@@ -49,9 +51,76 @@ count_records() { # file
   done < "$1"
 }
 
-step_done() { # step
-  printf '%s\t%s\n' "$((SECONDS - step_started))" "$1" >> "$OUT/times.tsv"
+step_done() { # step [cpu-seconds]
+  printf '%s\t%s\t%s\n' "$((SECONDS - step_started))" "$1" "${2:--}" >> "$OUT/times.tsv"
   step_started=$SECONDS
+}
+
+# CPU time per step, where cgroup v1's cpuacct controller is mounted and
+# writable (as root on most machines; else the steps' CPU shows as "-"):
+# the run gets a group of its own under the one it started in, each step a
+# group inside it, and what a step starts (servers that detach included)
+# counts there; a group's usage includes its children's, so the run's
+# group counts everything, the other majors' suites too (test.sh run
+# again, its groups nested in the job's). The private cluster, which
+# every scenario of the main lane uses, gets a group of its own (step
+# "cluster"). For the report only: nothing is decided by it.
+#   cpu_begin                  the run's group (CPU_RUN), this shell in it
+#                              (cpu_end when the shell exits)
+#   cpu_group NAME             a new group for a step: its path, or nothing
+#   cpu_enter GROUP            this (sub)shell and what it starts into GROUP
+#   cpu_seconds GROUP          its CPU seconds so far
+#   cpu_step_begin NAME / cpu_step_end
+#                              a step's group (CPU_STEP), and its CPU seconds
+#                              at its end: in the main line (not a lane or
+#                              job) with the private cluster's meanwhile
+#   cpu_end                    this shell back to where it started; the groups
+#                              of processes still running (the cluster)
+#                              handed to that group, the run's groups removed
+CPU_ROOT=/sys/fs/cgroup/cpuacct
+CPU_RUN=
+cpu_begin() {
+  local here
+  here=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}cpuacct\(,[^:]*\)\{0,1\}:\(.*\)$/\3/p' /proc/self/cgroup 2>/dev/null | head -1)
+  [ -n "$here" ] && [ -w "$CPU_ROOT${here%/}/tasks" ] || return 0
+  CPU_HOME="$CPU_ROOT${here%/}"
+  CPU_RUN="$CPU_HOME/idem-run-$$"
+  mkdir -p "$CPU_RUN" 2>/dev/null && echo $$ > "$CPU_RUN/tasks" 2>/dev/null || { CPU_RUN=; return 0; }
+  trap cpu_end EXIT
+}
+cpu_group() { # name
+  [ -n "$CPU_RUN" ] || return 0
+  local g="$CPU_RUN/$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_')-$BASHPID"
+  mkdir -p "$g" 2>/dev/null && echo "$g"
+}
+cpu_enter() { [ -z "${1:-}" ] || echo "$BASHPID" > "$1/tasks" 2>/dev/null || true; }
+cpu_seconds() { # group
+  local ns
+  ns=$(cat "$1/cpuacct.usage" 2>/dev/null) || { echo -; return; }
+  awk -v ns="$ns" 'BEGIN { printf "%.1f", ns / 1e9 }'
+}
+cpu_step_begin() { # name
+  CPU_STEP=$(cpu_group "$1")
+  CPU_CLUSTER0=$(cpu_ns "${CPU_CLUSTER:-}")
+}
+cpu_step_end() {
+  [ -n "${CPU_STEP:-}" ] || { echo -; return; }
+  local ns
+  ns=$(cpu_ns "$CPU_STEP")
+  [ -n "${RECORDS:-}" ] || ns=$((ns + $(cpu_ns "${CPU_CLUSTER:-}") - CPU_CLUSTER0))
+  awk -v ns="$ns" 'BEGIN { printf "%.1f", ns / 1e9 }'
+}
+cpu_ns() { cat "$1/cpuacct.usage" 2>/dev/null || echo 0; } # group
+cpu_end() {
+  [ -n "$CPU_RUN" ] || return 0
+  local g p
+  echo $$ > "$CPU_HOME/tasks" 2>/dev/null || true
+  for g in "$CPU_RUN"/*/ "$CPU_RUN"/; do
+    [ -d "$g" ] || continue
+    while read -r p; do echo "$p" > "$CPU_HOME/tasks" 2>/dev/null || true; done < "$g/tasks"
+  done
+  for g in "$CPU_RUN"/*/; do [ ! -d "$g" ] || rmdir "$g" 2>/dev/null || true; done
+  rmdir "$CPU_RUN" 2>/dev/null || true
 }
 
 # What the other majors and the package test need, built once and cached
@@ -83,8 +152,10 @@ prepare_servers() { # script[:arg]...
 # each test recorded, the diffs of failed ones shown.
 run_suite() {
   local name=$1 test result
-  PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres \
-    make -C "$ROOT" --no-print-directory "installcheck-$name" PG_CONFIG="$PG_CONFIG" REGRESS_OUT="$OUT" \
+  cpu_step_begin "$name"
+  (cpu_enter "$CPU_STEP"
+   PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres \
+     exec make -C "$ROOT" --no-print-directory "installcheck-$name" PG_CONFIG="$PG_CONFIG" REGRESS_OUT="$OUT") \
     > "$OUT/$name.log" 2>&1 || true
   # (No test result at all: the runner did not run; the suite fails.)
   if [ -z "$(regress_results "$OUT/$name.log")" ]; then record "$name/suite" 1; tail -20 "$OUT/$name.log"; fi
@@ -93,7 +164,24 @@ run_suite() {
     if [ "$result" = ok ]; then record "$name/$test" 0; else record "$name/$test" 1; fi
   done < <(regress_results "$OUT/$name.log")
   regress_diffs "$OUT/$name"
-  step_done "$name"
+  step_done "$name" "$(cpu_step_end)"
+}
+
+# The 15 slowest steps of a full run, by wall time (which other streams on
+# the machine inflate) and by CPU time (what the step's processes and, in
+# the main line, the private cluster's server used; "-" where not known),
+# the other majors' suites' steps among them, and the CPU of the whole run.
+slowest_steps() { # times.tsv
+  echo "the 15 slowest steps (wall and CPU seconds; all in $1):"
+  sort -t$'\t' -k1,1rn "$1" | grep -v '(whole)' | head -15 \
+    | awk -F'\t' '{ printf "  %6s s wall  %8s s CPU  %s\n", $1, ($3 == "" ? "-" : $3), $2 }'
+  awk -F'\t' '$2 ~ /\(whole\)$/ { printf "  (%s: %s s wall, %s s CPU)\n", $2, $1, ($3 == "" ? "-" : $3) }' "$1"
+  if awk -F'\t' '$3 ~ /^[0-9]/ { found = 1 } END { exit !found }' "$1"; then
+    echo "the 15 steps that used the most CPU:"
+    awk -F'\t' '$3 ~ /^[0-9]/ && $2 !~ /\(whole\)$/' "$1" | sort -t$'\t' -k3,3rn | head -15 \
+      | awk -F'\t' '{ printf "  %8s s CPU  %6s s wall  %s\n", $3, $1, $2 }'
+  fi
+  [ -z "$CPU_RUN" ] || echo "CPU of the whole run: $(cpu_seconds "$CPU_RUN") s (wall $SECONDS s)"
 }
 
 in_list() { # word list...
@@ -123,23 +211,47 @@ run_scenario() { # name
   file=$(scenario_file "$1")
   # (a file of several gets the scenario's name; a file that is one
   # scenario, no argument)
-  local args=("$1")
+  local args=("$1") cpu
   [ "$file" != "$ROOT/tests/scenarios/$1.sh" ] || args=()
-  if [ -n "$file" ] && bash "$file" "${args[@]}" > "$OUT/scenario-$1.log" 2>&1; then
-    record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s)"
-  else record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
-  step_done "scenario/$1"
+  cpu_step_begin "scenario-$1"
+  if [ -n "$file" ] && (cpu_enter "$CPU_STEP"; exec bash "$file" "${args[@]}") > "$OUT/scenario-$1.log" 2>&1; then
+    cpu=$(cpu_step_end)
+    record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s, CPU $cpu s)"
+  else cpu=$(cpu_step_end); record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
+  step_done "scenario/$1" "$cpu"
 }
 
-# The second lane: scenarios one after another, beside the main line; its
-# output is shown, and its records counted, when it is done (suite_end).
+# The second lane: scenarios that use servers of their own only, taken
+# one at a time from a queue (in the order given) by IDEM_LANE_B_WORKERS
+# workers (default 2) beside the main line, each worker one after another;
+# the main line takes from the same queue once its own scenarios are done
+# (lane_help). Their scenarios' ports and folders are their own, so any two
+# can run at once. The workers' output is shown, and their records counted,
+# when they are done (suite_end).
 lane_start() { # name...
+  local w
+  printf '%s\n' "$@" > "$OUT/lane-b.queue"
   : > "$OUT/lane-b.records"
-  (RECORDS="$OUT/lane-b.records"
-   step_started=$SECONDS
-   for name in "$@"; do [ -z "$(scenario_file "$name")" ] || run_scenario "$name"; done
-  ) > "$OUT/lane-b.out" 2>&1 &
-  lane_b_pid=$!
+  for w in $(seq 1 "${IDEM_LANE_B_WORKERS:-2}"); do
+    (RECORDS="$OUT/lane-b.records"
+     step_started=$SECONDS
+     while name=$(lane_take); do run_scenario "$name"; done
+    ) > "$OUT/lane-b-$w.out" 2>&1 &
+    lane_pids+=($!)
+  done
+}
+lane_take() { # the next scenario of the queue (status 1: none left)
+  local name
+  while [ -s "$OUT/lane-b.queue" ]; do
+    name=$( (flock 9; head -1 "$OUT/lane-b.queue"; sed -i 1d "$OUT/lane-b.queue") 9> "$OUT/lane-b.lock")
+    [ -z "$name" ] || [ -z "$(scenario_file "$name")" ] || { echo "$name"; return 0; }
+  done
+  return 1
+}
+lane_help() { # the main line: what is left in the queue
+  # (their CPU without the private cluster's, which they do not use)
+  local name CPU_CLUSTER=
+  while name=$(lane_take); do run_scenario "$name"; done
 }
 
 # Another major's run of test.sh (IDEM_SUITE=core): its tests count here as
@@ -147,7 +259,8 @@ lane_start() { # name...
 run_major() { # label command...
   local label=$1 log="$OUT/$1.log" t0=$SECONDS summary f
   shift
-  "$@" > "$log" 2>&1 || true
+  cpu_step_begin "$label"
+  (cpu_enter "$CPU_STEP"; exec "$@") > "$log" 2>&1 || true
   summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1 || true)
   if [ -z "$summary" ]; then
     record "$label/suite" 1; tail -40 "$log"; return
@@ -157,14 +270,15 @@ run_major() { # label command...
   echo "$label: $summary ($((SECONDS - t0)) s; log: $log)"
   local times="$ROOT/target/$label/test-out/times.tsv"
   [ ! -f "$times" ] || sed "s|\t|\t$label/|" "$times" >> "$OUT/times.tsv"
-  step_done "$label(whole)"
+  step_done "$label(whole)" "$(cpu_step_end)"
 }
 # A step that passes or fails as one test, its output in LOG.
 run_recorded() { # name log command...
   local name=$1 log=$2
   shift 2
-  if "$@" > "$log" 2>&1; then record "$name" 0; tail -3 "$log"; else record "$name" 1; tail -30 "$log"; fi
-  step_done "$name"
+  cpu_step_begin "$name"
+  if (cpu_enter "$CPU_STEP"; exec "$@") > "$log" 2>&1; then record "$name" 0; tail -3 "$log"; else record "$name" 1; tail -30 "$log"; fi
+  step_done "$name" "$(cpu_step_end)"
 }
 
 # The #[pg_test] units: `cargo pgrx test` installs a build with the test
@@ -187,7 +301,8 @@ major_pg_test() {
   PGRX_DATA="$(cluster_dir)/pgrx-test"
   mkdir -p "$PGRX_DATA"
   chown postgres:postgres "$PGRX_DATA"
-  if (cd "$ROOT" && export PGRX_HOME="$IDEM_CACHE/pgrx-units" CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg15-units" &&
+  cpu_step_begin pg_test
+  if (cpu_enter "$CPU_STEP" && cd "$ROOT" && export PGRX_HOME="$IDEM_CACHE/pgrx-units" CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg15-units" &&
       idem_build "$ROOT" units_on_copy "$PGRX_DATA/data") > "$OUT/pg_test.log" 2>&1; then :; fi
   grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
   while read -r line; do
@@ -195,7 +310,7 @@ major_pg_test() {
     if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
   done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
   grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
-  step_done "pg_test(build, run)"
+  step_done "pg_test(build, run)" "$(cpu_step_end)"
 }
 
 # The units and the other majors run side by side with the PostgreSQL 15
@@ -227,9 +342,12 @@ jobs_start() { # job...
 
 suite_end() { # full|core
   local pid major
-  if [ -n "$lane_b_pid" ]; then
-    wait "$lane_b_pid" || echo "record lane-b/stopped 1" >> "$OUT/lane-b.records"
-    cat "$OUT/lane-b.out"
+  if [ ${#lane_pids[@]} -gt 0 ]; then
+    local w
+    for w in "${!lane_pids[@]}"; do
+      wait "${lane_pids[$w]}" || echo "record lane-b/stopped 1" >> "$OUT/lane-b.records"
+      cat "$OUT/lane-b-$((w + 1)).out"
+    done
     count_records "$OUT/lane-b.records"
   fi
   for pid in "${job_pids[@]}"; do wait "$pid" || true; done
@@ -239,10 +357,7 @@ suite_end() { # full|core
   done
   [ -z "$prepare_pid" ] || wait "$prepare_pid" || true
   echo
-  if [ "$1" = full ] && [ -f "$OUT/times.tsv" ]; then
-    echo "the slowest steps (seconds; all in $OUT/times.tsv):"
-    sort -rn "$OUT/times.tsv" | head -12 | sed 's/^/  /'
-  fi
+  if [ "$1" = full ] && [ -f "$OUT/times.tsv" ]; then slowest_steps "$OUT/times.tsv"; fi
   if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
   echo "${passed} passed, ${failed} failed"
   [ "$failed" = 0 ] && [ "$passed" -gt 0 ]

@@ -190,7 +190,7 @@ echo "encodings failed: $fails"
 # key_hash, ...), which idem's SQL must never reach.
 scenario_environments() {
 source "$ROOT/tests/lib/suite.sh"
-bash "$ROOT/scripts/cluster.sh" start >/dev/null
+source "$ROOT/tests/lib/cluster.sh"
 out="$IDEM_TARGET/test-out/environments"
 rm -rf "$out"; mkdir -p "$out"
 
@@ -205,10 +205,6 @@ else
   echo "FAIL: plain '...' literals with a backslash (write E'...' or avoid the backslash):"; echo "$found"
   fails=$((fails + 1))
 fi
-restore() {
-  psql_idem -q -d postgres -c "LOAD 'idem'" -c "ALTER SYSTEM RESET idem.storage_access" -c "SELECT pg_reload_conf()" >/dev/null
-}
-trap restore EXIT
 
 environments=(
   "kolkata|Postgres, MDY|Asia/Kolkata|Default|sql_standard|read committed|direct|on"
@@ -216,13 +212,21 @@ environments=(
   "chatham|German|Pacific/Chatham|Default|postgres|serializable|direct|off"
   "posix|ISO, DMY|IST-1|Australia|postgres_verbose|read committed|sql|off"
 )
-
-for env in "${environments[@]}"; do
-  IFS='|' read -r name datestyle tz abbrevs intervalstyle isolation path strings <<<"$env"
-  if [ "$path" = sql ]; then set_path="ALTER SYSTEM SET idem.storage_access = 'sql'"; else set_path="ALTER SYSTEM RESET idem.storage_access"; fi
-  psql_idem -q -d postgres -c "LOAD 'idem'" -c "$set_path" -c "SELECT pg_reload_conf()" >/dev/null
-  # PGOPTIONS: backslash-escaped spaces inside a value.
-  esc() { printf '%s' "$1" | sed 's/ /\\ /g'; }
+# PGOPTIONS: backslash-escaped spaces inside a value.
+esc() { printf '%s' "$1" | sed 's/ /\\ /g'; }
+# Each environment on a cluster of its own (a copy of this PostgreSQL's
+# initdb, set as the suite's cluster is for the schedules: prepared
+# transactions, its shared buffers; the storage path in its
+# postgresql.conf), all four at once:
+# the schedules wait much of their time (sleeps past TTLs and leases, lock
+# waits), and the environments share nothing. Each writes its lines to
+# $out/NAME.out, and a file per failed or passed suite, read below.
+environment() { # name datestyle tz abbrevs intervalstyle isolation path strings
+  local name=$1 datestyle=$2 tz=$3 abbrevs=$4 intervalstyle=$5 isolation=$6 path=$7 strings=$8 suite suites kind tool input schedule db ok bad
+  trap pc_stop EXIT
+  pc_init "$(cluster_dir)/env-$name" "$(major_port 5580)" "max_prepared_transactions = 10" "shared_buffers = 128MB" \
+    "$([ "$path" = sql ] && echo "idem.storage_access = sql" || echo "# idem.storage_access: direct, the default")"
+  pc_start
   launcher() { # file isolation
     cat > "$1" <<SH
 #!/bin/sh
@@ -249,8 +253,8 @@ SH
   for suite in "${suites[@]}"; do
     IFS='|' read -r kind tool input schedule <<<"$suite"
     db="idem_env_${name}_$kind"
-    psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-    psql_idem -q -d "$db" <<'SQL'
+    pc_psql -q -d postgres -c "CREATE DATABASE $db"
+    pc_psql -q -d "$db" <<'SQL'
 SET client_min_messages = warning;
 CREATE EXTENSION idem;
 CREATE SCHEMA idem_lookalike;
@@ -261,33 +265,56 @@ CREATE FUNCTION idem_lookalike.key_hash(text, text) RETURNS bigint LANGUAGE sql 
 CREATE FUNCTION idem_lookalike.check_name(text, text) RETURNS void LANGUAGE sql AS 'SELECT';
 GRANT USAGE ON SCHEMA idem_lookalike TO PUBLIC;
 SQL
-    regress_run "$tool" "$(cluster_dir)" "$IDEM_PORT" "$db" "$input" "$out/$name-$kind" "$out/$name-$kind.log" \
+    regress_run "$tool" "$PC_DIR" "$PC_PORT" "$db" "$input" "$out/$name-$kind" "$out/$name-$kind.log" \
       --schedule="$schedule" --launcher="$out/launcher-$name-$kind.sh" || true
     regress_results "$out/$name-$kind.log" > "$out/$name-$kind.results"
     ok=$(grep -c ' ok$' "$out/$name-$kind.results" || true)
     bad=$( (grep -v ' ok$' "$out/$name-$kind.results" || true) | cut -d' ' -f1 | tr '\n' ' ')
-    passed=$((passed + ok))
+    echo "$ok" > "$out/$name-$kind.passed"
     if [ -n "$bad" ] || [ "$ok" = 0 ]; then
       echo "FAIL: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path; strings $strings) $kind: ${bad:-nothing ran}"
       [ -f "$out/$name-$kind/regression.diffs" ] && head -60 "$out/$name-$kind/regression.diffs"
-      fails=$((fails + 1))
+      touch "$out/$name-$kind.failed"
     else
       echo "ok: $name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation; $path path; strings $strings) $kind: $ok tests"
     fi
-    psql_idem -q -d postgres -c "DROP DATABASE $db WITH (FORCE)"
+    # (dropped at once: autovacuum would otherwise work through its tables meanwhile)
+    pc_psql -q -d postgres -c "DROP DATABASE $db WITH (FORCE)"
+  done
+  # The Citus uninstall trigger's reading of DROP EXTENSION (it runs in the
+  # dropping session, under its settings), without Citus: its patterns
+  # alone, with standard_conforming_strings on and off (once, here).
+  if [ "$name" = kolkata ]; then
+    pc_psql -q -d postgres -c "CREATE DATABASE idem_env_strings"
+    pc_psql -q -d idem_env_strings -c "SET client_min_messages = warning" -c "CREATE EXTENSION idem"
+    for strings in on off; do
+      got=$(PGOPTIONS="-c standard_conforming_strings=$strings -c escape_string_warning=off" pc_psql -At -d idem_env_strings -c \
+        "SELECT idem.drops_idem('DROP EXTENSION idem CASCADE') AND idem.drops_idem('drop  extension if exists pg_x, idem') AND NOT idem.drops_idem('DROP EXTENSION idem_other')")
+      if [ "$got" = t ]; then echo "ok: standard_conforming_strings=$strings: DROP EXTENSION idem is recognized"
+      else echo "FAIL: standard_conforming_strings=$strings: DROP EXTENSION idem recognized: '$got', want t"; touch "$out/$name-strings-$strings.failed"; fi
+    done
+  fi
+  pc_stop
+  rm -rf "$PC_DIR"
+}
+pids=()
+for env in "${environments[@]}"; do
+  IFS='|' read -r name datestyle tz abbrevs intervalstyle isolation path strings <<<"$env"
+  (environment "$name" "$datestyle" "$tz" "$abbrevs" "$intervalstyle" "$isolation" "$path" "$strings") > "$out/$name.out" 2>&1 &
+  pids+=($!)
+done
+i=0
+for env in "${environments[@]}"; do
+  name=${env%%|*}
+  wait "${pids[$i]}" || { echo "FAIL: environment $name stopped half-way (its output below)"; fails=$((fails + 1)); }
+  i=$((i + 1))
+  cat "$out/$name.out"
+  for kind in regress isolation; do
+    [ -f "$out/$name-$kind.passed" ] || { echo "FAIL: $name $kind: did not run"; fails=$((fails + 1)); continue; }
+    passed=$((passed + $(cat "$out/$name-$kind.passed")))
   done
 done
-# The Citus uninstall trigger's reading of DROP EXTENSION (it runs in the
-# dropping session, under its settings), without Citus: its patterns alone.
-psql_idem -q -d postgres -c "DROP DATABASE IF EXISTS idem_env_strings WITH (FORCE)" -c "CREATE DATABASE idem_env_strings"
-psql_idem -q -d idem_env_strings -c "SET client_min_messages = warning" -c "CREATE EXTENSION idem"
-for strings in on off; do
-  got=$(PGOPTIONS="-c standard_conforming_strings=$strings -c escape_string_warning=off" psql_idem -At -d idem_env_strings -c \
-    "SELECT idem.drops_idem('DROP EXTENSION idem CASCADE') AND idem.drops_idem('drop  extension if exists pg_x, idem') AND NOT idem.drops_idem('DROP EXTENSION idem_other')")
-  if [ "$got" = t ]; then echo "ok: standard_conforming_strings=$strings: DROP EXTENSION idem is recognized"
-  else echo "FAIL: standard_conforming_strings=$strings: DROP EXTENSION idem recognized: '$got', want t"; fails=$((fails + 1)); fi
-done
-psql_idem -q -d postgres -c "DROP DATABASE idem_env_strings WITH (FORCE)"
+fails=$((fails + $(find "$out" -maxdepth 1 -name '*.failed' | wc -l)))
 echo "environments: $passed test runs passed, $fails suites failed"
 [ "$fails" = 0 ]
 }
