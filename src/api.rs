@@ -9,8 +9,8 @@ use crate::errors::{invalid, IdemError};
 use crate::fmgr::Args;
 use crate::guc;
 use crate::key::{self, check_biz_type, ClaimKey};
-use crate::metrics;
-use crate::protocol::{self, ClaimRequest, Finish, Outcome};
+use crate::metrics::{self, Event};
+use crate::protocol::{self, ClaimRequest, Finish, Outcome, State};
 use crate::sql_function;
 use crate::storage::partitions;
 use pgrx::pg_sys;
@@ -42,6 +42,19 @@ fn outcome_values(o: Outcome) -> (Vec<pg_sys::Datum>, Vec<bool>) {
     (values, vec![false, false, result_null, first_null, expires_null])
 }
 
+/// What a claim that answered `o` is counted as (metrics.rs): every
+/// function counts here, at the boundary, from what the call returned.
+fn claim_event(o: &Outcome) -> Event {
+    match o.state {
+        State::New if o.took_over => Event::Takeover,
+        State::New => Event::Claimed,
+        State::Completed => Event::DuplicateCompleted,
+        State::Failed => Event::DuplicateFailed,
+        // (A claim is never answered absent.)
+        State::InProgress | State::Absent => Event::InProgress,
+    }
+}
+
 fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
     let (mut values, mut nulls) = outcome_values(o);
     args.composite(&mut values, &mut nulls)
@@ -53,7 +66,6 @@ fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
 arguments!(claim_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINT = 3 "fingerprint", WAIT = 4 "wait", LEASE = 5 "lease");
 fn claim(args: Args) -> pg_sys::Datum {
     use claim_args::*;
-    args.result_type_first();
     let req = ClaimRequest {
         key: claim_key(args, KEY, BIZ_TYPE),
         ttl_us: args.interval(TTL).map(|iv| guc::checked_ttl(&iv, "ttl")),
@@ -61,9 +73,11 @@ fn claim(args: Args) -> pg_sys::Datum {
         wait: args.bool(WAIT).unwrap_or(true),
         lease_us: args.interval(LEASE).map(|iv| guc::checked_ttl(&iv, "lease")),
     };
-    outcome_datum(args, protocol::claim(&req))
+    let outcome = protocol::claim(&req);
+    metrics::count(req.key.biz_type, claim_event(&outcome));
+    outcome_datum(args, outcome)
 }
-sql_function!(idem_claim, pg_finfo_idem_claim, claim);
+sql_function!(idem_claim, pg_finfo_idem_claim, claim, composite);
 
 // idem_claim_many(keys text[], biz_type text, ttl interval DEFAULT NULL,
 //                 fingerprints text[] DEFAULT NULL, wait boolean DEFAULT true)
@@ -72,7 +86,6 @@ sql_function!(idem_claim, pg_finfo_idem_claim, claim);
 arguments!(claim_many_args: KEYS = 0 "keys", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINTS = 3 "fingerprints", WAIT = 4 "wait");
 fn claim_many(args: Args) -> pg_sys::Datum {
     use claim_many_args::*;
-    args.result_type_first();
     let keys = args.datum(KEYS).unwrap_or_else(|| IdemError::NullArgument("keys").fail());
     let biz_type = args.text_req(BIZ_TYPE, "biz_type");
     check_biz_type(biz_type);
@@ -115,7 +128,9 @@ fn claim_many(args: Args) -> pg_sys::Datum {
             wait,
             lease_us: None,
         };
-        outcomes[i] = Some(protocol::claim(&req));
+        let outcome = protocol::claim(&req);
+        metrics::count(biz_type, claim_event(&outcome));
+        outcomes[i] = Some(outcome);
     }
     let rows = keys
         .iter()
@@ -130,7 +145,7 @@ fn claim_many(args: Args) -> pg_sys::Datum {
         .collect();
     args.return_rows(rows)
 }
-sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many);
+sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many, rows);
 
 // idem_take_expired_leases(biz_type text, max_leases integer DEFAULT 100,
 //                          lease interval DEFAULT NULL)
@@ -140,7 +155,6 @@ sql_function!(idem_claim_many, pg_finfo_idem_claim_many, claim_many);
 arguments!(take_expired_args: BIZ_TYPE = 0 "biz_type", MAX_LEASES = 1 "max_leases", LEASE = 2 "lease");
 fn take_expired_leases(args: Args) -> pg_sys::Datum {
     use take_expired_args::*;
-    args.result_type_first();
     let biz_type = biz_type_arg(args, BIZ_TYPE);
     let max = args.int4(MAX_LEASES).unwrap_or_else(|| IdemError::NullArgument("max_leases").fail());
     if !(1..=10_000).contains(&max) {
@@ -157,6 +171,7 @@ fn take_expired_leases(args: Args) -> pg_sys::Datum {
     let rows = crate::completer::take(biz_type, max as usize, lease_us)
         .into_iter()
         .map(|(key, t)| {
+            metrics::count(biz_type.as_bytes(), Event::Takeover);
             let opt = |v: Option<pg_sys::Datum>| (v.unwrap_or(pg_sys::Datum::from(0)), v.is_none());
             let (point, point_null) = opt(t.lease.point.and_then(crate::datum::jsonb_scalar_text));
             let (data, data_null) = opt(t.lease.data.filter(|d| crate::datum::jsonb_type(*d) != b"null"));
@@ -179,7 +194,7 @@ fn take_expired_leases(args: Args) -> pg_sys::Datum {
         .collect();
     args.return_rows(rows)
 }
-sql_function!(idem_take_expired_leases, pg_finfo_idem_take_expired_leases, take_expired_leases);
+sql_function!(idem_take_expired_leases, pg_finfo_idem_take_expired_leases, take_expired_leases, rows);
 
 /// A uuid datum (by reference, 16 bytes) of these bytes.
 fn uuid_datum(uuid: [u8; 16]) -> pg_sys::Datum {
@@ -206,10 +221,16 @@ sql_function!(idem_claim_id, pg_finfo_idem_claim_id, claim_id);
 arguments!(lookup_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
 fn lookup(args: Args) -> pg_sys::Datum {
     use lookup_args::*;
-    args.result_type_first();
     outcome_datum(args, protocol::lookup(&claim_key(args, KEY, BIZ_TYPE)))
 }
-sql_function!(idem_lookup, pg_finfo_idem_lookup, lookup);
+sql_function!(idem_lookup, pg_finfo_idem_lookup, lookup, composite);
+
+/// The void result of a finishing function that returned, after counting
+/// what it recorded.
+fn finished(k: &ClaimKey, recorded: Event) -> pg_sys::Datum {
+    metrics::count(k.biz_type, recorded);
+    pg_sys::Datum::from(0)
+}
 
 // idem_complete(key text, biz_type text, result jsonb DEFAULT NULL, lease_token text DEFAULT NULL)
 arguments!(complete_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", RESULT = 2 "result", LEASE_TOKEN = 3 "lease_token");
@@ -217,7 +238,7 @@ fn complete(args: Args) -> pg_sys::Datum {
     use complete_args::*;
     let k = claim_key(args, KEY, BIZ_TYPE);
     protocol::finish(&k, Finish::Complete(args.jsonb(RESULT)), args.text(LEASE_TOKEN));
-    pg_sys::Datum::from(0)
+    finished(&k, Event::Completed)
 }
 sql_function!(idem_complete, pg_finfo_idem_complete, complete);
 
@@ -228,7 +249,7 @@ fn fail(args: Args) -> pg_sys::Datum {
     let k = claim_key(args, KEY, BIZ_TYPE);
     let error = args.jsonb(ERROR).unwrap_or_else(|| IdemError::NullArgument("error").fail());
     protocol::finish(&k, Finish::Fail(error), args.text(LEASE_TOKEN));
-    pg_sys::Datum::from(0)
+    finished(&k, Event::Failed)
 }
 sql_function!(idem_fail, pg_finfo_idem_fail, fail);
 
@@ -246,7 +267,7 @@ fn checkpoint_with(args: Args, merge: Option<bool>) -> pg_sys::Datum {
     }
     let merge = merge.unwrap_or_else(|| IdemError::NullArgument("merge").fail());
     protocol::finish(&k, Finish::Checkpoint { point, data: args.jsonb(DATA), merge }, args.text(LEASE_TOKEN));
-    pg_sys::Datum::from(0)
+    finished(&k, Event::Checkpointed)
 }
 fn checkpoint(args: Args) -> pg_sys::Datum {
     checkpoint_with(args, Some(false))
@@ -262,6 +283,7 @@ arguments!(release_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", LEASE_TOKEN = 2
 fn release(args: Args) -> pg_sys::Datum {
     use release_args::*;
     let k = claim_key(args, KEY, BIZ_TYPE);
+    // (A release is not counted.)
     protocol::finish(&k, Finish::Release, args.text(LEASE_TOKEN));
     pg_sys::Datum::from(0)
 }
@@ -516,7 +538,7 @@ fn metrics(args: Args) -> pg_sys::Datum {
     };
     args.return_rows(rows)
 }
-sql_function!(idem_metrics, pg_finfo_idem_metrics, metrics);
+sql_function!(idem_metrics, pg_finfo_idem_metrics, metrics, rows);
 
 // idem.metrics_info() RETURNS TABLE (counting boolean, slots_used int,
 //   slots int, overflowed boolean)
@@ -535,7 +557,7 @@ fn metrics_info(args: Args) -> pg_sys::Datum {
     };
     args.return_rows(vec![row])
 }
-sql_function!(idem_metrics_info, pg_finfo_idem_metrics_info, metrics_info);
+sql_function!(idem_metrics_info, pg_finfo_idem_metrics_info, metrics_info, rows);
 
 // idem.metrics_database(OUT slots_used int, OUT share int, OUT no_room bigint)
 fn metrics_database(args: Args) -> pg_sys::Datum {
@@ -552,7 +574,7 @@ fn metrics_database(args: Args) -> pg_sys::Datum {
     };
     args.return_rows(vec![row])
 }
-sql_function!(idem_metrics_database, pg_finfo_idem_metrics_database, metrics_database);
+sql_function!(idem_metrics_database, pg_finfo_idem_metrics_database, metrics_database, rows);
 
 // idem.metrics_types(OUT biz_type text, OUT stats_since timestamptz) RETURNS SETOF record
 fn metrics_types(args: Args) -> pg_sys::Datum {
@@ -563,7 +585,7 @@ fn metrics_types(args: Args) -> pg_sys::Datum {
             .collect(),
     )
 }
-sql_function!(idem_metrics_types, pg_finfo_idem_metrics_types, metrics_types);
+sql_function!(idem_metrics_types, pg_finfo_idem_metrics_types, metrics_types, rows);
 
 // idem.metrics_release(biz_type text) RETURNS boolean
 fn metrics_release(args: Args) -> pg_sys::Datum {

@@ -17,7 +17,6 @@ use crate::catalog::{self, relation_name};
 use crate::datum::text_datum;
 use crate::errors::{internal, IdemError};
 use crate::guc;
-use crate::key::ClaimKey;
 use crate::spi::Statement;
 use pgrx::pg_sys;
 use std::collections::HashMap;
@@ -52,58 +51,29 @@ struct Cache {
     /// means idem.biz_types (or the extension) changed.
     epoch: u64,
     settings: HashMap<Vec<u8>, BizType>,
-    /// This transaction changed business type settings: the cache must not
-    /// outlive an abort.
-    configured_in_xact: bool,
-    callbacks_registered: bool,
+    /// This backend changed business type settings since the last undo
+    /// (below): the cache may hold one that an abort, or a ROLLBACK
+    /// PREPARED in any session, takes back. (Still set after a commit, it
+    /// costs the next undo one emptying of the cache.)
+    configured: bool,
 }
 
 static CACHE: BackendLocal<Option<Cache>> = BackendLocal::new(None);
 
 fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
-    let register = CACHE.with(|c| {
-        let c = c.get_or_insert_with(Cache::default);
-        !std::mem::replace(&mut c.callbacks_registered, true)
-    });
-    if register {
-        // SAFETY: plain registrations of callbacks that live as long as the
-        // library (never unloaded once loaded).
-        unsafe {
-            pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
-            pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
-        }
+    if CACHE.with(|c| c.is_none()) {
+        crate::backend::on_undo(forget_uncommitted);
     }
-    CACHE.with(|c| f(c.as_mut().expect("initialised above")))
+    CACHE.with(|c| f(c.get_or_insert_with(Cache::default)))
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
-    match event {
-        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => forget_uncommitted(),
-        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
-            CACHE.with(|c| c.iter_mut().for_each(|c| c.configured_in_xact = false))
-        }
-        _ => {}
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn subxact_callback(
-    event: pg_sys::SubXactEvent::Type,
-    _my: pg_sys::SubTransactionId,
-    _parent: pg_sys::SubTransactionId,
-    _arg: *mut std::ffi::c_void,
-) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        forget_uncommitted();
-    }
-}
-
+/// At an abort, a subtransaction's abort or a PREPARE (backend::on_undo):
+/// drop what the cache may hold of settings written since the last one.
 fn forget_uncommitted() {
     CACHE.with(|c| {
-        if let Some(c) = c.as_mut().filter(|c| c.configured_in_xact) {
+        if let Some(c) = c.as_mut().filter(|c| c.configured) {
             c.settings.clear();
-            c.configured_in_xact = false;
+            c.configured = false;
         }
     });
 }
@@ -114,7 +84,7 @@ fn forget_uncommitted() {
 /// idem.biz_types. (idem_configure writes every placement, but its cache
 /// invalidation reaches only the backends of the node it ran on; a read per
 /// call needs none.)
-pub fn settings(name: &str) -> BizType {
+pub fn settings(name: &[u8]) -> BizType {
     if guc::citus_preloaded() {
         match crate::storage::citus::biz_types_placement() {
             None => {}
@@ -128,7 +98,7 @@ pub fn settings(name: &str) -> BizType {
 }
 
 /// A business type's settings, cached until idem.biz_types is invalidated.
-fn cached(name: &str) -> BizType {
+fn cached(name: &[u8]) -> BizType {
     catalog::biz_types_oid(); // so that catalog.rs's relcache callback recognises its invalidation
     let epoch = catalog::epoch();
     let hit = with_cache(|c| {
@@ -136,7 +106,7 @@ fn cached(name: &str) -> BizType {
             c.settings.clear();
             c.epoch = epoch;
         }
-        c.settings.get(name.as_bytes()).copied()
+        c.settings.get(name).copied()
     });
     if let Some(found) = hit {
         return found;
@@ -146,21 +116,16 @@ fn cached(name: &str) -> BizType {
         if c.settings.len() >= CACHE_MAX {
             c.settings.clear();
         }
-        c.settings.insert(name.as_bytes().to_vec(), found)
+        c.settings.insert(name.to_vec(), found)
     });
     found
 }
 
-/// The settings of `k`'s type, for a call by the current role: 42501 if the
+/// The settings of a type, for a call by the current role: 42501 if the
 /// type has an owner the role is not a member of.
-pub fn admit(k: &ClaimKey) -> BizType {
-    admit_type(k.biz_type_str())
-}
-
-/// The same for a call on a type rather than a key (the completer).
-pub fn admit_type(biz_type: &str) -> BizType {
+pub fn admit(biz_type: &[u8]) -> BizType {
     let settings = settings(biz_type);
-    require_owner_member(biz_type.as_bytes(), &settings);
+    require_owner_member(biz_type, &settings);
     settings
 }
 
@@ -202,7 +167,7 @@ pub fn configure(
     on_failure: Option<Option<&[u8]>>,
     retain_from: Option<Option<&[u8]>>,
 ) {
-    require_owner_member(biz_type.as_bytes(), &settings(biz_type));
+    require_owner_member(biz_type.as_bytes(), &settings(biz_type.as_bytes()));
     static UPSERT: Statement = Statement::new(
         c"INSERT INTO idem.biz_types AS b (biz_type, ttl, updated_at) VALUES ($1, $2, $3)
           ON CONFLICT (biz_type) DO UPDATE SET ttl = EXCLUDED.ttl, updated_at = EXCLUDED.updated_at",
@@ -258,7 +223,7 @@ pub fn set_owner(biz_type: &str, owner: Option<pg_sys::Oid>) {
           ON CONFLICT (biz_type) DO UPDATE SET owner = EXCLUDED.owner, updated_at = EXCLUDED.updated_at",
         &[pg_sys::TEXTOID, pg_sys::REGROLEOID, pg_sys::TIMESTAMPTZOID],
     );
-    require_owner_member(biz_type.as_bytes(), &settings(biz_type));
+    require_owner_member(biz_type.as_bytes(), &settings(biz_type.as_bytes()));
     if owner_column_type(catalog::biz_types_oid()) != Some(pg_sys::NAMEOID) {
         return write(&UPSERT_0_3, biz_type, owner.map(pg_sys::Datum::from), &[]);
     }
@@ -292,7 +257,7 @@ fn write(upsert: &Statement, biz_type: &str, value: Option<pg_sys::Datum>, more:
 }
 
 /// A business type's settings, read now through SQL on idem.biz_types.
-fn read(name: &str) -> BizType {
+fn read(name: &[u8]) -> BizType {
     static READ: Statement = Statement::new(
         c"SELECT ttl, owner, on_failure OPERATOR(pg_catalog.=) 'retry', retain_from OPERATOR(pg_catalog.=) 'completion'
             FROM idem.biz_types WHERE biz_type OPERATOR(pg_catalog.=) $1",
@@ -328,7 +293,7 @@ fn read(name: &str) -> BizType {
         Some(_) => &READ_0_3,
         None => &READ_0_2,
     };
-    let rows = read.query_as_owner(&[Some(text_datum(name.as_bytes()))]);
+    let rows = read.query_as_owner(&[Some(text_datum(name))]);
     let Some(row) = rows.first() else { return BizType::default() };
     BizType {
         // SAFETY: column 1 of READ is ttl, an interval datum (by reference) in this memory context.
@@ -377,7 +342,7 @@ fn role_name_data(role: pg_sys::Oid) -> pg_sys::NameData {
 /// of idem.biz_types' shape (under Citus, this node's placement of the
 /// reference table: storage/citus.rs), through its primary key, with the
 /// caller's MVCC snapshot, as the SQL read would.
-fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
+fn read_in(relid: pg_sys::Oid, name: &[u8]) -> BizType {
     // SAFETY: the table and its primary key are opened and locked before the scan and closed after it; the
     // zeroed ScanKeyData is fully initialised by ScanKeyEntryInitialize; the slot's values are read below
     // `last`, which slot_getsomeattrs filled.
@@ -408,7 +373,7 @@ fn read_in(relid: pg_sys::Oid, name: &str) -> BizType {
             pg_sys::InvalidOid,
             *(*index).rd_indcollation,
             pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-            text_datum(name.as_bytes()),
+            text_datum(name),
         );
         let snapshot = crate::backend::caller_snapshot();
         let scan = crate::compat::index_beginscan(rel, index, snapshot, 1);
@@ -455,7 +420,7 @@ fn invalidate() {
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::biz_types_oid()) };
     with_cache(|c| {
         c.settings.clear();
-        c.configured_in_xact = true;
+        c.configured = true;
     });
 }
 
@@ -480,7 +445,7 @@ mod tests {
             pgrx::pg_sys::PushActiveSnapshot(pgrx::pg_sys::GetTransactionSnapshot());
         }
         for i in 1..=n {
-            let settings = super::cached(&format!("cache.{i}"));
+            let settings = super::cached(format!("cache.{i}").as_bytes());
             assert_eq!(settings.ttl_us, Some(i * 1_000_000), "cache.{i}");
         }
         // SAFETY: pops the snapshot pushed above.

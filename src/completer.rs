@@ -39,7 +39,7 @@ fn expired_keys(biz_type: &str, now: i64) -> Vec<Vec<u8>> {
 /// new lease `lease_us` long (None: as long as its last one).
 pub fn take(biz_type: &str, max: usize, lease_us: Option<i64>) -> Vec<(Vec<u8>, Taken)> {
     protocol::require_writable("idem_take_expired_leases");
-    biztype::admit_type(biz_type);
+    biztype::admit(biz_type.as_bytes());
     let mut taken = Vec::new();
     for key in expired_keys(biz_type, now()) {
         if taken.len() >= max {

@@ -7,6 +7,7 @@
 //! database's encoding, which is what a message must be in), never through
 //! a lossy UTF-8 conversion.
 
+use crate::key::KeyName;
 use pgrx::pg_sys;
 
 #[derive(Debug)]
@@ -18,18 +19,18 @@ pub enum IdemError {
     /// 22023: a text argument breaks a rule; the value is shown as given.
     InvalidValue { what: &'static str, value: Vec<u8>, rule: &'static str },
     /// ID001: a duplicate carries a different fingerprint than the first claim.
-    FingerprintMismatch { biz_type: Vec<u8>, key: Vec<u8> },
+    FingerprintMismatch(KeyName),
     /// ID003: finishing or checkpointing a claim this caller does not hold.
-    NotClaimed { biz_type: Vec<u8>, key: Vec<u8>, why: &'static str },
+    NotClaimed { key: KeyName, why: &'static str },
     /// 40001: the caller's snapshot cannot see a claim committed concurrently.
-    SerializationFailure { biz_type: Vec<u8>, key: Vec<u8> },
+    SerializationFailure(KeyName),
     /// 55000: the extension is not in the state an operation needs.
     ObjectNotInPrerequisiteState(String, Option<String>),
     /// 0A000: something idem does not support.
     FeatureNotSupported(String, Option<String>),
     /// 0A000: under Citus, a call on a key that runs on another node than
     /// the one holding the key's shard (storage/citus.rs).
-    NotOnShardNode { biz_type: Vec<u8>, key: Vec<u8>, shard: i64, node: String },
+    NotOnShardNode { key: KeyName, shard: i64, node: String },
     /// 25006: a write in a read-only transaction or on a hot standby.
     ReadOnly { what: &'static str, standby: bool },
     /// 25000: a write during a parallel operation (a parallel worker, or
@@ -56,11 +57,11 @@ const fn sqlstate(code: &[u8; 5]) -> i32 {
 }
 
 /// `idem: key "K" of biz_type "T" ` followed by `rest`, as bytes.
-fn about_key(biz_type: &[u8], key: &[u8], rest: &str) -> Vec<u8> {
+fn about_key(name: &KeyName, rest: &str) -> Vec<u8> {
     let mut m = b"idem: key \"".to_vec();
-    m.extend_from_slice(key);
+    m.extend_from_slice(&name.key);
     m.extend_from_slice(b"\" of biz_type \"");
-    m.extend_from_slice(biz_type);
+    m.extend_from_slice(&name.biz_type);
     m.extend_from_slice(b"\" ");
     m.extend_from_slice(rest.as_bytes());
     m
@@ -71,9 +72,9 @@ impl IdemError {
         match self {
             IdemError::NullArgument(_) => b"22004",
             IdemError::InvalidArgument(_) | IdemError::InvalidValue { .. } => b"22023",
-            IdemError::FingerprintMismatch { .. } => b"ID001",
+            IdemError::FingerprintMismatch(_) => b"ID001",
             IdemError::NotClaimed { .. } => b"ID003",
-            IdemError::SerializationFailure { .. } => b"40001",
+            IdemError::SerializationFailure(_) => b"40001",
             IdemError::ObjectNotInPrerequisiteState(..) => b"55000",
             IdemError::FeatureNotSupported(..) | IdemError::NotOnShardNode { .. } => b"0A000",
             IdemError::ReadOnly { .. } => b"25006",
@@ -93,19 +94,16 @@ impl IdemError {
                 m.extend_from_slice(format!("\" is not valid: {rule}").as_bytes());
                 m
             }
-            IdemError::FingerprintMismatch { biz_type, key } => {
-                about_key(biz_type, key, "was first claimed with a different fingerprint")
-            }
-            IdemError::NotClaimed { biz_type, key, why } => about_key(biz_type, key, why),
-            IdemError::SerializationFailure { biz_type, key } => {
+            IdemError::FingerprintMismatch(key) => about_key(key, "was first claimed with a different fingerprint"),
+            IdemError::NotClaimed { key, why } => about_key(key, why),
+            IdemError::SerializationFailure(key) => {
                 let mut m = b"could not serialize access: ".to_vec();
-                m.extend(about_key(biz_type, key, "was claimed by a transaction this snapshot cannot see").drain(6..));
+                m.extend(about_key(key, "was claimed by a transaction this snapshot cannot see").drain(6..));
                 m
             }
             IdemError::ObjectNotInPrerequisiteState(m, _) => format!("idem: {m}").into_bytes(),
             IdemError::FeatureNotSupported(m, _) => format!("idem: {m}").into_bytes(),
-            IdemError::NotOnShardNode { biz_type, key, node, .. } => about_key(
-                biz_type,
+            IdemError::NotOnShardNode { key, node, .. } => about_key(
                 key,
                 &format!("lives on {node}: a call on the key runs only there, and this is another node"),
             ),
@@ -134,13 +132,13 @@ impl IdemError {
 
     fn hint(&self) -> Option<String> {
         match self {
-            IdemError::FingerprintMismatch { .. } => Some(
+            IdemError::FingerprintMismatch(_) => Some(
                 "The same idempotency key was reused for a different request; use a new key for a new intent.".into(),
             ),
             IdemError::NotClaimed { .. } => Some(
                 "Finish a claim in the transaction that made it, or pass the lease_token that idem_claim returned with the lease.".into(),
             ),
-            IdemError::SerializationFailure { .. } => Some(
+            IdemError::SerializationFailure(_) => Some(
                 "Retry the transaction: the retry will see the first claim and get its result.".into(),
             ),
             IdemError::ObjectNotInPrerequisiteState(_, h) | IdemError::FeatureNotSupported(_, h) => h.clone(),

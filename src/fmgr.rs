@@ -12,10 +12,21 @@ use pgrx::pg_sys;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// Export `$symbol` (and its `pg_finfo_` record) as a version-1 C function
-/// whose body is `$body(Args) -> Datum`.
+/// whose body is `$body(Args) -> Datum`. A function declared to return a
+/// composite type or a set says so (`composite`, `rows`): its result type
+/// is looked up before the body runs (`Returns`).
 #[macro_export]
 macro_rules! sql_function {
     ($symbol:ident, $finfo:ident, $body:path) => {
+        $crate::sql_function!($symbol, $finfo, $body, Scalar);
+    };
+    ($symbol:ident, $finfo:ident, $body:path, composite) => {
+        $crate::sql_function!($symbol, $finfo, $body, Composite);
+    };
+    ($symbol:ident, $finfo:ident, $body:path, rows) => {
+        $crate::sql_function!($symbol, $finfo, $body, Rows);
+    };
+    ($symbol:ident, $finfo:ident, $body:path, $returns:ident) => {
         #[no_mangle]
         #[doc(hidden)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
@@ -29,9 +40,20 @@ macro_rules! sql_function {
         pub unsafe extern "C-unwind" fn $symbol(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
             // SAFETY: the function manager calls this symbol with a live call record, which is entry's
             // contract.
-            unsafe { $crate::fmgr::entry(fcinfo, $body) }
+            unsafe { $crate::fmgr::entry(fcinfo, $body, $crate::fmgr::Returns::$returns) }
         }
     };
+}
+
+/// What a SQL function is declared to return, as `sql_function!` is told.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Returns {
+    /// A base type or void.
+    Scalar,
+    /// A composite type (built by `Args::composite`).
+    Composite,
+    /// A set (returned by `Args::return_rows`).
+    Rows,
 }
 
 /// Run a SQL function body. PostgreSQL errors and Rust panics go through
@@ -40,14 +62,29 @@ macro_rules! sql_function {
 ///
 /// # Safety
 /// `fcinfo` is the live call record the function manager passed.
-pub unsafe fn entry(fcinfo: pg_sys::FunctionCallInfo, body: fn(Args) -> pg_sys::Datum) -> pg_sys::Datum {
+pub unsafe fn entry(
+    fcinfo: pg_sys::FunctionCallInfo,
+    body: fn(Args) -> pg_sys::Datum,
+    returns: Returns,
+) -> pg_sys::Datum {
     // SAFETY: `fcinfo` is live for the whole call (this function's contract); the guard turns a PostgreSQL
     // error inside `body` into a Rust unwind and back.
     let outcome: Result<pg_sys::Datum, IdemError> = unsafe {
-        pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| body(Args(fcinfo)))) {
+        pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| {
+            let args = Args(fcinfo);
+            if returns != Returns::Scalar {
+                args.result_type_first();
+            }
+            body(args)
+        })) {
             Ok(d) => Ok(d),
             Err(payload) => match payload.downcast::<IdemError>() {
-                Ok(e) => Err(*e),
+                Ok(e) => {
+                    // Counted here, for every function: the errors the
+                    // counters keep name their key's type (metrics.rs).
+                    crate::metrics::count_error(&e);
+                    Err(*e)
+                }
                 Err(other) => resume_unwind(other),
             },
         })
@@ -170,8 +207,9 @@ impl Args {
     /// ("cache lookup failed for function") where the call had answered
     /// from the new install's tables. (A set-returning function's
     /// tuplestore is made now, for return_rows; a composite's descriptor is
-    /// kept for composite.)
-    pub fn result_type_first(&self) {
+    /// kept for composite.) `entry` calls it for every function declared
+    /// to return one.
+    fn result_type_first(&self) {
         // SAFETY: `Args` holds the live call record (see `entry`); a
         // function declared to return a set is called with a ReturnSetInfo.
         // (A function in FROM gets one too, so fn_retset decides.)

@@ -1,20 +1,36 @@
 //! The identity of a claim: a business type and a key, validated once, with
-//! the digest storage indexes them by computed once.
+//! every form the rest of a call needs built once, here: the digest storage
+//! indexes them by, their text datums (what storage writes and searches
+//! with) and their name in errors (`KeyName`).
 //!
 //! Both are compared as bytes, exactly as the database stores them, in
 //! whatever the database's encoding is: never decoded, never re-encoded.
 
+use crate::datum::text_datum;
 use crate::errors::{invalid, IdemError};
 use pgrx::pg_sys;
 
 pub const MAX_KEY_BYTES: usize = 1024;
 
-/// A validated (biz_type, key) and its digest.
+/// A validated (biz_type, key), its digest and its text datums.
 #[derive(Clone, Copy, Debug)]
 pub struct ClaimKey<'a> {
     pub biz_type: &'a [u8],
     pub key: &'a [u8],
+    /// biz_type and key as text datums, palloc'd once in the call's memory
+    /// context: storage passes them to tuples, scan keys and statements,
+    /// which copy or only read them.
+    pub biz_type_text: pg_sys::Datum,
+    pub key_text: pg_sys::Datum,
     digest: i64,
+}
+
+/// A key and its type as an error names them (errors.rs writes them into
+/// its message), built by `ClaimKey::name`.
+#[derive(Debug)]
+pub struct KeyName {
+    pub biz_type: Vec<u8>,
+    pub key: Vec<u8>,
 }
 
 impl<'a> ClaimKey<'a> {
@@ -22,7 +38,18 @@ impl<'a> ClaimKey<'a> {
     pub fn new(biz_type: &'a [u8], key: &'a [u8]) -> Self {
         check_key(key);
         check_biz_type(biz_type);
-        ClaimKey { biz_type, key, digest: digest(biz_type, key) }
+        ClaimKey {
+            biz_type,
+            key,
+            biz_type_text: text_datum(biz_type),
+            key_text: text_datum(key),
+            digest: digest(biz_type, key),
+        }
+    }
+
+    /// The key and its type, for an error about it.
+    pub fn name(&self) -> KeyName {
+        KeyName { biz_type: self.biz_type.to_vec(), key: self.key.to_vec() }
     }
 
     /// The digest as the schema in place indexes it (`key_hash`), read
@@ -37,11 +64,6 @@ impl<'a> ClaimKey<'a> {
         } else {
             self.digest
         }
-    }
-
-    /// The biz_type as text: validated ASCII.
-    pub fn biz_type_str(&self) -> &'a str {
-        std::str::from_utf8(self.biz_type).expect("biz_type is validated ASCII")
     }
 }
 

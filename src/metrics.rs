@@ -20,7 +20,7 @@
 //! pays a short comparison and one atomic add per event.
 
 use crate::backend::BackendLocal;
-use crate::key::ClaimKey;
+use crate::errors::IdemError;
 use pgrx::pg_sys;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -277,17 +277,31 @@ fn slot_at(sh: &'static Shared, s: u32) -> &'static Slot {
 // ---------------------------------------------------------------------------
 // Counting: the claim path.
 
-/// Count `event` for `k`'s business type in this database.
+/// Count `event` for `biz_type` in this database. Called at the API
+/// boundary (api.rs, fmgr.rs), once per call and key, from what the call
+/// answered or raised; only a wait is counted where it happens (`wait`).
 #[inline]
-pub fn count(k: &ClaimKey, event: Event) {
+pub fn count(biz_type: &[u8], event: Event) {
     if let Some(sh) = shared() {
-        match known_slot(sh, k.biz_type) {
+        match known_slot(sh, biz_type) {
             Some(slot) => slot.add(event as usize, 1),
             None => {
-                count_unplaced(sh, k.biz_type, event as usize, 1);
+                count_unplaced(sh, biz_type, event as usize, 1);
             }
         }
     }
+}
+
+/// Count an error a call raised, if it is one the counters keep
+/// (fmgr::entry, for every SQL function).
+pub fn count_error(e: &IdemError) {
+    let (name, event) = match e {
+        IdemError::FingerprintMismatch(name) => (name, Event::FingerprintMismatch),
+        IdemError::NotClaimed { key: name, .. } => (name, Event::NotHeld),
+        IdemError::SerializationFailure(name) => (name, Event::SerializationFailure),
+        _ => return,
+    };
+    count(&name.biz_type, event);
 }
 
 /// A wait for another transaction, counted when it begins and timed until
@@ -301,16 +315,16 @@ enum Target {
     Pending(Box<[u8]>),
 }
 
-pub fn wait(k: &ClaimKey) -> Wait {
+pub fn wait(biz_type: &[u8]) -> Wait {
     Wait(shared().map(|sh| {
-        let target = match known_slot(sh, k.biz_type) {
+        let target = match known_slot(sh, biz_type) {
             Some(slot) => {
                 slot.add(Event::Wait as usize, 1);
                 Target::Slot(slot)
             }
-            None => match count_unplaced(sh, k.biz_type, Event::Wait as usize, 1) {
+            None => match count_unplaced(sh, biz_type, Event::Wait as usize, 1) {
                 Some(slot) => Target::Slot(slot),
-                None => Target::Pending(k.biz_type.into()),
+                None => Target::Pending(biz_type.into()),
             },
         };
         (target, Instant::now())

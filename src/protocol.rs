@@ -18,8 +18,9 @@
 //!
 //! docs/design.md says why no two claims of a key ever commit.
 //!
-//! Each outcome is counted where it is decided (metrics.rs: one call per
-//! outcome; nothing when the counters are off).
+//! Nothing here counts: what a call answered (an outcome, a finish that
+//! returned) or raised is counted at the API boundary (api.rs, fmgr.rs;
+//! metrics.rs).
 
 use crate::backend::now;
 use crate::biztype;
@@ -28,7 +29,6 @@ use crate::errors::{internal, invalid, IdemError};
 use crate::guc;
 use crate::key::ClaimKey;
 use crate::lease::Lease;
-use crate::metrics::{self, Event};
 use crate::storage::{
     is_failure, Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_FAILED_RETRIED,
     STATE_LEASED, STATE_PENDING,
@@ -70,11 +70,20 @@ pub struct Outcome {
     pub result: Option<pg_sys::Datum>,
     pub first_claimed_at: Option<i64>,
     pub expires_at: Option<i64>,
+    /// This claim took over a leased claim whose lease ran out.
+    pub took_over: bool,
 }
 
 impl Outcome {
     fn absent() -> Outcome {
-        Outcome { claimed: false, state: State::Absent, result: None, first_claimed_at: None, expires_at: None }
+        Outcome {
+            claimed: false,
+            state: State::Absent,
+            result: None,
+            first_claimed_at: None,
+            expires_at: None,
+            took_over: false,
+        }
     }
 
     /// Another transaction is writing the key and the caller would not wait;
@@ -88,6 +97,7 @@ impl Outcome {
                 result: None,
                 first_claimed_at: None,
                 expires_at: None,
+                took_over: false,
             },
         }
     }
@@ -122,6 +132,7 @@ impl Outcome {
             result,
             first_claimed_at: Some(row.claimed_at),
             expires_at: Some(row.expires_at),
+            took_over: false,
         }
     }
 }
@@ -156,7 +167,7 @@ pub struct ClaimRequest<'a> {
 pub fn claim(req: &ClaimRequest) -> Outcome {
     let k = &req.key;
     require_writable("idem_claim");
-    let settings = biztype::admit(k);
+    let settings = biztype::admit(k.biz_type);
     let ttl = req.ttl_us.or(settings.ttl_us).unwrap_or_else(guc::default_ttl_us);
     if req.lease_us.is_some_and(|lease| lease > ttl) {
         // A lease never outlives its claim: the claim would expire under a
@@ -165,7 +176,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
     }
     let (store, found) = Storage::find(k, Intent::Claim { wait: req.wait, retry_failed: settings.retry_failed });
     match found {
-        Found::Busy(row) => answered(k, Outcome::in_progress(row.as_ref())),
+        Found::Busy(row) => Outcome::in_progress(row.as_ref()),
         Found::Absent(held) => {
             let now = now();
             let expires_at = now.saturating_add(ttl);
@@ -179,13 +190,13 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             let new = NewRow { claimed_at: now, expires_at, state, fingerprint: req.fingerprint, result: stored };
             store.insert(k, &new);
             drop(held);
-            metrics::count(k, Event::Claimed);
             Outcome {
                 claimed: true,
                 state: State::New,
                 result: told,
                 first_claimed_at: Some(now),
                 expires_at: Some(expires_at),
+                took_over: false,
             }
         }
         Found::Row(row, held) => {
@@ -195,11 +206,11 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 return retry(&store, k, req, &row, now);
             }
             if row.state != STATE_LEASED || row.own {
-                return answered(k, Outcome::of_row(&row));
+                return Outcome::of_row(&row);
             }
             let lease = Lease::from_datum(row.result);
             if lease.until > now {
-                return answered(k, Outcome::of_row(&row));
+                return Outcome::of_row(&row);
             }
             // The lease ran out: this claim takes the work over, and is told
             // which attempt it is and where the last one got to. With a
@@ -216,7 +227,6 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 None => {
                     let (told, stored) = lease.for_plain_claim();
                     store.rewrite(&row, k, STATE_PENDING, Some(stored));
-                    metrics::count(k, Event::Takeover);
                     told
                 }
             };
@@ -227,6 +237,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
                 result: Some(told),
                 first_claimed_at: Some(row.claimed_at),
                 expires_at: Some(row.expires_at),
+                took_over: true,
             }
         }
     }
@@ -241,7 +252,6 @@ fn take_over(store: &Storage, k: &ClaimKey, row: &Row, lease: &Lease, lease_us: 
     let (mut next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
     next.previous_error = lease.previous_error;
     store.rewrite(row, k, STATE_LEASED, Some(next.to_datum()));
-    metrics::count(k, Event::Takeover);
     (next, token)
 }
 
@@ -307,13 +317,13 @@ fn retry(store: &Storage, k: &ClaimKey, req: &ClaimRequest, row: &Row, now: i64)
         }
     };
     store.rewrite(row, k, state, Some(stored));
-    metrics::count(k, Event::Claimed);
     Outcome {
         claimed: true,
         state: State::New,
         result: Some(told),
         first_claimed_at: Some(row.claimed_at),
         expires_at: Some(row.expires_at),
+        took_over: false,
     }
 }
 
@@ -334,28 +344,13 @@ fn attempt_of(doc: pg_sys::Datum, field: &str) -> i64 {
     jsonb_decode::<Attempt>(jsonb_without(doc, field), "a retry document").attempt
 }
 
-/// A claim that did not claim, counted by what it was told.
-fn answered(k: &ClaimKey, o: Outcome) -> Outcome {
-    metrics::count(
-        k,
-        match o.state {
-            State::Completed => Event::DuplicateCompleted,
-            State::Failed => Event::DuplicateFailed,
-            // (A claim answered without claiming is never new or absent.)
-            State::InProgress | State::New | State::Absent => Event::InProgress,
-        },
-    );
-    o
-}
-
 /// Under REPEATABLE READ and SERIALIZABLE, a row the caller's snapshot
 /// cannot see must not be reported or written as if it could: 40001, as
 /// INSERT ... ON CONFLICT and UPDATE do.
 fn check_visible(k: &ClaimKey, row: &Row) {
     // SAFETY: a backend global of the current transaction, read on the backend's only thread.
     if !row.visible && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
-        metrics::count(k, Event::SerializationFailure);
-        IdemError::SerializationFailure { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
+        IdemError::SerializationFailure(k.name()).fail();
     }
 }
 
@@ -365,15 +360,14 @@ fn check_duplicate(k: &ClaimKey, fingerprint: Option<&[u8]>, row: &Row) {
     check_visible(k, row);
     if let (Some(mine), Some(first)) = (fingerprint, row.fingerprint.as_deref()) {
         if mine != first {
-            metrics::count(k, Event::FingerprintMismatch);
-            IdemError::FingerprintMismatch { biz_type: k.biz_type.to_vec(), key: k.key.to_vec() }.fail();
+            IdemError::FingerprintMismatch(k.name()).fail();
         }
     }
 }
 
 /// Read without claiming, locking or waiting.
 pub fn lookup(k: &ClaimKey) -> Outcome {
-    biztype::admit(k);
+    biztype::admit(k.biz_type);
     match Storage::peek(k, now()) {
         Seen::Absent => Outcome::absent(),
         Seen::Busy(row) => Outcome::in_progress(row.as_ref()),
@@ -413,7 +407,7 @@ impl Finish<'_> {
 /// passes.
 pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     require_writable(what.function());
-    let settings = biztype::admit(k);
+    let settings = biztype::admit(k.biz_type);
     let (store, found) = Storage::find(k, Intent::Update);
     let (row, held) = match found {
         Found::Row(row, held) => (row, held),
@@ -445,7 +439,6 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     match what {
         Finish::Complete(result) => {
             write_outcome(&store, &row, k, &settings, STATE_COMPLETED, result);
-            metrics::count(k, Event::Completed);
         }
         Finish::Fail(error) => {
             // A retried claim's failure keeps its attempt, for the next
@@ -462,7 +455,6 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             } else {
                 write_outcome(&store, &row, k, &settings, STATE_FAILED, Some(error));
             }
-            metrics::count(k, Event::Failed);
         }
         Finish::Checkpoint { point, data, merge } => {
             // Recording progress also renews the lease, never beyond the
@@ -472,7 +464,6 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             lease.point = Some(crate::datum::jsonb_string(point));
             lease.until = now().saturating_add(lease.lease_us).min(row.expires_at);
             store.rewrite(&row, k, STATE_LEASED, Some(lease.to_datum()));
-            metrics::count(k, Event::Checkpointed);
         }
         Finish::Release => {
             // Still leased, but run out: the next idem_claim takes it over
@@ -541,8 +532,7 @@ fn merged(stored: Option<pg_sys::Datum>, data: Option<pg_sys::Datum>) -> Option<
 }
 
 fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
-    metrics::count(k, Event::NotHeld);
-    IdemError::NotClaimed { biz_type: k.biz_type.to_vec(), key: k.key.to_vec(), why }.fail()
+    IdemError::NotClaimed { key: k.name(), why }.fail()
 }
 
 /// Operator eviction: delete the key's live claim (committed, or this
@@ -553,7 +543,7 @@ fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
 /// since would be: "true" would report a claim the snapshot cannot see.
 pub fn forget(k: &ClaimKey) -> bool {
     require_writable("idem_forget");
-    biztype::admit(k);
+    biztype::admit(k.biz_type);
     let (store, found) = Storage::find(k, Intent::Forget);
     match found {
         Found::Row(row, held) => {

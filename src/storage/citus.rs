@@ -36,7 +36,6 @@
 use super::Target;
 use crate::backend::BackendLocal;
 use crate::catalog;
-use crate::datum::text_datum;
 use crate::errors::{internal, IdemError};
 use crate::key::ClaimKey;
 use pgrx::pg_sys;
@@ -205,7 +204,7 @@ fn registry(dist: &Distribution, index: usize) -> Option<pg_sys::Oid> {
     let relid = relation_in_idem(&format!("type_classes_{id}"))?;
     if !anchored.get() {
         let anchor = format!("#{id}");
-        if !super::type_classes::read(relid, anchor.as_bytes()).covers(-1, i64::MAX) {
+        if !super::type_classes::read_uncached(relid, anchor.as_bytes()).covers(-1, i64::MAX) {
             return None;
         }
         // (Maintenance never removes an anchor; a refill writes it again
@@ -215,9 +214,9 @@ fn registry(dist: &Distribution, index: usize) -> Option<pg_sys::Oid> {
     Some(relid)
 }
 
-/// Citus's hash of a key: text's default hash function, under the key
-/// column's collation.
-fn hash(key: &[u8], collation: pg_sys::Oid) -> i32 {
+/// Citus's hash of a key (its text datum): text's default hash function,
+/// under the key column's collation.
+fn hash(key: pg_sys::Datum, collation: pg_sys::Oid) -> i32 {
     // SAFETY: the type cache entry lives for the backend; its hash function is checked to exist before it is
     // called on a text datum.
     unsafe {
@@ -225,7 +224,7 @@ fn hash(key: &[u8], collation: pg_sys::Oid) -> i32 {
         if tc.is_null() || (*tc).hash_proc_finfo.fn_oid == pg_sys::InvalidOid {
             internal("type text has no default hash function");
         }
-        pg_sys::FunctionCall1Coll(&mut (*tc).hash_proc_finfo, collation, text_datum(key)).value() as i32
+        pg_sys::FunctionCall1Coll(&mut (*tc).hash_proc_finfo, collation, key).value() as i32
     }
 }
 
@@ -236,7 +235,7 @@ fn hash(key: &[u8], collation: pg_sys::Oid) -> i32 {
 pub fn local_shard(k: &ClaimKey) -> Option<Target> {
     loop {
         let dist = distribution()?;
-        let h = hash(k.key, dist.collation);
+        let h = hash(k.key_text, dist.collation);
         let index = dist.shards.partition_point(|s| s.max < h);
         let shard = match dist.shards.get(index) {
             Some(s) if s.min <= h => s,
@@ -331,7 +330,7 @@ fn not_here(k: &ClaimKey, shard: i64, groups: &[i32]) -> ! {
         }
     });
     let node = if nodes.is_empty() { "no active node".to_string() } else { nodes.join(", ") };
-    IdemError::NotOnShardNode { biz_type: k.biz_type.to_vec(), key: k.key.to_vec(), shard, node }.fail()
+    IdemError::NotOnShardNode { key: k.name(), shard, node }.fail()
 }
 
 /// Where this node reads business type settings under Citus (biztype.rs

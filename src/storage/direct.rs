@@ -58,6 +58,9 @@ pub struct Opened {
     registered: RefCell<Registered>,
     /// The columns of the partitions' tuples.
     cols: &'static Positions,
+    /// The key's digest as the schema in place indexes it, read once
+    /// idem.claims is locked (key::ClaimKey::hash says why then).
+    hash: i64,
 }
 
 impl Drop for Opened {
@@ -114,6 +117,7 @@ impl Opened {
         lockmode: pg_sys::LOCKMODE,
         list: Rc<PartitionList>,
         registry: Option<pg_sys::Oid>,
+        hash: i64,
     ) -> Opened {
         let cols = if list.legacy { &LEGACY_COLUMNS } else { &COLUMNS };
         Opened {
@@ -125,6 +129,7 @@ impl Opened {
             registry,
             registered: RefCell::new(Registered::default()),
             cols,
+            hash,
         }
     }
 
@@ -138,8 +143,8 @@ impl Opened {
     /// the shard, in the order Citus's own statements take: Citus's
     /// maintenance locks it on every node before it changes a shard
     /// (sql/maintenance.sql), so it never waits for a claim that waits for
-    /// it.
-    pub fn open(target: Target, lockmode: pg_sys::LOCKMODE) -> Opened {
+    /// it. Opened for `k`, whose digest is read once the table is locked.
+    pub fn open(target: Target, k: &ClaimKey, lockmode: pg_sys::LOCKMODE) -> Opened {
         // SAFETY: inside a transaction (every protocol call is); what is opened here is closed by Opened's
         // Drop.
         unsafe {
@@ -150,7 +155,7 @@ impl Opened {
             // update that made it may have committed while we waited (off
             // Citus; a shard's registry is the shard's, storage/citus.rs).
             let registry = if target.shell.is_none() { catalog::type_classes_oid() } else { target.registry };
-            let mut opened = Opened::new(shell, parent, lockmode, list, registry);
+            let mut opened = Opened::new(shell, parent, lockmode, list, registry, k.hash());
             loop {
                 let (generation, list) = partitions::list(parent_oid);
                 opened.close_parts();
@@ -201,7 +206,7 @@ impl Opened {
             }
             return;
         };
-        let registered = type_classes::read(registry, k.biz_type);
+        let registered = type_classes::read(registry, k);
         for &(class, until) in &registered.classes {
             for (i, p) in self.list.parts.iter().enumerate() {
                 if p.bound.is_some_and(|b| b.class == class && b.from <= until) {
@@ -252,7 +257,7 @@ impl Opened {
     /// released, then the key is probed again.
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
-            let lock = KeyLock::acquire(k.hash());
+            let lock = KeyLock::acquire(self.hash, true);
             let now = crate::backend::now();
             self.look_into_classes(k, now);
             let row = self.probe(k, now);
@@ -269,12 +274,12 @@ impl Opened {
                         if !waits {
                             return Found::Busy(Some(row));
                         }
-                        let _timed = metrics::wait(k);
+                        let _timed = metrics::wait(k.biz_type);
                         keylock::wait_for(writer.xid);
                     }
-                    None => return Found::Row(row, Held(Some(lock))),
+                    None => return Found::Row(row, Held(lock)),
                 },
-                None => return Found::Absent(Held(Some(lock))),
+                None => return Found::Absent(Held(lock)),
             }
         }
     }
@@ -333,7 +338,7 @@ impl Opened {
             let heap = self.heap(i);
             let mut dirty: pg_sys::SnapshotData = MaybeUninit::zeroed().assume_init();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-            let scan = begin_key_scan(heap, self.index(i), &mut dirty, k.hash());
+            let scan = begin_key_scan(heap, self.index(i), &mut dirty, self.hash);
             let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
             let mut found = None;
             while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
@@ -390,7 +395,7 @@ impl Opened {
             }
             // SAFETY: heap and index are open; the scan and slot are ended and dropped before the block ends.
             unsafe {
-                let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), k.hash());
+                let scan = begin_key_scan(heap, self.index(i), crate::backend::caller_snapshot(), self.hash);
                 let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
                 while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {}
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
@@ -400,7 +405,7 @@ impl Opened {
         // And on the type's registrations: a claim of the key in a class
         // the type was not in writes one, which SSI then sees too.
         if let (Some(registry), false) = (self.registry, self.list.legacy) {
-            type_classes::predicate_lock(registry, k.biz_type);
+            type_classes::predicate_lock(registry, k);
         }
     }
 
@@ -416,9 +421,9 @@ impl Opened {
                 let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
                 // (Under Citus, the registry is this node's shard of it: the
                 // registration goes there with the key.)
-                let shard_key = self.shell.is_some().then_some(k.key);
+                let on_shard = self.shell.is_some();
                 let mut registered = self.registered.borrow_mut();
-                type_classes::place(registry, shard_key, &mut registered, k.biz_type, natural, new.expires_at)
+                type_classes::place(registry, on_shard, &mut registered, k, natural, new.expires_at)
             }
             None => ttl_class::of_ttl(new.expires_at - new.claimed_at),
         };
@@ -444,8 +449,8 @@ impl Opened {
             let tuple =
                 form(heap, self.cols, k, class, new.claimed_at, new.expires_at, new.state, new.fingerprint, new.result);
             pg_sys::heap_insert(heap, tuple, pg_sys::GetCurrentCommandId(true), 0, std::ptr::null_mut());
-            self.index_insert(target, k.hash(), &mut (*tuple).t_self);
-            self.remember(k.hash(), target, (*tuple).t_self);
+            self.index_insert(target, &mut (*tuple).t_self);
+            self.remember(target, (*tuple).t_self);
         }
     }
 
@@ -467,10 +472,10 @@ impl Opened {
             // its completion in one statement): make it updatable.
             pg_sys::CommandCounterIncrement();
             if compat::heap_update(heap, &mut otid, tuple) {
-                self.index_insert(row.part, k.hash(), &mut (*tuple).t_self);
+                self.index_insert(row.part, &mut (*tuple).t_self);
             }
             if row.own {
-                self.remember(k.hash(), row.part, (*tuple).t_self);
+                self.remember(row.part, (*tuple).t_self);
             }
         }
     }
@@ -485,8 +490,14 @@ impl Opened {
         }
     }
 
-    /// Where this transaction's own row of a key now is (partition `i`).
-    fn remember(&self, hash: i64, i: usize, tid: pg_sys::ItemPointerData) {
+    /// Where this transaction's own row of the key now is (partition `i`):
+    /// RECENT, below.
+    fn remember(&self, i: usize, tid: pg_sys::ItemPointerData) {
+        if !RECENT_CALLBACK.get() {
+            RECENT_CALLBACK.set(true);
+            // SAFETY: registers, once per backend, a callback that lives as long as the library.
+            unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
+        }
         let target = Target {
             // SAFETY: the shell relation is open for as long as `self` lives.
             shell: self.shell.map(|r| unsafe { (*r).rd_id }),
@@ -494,16 +505,18 @@ impl Opened {
             parent: unsafe { (*self.parent).rd_id },
             registry: self.registry,
         };
-        remember(hash, target, self.list.parts[i].relid, tid);
+        // SAFETY: reads the current transaction's state; no pointer is involved.
+        let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
+        RECENT.set(Some(Recent { xid, hash: self.hash, target, relid: self.list.parts[i].relid, tid }));
     }
 
     /// The digest index entry of the heap tuple at `tid` in partition `i`.
-    fn index_insert(&self, i: usize, hash: i64, tid: *mut pg_sys::ItemPointerData) {
+    fn index_insert(&self, i: usize, tid: *mut pg_sys::ItemPointerData) {
         // SAFETY: partition i's heap and index are open and locked; `tid`
         // points to the TID of a tuple just inserted into that heap.
         unsafe {
             let index = self.index(i);
-            let mut v = [pg_sys::Datum::from(hash)];
+            let mut v = [pg_sys::Datum::from(self.hash)];
             let mut n = [false];
             pg_sys::index_insert(
                 index,
@@ -640,8 +653,8 @@ unsafe fn form(
         values[c] = pg_sys::Datum::from(ttl_class);
     }
     values[cols.state] = pg_sys::Datum::from(state as i8);
-    values[cols.biz_type] = text_datum(k.biz_type);
-    values[cols.key] = text_datum(k.key);
+    values[cols.biz_type] = k.biz_type_text;
+    values[cols.key] = k.key_text;
     match fingerprint {
         Some(f) => values[cols.fingerprint] = text_datum(f),
         None => nulls[cols.fingerprint] = true,
@@ -676,17 +689,6 @@ struct Recent {
 static RECENT: BackendLocal<Option<Recent>> = BackendLocal::new(None);
 static RECENT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 
-fn remember(hash: i64, target: Target, relid: pg_sys::Oid, tid: pg_sys::ItemPointerData) {
-    if !RECENT_CALLBACK.get() {
-        RECENT_CALLBACK.set(true);
-        // SAFETY: registers, once per backend, a callback that lives as long as the library.
-        unsafe { pg_sys::RegisterSubXactCallback(Some(forget_recent_on_abort), std::ptr::null_mut()) };
-    }
-    // SAFETY: reads the current transaction's state; no pointer is involved.
-    let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
-    RECENT.set(Some(Recent { xid, hash, target, relid, tid }));
-}
-
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn forget_recent_on_abort(
     event: pg_sys::SubXactEvent::Type,
@@ -716,7 +718,7 @@ pub fn open_recent(k: &ClaimKey) -> Option<(Opened, Row)> {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
         let (_, list) = partitions::list((*parent).rd_id);
-        let mut opened = Opened::new(shell, parent, lockmode, list, r.target.registry);
+        let mut opened = Opened::new(shell, parent, lockmode, list, r.target.registry, r.hash);
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay
         // closed (never touched: the row is in partition i).

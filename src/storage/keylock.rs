@@ -16,11 +16,7 @@ use pgrx::pg_sys;
 const KEYLOCK_FIELD4: u16 = 0x4944;
 const TYPELOCK_FIELD4: u16 = 0x4954;
 
-fn tag(hash: i64) -> pg_sys::LOCKTAG {
-    tag_of(hash, KEYLOCK_FIELD4)
-}
-
-fn tag_of(hash: i64, field4: u16) -> pg_sys::LOCKTAG {
+fn tag(hash: i64, field4: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         // SAFETY: a backend global, set once at connection, read on the backend's only thread.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
@@ -38,24 +34,21 @@ fn tag_of(hash: i64, field4: u16) -> pg_sys::LOCKTAG {
 pub struct KeyLock(pg_sys::LOCKTAG);
 
 impl KeyLock {
-    pub fn acquire(hash: i64) -> KeyLock {
-        KeyLock::try_acquire(hash, true).expect("a waiting LockAcquire returns with the lock")
-    }
-
     /// The type lock of `biz_type`, in the same way: held for the moment a
     /// claim decides which TTL class its type goes into next and registers
     /// it there (type_classes.rs), so that two such decisions are made one
     /// after the other. Its holder waits for nothing else meanwhile.
     pub fn for_type(biz_type: &[u8]) -> KeyLock {
-        let tag = tag_of(crate::key::key_hash(biz_type, b""), TYPELOCK_FIELD4);
+        let tag = tag(crate::key::key_hash(biz_type, b""), TYPELOCK_FIELD4);
         // SAFETY: a transaction-level lock on a fully initialised tag; KeyLock's Drop releases it.
         unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
         KeyLock(tag)
     }
 
-    /// None if `wait` is off and another transaction holds it.
-    pub fn try_acquire(hash: i64, wait: bool) -> Option<KeyLock> {
-        let tag = tag(hash);
+    /// The key lock of the key digest `hash`; None if `wait` is off and
+    /// another transaction holds it (with `wait`, always Some).
+    pub fn acquire(hash: i64, wait: bool) -> Option<KeyLock> {
+        let tag = tag(hash, KEYLOCK_FIELD4);
         // SAFETY: a transaction-level lock on a fully initialised tag; KeyLock's Drop releases it.
         let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, !wait) };
         // (A closure: `then_some` would build the guard, whose drop releases
@@ -68,7 +61,7 @@ impl KeyLock {
 /// releases: the key stays locked until the transaction ends (the SQL path,
 /// once it has written the key's row).
 pub fn hold_until_end(hash: i64) {
-    let tag = tag(hash);
+    let tag = tag(hash, KEYLOCK_FIELD4);
     // SAFETY: a transaction-level lock on a fully initialised tag, released by PostgreSQL at transaction end.
     unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false) };
 }
@@ -88,7 +81,7 @@ pub fn held_elsewhere(hash: i64) -> bool {
     if unsafe { pg_sys::RecoveryInProgress() } {
         return false;
     }
-    let tag = tag(hash);
+    let tag = tag(hash, KEYLOCK_FIELD4);
     // SAFETY: a conditional acquisition that, when granted, is released at once.
     unsafe {
         if pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, true)
@@ -107,7 +100,7 @@ pub fn held_elsewhere(hash: i64) -> bool {
 /// it would wait (the SQL path's metrics; the holder may end a moment
 /// later). Asks the lock table without requesting the lock.
 pub fn contended(hash: i64) -> bool {
-    let tag = tag(hash);
+    let tag = tag(hash, KEYLOCK_FIELD4);
     let mut holders = 0;
     // SAFETY: GetLockConflicts returns a palloc'd array of `holders` valid entries (or NULL), read within
     // bounds and freed.

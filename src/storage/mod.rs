@@ -182,7 +182,7 @@ impl Storage {
     pub fn find(k: &ClaimKey, intent: Intent) -> (Storage, Found) {
         let path = Path::now();
         if path == Path::Sql {
-            let store = sql::SqlStore::default();
+            let store = sql::SqlStore::open(k, pg_sys::RowExclusiveLock as _);
             let found = store.find(k, intent);
             return (Storage::Sql(store), found);
         }
@@ -195,7 +195,7 @@ impl Storage {
             }
         }
         let target = path.target(k).expect("not the SQL path");
-        let opened = direct::Opened::open(target, pg_sys::RowExclusiveLock as _);
+        let opened = direct::Opened::open(target, k, pg_sys::RowExclusiveLock as _);
         let found = opened.find(k, intent);
         (Storage::Direct(opened), found)
     }
@@ -203,8 +203,8 @@ impl Storage {
     /// What a lookup sees of `k` now.
     pub fn peek(k: &ClaimKey, now: i64) -> Seen {
         match Path::now().target(k) {
-            None => sql::SqlStore::default().peek(k, now),
-            Some(target) => direct::Opened::open(target, pg_sys::AccessShareLock as _).peek(k, now),
+            None => sql::SqlStore::open(k, pg_sys::AccessShareLock as _).peek(k, now),
+            Some(target) => direct::Opened::open(target, k, pg_sys::AccessShareLock as _).peek(k, now),
         }
     }
 

@@ -115,30 +115,13 @@ static DELETE: Statement = Statement::new(
     &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID],
 );
 
-/// The SQL path for one call: nothing to open (the statements name the
-/// logical idem.claims), only what was read of the registry of TTL classes
-/// for the key's type.
-#[derive(Default)]
+/// The SQL path for one call of one key: nothing to open (the statements
+/// name the logical idem.claims), only the key's digest and what was read
+/// of the registry of TTL classes for the key's type.
 pub struct SqlStore {
     registered: RefCell<Registered>,
-}
-
-/// A transaction that writes a key's row keeps the key locked until it
-/// ends: nobody else can see the row before then, so the lock is what
-/// makes them wait. (The caller holds the lock already: this adds the
-/// acquisition that outlives its guard.)
-fn keep_locked(k: &ClaimKey) {
-    keylock::hold_until_end(k.hash());
-}
-
-/// idem.claims locked (as the statements below would) before the key's
-/// digest is first used: taking the lock brings in a catalog change that
-/// committed while we waited, such as an update that changed the digest
-/// (key::ClaimKey::hash).
-fn lock_claims(lockmode: pg_sys::LOCKMODE) {
-    // SAFETY: open_claims returns an open relation; closed at once, its
-    // lock kept until the transaction ends.
-    unsafe { pg_sys::table_close(catalog::open_claims(lockmode), pg_sys::NoLock as _) }
+    /// The key's digest as the schema in place indexes it.
+    hash: i64,
 }
 
 /// A new snapshot made the active one for as long as this lives.
@@ -188,14 +171,27 @@ fn ts(us: i64) -> Option<pg_sys::Datum> {
 }
 
 impl SqlStore {
+    /// idem.claims locked (as the statements below would) before the key's
+    /// digest is read: taking the lock brings in a catalog change that
+    /// committed while we waited, such as an update that changed the digest
+    /// (key::ClaimKey::hash). For writing (`RowExclusiveLock`), READ
+    /// COMMITTED is required first.
+    pub fn open(k: &ClaimKey, lockmode: pg_sys::LOCKMODE) -> SqlStore {
+        if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
+            require_read_committed();
+        }
+        // SAFETY: open_claims returns an open relation; closed at once, its
+        // lock kept until the transaction ends.
+        unsafe { pg_sys::table_close(catalog::open_claims(lockmode), pg_sys::NoLock as _) }
+        SqlStore { registered: RefCell::new(Registered::default()), hash: k.hash() }
+    }
+
     /// A committed outcome other than a lease is final until it expires: a
     /// claim that finds one is answered without the lock, so duplicates of
     /// a committed claim never queue behind each other. Otherwise the key
     /// is locked (or, without wait, found held: in_progress) and probed
     /// again, now that whoever held it has ended.
     pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
-        require_read_committed();
-        lock_claims(pg_sys::RowExclusiveLock as _);
         if let Intent::Claim { retry_failed, .. } = intent {
             if let Some(row) = self.probe(k, crate::backend::now()) {
                 let retried = retry_failed && is_failure(row.state);
@@ -208,8 +204,8 @@ impl SqlStore {
         let lock = {
             // A wait is counted (and timed) when another transaction holds
             // the key as we ask for it.
-            let _timed = (wait && metrics::on() && keylock::contended(k.hash())).then(|| metrics::wait(k));
-            KeyLock::try_acquire(k.hash(), wait)
+            let _timed = (wait && metrics::on() && keylock::contended(self.hash)).then(|| metrics::wait(k.biz_type));
+            KeyLock::acquire(self.hash, wait)
         };
         let Some(lock) = lock else {
             return Found::Busy(None);
@@ -221,10 +217,9 @@ impl SqlStore {
     }
 
     pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
-        lock_claims(pg_sys::AccessShareLock as _);
         match self.probe(k, now) {
             Some(row) => Seen::Row(row),
-            None if keylock::held_elsewhere(k.hash()) => Seen::Busy(None),
+            None if keylock::held_elsewhere(self.hash) => Seen::Busy(None),
             None => Seen::Absent,
         }
     }
@@ -239,10 +234,10 @@ impl SqlStore {
         // committed). A statement that writes would take one too, but it
         // would take a transaction id, and a duplicate must write nothing.
         let arrival = crate::backend::caller_snapshot();
-        let key = [Some(pg_sys::Datum::from(k.hash())), Some(text_datum(k.biz_type)), Some(text_datum(k.key))];
+        let key = [Some(pg_sys::Datum::from(self.hash)), Some(k.biz_type_text), Some(k.key_text)];
         let rows = match catalog::type_classes_oid() {
             Some(registry) => {
-                let registered = type_classes::read(registry, k.biz_type);
+                let registered = type_classes::read(registry, k);
                 let slots: Vec<Vec<Option<pg_sys::Datum>>> = registered
                     .classes
                     .chunks(type_classes::MAX_CLASSES)
@@ -315,15 +310,19 @@ impl SqlStore {
         first.or(late)
     }
 
+    /// (Each writer below keeps the key locked until the transaction ends:
+    /// nobody else can see the row before then, so the lock is what makes
+    /// them wait. The caller holds the lock already: this adds the
+    /// acquisition that outlives its guard.)
     pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        keep_locked(k);
+        keylock::hold_until_end(self.hash);
         let Some(registry) = catalog::type_classes_oid() else {
             INSERT_0_3.execute_as_owner(&[
                 ts(new.expires_at),
                 ts(new.claimed_at),
                 Some(pg_sys::Datum::from(new.state as i8)),
-                Some(text_datum(k.biz_type)),
-                Some(text_datum(k.key)),
+                Some(k.biz_type_text),
+                Some(k.key_text),
                 new.fingerprint.map(text_datum),
                 new.result,
             ]);
@@ -331,27 +330,27 @@ impl SqlStore {
         };
         let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
         let class =
-            type_classes::place(registry, None, &mut self.registered.borrow_mut(), k.biz_type, natural, new.expires_at);
+            type_classes::place(registry, false, &mut self.registered.borrow_mut(), k, natural, new.expires_at);
         INSERT.execute_as_owner(&[
             ts(new.expires_at),
             ts(new.claimed_at),
             Some(pg_sys::Datum::from(class)),
             Some(pg_sys::Datum::from(new.state as i8)),
-            Some(text_datum(k.biz_type)),
-            Some(text_datum(k.key)),
+            Some(k.biz_type_text),
+            Some(k.key_text),
             new.fingerprint.map(text_datum),
             new.result,
         ]);
     }
 
     pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
-        keep_locked(k);
+        keylock::hold_until_end(self.hash);
         let (n, _) = REWRITE.execute_as_owner(&[
             Some(pg_sys::Datum::from(state as i8)),
             result,
-            Some(pg_sys::Datum::from(k.hash())),
-            Some(text_datum(k.biz_type)),
-            Some(text_datum(k.key)),
+            Some(pg_sys::Datum::from(self.hash)),
+            Some(k.biz_type_text),
+            Some(k.key_text),
             ts(row.expires_at),
             ts(row.claimed_at),
         ]);
@@ -361,11 +360,11 @@ impl SqlStore {
     }
 
     pub fn delete(&self, row: &Row, k: &ClaimKey) {
-        keep_locked(k);
+        keylock::hold_until_end(self.hash);
         let (n, _) = DELETE.execute_as_owner(&[
-            Some(pg_sys::Datum::from(k.hash())),
-            Some(text_datum(k.biz_type)),
-            Some(text_datum(k.key)),
+            Some(pg_sys::Datum::from(self.hash)),
+            Some(k.biz_type_text),
+            Some(k.key_text),
             ts(row.expires_at),
             ts(row.claimed_at),
         ]);

@@ -52,6 +52,7 @@ use super::keylock::KeyLock;
 use crate::backend::BackendLocal;
 use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
+use crate::key::ClaimKey;
 use crate::errors::internal;
 use crate::guc::MAX_TTL_US;
 use crate::spi::Statement;
@@ -79,12 +80,12 @@ impl Registered {
     }
 }
 
-/// Under SERIALIZABLE: the predicate locks a scan of `biz_type`'s
+/// Under SERIALIZABLE: the predicate locks a scan of `k`'s type's
 /// registrations with the caller's snapshot takes, so that a transaction
 /// that registers the type in another class (to claim a key this caller
 /// looked for) is a read-write conflict SSI sees.
-pub fn predicate_lock(relid: pg_sys::Oid, biz_type: &[u8]) {
-    scan(relid, biz_type, crate::backend::caller_snapshot(), |_, _, _| {});
+pub fn predicate_lock(relid: pg_sys::Oid, k: &ClaimKey) {
+    scan(relid, k.biz_type, k.biz_type_text, crate::backend::caller_snapshot(), |_, _, _| {});
 }
 
 /// The most business types whose registrations a backend keeps (as
@@ -143,14 +144,15 @@ fn announce(relid: pg_sys::Oid) {
     }
 }
 
-/// Read the registrations of `biz_type` in the registry table `relid`
+/// Read the registrations of `k`'s type in the registry table `relid`
 /// (idem.type_classes), from the backend's cache when it holds them (see
 /// the module's comment). The caller holds the key lock, when it takes
 /// one: invalidations sent before its holder released it are processed
 /// here, before the cache is read.
-pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
+pub fn read(relid: pg_sys::Oid, k: &ClaimKey) -> Registered {
+    let biz_type = k.biz_type;
     if !cacheable(relid) {
-        return read_table(relid, biz_type).0;
+        return read_table(relid, k.biz_type, k.biz_type_text).0;
     }
     // SAFETY: processes pending invalidations, as every lock acquisition does.
     unsafe { pg_sys::AcceptInvalidationMessages() };
@@ -165,7 +167,7 @@ pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
     if let Some(classes) = hit {
         return Registered { settled: classes.clone(), classes };
     }
-    let (found, settled) = read_table(relid, biz_type);
+    let (found, settled) = read_table(relid, k.biz_type, k.biz_type_text);
     // (Not if an invalidation came in while the table was read: the read
     // may predate what it announced.)
     if settled && catalog::registry_epoch() == epoch {
@@ -179,17 +181,23 @@ pub fn read(relid: pg_sys::Oid, biz_type: &[u8]) -> Registered {
     found
 }
 
-/// Read the registrations of `biz_type` in `relid` from the table, and
-/// whether every one of them is settled and none is being deleted by
-/// another transaction (what may be cached).
-fn read_table(relid: pg_sys::Oid, biz_type: &[u8]) -> (Registered, bool) {
+/// The registrations under `name` in `relid`, read from the table (no
+/// cache): under Citus, a shard's anchor (storage/citus.rs).
+pub fn read_uncached(relid: pg_sys::Oid, name: &[u8]) -> Registered {
+    read_table(relid, name, text_datum(name)).0
+}
+
+/// Read the registrations of `biz_type` (and its text datum) in `relid`
+/// from the table, and whether every one of them is settled and none is
+/// being deleted by another transaction (what may be cached).
+fn read_table(relid: pg_sys::Oid, biz_type: &[u8], text: pg_sys::Datum) -> (Registered, bool) {
     let mut found = Registered::default();
     let mut stable = true;
     // SAFETY: the dirty snapshot outlives the scan (which ends inside).
     let mut dirty: pg_sys::SnapshotData = unsafe { MaybeUninit::zeroed().assume_init() };
     dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
     let snapshot: pg_sys::Snapshot = &mut dirty;
-    scan(relid, biz_type, snapshot, |class, until, snap| {
+    scan(relid, biz_type, text, snapshot, |class, until, snap| {
         // Another transaction still inserting it: its registration may
         // yet roll back (with its rows).
         // SAFETY: `snap` is the dirty snapshot above, which the scan sets
@@ -206,11 +214,12 @@ fn read_table(relid: pg_sys::Oid, biz_type: &[u8]) -> (Registered, bool) {
     (found, stable)
 }
 
-/// Scan `biz_type`'s registrations in `relid` with `snapshot`, calling
-/// `each(class, until, snapshot)` per row.
+/// Scan `biz_type`'s registrations (`text`: its text datum) in `relid` with
+/// `snapshot`, calling `each(class, until, snapshot)` per row.
 fn scan(
     relid: pg_sys::Oid,
     biz_type: &[u8],
+    text: pg_sys::Datum,
     snapshot: pg_sys::Snapshot,
     mut each: impl FnMut(i16, i64, pg_sys::Snapshot),
 ) {
@@ -235,7 +244,7 @@ fn scan(
             pg_sys::InvalidOid,
             *(*index).rd_indcollation,
             pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-            text_datum(biz_type),
+            text,
         );
         let scan = crate::compat::index_beginscan(rel, index, snapshot, 1);
         pg_sys::index_rescan(scan, &mut key, 1, std::ptr::null_mut(), 0);
@@ -265,22 +274,21 @@ fn add(classes: &mut Vec<(i16, i64)>, class: i16, until: i64) {
 /// The most TTL classes a type's claims go into.
 pub const MAX_CLASSES: usize = 3;
 
-/// The class a claim of `biz_type` whose TTL is of class `natural` goes
+/// The class a claim of `k`'s type whose TTL is of class `natural` goes
 /// into, registered there (for its expiry `expires_at`) when no committed
 /// or own registration covers it. `registered` is what the claim read of
 /// the registry `relid` under its key lock. A class the type is not in is
 /// decided under the type lock, on the registrations read again (another
 /// claim of the type may have just added one), so that claims of one type
-/// add classes one at a time and MAX_CLASSES holds. `shard_key`: under
-/// Citus, the claim's key, with `relid` this node's shard of the registry
-/// (co-located with the claim's shard of idem.claims, where the claim
-/// runs; the type lock is this node's, which every claim on that shard
-/// takes).
+/// add classes one at a time and MAX_CLASSES holds. `on_shard`: under
+/// Citus, `relid` is this node's shard of the registry (co-located with
+/// the claim's shard of idem.claims, where the claim runs; the type lock
+/// is this node's, which every claim on that shard takes).
 pub fn place(
     relid: pg_sys::Oid,
-    shard_key: Option<&[u8]>,
+    on_shard: bool,
     registered: &mut Registered,
-    biz_type: &[u8],
+    k: &ClaimKey,
     natural: i16,
     expires_at: i64,
 ) -> i16 {
@@ -288,13 +296,13 @@ pub fn place(
     let class = if registered.classes.iter().any(|c| c.0 == natural) {
         natural
     } else {
-        _decided = KeyLock::for_type(biz_type);
-        *registered = read_table(relid, biz_type).0;
+        _decided = KeyLock::for_type(k.biz_type);
+        *registered = read_table(relid, k.biz_type, k.biz_type_text).0;
         let top = ttl_class::of_ttl(MAX_TTL_US as i64);
         choose(&registered.classes.iter().map(|c| c.0).collect::<Vec<_>>(), natural, top)
     };
     if !registered.covers(class, expires_at) {
-        register(relid, shard_key, registered, biz_type, class, expires_at);
+        register(relid, on_shard, registered, k, class, expires_at);
     }
     class
 }
@@ -312,7 +320,7 @@ fn choose(classes: &[i16], natural: i16, top: i16) -> i16 {
     classes.iter().copied().find(|&c| c >= natural).unwrap_or(top.max(natural))
 }
 
-/// Register `biz_type` in class `k` for claims expiring up to the end of
+/// Register `key`'s type in class `class` for claims expiring up to the end of
 /// the width-aligned slot of the class that holds `expires_at` (so a type
 /// claiming steadily writes one registration per width of its class, and a
 /// claim looks at most a width beyond the latest expiry), in this
@@ -320,52 +328,49 @@ fn choose(classes: &[i16], natural: i16, top: i16) -> i16 {
 /// that what PostgreSQL attaches to the table, a publication for one,
 /// sees it). The caller holds the key lock, so a claimer of
 /// its key reads it before looking for the row that follows it. Under
-/// Citus (`shard_key`) the row goes into the shard `relid` itself, with
+/// Citus (`on_shard`) the row goes into the shard `relid` itself, with
 /// the claim's key as its distribution value, so that Citus keeps it with
 /// the claim's shard of idem.claims (moves carry both).
 fn register(
     relid: pg_sys::Oid,
-    shard_key: Option<&[u8]>,
+    on_shard: bool,
     registered: &mut Registered,
-    biz_type: &[u8],
-    k: i16,
+    key: &ClaimKey,
+    class: i16,
     expires_at: i64,
 ) {
     static INSERT: Statement = Statement::new(
         c"INSERT INTO idem.type_classes (biz_type, ttl_class, until) VALUES ($1, $2, $3)",
         &[pg_sys::TEXTOID, pg_sys::INT2OID, pg_sys::TIMESTAMPTZOID],
     );
-    let span = ttl_class::width(k).expect("a class that exists").max(1);
+    let span = ttl_class::width(class).expect("a class that exists").max(1);
     let until = expires_at.div_euclid(span).saturating_add(1).saturating_mul(span);
-    let args = [Some(text_datum(biz_type)), Some(pg_sys::Datum::from(k)), Some(pg_sys::Datum::from(until))];
-    match shard_key {
-        None => {
-            INSERT.execute_as_owner(&args);
-            // Before the claim's row is written and the key lock released.
-            forget();
-            announce(relid);
+    let args = [Some(key.biz_type_text), Some(pg_sys::Datum::from(class)), Some(pg_sys::Datum::from(until))];
+    if !on_shard {
+        INSERT.execute_as_owner(&args);
+        // Before the claim's row is written and the key lock released.
+        forget();
+        announce(relid);
+    } else {
+        // SAFETY: a catalog lookup of a relation this transaction has open and locked (read scanned it).
+        let name = unsafe { pg_sys::get_rel_name(relid) };
+        if name.is_null() {
+            internal("this node's shard of idem.type_classes is missing");
         }
-        Some(key) => {
-            // SAFETY: a catalog lookup of a relation this transaction has open and locked (read scanned it).
-            let name = unsafe { pg_sys::get_rel_name(relid) };
-            if name.is_null() {
-                internal("this node's shard of idem.type_classes is missing");
-            }
-            // SAFETY: `name` is a NUL-terminated relation name from the catalog.
-            let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-            let sql = format!("INSERT INTO idem.\"{name}\" (biz_type, ttl_class, until, key) VALUES ($1, $2, $3, $4)");
-            let sql = std::ffi::CString::new(sql).expect("no NUL in a shard's name");
-            let mut with_key = args.to_vec();
-            with_key.push(Some(text_datum(key)));
-            crate::spi::execute_once_as_owner(
-                &sql,
-                &[pg_sys::TEXTOID, pg_sys::INT2OID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
-                &with_key,
-            );
-        }
+        // SAFETY: `name` is a NUL-terminated relation name from the catalog.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        let sql = format!("INSERT INTO idem.\"{name}\" (biz_type, ttl_class, until, key) VALUES ($1, $2, $3, $4)");
+        let sql = std::ffi::CString::new(sql).expect("no NUL in a shard's name");
+        let mut with_key = args.to_vec();
+        with_key.push(Some(key.key_text));
+        crate::spi::execute_once_as_owner(
+            &sql,
+            &[pg_sys::TEXTOID, pg_sys::INT2OID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+            &with_key,
+        );
     }
-    registered.settled.push((k, until));
-    add(&mut registered.classes, k, until);
+    registered.settled.push((class, until));
+    add(&mut registered.classes, class, until);
 }
 
 #[cfg(any(test, feature = "pg_test"))]
