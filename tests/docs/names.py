@@ -102,7 +102,7 @@ pages = [f"{root}/README.md"] + sorted(glob.glob(f"{root}/docs/*.md")) + sorted(
 for path in pages:
     rel = os.path.relpath(path, root)
     for n, line in enumerate(prose(path), 1):
-        for m in re.finditer(r"\bidem\.([a-z_][a-z0-9_]*)(\S?)", line):
+        for m in re.finditer(r"\bidem\.([a-z_][A-Za-z0-9_]*)(\S?)", line):
             name, after = m.group(1), m.group(2)
             if after in ("<", "*") or name in NOT_NAMES:
                 continue  # a pattern (idem.claims_<shardid>, idem.metrics_*), or named above
