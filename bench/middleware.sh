@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
-# HTTP requests per second through the middleware, next to the same handler
-# with hand-written idempotency and with none (bench/README.md): Python
-# (idem-http: FastAPI on uvicorn, one worker; Django's runserver) and Node
-# (idem-pg: Express, Fastify), or with `go` / `java` the Go client and the
-# Spring MVC filter. Not a test: it checks only that every answer was the
-# expected one.
+# HTTP requests per second through the middleware beside the same handler with hand-written
+# idempotency and with none (bench/README.md): idem-http (FastAPI on uvicorn, Django's
+# runserver), idem-pg (Express, Fastify), or `go` / `java`. Checks only the answers.
 #
 #   bash bench/middleware.sh [go|java] [--rounds 5] [--requests 3000] [--concurrency 8] [--warmup 300]
 #                            [--profile] [--out DIR]       (--profile, --out: Python and Node only)
@@ -59,10 +56,7 @@ done
 HERE="$ROOT/bench/middleware"
 WHEELHOUSE="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-python"
 BENCH_WHEELS="$ROOT/.venv-wheels$IDEM_OS_SUFFIX/middleware-bench"
-PY_PORT=$(free_port)
-DJ_PORT=$(free_port)
-NODE_PORT=$(free_port)
-FY_PORT=$(free_port)
+PY_PORT=$(free_port) DJ_PORT=$(free_port) NODE_PORT=$(free_port) FY_PORT=$(free_port)
 JAVA_PORT=
 py_pid= dj_pid= node_pid= fy_pid= java_pid=
 mw_stop_hook() { # the servers, by their pids
@@ -172,21 +166,17 @@ start_python() { # [launcher...]: uvicorn, one worker
   py_pid=$!
   wait_port "$PY_PORT" "$py_pid" python
 }
-start_node() { # [node options...]: Express, then Fastify
-  (cd "$work/app" && PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw BENCH_POOL=$CONCURRENCY \
-     exec node "$@" server.js "$NODE_PORT" express) > "$OUT/node.log" 2>&1 &
-  node_pid=$!
-  wait_port "$NODE_PORT" "$node_pid" node
-  (cd "$work/app" && PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw BENCH_POOL=$CONCURRENCY \
-     exec node server.js "$FY_PORT" fastify) > "$OUT/fastify.log" 2>&1 &
-  fy_pid=$!
-  wait_port "$FY_PORT" "$fy_pid" fastify
+start_node() { # [node options...]: Express (profiled with those options), then Fastify
+  local env=(PGHOST="$dir" PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=mw BENCH_POOL=$CONCURRENCY)
+  (cd "$work/app" && exec env "${env[@]}" node "$@" server.js "$NODE_PORT" express) > "$OUT/node.log" 2>&1 &
+  node_pid=$!; wait_port "$NODE_PORT" "$node_pid" node
+  (cd "$work/app" && exec env "${env[@]}" node server.js "$FY_PORT" fastify) > "$OUT/fastify.log" 2>&1 &
+  fy_pid=$!; wait_port "$FY_PORT" "$fy_pid" fastify
 }
 start_django() { # runserver (a thread per connection), a pool of CONCURRENCY connections
-  (cd "$HERE" && BENCH_CONNINFO="$conninfo" BENCH_POOL=$CONCURRENCY exec "$venv/bin/python" -m django runserver --noreload \
-     --settings=django_app "127.0.0.1:$DJ_PORT") > "$OUT/django.log" 2>&1 &
-  dj_pid=$!
-  wait_port "$DJ_PORT" "$dj_pid" django
+  (cd "$HERE" && BENCH_CONNINFO="$conninfo" BENCH_POOL=$CONCURRENCY exec "$venv/bin/python" -m django runserver \
+     --noreload --settings=django_app "127.0.0.1:$DJ_PORT") > "$OUT/django.log" 2>&1 &
+  dj_pid=$!; wait_port "$DJ_PORT" "$dj_pid" django
 }
 stop_server() { # PID: SIGINT (pyinstrument writes its profile on an interrupt, not on SIGTERM)
   kill -INT "$1" 2>/dev/null || true

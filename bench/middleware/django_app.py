@@ -1,10 +1,5 @@
-"""The Django side of bench/middleware.sh: settings, URLs and views in one
-module, the handler of app.py (insert a business row, answer 201) on Django's
-own connection behind POST /mw (idem_http.django's middleware: a and b),
-/hand (hand-written dedup in the view's transaction: c) and /plain (none: d).
-
-    python -m django runserver --noreload --settings=django_app 127.0.0.1:PORT   (BENCH_CONNINFO)
-"""
+"""bench/middleware.sh's Django server (settings, URLs, views): app.py's handler on
+Django's connection behind /mw (idem_http.django: a, b), /hand (c) and /plain (d)."""
 
 import json
 import os
@@ -16,8 +11,7 @@ from django.urls import path
 from idem_http import Policy
 
 _db = dict(p.split("=", 1) for p in os.environ["BENCH_CONNINFO"].split())
-DEBUG, SECRET_KEY, ROOT_URLCONF, USE_TZ, INSTALLED_APPS = False, "bench-only", "django_app", True, []
-ALLOWED_HOSTS = ["127.0.0.1"]
+DEBUG, SECRET_KEY, ROOT_URLCONF, USE_TZ, INSTALLED_APPS, ALLOWED_HOSTS = False, "bench-only", "django_app", True, [], ["127.0.0.1"]
 MIDDLEWARE = ["idem_http.django.IdempotencyMiddleware"]
 DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": _db["dbname"], "USER": _db["user"],
                          "HOST": _db["host"], "PORT": _db["port"],

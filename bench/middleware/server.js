@@ -29,12 +29,7 @@ async function inTransaction(work) {
     const out = await work(client);
     await client.query('COMMIT');
     return out;
-  } catch (err) {
-    await client.query('ROLLBACK').catch(() => {});
-    throw err;
-  } finally {
-    client.release();
-  }
+  } catch (err) { await client.query('ROLLBACK').catch(() => {}); throw err; } finally { client.release(); }
 }
 async function hand(key, body) {
   if (!key) return [400, { error: 'Idempotency-Key required' }];
@@ -54,15 +49,12 @@ async function listen() {
   if (framework === 'fastify') {
     const app = Fastify();
     await app.register(idem.fastify);
-    app.post('/mw', { config: { idem: { bizType: 'bench.mw' } } }, async (request, reply) => {
-      reply.code(201);
-      return createOrder({ query: request.idem.query }, request.headers['idempotency-key'], request.body);
-    });
+    app.post('/mw', { config: { idem: { bizType: 'bench.mw' } } }, async (request, reply) =>
+      reply.code(201).send(await createOrder({ query: request.idem.query }, request.headers['idempotency-key'], request.body)));
     for (const [path, fn] of [['/hand', hand], ['/plain', plain]]) {
       app.post(path, async (request, reply) => {
         const [status, body] = await fn(request.headers['idempotency-key'], request.body);
-        reply.code(status);
-        return body;
+        return reply.code(status).send(body);
       });
     }
     return app.listen({ port, host: '127.0.0.1' });
