@@ -128,25 +128,21 @@ class Bench:
         return {"tps": float(tps.group(1)), "lat_ms": float(lat.group(1)) if lat else None,
                 "txns": int(done.group(1)) if done else None, "run": run, "output": out if progress else None}
 
-    def txn_run(self, db, mode, clients, sync, duration, tag=""):
-        """B3 / B0c through bench/txn.c."""
+    def run_variant(self, db, v, clients, sync, duration, prefill, log_prefix=None):
+        """One run of variant v: pgbench, or bench/txn.c (B3, B0c, I1t: the Redis comparison's one client program)."""
+        driver, mode, _ = VARIANTS[v]
+        if driver == "pgbench":
+            return self.pgbench(db, mode, clients, sync, duration=duration, prefill=prefill, tag=v, log_prefix=log_prefix)
         run = self.next_run()
         cmd = [self.txn, mode, f"host={self.a.host} port={self.a.port} user=postgres dbname={db} "
-               f"options='-c synchronous_commit={sync}'", self.a.redis_sock, str(clients),
-               str(max(1, duration)), str(run)]
+               f"options='-c synchronous_commit={sync}'", self.a.redis_sock, str(clients), str(max(1, duration)), str(run)]
         p = subprocess.run(cmd, capture_output=True, text=True)
-        with open(os.path.join(self.logs, f"run{run:05d}-{tag or mode}.log"), "w") as f:
+        with open(os.path.join(self.logs, f"run{run:05d}-{v}.log"), "w") as f:
             f.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
         m = dict(re.findall(r"(\w+)=([\d.]+)", p.stdout))
         if p.returncode != 0 or "tps" not in m:
             raise BenchError(f"txn {mode} failed (exit {p.returncode}): {p.stderr[-1500:]}")
         return {"tps": float(m["tps"]), "lat_ms": float(m["lat_avg_ms"]), "txns": int(m["txns"]), "run": run}
-
-    def run_variant(self, db, v, clients, sync, duration, prefill, log_prefix=None):
-        driver, what, _ = VARIANTS[v]
-        if driver == "txn":
-            return self.txn_run(db, what, clients, sync, duration, tag=v)
-        return self.pgbench(db, what, clients, sync, duration=duration, prefill=prefill, tag=v, log_prefix=log_prefix)
 
     def wait_quiet(self):
         """Wait, within the --quiet-wait budget, until nothing else uses the CPU
@@ -312,7 +308,7 @@ class Bench:
 
     def run(self, sections):
         a = self.a
-        self.txn = lib.build_txn(self.out, self.pg_bin)   # B3, B0c and the kills' client
+        self.txn = lib.build_txn(self.out, self.pg_bin)   # B3, B0c, I1t and the kills' client
         self.redis = bool(self.txn and a.redis_sock and not a.no_redis)
         if not self.txn:
             self.raw["notes"].append("B3 and the kills skipped: bench/txn.c did not compile (needs cc and libpq-fe.h)")

@@ -29,6 +29,7 @@ VARIANTS = {
     "B2": ("pgbench", "b2.sql", "+ PL/pgSQL EXCEPTION WHEN unique_violation"),
     "B3": ("txn", "b3", "+ Redis SET NX EX (C driver)"),
     "B0c": ("txn", "b0", "B0 via the C driver (calibration)"),
+    "I1t": ("txn", "i1", "+ SELECT idem_claim(…) (C driver, as B3)"),
     "I1": ("pgbench", "i1.sql", "+ SELECT idem_claim(…) (new key)"),
     "I1c": ("pgbench", "i1c.sql", "+ SELECT claimed FROM idem_claim(…) (new key)"),
     "I1f": ("pgbench", "i1f.sql", "+ SELECT (idem_claim(…)).claimed (new key)"),

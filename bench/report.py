@@ -100,7 +100,7 @@ class Report:
             f"- {m['pg_version']}; idem {m['idem_version']}, installed build: **{m['idem_build']}**",
             "- cluster: bench/run.sh's own, unix socket only; " + ", ".join(f"{k} = {v}" for k, v in s.items())
             + "; CHECKPOINT before every measured run",
-            "- driver: pgbench -n -M prepared -c N -j N (B3/B0c: bench/txn.c); synchronous_commit per session", ""]
+            "- driver: pgbench -n -M prepared -c N -j N (B3, B0c, I1t: bench/txn.c); synchronous_commit per session", ""]
         if "debug" in str(m.get("idem_build")):
             head += ["> **Warning:** idem.so is an unoptimized debug build; its numbers understate a release build.", ""]
         head += self.noise() + [f"> note: {n}" for n in self.raw.get("notes", [])] + \

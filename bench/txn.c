@@ -1,10 +1,11 @@
 /*
  * The benchmark's C client, for what pgbench cannot do (bench/README.md):
- *   txn b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN: B0 as pgbench -M
+ *   txn b0|b3|i1 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN: B0 as pgbench -M
  *     prepared runs it (BEGIN, INSERT, END, a connection per thread), in mode
  *     b3 after a SET key 1 NX EX 86400 round trip to redis-server (pgbench's
- *     \shell would charge Redis a fork per transaction). Prints
- *     "txns=N seconds=S tps=T lat_avg_ms=L failed=F dup=D".
+ *     \shell would charge Redis a fork per transaction), in mode i1 with
+ *     sql/i1.sql's SELECT idem_claim(...) after BEGIN: B3 and I1 from one
+ *     client program. Prints "txns=N seconds=S tps=T lat_avg_ms=L failed=F dup=D".
  *   txn kill redis|idem|handwritten first|retry CONNINFO REDIS_SOCKET KEY: the
  *     dedup step and the business INSERT; "first" then stops itself before
  *     COMMIT (SIGSTOP; the harness SIGKILLs it: a kill point without timing),
@@ -87,8 +88,8 @@ static int ok(PGconn *c, PGresult *r, const char *what) {
     return good;
 }
 
-/* ---- b0, b3: timed loop ---------------------------------------------------- */
-static int b3, seconds;
+/* ---- b0, b3, i1: timed loop ------------------------------------------------ */
+static int mode, seconds;   /* mode: 0 b0, 1 b3, 2 i1 */
 static long run_id;
 static pthread_barrier_t start_barrier;
 
@@ -107,9 +108,10 @@ static void *client_main(void *arg) {
         cl->error = 1;
     } else if (!ok(c, PQprepare(c, "b", "BEGIN", 0, NULL), "prepare") ||
                !ok(c, PQprepare(c, "i", "INSERT INTO orders (key, amount) VALUES (md5($1::text), 1)", 0, NULL), "prepare") ||
-               !ok(c, PQprepare(c, "e", "END", 0, NULL), "prepare")) {
+               !ok(c, PQprepare(c, "e", "END", 0, NULL), "prepare") ||
+               (mode == 2 && !ok(c, PQprepare(c, "c", "SELECT idem_claim(md5($1::text), 'bench')", 0, NULL), "prepare"))) {
         cl->error = 1;
-    } else if (b3 && (rfd = redis_connect()) < 0) {
+    } else if (mode == 1 && (rfd = redis_connect()) < 0) {
         cl->error = 1;
     }
     pthread_barrier_wait(&start_barrier);
@@ -124,13 +126,14 @@ static void *client_main(void *arg) {
         snprintf(kid_s, sizeof kid_s, "%" PRId64, kid);
         snprintf(key, sizeof key, "%016" PRIx64 "%016" PRIx64,
                  splitmix64((uint64_t) kid), splitmix64((uint64_t) kid ^ 0x5bd1e995ULL));
-        if (b3) {
+        if (mode == 1) {
             int s = redis_set_nx(rfd, key);
             if (s < 0) { cl->error = 1; break; }
             if (s == 0) { cl->dup++; continue; }
         }
         const char *params[1] = {kid_s};
         if (!ok(c, PQexecPrepared(c, "b", 0, NULL, NULL, NULL, 0), "BEGIN") ||
+            (mode == 2 && !ok(c, PQexecPrepared(c, "c", 1, params, NULL, NULL, 0), "idem_claim")) ||
             !ok(c, PQexecPrepared(c, "i", 1, params, NULL, NULL, 0), "INSERT") ||
             !ok(c, PQexecPrepared(c, "e", 0, NULL, NULL, NULL, 0), "END")) {
             cl->failed++;
@@ -226,12 +229,12 @@ int main(int argc, char **argv) {
         if (strcmp(argv[3], "first") && strcmp(argv[3], "retry")) { fprintf(stderr, "phase: first or retry\n"); return 2; }
         return kill_client(argv[2], strcmp(argv[3], "first") == 0, argv[6]);
     }
-    if (argc != 7 || (strcmp(argv[1], "b0") && strcmp(argv[1], "b3"))) {
-        fprintf(stderr, "usage: %s b0|b3 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN\n"
+    mode = argc < 2 ? -1 : !strcmp(argv[1], "b0") ? 0 : !strcmp(argv[1], "b3") ? 1 : !strcmp(argv[1], "i1") ? 2 : -1;
+    if (argc != 7 || mode < 0) {
+        fprintf(stderr, "usage: %s b0|b3|i1 CONNINFO REDIS_SOCKET CLIENTS SECONDS RUN\n"
                         "       %s kill redis|idem|handwritten first|retry CONNINFO REDIS_SOCKET KEY\n", argv[0], argv[0]);
         return 2;
     }
-    b3 = strcmp(argv[1], "b3") == 0;
     conninfo = argv[2];
     redis_path = argv[3];
     int nclients = atoi(argv[4]);

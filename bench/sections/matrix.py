@@ -12,16 +12,17 @@ PARAMS = {
     "rounds": (1, 3, 5, "rounds per (sync, clients)"),
     "clients": ([2], [1, 2, 4], [1, 2, 4], "client counts"),
     "sync": (["off"], ["off", "on"], ["off", "on"], "synchronous_commit values"),
-    "matrix_variants": ([], [], [], "only these variants (empty: all; B3 and B0c need redis)"),
+    "matrix_variants": ([], [], [], "only these variants (empty: all; B3, B0c, I1t need redis)"),
     "latency_clients": (2, 2, 2, "client count whose runs log every transaction's latency"),
 }
-VARIANTS_RUN = ["B0", "B1", "B1r", "B2", "B3", "B0c", "I1", "I1c", "I1f", "I2", "I3"]
+VARIANTS_RUN = ["B0", "B1", "B1r", "B2", "B3", "B0c", "I1t", "I1", "I1c", "I1f", "I2", "I3"]
 # (numerator, denominator, target, what)
 RATIOS = [("I1c", "B1", 1.0, "new-key claim, recommended form `SELECT claimed FROM idem_claim(…)`"),
           ("I1", "B1", 0.95, "new-key claim, plain form `SELECT idem_claim(…)`"),
           ("I1f", "B1", None, "new-key claim, `SELECT (idem_claim(…)).claimed`"),
           ("I2", "B1r", 1.0, "claim + stored result vs ON CONFLICT + UPDATE"),
-          ("I3", "I1", 2.0, "duplicate vs new-key claim")]
+          ("I3", "I1", 2.0, "duplicate vs new-key claim"),
+          ("I1t", "B3", 1.0, "idem vs Redis SET NX + PostgreSQL, one client program (bench/txn.c)")]
 
 
 def variants(p, redis):
@@ -71,7 +72,7 @@ def report(R):
     summ, ratios = {}, {}
     R.md += ["## Throughput (TPS), interleaved", "",
              f"{p['rounds']} round(s) × {p['duration']} s per variant and configuration; median TPS, ratios of "
-             "medians to B0 and B1 (B3's over B0c, the same C driver), min–max over rounds; "
+             "medians to B0 and B1 (bench/txn.c's B3 and I1t over its B0c), min–max over rounds; "
              + (f"steady state of {p['steady']:,} aged claims" if p["steady"] else "fresh tables") + ".", ""]
     for s in syncs:
         rows = []
@@ -80,10 +81,9 @@ def report(R):
             for c in clients:
                 xs = cell(s, c, v)
                 m, b0, b1, b0c = median(xs), median(cell(s, c, "B0")), median(cell(s, c, "B1")), median(cell(s, c, "B0c"))
-                if v == "B3":
-                    x0, x1 = (m / b0c if b0c else None), (m / b0c * b0 / b1 if b0c and b0 and b1 else None)
-                else:
-                    x0, x1 = (m / b0 if m and b0 else None), (m / b1 if m and b1 and v != "B0c" else None)
+                base = b0c if VARIANTS[v][0] == "txn" and v != "B0c" else b0   # txn.c's runs over its own B0c
+                x0 = m / base if m and base else None
+                x1 = x0 * b0 / b1 if x0 and b0 and b1 and v != "B0c" else None
                 if xs:
                     summ.setdefault(f"{s}/{c}", {})[v] = {"median": m, "min": min(xs), "max": max(xs), "x_b0": x0, "x_b1": x1}
                 row += [fmt(m), fmt(x0, 2), fmt(x1, 2), f"{min(xs):,.0f}–{max(xs):,.0f}" if xs else "—"]
