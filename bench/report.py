@@ -15,7 +15,7 @@ from bench import MOD, SECTIONS
 from lib import VARIANTS
 
 COLORS = ["#7f7f7f", "#1f77b4", "#aec7e8", "#17becf", "#9467bd", "#d62728", "#ff9896", "#8c564b", "#ff7f0e",
-          "#2ca02c"]
+          "#2ca02c", "#bcbd22"]
 
 
 class Report:

@@ -22,7 +22,7 @@ RATIOS = [("I1c", "B1", 1.0, "new-key claim, recommended form `SELECT claimed FR
           ("I1f", "B1", None, "new-key claim, `SELECT (idem_claim(…)).claimed`"),
           ("I2", "B1r", 1.0, "claim + stored result vs ON CONFLICT + UPDATE"),
           ("I3", "I1", 2.0, "duplicate vs new-key claim"),
-          ("I1t", "B3", 1.0, "idem vs Redis SET NX + PostgreSQL, one client program (bench/txn.c)")]
+          ("I1t", "B3", 1.0, "idem vs Redis SET NX + PostgreSQL, one client program (bench/txn.c); floor: performance.md")]
 
 
 def variants(p, redis):
