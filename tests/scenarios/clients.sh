@@ -341,12 +341,14 @@ echo "examples failed: $failed"
 # A failing JUnit test fails the build and this scenario.
 scenario_java_spring() {
 source "$ROOT/tests/lib/cluster.sh"
-# Each Boot line has its own database and Kafka broker: the two lines run
-# at once (their test phases wait on applications, brokers and locks much
-# of the time), neither seeing the other's rows, topics or consumer groups.
+# Each Boot line has its own database; they share one Kafka broker, each
+# test run on topics and consumer groups of its own (KafkaLedgerTest): the
+# two lines run at once (their test phases wait on applications, the broker
+# and locks much of the time), neither seeing the other's rows or events.
 dbs=(java_spring java_spring_4)
-# Six TCP ports from JAVA_SPRING_PORT (default 5441) on: the cluster,
-# PgBouncer, then each broker's listener and controller.
+# Four TCP ports from JAVA_SPRING_PORT (default 5441) on: the cluster (on
+# 127.0.0.1, which pgJDBC reaches without the tests' socket forwarder),
+# PgBouncer, then the broker's listener and controller.
 PG_PORT=${JAVA_SPRING_PORT:-5441}
 PGB_PORT=$((PG_PORT + 1))
 work= kafka_pids=()
@@ -367,7 +369,7 @@ command -v mvn >/dev/null || fail "mvn missing: run bash scripts/setup.sh --tool
 t_start=$(date +%s)
 work=$(mktemp -d /tmp/java_spring.XXXXXX)
 
-pc_init "$(cluster_dir)/java-spring" $PG_PORT "max_connections = 300"
+pc_init "$(cluster_dir)/java-spring" $PG_PORT "max_connections = 300" "listen_addresses = '127.0.0.1'"
 pc_start
 for db in "${dbs[@]}"; do
   pc_psql -q -d postgres -c "CREATE DATABASE $db"
@@ -381,12 +383,15 @@ SQL
 done
 pgb_start $PGB_PORT 60
 
-# The Kafka brokers: Kafka 4.1 in KRaft mode (one node, broker and
-# controller), each its own process, as operators run it; the jars are
-# Maven Central's (scripts/setup.sh --tool java). They start while Maven
-# builds; KafkaLedgerTest waits until its broker answers.
+# The Kafka broker: Kafka 4.1 in KRaft mode (one node, broker and
+# controller), its own process, as operators run it; the jars are Maven
+# Central's (scripts/setup.sh --tool java). It starts while Maven builds;
+# KafkaLedgerTest waits until it answers.
 [ -f "$IDEM_KAFKA_LIBS/.complete" ] || fail "no Kafka broker in $IDEM_KAFKA_LIBS: run bash scripts/setup.sh --tool java"
-kafka_java=(java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$IDEM_KAFKA_LIBS/*")
+# C1 only and the serial collector: a JVM that lives minutes on 2 busy cores
+# spends less CPU so.
+java_quick="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+kafka_java=(java -Xmx512m $java_quick -cp "$IDEM_KAFKA_LIBS/*")
 kafka_start() { # NAME PORT (its controller: PORT + 1)
   local dir="$work/kafka-$1"
   mkdir -p "$dir"
@@ -414,8 +419,7 @@ print(i)')" \
      > "$dir/format.log" 2>&1 && exec "${kafka_java[@]}" kafka.Kafka "$dir/server.properties") > "$dir/broker.log" 2>&1 &
   kafka_pids+=($!)
 }
-kafka_start 3.5.7 $((PG_PORT + 2))
-kafka_start 4.0.7 $((PG_PORT + 4))
+kafka_start broker $((PG_PORT + 2))
 
 # The README's application is the one tested: each block it marks with
 # "<!-- file: PATH -->" is that file, to the byte.
@@ -433,13 +437,15 @@ PY
 # trip, JdbcTemplate, JPA, ID001, the filter's route) through one start,
 # the conformance table through the direct server, and the Kafka consumer
 # (PgBouncer's path is the same code on both lines; it runs under 3.5).
-pass() { # boot-version database kafka-port tests-expected surefire-filter("": all) jackson-major conformance-via
-  local boot=$1 db=$2 kafka=$3 expected=$4 filter=$5 jackson=$6 via=$7 dir="$work/boot-$1"
+pass() { # boot-version database tests-expected surefire-filter("": all) jackson-major conformance-via
+  local boot=$1 db=$2 expected=$3 filter=$4 jackson=$5 via=$6 dir="$work/boot-$1"
   mkdir -p "$dir"
   tar -C "$ROOT/clients/java" --exclude=target -cf - . | tar -C "$dir" -xf -
   local t0=$(date +%s)
-  if ! (cd "$dir" && mvn_idem -o verify -Dspring-boot.version=$boot -Didem.it.pghost="$PC_DIR" \
-          -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT -Didem.it.kafka=127.0.0.1:$kafka \
+  # Maven and the tests' JVMs started as the broker and the applications
+  # (ExampleApp) are: less CPU for JVMs that live a minute or two.
+  if ! (cd "$dir" && MAVEN_OPTS="$java_quick" mvn_idem -o verify -DargLine="$java_quick" -Dspring-boot.version=$boot -Didem.it.pghost=127.0.0.1 \
+          -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT -Didem.it.kafka=127.0.0.1:$((PG_PORT + 2)) \
           -Didem.it.conformance="$ROOT/tests/middleware/conformance.json" -Didem.it.conformance-via=$via ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
     grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | head -60
     for f in "$dir"/it/target/app-logs/*.log; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -20 "$f"; }; done
@@ -474,9 +480,9 @@ pass() { # boot-version database kafka-port tests-expected surefire-filter("": a
     || fail "Boot $boot: results not through the application's Jackson $jackson mapper"
 }
 echo "set-up (cluster, databases, PgBouncer): $(( $(date +%s) - t_start )) s"
-pass 3.5.7 ${dbs[0]} $((PG_PORT + 2)) 7 "" 2 direct,pgbouncer > "$work/pass-3.5.7.out" 2>&1 &
+pass 3.5.7 ${dbs[0]} 6 "" 2 direct,pgbouncer > "$work/pass-3.5.7.out" 2>&1 &
 pass_pids=($!)
-pass 4.0.7 ${dbs[1]} $((PG_PORT + 4)) 3 "OutsideTransactionTest,ConformancePairsTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction+idempotencyKeyFilterRoute,ConformanceTest,KafkaLedgerTest" 3 direct \
+pass 4.0.7 ${dbs[1]} 3 "OutsideTransactionTest,ConformancePairsTest,StarterRulesTest,ExampleAppTest#twentyConcurrentDuplicatesChargeOnce+jpaAndJdbcTemplateInTheClaimsTransaction+idempotencyKeyFilterRoute,ConformanceTest,KafkaLedgerTest" 3 direct \
   > "$work/pass-4.0.7.out" 2>&1 &
 pass_pids+=($!)
 failed=0

@@ -36,11 +36,14 @@ import org.junit.jupiter.api.TestMethodOrder;
  * tests/scenarios/clients.sh java_spring: -Didem.it.kafka=host:port) and the
  * database; verdicts from the business rows. The listener is SIGKILLed
  * after its database COMMIT and before its acknowledgement (at a point the
- * application announces), several times while events keep coming: the
- * broker redelivers, every event is booked once. Order events delivered out
+ * application announces), twice while events keep coming, each time with
+ * both listeners (single records and a batch) held there: the broker
+ * redelivers, every event is booked once. Order events delivered out
  * of order over two partitions, while a second consumer joins the group
  * and the first is killed (two rebalances): every order ends DONE, every
- * transition applied once.
+ * transition applied once. The topics and consumer groups are this run's
+ * (their names end in its id: ledger.test.suffix), so that several runs
+ * share one broker without meeting.
  */
 @TestMethodOrder(MethodOrderer.OrderAnnotation.class)
 class KafkaLedgerTest {
@@ -65,6 +68,7 @@ class KafkaLedgerTest {
         long deadline = System.nanoTime() + 600_000_000_000L;
         try (Admin admin = Admin.create(config)) {
             for (String topic : List.of("payments", "payments-batch", "orders")) {
+                topic += suffix();
                 while (true) {
                     try {
                         admin.createTopics(List.of(new NewTopic(topic, 2, (short) 1))).all().get();
@@ -91,10 +95,12 @@ class KafkaLedgerTest {
         if (db != null) db.close();
     }
 
+    /** A consumer, held after the COMMIT of the events named (comma-separated; "none": none). */
     static ExampleApp ledger(String hold) throws Exception {
         ExampleApp app = new ExampleApp(System.getProperty("idem.it.kafka-jar"), STARTED,
                 List.of("--spring.datasource.url=" + jdbcUrl + "&ApplicationName=idem-ledger",
                         "--spring.kafka.bootstrap-servers=" + bootstrap, "--ledger.test.hold-after-commit=" + hold,
+                        "--ledger.test.suffix=" + suffix(),
                         // the broker's floor: a killed consumer's partitions go to the next one after 6 s, not 45
                         "--spring.kafka.consumer.properties.session.timeout.ms=6000",
                         "--spring.kafka.consumer.properties.heartbeat.interval.ms=1000"),
@@ -104,8 +110,11 @@ class KafkaLedgerTest {
     }
 
     static void send(String topic, String key, String value) throws Exception {
-        producer.send(new ProducerRecord<>(topic, key, value)).get();
+        producer.send(new ProducerRecord<>(topic + suffix(), key, value)).get();
     }
+
+    /** What this run's topic and consumer group names end in. */
+    static String suffix() { return "-" + run; }
 
     static long count(String sql, Object... args) throws Exception {
         try (PreparedStatement st = db.prepareStatement(sql)) {
@@ -149,12 +158,17 @@ class KafkaLedgerTest {
     @Test
     @Order(1) // its first start creates the application's tables
     void killedAfterCommitBeforeAckEveryEventBookedOnce() throws Exception {
-        String[] holds = {e(20), b(30), e(90)};
+        // Each round: 60 more events (the stream goes on while the listener is
+        // down or held), a consumer held after the COMMIT of one single record
+        // and of one batch at once, killed there (one JVM start per kill).
+        String[][] holds = {{e(20), b(15)}, {e(90), b(45)}};
         for (int round = 0; round < holds.length; round++) {
-            produce(round * 40, round * 40 + 40); // the stream goes on while the listener is down or held
-            ExampleApp app = ledger(holds[round]);
-            app.awaitLine(Pattern.compile("HOLD after-commit " + Pattern.quote(holds[round])));
-            assertEquals(1, count("SELECT count(*) FROM ledger_entries WHERE event_id = ?", holds[round]), "committed before the kill");
+            produce(round * 60, round * 60 + 60);
+            ExampleApp app = ledger(String.join(",", holds[round]));
+            for (String held : holds[round]) {
+                app.awaitLine(Pattern.compile("HOLD after-commit " + Pattern.quote(held)));
+                assertEquals(1, count("SELECT count(*) FROM ledger_entries WHERE event_id = ?", held), "committed before the kill");
+            }
             app.kill(); // after COMMIT, before the acknowledgement
         }
         running = ledger("none");
@@ -162,8 +176,10 @@ class KafkaLedgerTest {
                 "e-" + run + "-%", "b-" + run + "-%");
         assertEquals(180, count("SELECT count(*) FROM ledger_entries WHERE event_id LIKE ? OR event_id LIKE ?",
                 "e-" + run + "-%", "b-" + run + "-%"), "each event booked once");
-        for (String held : holds) {
-            assertTrue(deliveries(held) >= 2, held + " was delivered again after the kill: " + deliveries(held));
+        for (String[] round : holds) {
+            for (String held : round) {
+                assertTrue(deliveries(held) >= 2, held + " was delivered again after the kill: " + deliveries(held));
+            }
         }
     }
 
