@@ -43,7 +43,7 @@ source "$ROOT/tests/lib/scenarios.sh"
 #      PostgreSQL of the same major).
 #
 # Tests that do not run here, and why (the one list; the schedules are
-# tests/portable/regress_schedule and tests/portable/isolation_schedule):
+# tests/portable/regress_schedule, widths_schedule and isolation_schedule):
 #   pg_regress claim_bulk: its 100,000-key transaction (and the same keys
 #     twice more) takes some six minutes at PL/pgSQL's speed; the same batch
 #     runs in tests/portable/steps.sh gates, with other roles connecting and
@@ -245,6 +245,7 @@ if ! PGHOST="$dir" PGPORT="$PORT" PGUSER=postgres make -s -C "$ROOT" installchec
   fails=$((fails + 1))
   grep -E "no longer applies|ERROR|error:" "$out/installcheck.log" | head -20
   regress_diffs "$out/installcheck/portable/regress" 200
+  regress_diffs "$out/installcheck/portable/widths" 200
   regress_diffs "$out/installcheck/portable/isolation" 200
 fi
 regress_results "$out/installcheck.log" | grep . || cat "$out/installcheck.log"
