@@ -107,8 +107,13 @@ installcheck-isolation:
 # shared_preload_libraries has pg_tle and which has no idem library
 # loaded. The edition is generated into REGRESS_OUT/portable/dist and
 # registered through pg_tle by PGUSER (a superuser, or a pgtle_admin with
-# CREATEDB) in two databases it makes anew, portable_regression and
-# portable_isolation. The native expected outputs are used where the
+# CREATEDB) in three databases it makes anew, portable_regression,
+# portable_widths and portable_isolation. partition_widths runs alone in
+# portable_widths (tests/portable/widths_schedule), as it runs last in the
+# native schedule: every claim of the portable edition locks every
+# partition, and after the other tests' partitions its grid of claims and
+# maintenance runs cost some ten times the CPU while testing nothing more.
+# The native expected outputs are used where the
 # edition answers alike; where it does not, tests/portable/expected_diffs
 # holds the difference as a patch of the native file (it keeps applying
 # while the rest of the test changes), and tests/portable/expected the
@@ -131,7 +136,7 @@ installcheck-portable:
 	printf '#!/bin/sh\nexec "$$@" -v SHOW_CONTEXT=never\n' > '$(PORTABLE_OUT)/psql_launcher'
 	chmod +x '$(PORTABLE_OUT)/psql_launcher'
 	chmod -R a+rX '$(PORTABLE_OUT)'
-	@set -e; for db in portable_regression portable_isolation; do \
+	@set -e; for db in portable_regression portable_widths portable_isolation; do \
 	  $(PSQL) -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $$db WITH (FORCE)" -c "CREATE DATABASE $$db"; \
 	  $(PSQL) -d $$db -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_tle" -f '$(PORTABLE_OUT)/dist/idem_pg_tle.sql' > /dev/null; done
 	$(PSQL) -d portable_isolation -c "CREATE EXTENSION idem"
@@ -139,6 +144,9 @@ installcheck-portable:
 	'$(PGXS_TEST)/regress/pg_regress' --use-existing --dbname=portable_regression --bindir='$(PG_BINDIR)' \
 	  --inputdir='$(PORTABLE_OUT)/regress-input' --outputdir='$(PORTABLE_OUT)/regress' \
 	  --launcher='$(PORTABLE_OUT)/psql_launcher' $(REGRESS_OPTS) --schedule=tests/portable/regress_schedule || rc=1; \
+	'$(PGXS_TEST)/regress/pg_regress' --use-existing --dbname=portable_widths --bindir='$(PG_BINDIR)' \
+	  --inputdir='$(PORTABLE_OUT)/regress-input' --outputdir='$(PORTABLE_OUT)/widths' \
+	  --launcher='$(PORTABLE_OUT)/psql_launcher' $(REGRESS_OPTS) --schedule=tests/portable/widths_schedule || rc=1; \
 	'$(PGXS_TEST)/isolation/pg_isolation_regress' --use-existing --dbname=portable_isolation --bindir='$(PG_BINDIR)' \
 	  --inputdir='$(PORTABLE_OUT)/isolation-input' --outputdir='$(PORTABLE_OUT)/isolation' \
 	  $(ISOLATION_OPTS) --schedule=tests/portable/isolation_schedule || rc=1; \

@@ -24,6 +24,7 @@ import logging
 import random
 import sys
 import threading
+import time
 
 import psycopg
 
@@ -38,6 +39,7 @@ def main():
     ap.add_argument("--clients", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--keys", type=int, default=3, help="keys per round, which every client claims at once")
+    ap.add_argument("--kills", type=int, default=2, help="sessions terminated per round, at most")
     ap.add_argument("--sabotage", action="store_true")
     args = ap.parse_args()
 
@@ -53,7 +55,9 @@ def main():
     acked_claims = {}        # key -> number of acknowledged claimed = true
     stats = {"killed": 0, "duplicates": 0, "claimed": 0, "errors": 0, "terminations": 0}
     done = threading.Event()
-    barrier = threading.Barrier(args.clients)
+    # Rounds begun (counted by the last client to reach the barrier).
+    begun = [0]
+    barrier = threading.Barrier(args.clients, action=lambda: begun.__setitem__(0, begun[0] + 1))
 
     def client(n):
         rnd = random.Random(n)
@@ -100,10 +104,21 @@ def main():
         if conn is not None:
             conn.close()
 
+    # The killer's pace is the clock's, and a round lasts as long as the
+    # machine's load makes it: at most --kills terminations per round, so
+    # that a loaded machine (the suite runs the majors side by side) does
+    # not multiply the terminations, each of which costs a new session that
+    # compiles the edition's functions again.
     def killer():
         rnd = random.Random(99)
+        this_round, killed = 0, 0
         with psycopg.connect(args.dsn, autocommit=True) as c:
             while not done.is_set():
+                if begun[0] != this_round:
+                    this_round, killed = begun[0], 0
+                if killed >= args.kills:
+                    time.sleep(0.002)
+                    continue
                 # A session inside a claiming transaction: it has written
                 # (and holds a key lock), or it waits for a key lock.
                 row = c.execute(
@@ -114,6 +129,7 @@ def main():
                         ORDER BY random() LIMIT 1""").fetchone()
                 if row:
                     if c.execute("SELECT pg_terminate_backend(%s)", (row[0],)).fetchone()[0]:
+                        killed += 1
                         with lock:
                             stats["terminations"] += 1
                 c.execute("SELECT pg_sleep(%s)", (rnd.choice([0.01, 0.03, 0.06]),))

@@ -43,7 +43,7 @@ source "$ROOT/tests/lib/scenarios.sh"
 #      PostgreSQL of the same major).
 #
 # Tests that do not run here, and why (the one list; the schedules are
-# tests/portable/regress_schedule and tests/portable/isolation_schedule):
+# tests/portable/regress_schedule, widths_schedule and isolation_schedule):
 #   pg_regress claim_bulk: its 100,000-key transaction (and the same keys
 #     twice more) takes some six minutes at PL/pgSQL's speed; the same batch
 #     runs in tests/portable/steps.sh gates, with other roles connecting and
@@ -245,6 +245,7 @@ if ! PGHOST="$dir" PGPORT="$PORT" PGUSER=postgres make -s -C "$ROOT" installchec
   fails=$((fails + 1))
   grep -E "no longer applies|ERROR|error:" "$out/installcheck.log" | head -20
   regress_diffs "$out/installcheck/portable/regress" 200
+  regress_diffs "$out/installcheck/portable/widths" 200
   regress_diffs "$out/installcheck/portable/isolation" 200
 fi
 regress_results "$out/installcheck.log" | grep . || cat "$out/installcheck.log"
@@ -281,9 +282,11 @@ else
   echo "FAILED: stress"; fails=$((fails + 1))
 fi
 # Negative control: without key locks the same run must find keys claimed
-# and applied twice.
+# and applied twice. 30 rounds: the control finds about one key applied
+# twice per three rounds (18 in 60), so that 30 miss them all about once in
+# 10,000 runs; more rounds only repeat its (costly) reconnections.
 stress_db portable_stress_neg
-if timeout 300 "$IDEM_PY" "$ROOT/tests/portable/stress.py" --sabotage --rounds 60 \
+if timeout 300 "$IDEM_PY" "$ROOT/tests/portable/stress.py" --sabotage --rounds 30 \
     --dsn "host=$dir port=$PORT user=postgres dbname=portable_stress_neg" > "$out/stress-neg.log" 2>&1; then
   echo "FAILED: the stress passed without key locks: it cannot tell"; fails=$((fails + 1))
 elif grep -q "applied twice" "$out/stress-neg.log"; then
@@ -413,9 +416,9 @@ echo "portable suites and checks failed: $fails"
 # the pg_tle tree of tests/portable/tree.sh on port 5549 (no idem library),
 # and the system's PostgreSQL 15 binaries with the native idem installed
 # there on port 5550 (only its binaries and installed files are used; the
-# suite's cluster is not touched). PostgreSQL 15 only: the pg_tle tree is
-# Debian 12's PostgreSQL 15, and a move between majors is pg_dump's
-# business, not this test's.
+# suite's cluster is not touched; PORTABLE_MOVE_PORT=P picks ports P and
+# P+1). PostgreSQL 15 only: the pg_tle tree is Debian 12's PostgreSQL 15,
+# and a move between majors is pg_dump's business, not this test's.
 scenario_portable_move() {
 source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/lib/scenarios.sh"
@@ -423,8 +426,8 @@ if [ "$PG_MAJOR" != 15 ]; then
   echo "skipped: moving between editions is tested on PostgreSQL 15 (this run is $PG_MAJOR)"
   exit 0
 fi
-TLE_PORT=5549
-NAT_PORT=5550
+TLE_PORT=${PORTABLE_MOVE_PORT:-5549}
+NAT_PORT=$((TLE_PORT + 1))
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")
 TLE_BIN=$("$TLE_CONFIG" --bindir)
 [ -e "$PG_BIN/../lib/idem.so" ] || [ -e "$("$PG_CONFIG" --pkglibdir)/idem.so" ] ||
@@ -673,7 +676,8 @@ finish portable_move
 #     update finishes the lease), new claims work;
 #   - the pg_tle registration file runs twice; the plain update refuses a
 #     database at another version (55000).
-# PostgreSQL 15 only: the pg_tle tree is Debian 12's PostgreSQL 15.
+# PostgreSQL 15 only: the pg_tle tree is Debian 12's PostgreSQL 15. Port
+# 5551 (PORTABLE_UPDATE_PORT picks another).
 scenario_portable_update() {
 source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/lib/scenarios.sh"
@@ -681,7 +685,7 @@ if [ "$PG_MAJOR" != 15 ]; then
   echo "skipped: the portable edition's update path is tested on PostgreSQL 15 (this run is $PG_MAJOR)"
   exit 0
 fi
-PORT=5551
+PORT=${PORTABLE_UPDATE_PORT:-5551}
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")
 TLE_BIN=$("$TLE_CONFIG" --bindir)
 base="$IDEM_TARGET/portable_update"
