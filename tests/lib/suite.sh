@@ -320,11 +320,16 @@ run_recorded() { # name log command...
 # build installed into Debian's 15.
 # (The copy, pgrx's configuration naming it and the run, all under the
 # units' build lock: another checkout's units may refresh the copy.)
+# (The configuration is written only when it changes: pgrx-pg-sys's build
+# script runs bindgen again, and pgrx-pg-sys, pgrx, pgrx-tests and idem
+# compile again, in both of cargo pgrx test's builds, whenever that file is
+# newer than its last run.)
 units_on_copy() { # pgdata
-  local copy
+  local copy config
   copy=$(bash "$ROOT/tests/servers/pg15-copy.sh") || return 1
   mkdir -p "$PGRX_HOME"
-  printf '[configs]\npg15 = "%s"\n' "$copy" > "$PGRX_HOME/config.toml"
+  config=$(printf '[configs]\npg15 = "%s"' "$copy")
+  [ "$(cat "$PGRX_HOME/config.toml" 2>/dev/null)" = "$config" ] || echo "$config" > "$PGRX_HOME/config.toml"
   cargo pgrx test pg15 --runas postgres --pgdata "$1"
 }
 major_pg_test() {
