@@ -41,10 +41,8 @@ CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgr
 LANE_B=(backtraces bench_smoke citus crash dashboard environments failover hot_standby java_spring logical metrics middleware_go
         middleware_node middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
         sql_exporter sqlstates storage_sql wraparound)
-# The longest scenarios first, in each line (the rest by name after them):
-# the run ends when its last line does, and a line that ends on a long
-# scenario leaves a core idle meanwhile. (By their CPU and wall in the
-# runs before: the summary of a full run lists both.)
+# The longest scenarios, taken first in each line (run_lines in suite.sh),
+# by their CPU and wall in the runs before (a full run's summary lists both).
 LONGEST_FIRST=(portable citus java_spring environments middleware_python bench_smoke middleware_node storage_sql
                middleware_go logical stress hostile_input hot_standby retention crash failover)
 # What each other major needs built (tests/servers/, in the background while
@@ -92,26 +90,5 @@ if [ "$IDEM_SUITE" = full ] && [ ${#only[@]} = 0 ]; then
   prepare_servers "${prepare[@]}"
   jobs_start pg_test $IDEM_MAJORS
 fi
-longest_first() { # name...: these, those of LONGEST_FIRST first, in its order
-  local name
-  for name in "${LONGEST_FIRST[@]}"; do ! in_list "$name" "$@" || echo "$name"; done
-  for name in "$@"; do in_list "$name" "${LONGEST_FIRST[@]}" || echo "$name"; done
-}
-wanted() { [ ${#only[@]} = 0 ] || in_list "$1" "${only[@]}"; }
-lane=()
-if [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
-  for name in $(longest_first "${LANE_B[@]}"); do
-    ! wanted "$name" || { [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; } || lane+=("$name")
-  done
-  [ ${#lane[@]} = 0 ] || lane_start "${lane[@]}"
-fi
-! wanted regress || { say "pg_regress: SQL API (make installcheck-regress)"; run_suite regress; }
-! wanted isolation || { say "pg_isolation_regress: concurrency (make installcheck-isolation)"; run_suite isolation; }
-for name in $(longest_first $(scenario_names)); do
-  wanted "$name" || continue
-  if [ "$IDEM_SUITE" = core ] && ! in_list "$name" "${CORE_SCENARIOS[@]}"; then continue; fi
-  [ ${#lane[@]} = 0 ] || ! in_list "$name" "${lane[@]}" || continue
-  run_scenario "$name"
-done
-[ ${#lane[@]} = 0 ] || lane_help
+run_lines
 suite_end "$IDEM_SUITE"

@@ -16,6 +16,8 @@
 #   scenario_names                   every scenario, by name (tests/lib/scenarios.sh)
 #   scenario_file NAME               the file that holds it (nothing if none)
 #   run_scenario NAME                that scenario, recorded as scenario/NAME
+#   run_lines                        what test.sh declares to run (its lists), the names
+#                                    asked for (only) or all: the lanes, regress, isolation
 #   run_major LABEL COMMAND...       another major's core suite (test.sh), counted as LABEL/<test>
 #   run_recorded NAME LOG COMMAND... a command that passes or fails as one test
 #   lane_start NAME... / lane_help   those scenarios in a second lane (a queue, two
@@ -221,6 +223,36 @@ run_scenario() { # name
   step_done "scenario/$1" "$cpu"
 }
 
+# What a run of test.sh runs, given its declarations (CORE_SCENARIOS,
+# LANE_B, LONGEST_FIRST, IDEM_SUITE) and the names asked for (only): the
+# second lane started with its scenarios, then pg_regress, isolation and
+# the main line's scenarios, then the main line helps the lane. Each line
+# takes the longest scenarios first (LONGEST_FIRST's order, the rest by
+# name after them): the run ends when its last line does, and a line that
+# ends on a long scenario leaves a core idle meanwhile.
+run_lines() {
+  local lane=() name
+  if [ "${IDEM_LANES_SERIAL:-0}" != 1 ]; then
+    for name in $(longest_first "${LANE_B[@]}"); do ! taken "$name" || lane+=("$name"); done
+    [ ${#lane[@]} = 0 ] || lane_start "${lane[@]}"
+  fi
+  ! wanted regress || { say "pg_regress: SQL API (make installcheck-regress)"; run_suite regress; }
+  ! wanted isolation || { say "pg_isolation_regress: concurrency (make installcheck-isolation)"; run_suite isolation; }
+  for name in $(longest_first $(scenario_names)); do
+    taken "$name" || continue
+    [ ${#lane[@]} = 0 ] || ! in_list "$name" "${lane[@]}" || continue
+    run_scenario "$name"
+  done
+  [ ${#lane[@]} = 0 ] || lane_help
+}
+longest_first() { # name...: these, those of LONGEST_FIRST first, in its order
+  local name
+  for name in "${LONGEST_FIRST[@]}"; do ! in_list "$name" "$@" || echo "$name"; done
+  for name in "$@"; do in_list "$name" "${LONGEST_FIRST[@]}" || echo "$name"; done
+}
+wanted() { [ ${#only[@]} = 0 ] || in_list "$1" "${only[@]}"; } # name: asked for (or nothing was)
+taken() { wanted "$1" && { [ "$IDEM_SUITE" != core ] || in_list "$1" "${CORE_SCENARIOS[@]}"; }; } # scenario: this run's
+
 # The second lane: scenarios that use servers of their own only, taken
 # one at a time from a queue (in the order given) by IDEM_LANE_B_WORKERS
 # workers (default 2) beside the main line, each worker one after another;
@@ -288,11 +320,16 @@ run_recorded() { # name log command...
 # build installed into Debian's 15.
 # (The copy, pgrx's configuration naming it and the run, all under the
 # units' build lock: another checkout's units may refresh the copy.)
+# (The configuration is written only when it changes: pgrx-pg-sys's build
+# script runs bindgen again, and pgrx-pg-sys, pgrx, pgrx-tests and idem
+# compile again, in both of cargo pgrx test's builds, whenever that file is
+# newer than its last run.)
 units_on_copy() { # pgdata
-  local copy
+  local copy config
   copy=$(bash "$ROOT/tests/servers/pg15-copy.sh") || return 1
   mkdir -p "$PGRX_HOME"
-  printf '[configs]\npg15 = "%s"\n' "$copy" > "$PGRX_HOME/config.toml"
+  config=$(printf '[configs]\npg15 = "%s"' "$copy")
+  [ "$(cat "$PGRX_HOME/config.toml" 2>/dev/null)" = "$config" ] || echo "$config" > "$PGRX_HOME/config.toml"
   cargo pgrx test pg15 --runas postgres --pgdata "$1"
 }
 major_pg_test() {

@@ -232,9 +232,9 @@ echo "ok: idem $version installed by pgxn into the copy and created there"
 # For each old version V with a frozen install script tests/upgrade/idem--V.sql:
 #   1. install V in a new database and use it (with the new library, as a
 #      server does between installing a build and ALTER EXTENSION UPDATE):
-#      claims in range partitions and in the default one, completed and
-#      failed, a lease, a business type setting, a machine and a guarded
-#      table, a token;
+#      tests/upgrade/seed.sql (claims in range partitions and in the default
+#      one, completed and failed, a lease, a business type setting, a
+#      machine and a guarded table, a token);
 #   2. ALTER EXTENSION idem UPDATE (walks sql/idem--A--B.sql to the current);
 #   3. every claim replays its stored outcome, the lease is finished with its
 #      token, guards and tokens still hold, new claims work, idem.claims and
@@ -276,22 +276,7 @@ for frozen in "$ROOT"/tests/upgrade/idem--*.sql; do
 
   db=idem_upgrade_from_${old//./_}
   fresh "$db"
-  psql_idem -q -d "$db" > /dev/null <<SQL
-CREATE EXTENSION idem VERSION '$old';
-SELECT idem_configure('pay', '3 days');
-SELECT idem_maintain();
-BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"charged": 42}'); COMMIT;
-BEGIN; SELECT idem_claim('refused', 'pay'); SELECT idem_fail('refused', 'pay', '{"reason": "card declined"}'); COMMIT;
-BEGIN; SELECT idem_claim('far', 'pay', ttl => '400 days'); SELECT idem_complete('far', 'pay', '{"far": true}'); COMMIT;
-SELECT idem_claim('open', 'pay');
-CREATE TABLE lease_token AS SELECT result->>'lease_token' AS t FROM idem_claim('leased', 'pay', lease => '1 hour');
-SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
-CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL);
-SELECT idem_guard('orders', 'status', 'order');
-INSERT INTO orders VALUES (1, 'CREATED');
-UPDATE orders SET status = 'PAID' WHERE id = 1;
-CREATE TABLE tok AS SELECT idem_issue_token('form') AS t;
-SQL
+  psql_idem -q -d "$db" -c "CREATE EXTENSION idem VERSION '$old'" -f "$ROOT/tests/upgrade/seed.sql" > /dev/null
   # Versions with owner roles (0.3.0: stored as a regrole) reserve a type.
   has_owner=$(psql_idem -At -d "$db" -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_set_owner'")
   if [ "$has_owner" = 1 ]; then

@@ -109,24 +109,10 @@ sql_new() { "$NEW_BIN/psql" -X -At -v ON_ERROR_STOP=1 -h "$new" -p $nport -U pos
 pc_initdb "$OLD_BIN" "$old" $oport
 pc_server_start "$old"
 "$OLD_BIN/psql" -X -q -h "$old" -p $oport -U postgres -d postgres -c "CREATE DATABASE app"
-sql_old -q >/dev/null <<'SQL'
-CREATE EXTENSION idem;
-SELECT idem_configure('pay', '3 days');
-SELECT idem_maintain();
-BEGIN; SELECT idem_claim('done', 'pay'); SELECT idem_complete('done', 'pay', '{"charged": 42}'); COMMIT;
-BEGIN; SELECT idem_claim('refused', 'pay'); SELECT idem_fail('refused', 'pay', '{"reason": "card declined"}'); COMMIT;
-BEGIN; SELECT idem_claim('far', 'pay', ttl => '400 days'); SELECT idem_complete('far', 'pay', '{"far": true}'); COMMIT;
-SELECT idem_define_machine('order', '{"CREATED": ["PAID"], "PAID": ["SHIPPED"]}');
-CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL);
-SELECT idem_guard('orders', 'status', 'order');
-INSERT INTO orders VALUES (1, 'CREATED');
-UPDATE orders SET status = 'PAID' WHERE id = 1;
-CREATE TABLE tok AS SELECT idem_issue_token('form') AS t;
-CREATE TABLE lease_tok AS SELECT result->>'lease_token' AS t FROM idem_claim('job-1', 'batch', lease => '1 hour');
-SQL
-lease_token=$(sql_old -c "SELECT t FROM lease_tok")
+sql_old -q -c "CREATE EXTENSION idem" -f "$ROOT/tests/upgrade/seed.sql" >/dev/null
+lease_token=$(sql_old -c "SELECT t FROM lease_token")
 [[ "$lease_token" =~ ^[0-9a-f]{32}$ ]] || { echo "FAIL: no lease token from the old cluster: $lease_token"; exit 1; }
-sql_old -c "SELECT idem_checkpoint('job-1', 'batch', 'item', '{\"last_item\": 7}', '$lease_token')" >/dev/null
+sql_old -c "SELECT idem_checkpoint('leased', 'pay', 'item', '{\"last_item\": 7}', '$lease_token')" >/dev/null
 before=$(sql_old -c "SELECT count(*) FROM idem.claims")
 pc_ctl "$old" -m fast -w stop >/dev/null
 
@@ -145,10 +131,11 @@ expect "claims carried over" "$(sql_new -c "SELECT count(*) FROM idem.claims")" 
 expect "completed claim replays" "$(sql_new -c "SELECT claimed || '|' || state || '|' || result FROM idem_claim('done', 'pay')")" 'false|completed|{"charged": 42}'
 expect "failed claim replays" "$(sql_new -c "SELECT claimed || '|' || state || '|' || result FROM idem_claim('refused', 'pay')")" 'false|failed|{"reason": "card declined"}'
 expect "far claim (default partition) replays" "$(sql_new -c "SELECT claimed || '|' || state || '|' || result FROM idem_claim('far', 'pay')")" 'false|completed|{"far": true}'
-expect "running lease still in progress" "$(sql_new -c "SELECT claimed || '|' || state FROM idem_claim('job-1', 'batch')")" 'false|in_progress'
-expect "recovery point kept" "$(sql_new -c "SELECT recovery_data FROM idem_leases WHERE key = 'job-1'")" '{"last_item": 7}'
-sql_new -c "SELECT idem_complete('job-1', 'batch', '{\"done\": true}', '$lease_token')" >/dev/null
-expect "lease finished with its token" "$(sql_new -c "SELECT state || '|' || result FROM idem_lookup('job-1', 'batch')")" 'completed|{"done": true}'
+expect "claim committed unfinished reads completed" "$(sql_new -c "SELECT claimed || '|' || state FROM idem_claim('open', 'pay')")" 'false|completed'
+expect "running lease still in progress" "$(sql_new -c "SELECT claimed || '|' || state FROM idem_claim('leased', 'pay')")" 'false|in_progress'
+expect "recovery point kept" "$(sql_new -c "SELECT recovery_data FROM idem_leases WHERE key = 'leased'")" '{"last_item": 7}'
+sql_new -c "SELECT idem_complete('leased', 'pay', '{\"done\": true}', '$lease_token')" >/dev/null
+expect "lease finished with its token" "$(sql_new -c "SELECT state || '|' || result FROM idem_lookup('leased', 'pay')")" 'completed|{"done": true}'
 expect "business type TTL kept" "$(sql_new -c "SELECT extract(epoch FROM expires_at - first_claimed_at) = 3 * 86400 FROM idem_claim('new-after', 'pay')")" 't'
 expect "guard still refuses" "$(sql_new -c "DO \$\$ BEGIN UPDATE orders SET status = 'CREATED' WHERE id = 1; EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE:  //p')" 'ID002'
 expect "token spent once" "$(sql_new -c "SELECT idem_consume_token(t, 'form') || '|' || idem_consume_token(t, 'form') FROM tok")" 'true|false'
