@@ -1,7 +1,8 @@
 //! The identity of a claim: a business type and a key, validated once, with
-//! every form the rest of a call needs built once, here: the digest storage
+//! every form the rest of a call needs made once, here: the digest storage
 //! indexes them by, their text datums (what storage writes and searches
-//! with) and their name in errors (`KeyName`).
+//! with: a SQL function's own text arguments, else built here) and their
+//! name in errors (`KeyName`).
 //!
 //! Both are compared as bytes, exactly as the database stores them, in
 //! whatever the database's encoding is: never decoded, never re-encoded.
