@@ -6,7 +6,7 @@
 use crate::biztype;
 use crate::datum::{text_array, text_datum};
 use crate::errors::{invalid, IdemError};
-use crate::fmgr::Args;
+use crate::fmgr::{Args, Composite};
 use crate::guc;
 use crate::key::{self, check_biz_type, ClaimKey};
 use crate::metrics::{self, Event};
@@ -28,18 +28,30 @@ macro_rules! arguments {
 
 /// The (key, biz_type) every claim function takes first.
 fn claim_key<'a>(args: Args, key: usize, biz_type: usize) -> ClaimKey<'a> {
-    ClaimKey::new(args.text_req(biz_type, "biz_type"), args.text_req(key, "key"))
+    ClaimKey::of_text(args.text_datum_req(biz_type, "biz_type"), args.text_datum_req(key, "key"))
+}
+
+/// A state's name in SQL results (the `state` column).
+fn state_name(s: State) -> &'static str {
+    match s {
+        State::New => "new",
+        State::Absent => "absent",
+        State::InProgress => "in_progress",
+        State::Completed => "completed",
+        State::Failed => "failed",
+    }
 }
 
 /// The columns of idem_claim_result (sql/claim.sql) for an outcome.
-fn outcome_values(o: Outcome) -> (Vec<pg_sys::Datum>, Vec<bool>) {
+fn outcome_values(o: Outcome) -> Composite {
     let opt = |v: Option<pg_sys::Datum>| (v.unwrap_or(pg_sys::Datum::from(0)), v.is_none());
     let ts = |t: Option<i64>| opt(t.map(pg_sys::Datum::from));
     let (result, result_null) = opt(o.result);
     let (first, first_null) = ts(o.first_claimed_at);
     let (expires, expires_null) = ts(o.expires_at);
-    let values = vec![pg_sys::Datum::from(o.claimed), text_datum(o.state.as_str().as_bytes()), result, first, expires];
-    (values, vec![false, false, result_null, first_null, expires_null])
+    let values =
+        vec![pg_sys::Datum::from(o.claimed), text_datum(state_name(o.state).as_bytes()), result, first, expires];
+    Composite(values, vec![false, false, result_null, first_null, expires_null])
 }
 
 /// What a claim that answered `o` is counted as (metrics.rs): every
@@ -55,16 +67,11 @@ fn claim_event(o: &Outcome) -> Event {
     }
 }
 
-fn outcome_datum(args: Args, o: Outcome) -> pg_sys::Datum {
-    let (mut values, mut nulls) = outcome_values(o);
-    args.composite(&mut values, &mut nulls)
-}
-
 // idem_claim(key text, biz_type text, ttl interval DEFAULT NULL,
 //            fingerprint text DEFAULT NULL, wait boolean DEFAULT true,
 //            lease interval DEFAULT NULL) RETURNS idem_claim_result
 arguments!(claim_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type", TTL = 2 "ttl", FINGERPRINT = 3 "fingerprint", WAIT = 4 "wait", LEASE = 5 "lease");
-fn claim(args: Args) -> pg_sys::Datum {
+fn claim(args: Args) -> Composite {
     use claim_args::*;
     let req = ClaimRequest {
         key: claim_key(args, KEY, BIZ_TYPE),
@@ -75,7 +82,7 @@ fn claim(args: Args) -> pg_sys::Datum {
     };
     let outcome = protocol::claim(&req);
     metrics::count(req.key.biz_type, claim_event(&outcome));
-    outcome_datum(args, outcome)
+    outcome_values(outcome)
 }
 sql_function!(idem_claim, pg_finfo_idem_claim, claim, composite);
 
@@ -87,7 +94,7 @@ arguments!(claim_many_args: KEYS = 0 "keys", BIZ_TYPE = 1 "biz_type", TTL = 2 "t
 fn claim_many(args: Args) -> pg_sys::Datum {
     use claim_many_args::*;
     let keys = args.datum(KEYS).unwrap_or_else(|| IdemError::NullArgument("keys").fail());
-    let biz_type = args.text_req(BIZ_TYPE, "biz_type");
+    let (biz_type_text, biz_type) = args.text_datum_req(BIZ_TYPE, "biz_type");
     check_biz_type(biz_type);
     let keys = text_array(keys, "keys");
     let fingerprints = args.datum(FINGERPRINTS).map(|d| text_array(d, "fingerprints"));
@@ -106,7 +113,10 @@ fn claim_many(args: Args) -> pg_sys::Datum {
     let wait = args.bool(WAIT).unwrap_or(true);
     let keys: Vec<ClaimKey> = keys
         .into_iter()
-        .map(|k| ClaimKey::new(biz_type, k.unwrap_or_else(|| IdemError::NullArgument("key").fail())))
+        .map(|k| {
+            let k = k.unwrap_or_else(|| IdemError::NullArgument("key").fail());
+            ClaimKey::of_text((biz_type_text, biz_type), (text_datum(k), k))
+        })
         .collect();
     // (refused here, in its own name, before the first key's claim would
     // refuse in idem_claim's)
@@ -137,7 +147,7 @@ fn claim_many(args: Args) -> pg_sys::Datum {
         .zip(outcomes)
         .map(|(k, o)| {
             let o = o.expect("every key was claimed");
-            let (mut values, mut nulls) = outcome_values(o);
+            let Composite(mut values, mut nulls) = outcome_values(o);
             values.insert(0, text_datum(k.key));
             nulls.insert(0, false);
             (values, nulls)
@@ -219,9 +229,9 @@ sql_function!(idem_claim_id, pg_finfo_idem_claim_id, claim_id);
 
 // idem_lookup(key text, biz_type text) RETURNS idem_claim_result
 arguments!(lookup_args: KEY = 0 "key", BIZ_TYPE = 1 "biz_type");
-fn lookup(args: Args) -> pg_sys::Datum {
+fn lookup(args: Args) -> Composite {
     use lookup_args::*;
-    outcome_datum(args, protocol::lookup(&claim_key(args, KEY, BIZ_TYPE)))
+    outcome_values(protocol::lookup(&claim_key(args, KEY, BIZ_TYPE)))
 }
 sql_function!(idem_lookup, pg_finfo_idem_lookup, lookup, composite);
 

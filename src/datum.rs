@@ -29,9 +29,20 @@ pub fn text_datum(bytes: &[u8]) -> pg_sys::Datum {
 /// memory context (or the datum, if it was not toasted).
 pub unsafe fn varlena_bytes<'a>(d: pg_sys::Datum) -> &'a [u8] {
     // SAFETY: `d` is a valid varlena datum (this function's contract).
+    unsafe { detoasted(d).1 }
+}
+
+/// A varlena datum detoasted, and its bytes: the datum itself unless it
+/// was compressed or stored out of line (then a copy), a plain or short
+/// varlena that tuples, scan keys and statements take as it is.
+///
+/// # Safety
+/// As `varlena_bytes`.
+pub unsafe fn detoasted<'a>(d: pg_sys::Datum) -> (pg_sys::Datum, &'a [u8]) {
+    // SAFETY: `d` is a valid varlena datum (this function's contract).
     unsafe {
         let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
-        pgrx::varlena::varlena_to_byte_slice(v)
+        (pg_sys::Datum::from(v), pgrx::varlena::varlena_to_byte_slice(v))
     }
 }
 

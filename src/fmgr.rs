@@ -62,31 +62,33 @@ pub enum Returns {
 ///
 /// # Safety
 /// `fcinfo` is the live call record the function manager passed.
-pub unsafe fn entry(
+pub unsafe fn entry<A: Answer>(
     fcinfo: pg_sys::FunctionCallInfo,
-    body: fn(Args) -> pg_sys::Datum,
+    body: fn(Args) -> A,
     returns: Returns,
 ) -> pg_sys::Datum {
     // SAFETY: `fcinfo` is live for the whole call (this function's contract); the guard turns a PostgreSQL
     // error inside `body` into a Rust unwind and back.
     let outcome: Result<pg_sys::Datum, IdemError> = unsafe {
-        pg_sys::panic::pgrx_extern_c_guard(|| match catch_unwind(AssertUnwindSafe(|| {
-            let args = Args(fcinfo);
-            if returns != Returns::Scalar {
-                args.result_type_first();
-            }
-            body(args)
-        })) {
-            Ok(d) => Ok(d),
-            Err(payload) => match payload.downcast::<IdemError>() {
-                Ok(e) => {
-                    // Counted here, for every function: the errors the
-                    // counters keep name their key's type (metrics.rs).
-                    crate::metrics::count_error(&e);
-                    Err(*e)
+        pg_sys::panic::pgrx_extern_c_guard(|| {
+            match catch_unwind(AssertUnwindSafe(|| {
+                let args = Args(fcinfo);
+                if returns != Returns::Scalar {
+                    args.result_type_first();
                 }
-                Err(other) => resume_unwind(other),
-            },
+                body(args).into_datum(args)
+            })) {
+                Ok(d) => Ok(d),
+                Err(payload) => match payload.downcast::<IdemError>() {
+                    Ok(e) => {
+                        // Counted here, for every function: the errors the
+                        // counters keep name their key's type (metrics.rs).
+                        crate::metrics::count_error(&e);
+                        Err(*e)
+                    }
+                    Err(other) => resume_unwind(other),
+                },
+            }
         })
     };
     match outcome {
@@ -94,6 +96,29 @@ pub unsafe fn entry(
         // SAFETY: we are at the C entry point, outside pgrx's guard, where raising a PostgreSQL error (a
         // longjmp) skips no Rust frame with a destructor.
         Err(e) => unsafe { e.raise_from_entry() },
+    }
+}
+
+/// What a SQL function body answers: a datum as it is, or the columns of a
+/// composite result, which `entry` turns into the tuple of the declared
+/// type (the body passes the values; it does not call back to build them).
+pub trait Answer {
+    fn into_datum(self, args: Args) -> pg_sys::Datum;
+}
+
+impl Answer for pg_sys::Datum {
+    fn into_datum(self, _args: Args) -> pg_sys::Datum {
+        self
+    }
+}
+
+/// The values and nulls of a composite result, in the declared type's
+/// column order.
+pub struct Composite(pub Vec<pg_sys::Datum>, pub Vec<bool>);
+
+impl Answer for Composite {
+    fn into_datum(mut self, args: Args) -> pg_sys::Datum {
+        args.composite(&mut self.0, &mut self.1)
     }
 }
 
@@ -132,6 +157,16 @@ impl Args {
         self.text(n).unwrap_or_else(|| IdemError::NullArgument(name).fail())
     }
 
+    /// A text argument that must not be NULL (22004 otherwise), as a text
+    /// datum and its exact bytes, detoasted (`datum::detoasted`: no copy of
+    /// an argument that was not compressed or out of line), valid for the
+    /// call.
+    pub fn text_datum_req<'a>(&self, n: usize, name: &'static str) -> (pg_sys::Datum, &'a [u8]) {
+        let d = self.datum(n).unwrap_or_else(|| IdemError::NullArgument(name).fail());
+        // SAFETY: a text argument is a valid varlena for the whole call.
+        unsafe { crate::datum::detoasted(d) }
+    }
+
     /// A jsonb argument as a (detoasted) datum.
     pub fn jsonb(&self, n: usize) -> Option<pg_sys::Datum> {
         // SAFETY: a non-NULL argument declared jsonb is a varlena datum.
@@ -162,7 +197,7 @@ impl Args {
 
     /// A composite result of the type the function was declared to return;
     /// its descriptor is looked up once per call site (kept in fn_extra).
-    pub fn composite(&self, values: &mut [pg_sys::Datum], nulls: &mut [bool]) -> pg_sys::Datum {
+    fn composite(&self, values: &mut [pg_sys::Datum], nulls: &mut [bool]) -> pg_sys::Datum {
         let desc = self.result_tupdesc();
         // SAFETY: values and nulls have as many entries as desc has
         // attributes (checked just below).

@@ -1,7 +1,8 @@
 //! The identity of a claim: a business type and a key, validated once, with
-//! every form the rest of a call needs built once, here: the digest storage
+//! every form the rest of a call needs made once, here: the digest storage
 //! indexes them by, their text datums (what storage writes and searches
-//! with) and their name in errors (`KeyName`).
+//! with: a SQL function's own text arguments, else built here) and their
+//! name in errors (`KeyName`).
 //!
 //! Both are compared as bytes, exactly as the database stores them, in
 //! whatever the database's encoding is: never decoded, never re-encoded.
@@ -17,9 +18,9 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub struct ClaimKey<'a> {
     pub biz_type: &'a [u8],
     pub key: &'a [u8],
-    /// biz_type and key as text datums, palloc'd once in the call's memory
-    /// context: storage passes them to tuples, scan keys and statements,
-    /// which copy or only read them.
+    /// biz_type and key as text datums (a SQL function's own arguments, else
+    /// palloc'd once in the call's memory context): storage passes them to
+    /// tuples, scan keys and statements, which copy or only read them.
     pub biz_type_text: pg_sys::Datum,
     pub key_text: pg_sys::Datum,
     digest: i64,
@@ -36,15 +37,19 @@ pub struct KeyName {
 impl<'a> ClaimKey<'a> {
     /// Validate, or raise 22023 naming the rule that was broken.
     pub fn new(biz_type: &'a [u8], key: &'a [u8]) -> Self {
+        ClaimKey::of_text((text_datum(biz_type), biz_type), (text_datum(key), key))
+    }
+
+    /// As `new`, for a biz_type and key that are text datums already (a SQL
+    /// function's arguments, detoasted), with their bytes: used as they are,
+    /// not copied.
+    pub fn of_text(
+        (biz_type_text, biz_type): (pg_sys::Datum, &'a [u8]),
+        (key_text, key): (pg_sys::Datum, &'a [u8]),
+    ) -> Self {
         check_key(key);
         check_biz_type(biz_type);
-        ClaimKey {
-            biz_type,
-            key,
-            biz_type_text: text_datum(biz_type),
-            key_text: text_datum(key),
-            digest: digest(biz_type, key),
-        }
+        ClaimKey { biz_type, key, biz_type_text, key_text, digest: digest(biz_type, key) }
     }
 
     /// The key and its type, for an error about it.

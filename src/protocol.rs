@@ -30,13 +30,13 @@ use crate::guc;
 use crate::key::ClaimKey;
 use crate::lease::Lease;
 use crate::storage::{
-    is_failure, Found, Intent, NewRow, Row, Seen, Storage, STATE_COMPLETED, STATE_FAILED, STATE_FAILED_RETRIED,
+    self, is_failure, Found, Intent, NewRow, Row, Seen, Store, STATE_COMPLETED, STATE_FAILED, STATE_FAILED_RETRIED,
     STATE_LEASED, STATE_PENDING,
 };
 use pgrx::pg_sys;
 
 /// The state a caller is told a key is in: the `state` column of
-/// idem_claim's and idem_lookup's results (sql/claim.sql).
+/// idem_claim's and idem_lookup's results (sql/claim.sql; named in api.rs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum State {
     /// This call claimed the key.
@@ -48,19 +48,6 @@ pub enum State {
     InProgress,
     Completed,
     Failed,
-}
-
-impl State {
-    /// The state's name in SQL results.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::New => "new",
-            State::Absent => "absent",
-            State::InProgress => "in_progress",
-            State::Completed => "completed",
-            State::Failed => "failed",
-        }
-    }
 }
 
 /// What a caller is told about a key.
@@ -174,7 +161,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
         // running lease and a second worker would claim the key.
         invalid("lease must not be longer than the claim's ttl");
     }
-    let (store, found) = Storage::find(k, Intent::Claim { wait: req.wait, retry_failed: settings.retry_failed });
+    let (store, found) = storage::find(k, Intent::Claim { wait: req.wait, retry_failed: settings.retry_failed });
     match found {
         Found::Busy(row) => Outcome::in_progress(row.as_ref()),
         Found::Absent(held) => {
@@ -203,7 +190,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             check_duplicate(k, req.fingerprint, &row);
             let now = now();
             if settings.retry_failed && is_failure(row.state) && !row.own {
-                return retry(&store, k, req, &row, now);
+                return retry(store, k, req, &row, now);
             }
             if row.state != STATE_LEASED || row.own {
                 return Outcome::of_row(&row);
@@ -221,7 +208,7 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
             // would do the work a second time).
             let told = match req.lease_us {
                 Some(lease_us) => {
-                    let (next, token) = take_over(&store, k, &row, &lease, lease_us, now);
+                    let (next, token) = take_over(store, k, &row, &lease, lease_us, now);
                     next.for_owner(Some(&token))
                 }
                 None => {
@@ -247,7 +234,14 @@ pub fn claim(req: &ClaimRequest) -> Outcome {
 /// `lease_us`: attempt + 1, the recovery point and data and a retry's
 /// previous error kept, a new token (returned with the new lease), never
 /// beyond the claim's expiry. The caller holds the key's lock.
-fn take_over(store: &Storage, k: &ClaimKey, row: &Row, lease: &Lease, lease_us: i64, now: i64) -> (Lease, String) {
+fn take_over(
+    store: Box<dyn Store>,
+    k: &ClaimKey,
+    row: &Row,
+    lease: &Lease,
+    lease_us: i64,
+    now: i64,
+) -> (Lease, String) {
     let until = now.saturating_add(lease_us).min(row.expires_at);
     let (mut next, token) = Lease::new(lease.attempt + 1, lease_us, until, lease.point, lease.data);
     next.previous_error = lease.previous_error;
@@ -271,7 +265,7 @@ pub struct Taken {
 /// completer or claim, not yet committed: skipped, never waited for, as
 /// SKIP LOCKED does). Never claims an absent key, nor retries a failure.
 pub fn take_expired(k: &ClaimKey, lease_us: Option<i64>) -> Option<Taken> {
-    let (store, found) = Storage::find(k, Intent::Claim { wait: false, retry_failed: false });
+    let (store, found) = storage::find(k, Intent::Claim { wait: false, retry_failed: false });
     let Found::Row(row, held) = found else { return None };
     if row.state != STATE_LEASED || row.own {
         return None;
@@ -282,7 +276,7 @@ pub fn take_expired(k: &ClaimKey, lease_us: Option<i64>) -> Option<Taken> {
         return None;
     }
     check_visible(k, &row);
-    let (next, token) = take_over(&store, k, &row, &lease, lease_us.unwrap_or(lease.lease_us), now);
+    let (next, token) = take_over(store, k, &row, &lease, lease_us.unwrap_or(lease.lease_us), now);
     drop(held);
     Some(Taken { lease: next, token, first_claimed_at: row.claimed_at, expires_at: row.expires_at })
 }
@@ -293,7 +287,7 @@ pub fn take_expired(k: &ClaimKey, lease_us: Option<i64>) -> Option<Taken> {
 /// which attempt it is and the error the last one stored. `row` is a
 /// committed failure, found under the key lock: of two arrivals, the second
 /// waits for the first and then finds its claim.
-fn retry(store: &Storage, k: &ClaimKey, req: &ClaimRequest, row: &Row, now: i64) -> Outcome {
+fn retry(store: Box<dyn Store>, k: &ClaimKey, req: &ClaimRequest, row: &Row, now: i64) -> Outcome {
     let (last, error) = match row.state {
         STATE_FAILED_RETRIED => {
             let doc = row.result.unwrap_or_else(|| internal("a retried failure has no document"));
@@ -368,7 +362,7 @@ fn check_duplicate(k: &ClaimKey, fingerprint: Option<&[u8]>, row: &Row) {
 /// Read without claiming, locking or waiting.
 pub fn lookup(k: &ClaimKey) -> Outcome {
     biztype::admit(k.biz_type);
-    match Storage::peek(k, now()) {
+    match storage::peek(k, now()) {
         Seen::Absent => Outcome::absent(),
         Seen::Busy(row) => Outcome::in_progress(row.as_ref()),
         Seen::Row(row) => Outcome::of_row(&row),
@@ -408,7 +402,7 @@ impl Finish<'_> {
 pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     require_writable(what.function());
     let settings = biztype::admit(k.biz_type);
-    let (store, found) = Storage::find(k, Intent::Update);
+    let (store, found) = storage::find(k, Intent::Update);
     let (row, held) = match found {
         Found::Row(row, held) => (row, held),
         Found::Absent(_) | Found::Busy(_) => {
@@ -438,7 +432,7 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
     check_visible(k, &row);
     match what {
         Finish::Complete(result) => {
-            write_outcome(&store, &row, k, &settings, STATE_COMPLETED, result);
+            write_outcome(store, &row, k, &settings, STATE_COMPLETED, result);
         }
         Finish::Fail(error) => {
             // A retried claim's failure keeps its attempt, for the next
@@ -451,9 +445,9 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
             };
             if settings.retry_failed && attempt > 1 {
                 let doc = retry_doc(attempt, "error", Some(error));
-                write_outcome(&store, &row, k, &settings, STATE_FAILED_RETRIED, Some(doc));
+                write_outcome(store, &row, k, &settings, STATE_FAILED_RETRIED, Some(doc));
             } else {
-                write_outcome(&store, &row, k, &settings, STATE_FAILED, Some(error));
+                write_outcome(store, &row, k, &settings, STATE_FAILED, Some(error));
             }
         }
         Finish::Checkpoint { point, data, merge } => {
@@ -488,7 +482,7 @@ pub fn finish(k: &ClaimKey, what: Finish, lease_token: Option<&[u8]>) {
 /// keeps its expiry (a retry does not lengthen a key's life), and so the
 /// TTL is measured on a row never moved.
 fn write_outcome(
-    store: &Storage,
+    store: Box<dyn Store>,
     row: &Row,
     k: &ClaimKey,
     settings: &biztype::BizType,
@@ -527,7 +521,9 @@ fn merged(stored: Option<pg_sys::Datum>, data: Option<pg_sys::Datum>) -> Option<
         None => Some(data),
         Some((_, t)) if t == b"null" => Some(data),
         Some((s, t)) if t == b"object" => Some(jsonb_concat(s, data)),
-        Some(_) => invalid("merge => true needs the stored recovery data to be a JSON object (checkpoint it without merge first)"),
+        Some(_) => invalid(
+            "merge => true needs the stored recovery data to be a JSON object (checkpoint it without merge first)",
+        ),
     }
 }
 
@@ -544,7 +540,7 @@ fn not_claimed(k: &ClaimKey, why: &'static str) -> ! {
 pub fn forget(k: &ClaimKey) -> bool {
     require_writable("idem_forget");
     biztype::admit(k.biz_type);
-    let (store, found) = Storage::find(k, Intent::Forget);
+    let (store, found) = storage::find(k, Intent::Forget);
     match found {
         Found::Row(row, held) => {
             check_visible(k, &row);

@@ -17,7 +17,7 @@ use super::keylock::{self, KeyLock};
 use super::partitions::{self, PartitionList};
 use super::type_classes::{self, Registered};
 use super::writer;
-use super::{Found, Held, Intent, NewRow, Row, Seen, Target, Writer};
+use super::{Found, Held, Intent, NewRow, Row, Seen, Store, Target, Writer};
 use crate::backend::BackendLocal;
 use crate::catalog;
 use crate::compat;
@@ -99,7 +99,10 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
                 unsafe { pg_sys::table_close(shell, pg_sys::NoLock as _) };
                 IdemError::ObjectNotInPrerequisiteState(
                     "the shard of idem.claims this call looked up was dropped while it waited for its lock".into(),
-                    Some("idem.claims was rebuilt meanwhile (ALTER EXTENSION idem UPDATE); run the transaction again.".into()),
+                    Some(
+                        "idem.claims was rebuilt meanwhile (ALTER EXTENSION idem UPDATE); run the transaction again."
+                            .into(),
+                    ),
                 )
                 .fail();
             }
@@ -107,6 +110,19 @@ unsafe fn open_target(target: Target, lockmode: pg_sys::LOCKMODE) -> (Option<pg_
         }
         None => (None, catalog::open_claims(lockmode)),
     }
+}
+
+/// `k`'s row for `intent` (`Opened::find`), in the target opened for
+/// writing.
+pub fn find(target: Target, k: &ClaimKey, intent: Intent) -> (Opened, Found) {
+    let opened = Opened::open(target, k, pg_sys::RowExclusiveLock as _);
+    let found = opened.find(k, intent);
+    (opened, found)
+}
+
+/// What a lookup sees of `k` in the target (`Opened::peek`).
+pub fn peek(target: Target, k: &ClaimKey, now: i64) -> Seen {
+    Opened::open(target, k, pg_sys::AccessShareLock as _).peek(k, now)
 }
 
 impl Opened {
@@ -144,36 +160,35 @@ impl Opened {
     /// maintenance locks it on every node before it changes a shard
     /// (sql/maintenance.sql), so it never waits for a claim that waits for
     /// it. Opened for `k`, whose digest is read once the table is locked.
-    pub fn open(target: Target, k: &ClaimKey, lockmode: pg_sys::LOCKMODE) -> Opened {
+    fn open(target: Target, k: &ClaimKey, lockmode: pg_sys::LOCKMODE) -> Opened {
         // SAFETY: inside a transaction (every protocol call is); what is opened here is closed by Opened's
         // Drop.
         unsafe {
             let (shell, parent) = open_target(target, lockmode);
             let parent_oid = (*parent).rd_id;
-            let (_, list) = partitions::list(parent_oid);
+            let list = partitions::list(parent_oid);
             // The registry read again now that idem.claims is locked: an
             // update that made it may have committed while we waited (off
             // Citus; a shard's registry is the shard's, storage/citus.rs).
             let registry = if target.shell.is_none() { catalog::type_classes_oid() } else { target.registry };
             let mut opened = Opened::new(shell, parent, lockmode, list, registry, k.hash());
             loop {
-                let (generation, list) = partitions::list(parent_oid);
-                opened.close_parts();
-                opened.list = list;
                 // In 0.3.0's layout, every partition (as 0.3.0 did).
                 let every = opened.list.legacy;
-                opened.cols = if every { &LEGACY_COLUMNS } else { &COLUMNS };
                 for p in &opened.list.parts {
                     let open = every || p.bound.is_none();
                     let heap = if open { pg_sys::table_open(p.relid, lockmode) } else { std::ptr::null_mut() };
                     opened.parts.push((Cell::new(heap), Cell::new(std::ptr::null_mut())));
                 }
-                if partitions::generation() == generation {
+                if !opened.list.stale.get() {
                     if lockmode == pg_sys::RowExclusiveLock as pg_sys::LOCKMODE {
-                        partitions::check_replicable(&opened.list);
+                        check_replicable(&opened.list);
                     }
                     return opened;
                 }
+                opened.close_parts();
+                opened.list = partitions::list(parent_oid);
+                opened.cols = if opened.list.legacy { &LEGACY_COLUMNS } else { &COLUMNS };
             }
         }
     }
@@ -198,7 +213,8 @@ impl Opened {
         let Some(registry) = self.registry else {
             for (i, p) in self.list.parts.iter().enumerate() {
                 if let Some(b) = p.bound {
-                    let reach = ttl_class::max_ttl(b.class).zip(ttl_class::width(b.class)).map(|(t, w)| t.saturating_add(w));
+                    let reach =
+                        ttl_class::max_ttl(b.class).zip(ttl_class::width(b.class)).map(|(t, w)| t.saturating_add(w));
                     if reach.is_none_or(|reach| b.from <= now.saturating_add(reach)) {
                         self.heap(i);
                     }
@@ -255,7 +271,7 @@ impl Opened {
     /// The key's row for `intent`, under the short key lock; a row another
     /// transaction is writing is waited for (or reported) with the lock
     /// released, then the key is probed again.
-    pub fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
+    fn find(&self, k: &ClaimKey, intent: Intent) -> Found {
         loop {
             let lock = KeyLock::acquire(self.hash, true);
             let now = crate::backend::now();
@@ -285,7 +301,7 @@ impl Opened {
     }
 
     /// What a lookup sees: no lock, no wait.
-    pub fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
+    fn peek(&self, k: &ClaimKey, now: i64) -> Seen {
         self.look_into_classes(k, now);
         let row = self.probe(k, now);
         self.predicate_lock(k);
@@ -408,13 +424,16 @@ impl Opened {
             type_classes::predicate_lock(registry, k);
         }
     }
+}
 
+/// The writes, under the rules of storage/mod.rs's `Store`.
+impl Store for Opened {
     /// Insert a new claim row into the partition of its TTL class (the one
     /// type_classes::place picks) whose range holds its expiry (else the
     /// default partition), its type registered in that class first. The
     /// key is locked, so no other claim of the key can probe between our
     /// probe and this insert.
-    pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+    fn insert(self: Box<Self>, k: &ClaimKey, new: &NewRow) {
         let class = match self.registry {
             _ if self.list.legacy => partitions::LEGACY_CLASS,
             Some(registry) => {
@@ -459,7 +478,7 @@ impl Opened {
     /// finishes, checkpoints, idem_forget) does the same, and idem_maintain
     /// moves rows only under an exclusive lock on idem.claims, so no
     /// concurrent update can get in the way of the update.
-    pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
+    fn rewrite(self: Box<Self>, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
         let heap = self.heap(row.part);
         // SAFETY: the row was found (and its key locked) in this open partition; the new tuple is formed with
         // its descriptor.
@@ -481,7 +500,7 @@ impl Opened {
     }
 
     /// Delete a row (idem_forget), under the same rule as `rewrite`.
-    pub fn delete(&self, row: &Row) {
+    fn delete(&self, row: &Row, _k: &ClaimKey) {
         let mut tid = row.tid;
         // SAFETY: the row was found (and its key locked) in this open partition, at `tid`.
         unsafe {
@@ -489,7 +508,9 @@ impl Opened {
             pg_sys::simple_heap_delete(self.heap(row.part), &mut tid);
         }
     }
+}
 
+impl Opened {
     /// Where this transaction's own row of the key now is (partition `i`):
     /// RECENT, below.
     fn remember(&self, i: usize, tid: pg_sys::ItemPointerData) {
@@ -507,7 +528,8 @@ impl Opened {
         };
         // SAFETY: reads the current transaction's state; no pointer is involved.
         let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() };
-        RECENT.set(Some(Recent { xid, hash: self.hash, target, relid: self.list.parts[i].relid, tid }));
+        let relid = self.list.parts[i].relid;
+        RECENT.set(Some(Recent { xid, hash: self.hash, target, relid, tid, list: self.list.clone() }));
     }
 
     /// The digest index entry of the heap tuple at `tid` in partition `i`.
@@ -526,7 +548,7 @@ impl Opened {
                 self.heap(i),
                 pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO,
                 false,
-                self.list.index_info(i, index),
+                index_info(&self.list, i, index),
             );
         }
     }
@@ -565,6 +587,38 @@ impl Opened {
             pg_sys::ReleaseBuffer(buffer);
             row
         }
+    }
+}
+
+/// The IndexInfo of partition `i`'s index (for index_insert), built once
+/// per list, in the list's memory context (BuildIndexInfo copies the index
+/// expression: too dear to do per claim).
+fn index_info(list: &PartitionList, i: usize, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
+    let p = &list.parts[i];
+    if p.index_info.get().is_null() {
+        // SAFETY: `index` is the open index of partition `i`; the IndexInfo is built in the list's own
+        // context, which is switched back at once.
+        unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(list.mcx);
+            p.index_info.set(pg_sys::BuildIndexInfo(index));
+            pg_sys::MemoryContextSwitchTo(old);
+        }
+    }
+    p.index_info.get()
+}
+
+/// Refuse a write on the direct path, before anything is written, if a
+/// publication would refuse or lose its updates (the SQL path's UPDATE is
+/// refused by the executor itself).
+fn check_replicable(list: &PartitionList) {
+    if let Some((relid, why)) = list.unreplicable {
+        let name =
+            if relid == catalog::claims_oid() { "idem.claims".to_string() } else { catalog::relation_name(relid) };
+        IdemError::ObjectNotInPrerequisiteState(
+            format!("{name} {why}, and a publication includes it: its updates and deletes would not replicate"),
+            Some("Run SELECT idem_maintain(): it sets REPLICA IDENTITY FULL on idem.claims and every partition. Publish idem.claims without a column list. See the view idem_publications.".into()),
+        )
+        .fail()
     }
 }
 
@@ -674,7 +728,7 @@ unsafe fn form(
 /// transaction has not committed is invisible to every other writer.
 /// Forgotten when any subtransaction aborts (the row may be dead, and its
 /// page vacuumed away), and worthless in any other transaction.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Recent {
     /// The 64-bit id, which never repeats (a 32-bit one does once the
     /// counter wraps, and a pooled backend can live that long).
@@ -684,6 +738,9 @@ struct Recent {
     target: Target,
     relid: pg_sys::Oid,
     tid: pg_sys::ItemPointerData,
+    /// The partition list the row was written with: the cache's own
+    /// reading until an invalidation makes it stale.
+    list: Rc<PartitionList>,
 }
 
 static RECENT: BackendLocal<Option<Recent>> = BackendLocal::new(None);
@@ -717,7 +774,13 @@ pub fn open_recent(k: &ClaimKey) -> Option<(Opened, Row)> {
     unsafe {
         let lockmode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
         let (shell, parent) = open_target(r.target, lockmode);
-        let (_, list) = partitions::list((*parent).rd_id);
+        // The list the claim used, unless the partitions changed since
+        // (then the cache has a new reading).
+        let list = if r.list.parent == (*parent).rd_id && !r.list.stale.get() {
+            r.list
+        } else {
+            partitions::list((*parent).rd_id)
+        };
         let mut opened = Opened::new(shell, parent, lockmode, list, r.target.registry, r.hash);
         let i = opened.list.parts.iter().position(|p| p.relid == r.relid)?;
         // Only partition i is opened (by fetch_own); the others' stay

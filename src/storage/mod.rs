@@ -2,7 +2,7 @@
 //! written. The protocol (protocol.rs) asks for a key's row and writes it;
 //! everything that differs between the two ways of reaching idem.claims —
 //! how the key is locked, when a writer is waited for, how rows are read
-//! and written — is decided here, behind `Storage`:
+//! and written — is decided here, behind `find` and `Store`:
 //!
 //! * direct.rs: the partitions' heaps and indexes by OID, with a dirty
 //!   snapshot and a short key lock (the fast path);
@@ -163,73 +163,52 @@ impl Path {
     fn target(self, k: &ClaimKey) -> Option<Target> {
         match self {
             Path::Sql => None,
-            Path::Direct => {
-                Some(Target { shell: None, parent: catalog::claims_oid(), registry: None })
-            }
+            Path::Direct => Some(Target { shell: None, parent: catalog::claims_oid(), registry: None }),
             Path::Citus => Some(citus::local_shard(k).expect("Path::Citus: idem.claims is distributed")),
         }
     }
 }
 
-/// idem.claims, opened the way this server reaches it.
-pub enum Storage {
-    Direct(direct::Opened),
-    Sql(sql::SqlStore),
+/// idem.claims, opened the way this server reaches it (direct.rs's
+/// `Opened`, sql.rs's `SqlStore`), with a key's row found by `find`: the
+/// protocol writes through it, without asking which path it is on. A call
+/// writes a key's row once (an outcome stored late is a delete, then that
+/// insert), so an insert or a rewrite is the last use of the store and
+/// closes it.
+pub trait Store {
+    /// Insert a new claim row; the key is locked (`Found::Absent`).
+    fn insert(self: Box<Self>, k: &ClaimKey, new: &NewRow);
+    /// Give a row found locked a new state and result.
+    fn rewrite(self: Box<Self>, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>);
+    /// Delete a row found locked.
+    fn delete(&self, row: &Row, k: &ClaimKey);
 }
 
-impl Storage {
-    /// Find `k`'s row for `intent`, opening storage for writing.
-    pub fn find(k: &ClaimKey, intent: Intent) -> (Storage, Found) {
-        let path = Path::now();
-        if path == Path::Sql {
-            let store = sql::SqlStore::open(k, pg_sys::RowExclusiveLock as _);
-            let found = store.find(k, intent);
-            return (Storage::Sql(store), found);
-        }
-        if matches!(intent, Intent::Update | Intent::Forget) {
-            // The claim this transaction just made: found without a probe
-            // (under Citus, where the claim found it: on this node, under
-            // the metadata lock it took).
-            if let Some((opened, row)) = direct::open_recent(k) {
-                return (Storage::Direct(opened), Found::Row(row, Held(None)));
-            }
-        }
-        let target = path.target(k).expect("not the SQL path");
-        let opened = direct::Opened::open(target, k, pg_sys::RowExclusiveLock as _);
-        let found = opened.find(k, intent);
-        (Storage::Direct(opened), found)
+/// Find `k`'s row for `intent`, opening storage for writing.
+pub fn find(k: &ClaimKey, intent: Intent) -> (Box<dyn Store>, Found) {
+    let path = Path::now();
+    if path == Path::Sql {
+        let store = sql::SqlStore::open(k, pg_sys::RowExclusiveLock as _);
+        let found = store.find(k, intent);
+        return (Box::new(store), found);
     }
-
-    /// What a lookup sees of `k` now.
-    pub fn peek(k: &ClaimKey, now: i64) -> Seen {
-        match Path::now().target(k) {
-            None => sql::SqlStore::open(k, pg_sys::AccessShareLock as _).peek(k, now),
-            Some(target) => direct::Opened::open(target, k, pg_sys::AccessShareLock as _).peek(k, now),
+    if matches!(intent, Intent::Update | Intent::Forget) {
+        // The claim this transaction just made: found without a probe
+        // (under Citus, where the claim found it: on this node, under
+        // the metadata lock it took).
+        if let Some((opened, row)) = direct::open_recent(k) {
+            return (Box::new(opened), Found::Row(row, Held(None)));
         }
     }
+    let (opened, found) = direct::find(path.target(k).expect("not the SQL path"), k, intent);
+    (Box::new(opened), found)
+}
 
-    /// Insert a new claim row; the key is locked (`Found::Absent`).
-    pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
-        match self {
-            Storage::Direct(d) => d.insert(k, new),
-            Storage::Sql(s) => s.insert(k, new),
-        }
-    }
-
-    /// Give a row found locked a new state and result.
-    pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
-        match self {
-            Storage::Direct(d) => d.rewrite(row, k, state, result),
-            Storage::Sql(s) => s.rewrite(row, k, state, result),
-        }
-    }
-
-    /// Delete a row found locked.
-    pub fn delete(&self, row: &Row, k: &ClaimKey) {
-        match self {
-            Storage::Direct(d) => d.delete(row),
-            Storage::Sql(s) => s.delete(row, k),
-        }
+/// What a lookup sees of `k` now.
+pub fn peek(k: &ClaimKey, now: i64) -> Seen {
+    match Path::now().target(k) {
+        None => sql::SqlStore::open(k, pg_sys::AccessShareLock as _).peek(k, now),
+        Some(target) => direct::peek(target, k, now),
     }
 }
 

@@ -73,8 +73,13 @@ pub struct PartitionList {
     /// EXTENSION idem UPDATE has not run yet. Every partition is looked into,
     /// and rows are written in that shape (storage/direct.rs, sql.rs).
     pub legacy: bool,
-    /// Holds what the entries point to outside Rust (IndexInfos).
-    mcx: pg_sys::MemoryContext,
+    /// Dropped from the cache by an invalidation (or read while one came
+    /// in): a caller that locked the partitions of this reading reads the
+    /// list again.
+    pub stale: Cell<bool>,
+    /// Holds what the entries point to outside Rust (the IndexInfos
+    /// storage/direct.rs builds).
+    pub mcx: pg_sys::MemoryContext,
 }
 
 impl Drop for PartitionList {
@@ -85,21 +90,6 @@ impl Drop for PartitionList {
 }
 
 impl PartitionList {
-    /// The IndexInfo of partition `i`'s index, built once per list.
-    pub fn index_info(&self, i: usize, index: pg_sys::Relation) -> *mut pg_sys::IndexInfo {
-        let p = &self.parts[i];
-        if p.index_info.get().is_null() {
-            // SAFETY: `index` is the open index of partition `i`; the IndexInfo is built in the list's own
-            // context, which is switched back at once.
-            unsafe {
-                let old = pg_sys::MemoryContextSwitchTo(self.mcx);
-                p.index_info.set(pg_sys::BuildIndexInfo(index));
-                pg_sys::MemoryContextSwitchTo(old);
-            }
-        }
-        p.index_info.get()
-    }
-
     fn mentions(&self, relid: pg_sys::Oid) -> bool {
         self.parent == relid || self.parts.iter().any(|p| p.relid == relid || p.index == relid)
     }
@@ -110,8 +100,8 @@ struct Cache {
     /// Per parent: idem.claims, and under Citus each local shard of it that
     /// a claim has used (a few dozen at most).
     lists: HashMap<pg_sys::Oid, Rc<PartitionList>>,
-    /// Bumped whenever `lists` is dropped, so that a caller can tell the
-    /// list it locked is still the current one.
+    /// Bumped whenever `lists` is dropped, so that `list` can tell that
+    /// an invalidation came in while it read one.
     generation: u64,
 }
 
@@ -128,36 +118,34 @@ pub fn relation_invalidated(relid: pg_sys::Oid, everything: bool) {
         let Some(c) = c.as_mut() else { return };
         // All of them: invalidations are rare (DDL on the partitions).
         if everything || c.lists.values().any(|l| l.mentions(relid)) {
+            c.lists.values().for_each(|l| l.stale.set(true));
             c.lists.clear();
             c.generation += 1;
         }
     });
 }
 
-/// The partitions of `parent` (idem.claims, or a local shard of it), and
-/// the generation they belong to. Call with `parent` locked, so that the
-/// list cannot change under the caller (every change to it needs a lock that
-/// conflicts with RowExclusiveLock).
-pub fn list(parent: pg_sys::Oid) -> (u64, Rc<PartitionList>) {
+/// The partitions of `parent` (idem.claims, or a local shard of it). Call
+/// with `parent` locked, so that the list cannot change under the caller
+/// (every change to it needs a lock that conflicts with RowExclusiveLock);
+/// a caller that takes more locks meanwhile checks `stale` after them.
+pub fn list(parent: pg_sys::Oid) -> Rc<PartitionList> {
     catalog::claims_oid(); // so that catalog.rs's relcache callback recognises idem.claims' invalidation
-    if let Some(found) = with_cache(|c| c.lists.get(&parent).cloned().map(|l| (c.generation, l))) {
+    if let Some(found) = with_cache(|c| c.lists.get(&parent).cloned()) {
         return found;
     }
     // The generation before reading: an invalidation processed while we read
-    // bumps it, and the caller's check then makes it read again.
+    // bumps it, and the reading is then stale at once.
     let generation = with_cache(|c| c.generation);
     let list = Rc::new(load(parent));
     with_cache(|c| {
         if c.generation == generation {
             c.lists.insert(parent, list.clone());
+        } else {
+            list.stale.set(true);
         }
     });
-    (generation, list)
-}
-
-/// The generation `partitions` would report now.
-pub fn generation() -> u64 {
-    with_cache(|c| c.generation)
+    list
 }
 
 fn load(parent: pg_sys::Oid) -> PartitionList {
@@ -172,7 +160,8 @@ fn load(parent: pg_sys::Oid) -> PartitionList {
         )
     };
     // Owns mcx from here on, also if loading fails.
-    let mut list = PartitionList { parent, parts: Vec::new(), unreplicable: None, legacy: false, mcx };
+    let mut list =
+        PartitionList { parent, parts: Vec::new(), unreplicable: None, legacy: false, stale: Cell::new(false), mcx };
     // SAFETY: the parent is opened before its partition descriptor is read and closed after; the descriptor
     // is read within its `nparts`.
     unsafe {
@@ -322,20 +311,6 @@ unsafe fn replication_gap(rel: pg_sys::Relation) -> Option<&'static str> {
         } else {
             None
         }
-    }
-}
-
-/// Refuse a write on the direct path, before anything is written, if a
-/// publication would refuse or lose its updates (the SQL path's UPDATE is
-/// refused by the executor itself).
-pub fn check_replicable(list: &PartitionList) {
-    if let Some((relid, why)) = list.unreplicable {
-        let name = if relid == catalog::claims_oid() { "idem.claims".to_string() } else { relation_name(relid) };
-        IdemError::ObjectNotInPrerequisiteState(
-            format!("{name} {why}, and a publication includes it: its updates and deletes would not replicate"),
-            Some("Run SELECT idem_maintain(): it sets REPLICA IDENTITY FULL on idem.claims and every partition. Publish idem.claims without a column list. See the view idem_publications.".into()),
-        )
-        .fail()
     }
 }
 

@@ -18,7 +18,7 @@ use super::columns;
 use super::keylock::{self, KeyLock};
 use super::type_classes::{self, Registered};
 use super::writer;
-use super::{is_failure, Found, Held, Intent, NewRow, Row, Seen, STATE_LEASED};
+use super::{is_failure, Found, Held, Intent, NewRow, Row, Seen, Store, STATE_LEASED};
 use crate::catalog;
 use crate::datum::{text_datum, varlena_bytes};
 use crate::errors::IdemError;
@@ -309,12 +309,15 @@ impl SqlStore {
         }
         first.or(late)
     }
+}
 
+/// The writes, under the rules of storage/mod.rs's `Store`.
+impl Store for SqlStore {
     /// (Each writer below keeps the key locked until the transaction ends:
     /// nobody else can see the row before then, so the lock is what makes
     /// them wait. The caller holds the lock already: this adds the
     /// acquisition that outlives its guard.)
-    pub fn insert(&self, k: &ClaimKey, new: &NewRow) {
+    fn insert(self: Box<Self>, k: &ClaimKey, new: &NewRow) {
         keylock::hold_until_end(self.hash);
         let Some(registry) = catalog::type_classes_oid() else {
             INSERT_0_3.execute_as_owner(&[
@@ -329,8 +332,7 @@ impl SqlStore {
             return;
         };
         let natural = ttl_class::of_ttl(new.expires_at - new.claimed_at);
-        let class =
-            type_classes::place(registry, false, &mut self.registered.borrow_mut(), k, natural, new.expires_at);
+        let class = type_classes::place(registry, false, &mut self.registered.borrow_mut(), k, natural, new.expires_at);
         INSERT.execute_as_owner(&[
             ts(new.expires_at),
             ts(new.claimed_at),
@@ -343,7 +345,7 @@ impl SqlStore {
         ]);
     }
 
-    pub fn rewrite(&self, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
+    fn rewrite(self: Box<Self>, row: &Row, k: &ClaimKey, state: u8, result: Option<pg_sys::Datum>) {
         keylock::hold_until_end(self.hash);
         let (n, _) = REWRITE.execute_as_owner(&[
             Some(pg_sys::Datum::from(state as i8)),
@@ -359,7 +361,7 @@ impl SqlStore {
         }
     }
 
-    pub fn delete(&self, row: &Row, k: &ClaimKey) {
+    fn delete(&self, row: &Row, k: &ClaimKey) {
         keylock::hold_until_end(self.hash);
         let (n, _) = DELETE.execute_as_owner(&[
             Some(pg_sys::Datum::from(self.hash)),
