@@ -45,11 +45,11 @@ import sys
 import threading
 import time
 import uuid
-from typing import Optional
+from typing import Callable
 
 import psycopg
 
-SYNC, QUERY, PARSE, BIND = ord("S"), ord("Q"), ord("P"), ord("B")
+SYNC, QUERY, PARSE, BIND, READY = ord("S"), ord("Q"), ord("P"), ord("B"), ord("Z")
 SPECIAL_CODES = {80877103, 80877104}  # SSLRequest, GSSENCRequest: answered 'N'
 PING = re.compile(r"\s*(--[^\n]*)?\s*;?\s*$")
 
@@ -119,52 +119,36 @@ class Proxy:
                 conn.round_trips += 1
                 conn.log.append(" | ".join(" ".join(t.split())[:90] for t in texts) or "(Sync)")
 
-    async def pump_client(self, conn: Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          up: asyncio.StreamWriter) -> None:
-        # The startup packet (and SSL / GSSAPI requests before it) has no type byte.
+    def backend(self, conn: Conn, typ: int, body: bytes) -> None:
+        if typ == READY:
+            conn.status = body[:1]
+            conn.unanswered = max(conn.unanswered - 1, 0)
+            self.changed.notify_all()
+
+    async def startup(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      up: asyncio.StreamWriter) -> None:
+        """The startup packet, and SSL / GSSAPI requests before it (no type byte)."""
         while True:
             head = await reader.readexactly(8)
             length, code = struct.unpack("!ii", head)
             rest = await reader.readexactly(length - 8)
-            if code in SPECIAL_CODES:
-                writer.write(b"N")
-                await writer.drain()
-                continue
-            up.write(head + rest)
-            await up.drain()
-            break
-        buf = b""
-        while True:
-            chunk = await reader.read(65536)
-            if not chunk:
-                break
-            buf += chunk
-            with self.changed:
-                while len(buf) >= 5:
-                    length = struct.unpack("!i", buf[1:5])[0]
-                    if len(buf) < 1 + length:
-                        break
-                    self.frontend(conn, buf[0], buf[5:1 + length])
-                    buf = buf[1 + length:]
-            up.write(chunk)
-            await up.drain()
+            if code not in SPECIAL_CODES:
+                up.write(head + rest)
+                await up.drain()
+                return
+            writer.write(b"N")
+            await writer.drain()
 
-    async def pump_server(self, conn: Conn, up: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   seen: Callable[[int, bytes], None]) -> None:
+        """Forwards what comes as it comes; seen(type, body) of each whole
+        message first, under the lock."""
         buf = b""
-        while True:
-            chunk = await up.read(65536)
-            if not chunk:
-                break
+        while chunk := await reader.read(65536):
             buf += chunk
             with self.changed:
-                while len(buf) >= 5:
-                    length = struct.unpack("!i", buf[1:5])[0]
-                    if len(buf) < 1 + length:
-                        break
-                    if buf[0] == ord("Z"):
-                        conn.status = buf[5:6]
-                        conn.unanswered = max(conn.unanswered - 1, 0)
-                        self.changed.notify_all()
+                while len(buf) >= 5 and len(buf) >= 1 + (length := struct.unpack("!i", buf[1:5])[0]):
+                    seen(buf[0], buf[5:1 + length])
                     buf = buf[1 + length:]
             writer.write(chunk)
             await writer.drain()
@@ -176,8 +160,9 @@ class Proxy:
         up_writer = None
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
-            tasks = [asyncio.ensure_future(self.pump_client(conn, reader, writer, up_writer)),
-                     asyncio.ensure_future(self.pump_server(conn, up_reader, writer))]
+            await self.startup(reader, writer, up_writer)
+            tasks = [asyncio.ensure_future(self.pump(reader, up_writer, lambda t, b: self.frontend(conn, t, b))),
+                     asyncio.ensure_future(self.pump(up_reader, writer, lambda t, b: self.backend(conn, t, b)))]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in tasks:
                 t.cancel()
