@@ -110,8 +110,7 @@ class Proxy:
         elif typ in (SYNC, QUERY):
             if typ == QUERY:
                 conn.pending.append(body.rstrip(b"\0").decode(errors="replace"))
-            texts = [t for t in conn.pending if t is not None]
-            conn.pending = []
+            texts, conn.pending = conn.pending, []
             conn.unanswered += 1
             if texts and all(PING.match(t) for t in texts):
                 conn.pings += 1

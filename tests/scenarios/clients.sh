@@ -607,8 +607,9 @@ fi
 # (nothing stored, the retry runs), stored 4xx replayed, streaming, a lease
 # taken over after the process died; then the round trips to PostgreSQL per
 # request, counted by a protocol proxy (tests/middleware/roundtrips.py): 3
-# per new key, 2 per replay. Also type-checks the package's .d.ts with tsc. Its own cluster (a socket in its folder) and PgBouncer (a free
-# loopback port).
+# per new key, 2 per replay. Also type-checks the package's .d.ts with tsc.
+# Its own cluster (a socket in its folder) and PgBouncer (a free loopback
+# port).
 # Needs bash scripts/setup.sh --tool middleware-node (npm cache) and pgbouncer.
 scenario_middleware_node() {
 source "$ROOT/tests/lib/cluster.sh"
