@@ -17,6 +17,11 @@
 #                            database DB with idem in it
 #   mw_bouncer POOL_SIZE     PgBouncer (transaction mode) on a free loopback port: PGB_PORT
 #   mw_bouncer_xacts DB      transactions PgBouncer passed to DB
+#   mw_roundtrips LABEL NEW REPLAY README -- COMMAND...
+#                            the server COMMAND starts, behind a counting proxy in front of
+#                            mw_cluster's socket (tests/middleware/roundtrips.py: {pgport},
+#                            {httpport}), must take exactly NEW round trips to PostgreSQL per
+#                            new key and REPLAY per replay (README: where its client says why)
 #   free_port, ms_since T0 (milliseconds since date +%s%N T0), fail MESSAGE (exits 1)
 #   go_env [online], go_new_enough   the Go toolchain and its module cache (at the end)
 
@@ -55,6 +60,16 @@ mw_cluster() { # PORT DB [CONF-LINE...]
   pc_start
   pc_psql -q -d postgres -c "CREATE DATABASE $db"
   pc_psql -q -d "$db" -c "CREATE EXTENSION idem"
+  MW_DB=$db
+}
+
+mw_roundtrips() { # LABEL NEW REPLAY README -- COMMAND...
+  local label=$1 new=$2 replay=$3 readme=$4
+  shift 5
+  "$IDEM_PY" "$ROOT/tests/middleware/roundtrips.py" --upstream "$dir/.s.PGSQL.$PC_PORT" \
+    --check "host=$dir port=$PC_PORT user=postgres dbname=$MW_DB" --label "$label" --new "$new" --replay "$replay" \
+    --regression "A regression: a statement that travelled with another (BEGIN with the claim, the stored response with COMMIT) now takes a round trip of its own, or the middleware sends a new one per request; the counts are documented in $readme, \"Round trips to PostgreSQL\"; change them there and here together." \
+    -- "$@"
 }
 
 mw_bouncer() { # POOL_SIZE

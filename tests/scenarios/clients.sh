@@ -523,7 +523,10 @@ echo "PgBouncer: $xacts transactions; $(( $(date +%s) - t_start )) s in all"
 #     concurrent duplicates (one business row; waiting, and with 409s),
 #     and the server SIGKILLed before and after COMMIT at a kill point it
 #     announces on a FIFO (the retry runs, or is replayed);
-#   * the complete app of clients/go/README.md, built and run as written.
+#   * the complete app of clients/go/README.md, built and run as written;
+#   * the round trips to PostgreSQL per request, counted by a protocol proxy
+#     (tests/middleware/roundtrips.py): 3 per new key, 2 per replay, with
+#     pgx's statement cache and with exec mode.
 # No verdict by the clock: every wait is for an observed state. Exits 1 on
 # any failure.
 scenario_middleware_go() {
@@ -576,6 +579,17 @@ grep -E '^\s*--- (FAIL|SKIP)' "$out/test.log" && failed+=("a test failed or was 
 passed=$(grep -cE '^\s*--- PASS' "$out/test.log" || true)
 echo "clients/go/test: $passed tests and subtests passed ($(ms_since "$t0") ms; log: $out/test.log)"
 grep -E '^\s{0,4}--- (PASS|FAIL)' "$out/test.log" | grep -v '/conformance/' || true
+
+# ---- round trips to PostgreSQL per request, counted by a proxy ----------------
+# (clients/go/README.md): the same server, without -race, its pool of one
+# connection, with pgx's statement cache and with exec mode (PgBouncer's).
+(cd "$ROOT/clients/go/test" && go build -o "$work/rt-server" ./server) || failed+=("building the round-trip server")
+for mode in "" " default_query_exec_mode=exec"; do
+  mw_roundtrips "go nethttp$mode" 3 2 clients/go/README.md -- \
+    env IDEM_TEST_DSN="host=127.0.0.1 port={pgport} user=postgres dbname=mw pool_max_conns=1$mode" \
+    IDEM_TEST_ADDR=127.0.0.1:{httpport} IDEM_TEST_SIGNAL=/dev/null IDEM_TEST_PROBLEM_BASE=https://idem.invalid/ \
+    "$work/rt-server" -router nethttp || failed+=("go round trips$mode")
+done
 xacts=$(mw_bouncer_xacts mw)
 [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
 echo "summary: PgBouncer: ${xacts:-0} transactions through it, ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
@@ -597,9 +611,11 @@ fi
 # COMMIT (at test hooks the server announces, never after a sleep), changed
 # body (422), missing key (400), handler exceptions and transient SQLSTATEs
 # (nothing stored, the retry runs), stored 4xx replayed, streaming, a lease
-# taken over after the process died. Also type-checks the package's .d.ts
-# with tsc. Its own cluster (a socket in its folder) and PgBouncer (a free
-# loopback port).
+# taken over after the process died; then the round trips to PostgreSQL per
+# request, counted by a protocol proxy (tests/middleware/roundtrips.py): 3
+# per new key, 2 per replay. Also type-checks the package's .d.ts with tsc.
+# Its own cluster (a socket in its folder) and PgBouncer (a free loopback
+# port).
 # Needs bash scripts/setup.sh --tool middleware-node (npm cache) and pgbouncer.
 scenario_middleware_node() {
 source "$ROOT/tests/lib/cluster.sh"
@@ -680,6 +696,13 @@ for framework in express fastify; do
   echo "== the README's $framework example (examples/$framework-app.js) =="
   (cd "$work/app" && node examples.js $framework) || failed+=("$framework example")
 done
+# Round trips to PostgreSQL per request (clients/node/README.md), counted by a proxy.
+for framework in express fastify; do
+  [[ " $runs " == *" $framework-direct "* ]] || continue
+  echo "== $framework: round trips to PostgreSQL =="
+  mw_roundtrips "node $framework" 3 2 clients/node/README.md -- \
+    env PGHOST=127.0.0.1 PGPORT={pgport} node "$work/app/server.js" $framework || failed+=("$framework round trips")
+done
 xacts=$(mw_bouncer_xacts mw)
 [[ "$runs" != *pgbouncer* ]] || [ "${xacts:-0}" -gt 0 ] || failed+=("no transaction went through PgBouncer")
 echo "summary: runs $runs (PgBouncer: $xacts transactions through it), ${#failed[@]} failed, $(ms_since "$t_start") ms in all"
@@ -712,6 +735,9 @@ fi
 #     unstored; lease mode (FastAPI, Django), with a server killed after an
 #     external call's recovery point: the retry takes the lease over once
 #     idem_leases shows it ran out, and does not call again.
+# Then the round trips to PostgreSQL per request, counted by a protocol
+# proxy (tests/middleware/roundtrips.py): 3 per new key (Django's
+# ATOMIC_REQUESTS: 5, with SAVEPOINT and RELEASE), 2 per replay.
 # Before the servers: the package's own tests (clients/python/tests) and
 # mypy --strict on the installed package (its py.typed hints).
 # No verdict by the clock: every wait is for an observed state. Exits 1 on
@@ -788,6 +814,20 @@ for example in fastapi django; do
     2>&1 | tee "$out/example-$example.log"
   grep -q "^summary \[$example example\]: [0-9]* checks, 0 failed" "$out/example-$example.log" \
     || failed+=("the $example example")
+done
+# Round trips to PostgreSQL per request (clients/python/README.md), counted by a proxy.
+for server in fastapi django sqlalchemy; do
+  say "$server: round trips to PostgreSQL"
+  new=3
+  if [ $server = django ]; then
+    new=5   # the test app's ATOMIC_REQUESTS adds SAVEPOINT and RELEASE
+    cmd=(env DJANGO_SETTINGS_MODULE=django_app IDEM_TEST_CONN_MAX_AGE=600 "$venv/bin/python" -m django runserver --noreload --nothreading "127.0.0.1:{httpport}")
+  else
+    cmd=("$venv/bin/python" -m uvicorn ${server}_app:app --host 127.0.0.1 --port "{httpport}" --log-level warning)
+  fi
+  mw_roundtrips "python $server" $new 2 clients/python/README.md -- env PYTHONPATH="$ROOT/tests/middleware/python" \
+    IDEM_TEST_CONNINFO="host=127.0.0.1 port={pgport} dbname=mw user=postgres" IDEM_TEST_SIGNAL="$fifo" IDEM_TEST_KILL_POINTS=0 "${cmd[@]}" \
+    || failed+=("$server round trips")
 done
 xacts=$(mw_bouncer_xacts mw)
 echo "transactions through PgBouncer: ${xacts:-0}"

@@ -3,6 +3,10 @@ idem_http.django.IdempotencyMiddleware, ATOMIC_REQUESTS on, and the views
 writing on Django's own connection.
 
     python -m django runserver --noreload --settings=django_app 127.0.0.1:PORT
+
+IDEM_TEST_CONN_MAX_AGE: Django's CONN_MAX_AGE (default 0: a connection per
+request; the round-trip count runs with --nothreading and a connection kept,
+as a deployment with persistent connections does).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ DATABASES = {
         "HOST": _params.get("host", ""),
         "PORT": _params.get("port", ""),
         "ATOMIC_REQUESTS": True,
+        "CONN_MAX_AGE": int(os.environ.get("IDEM_TEST_CONN_MAX_AGE", "0")),
         # Behind PgBouncer in transaction mode: no named prepared statements.
         "OPTIONS": {"prepare_threshold": None},
     }

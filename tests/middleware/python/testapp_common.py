@@ -4,7 +4,9 @@ the test-only kill points.
 Environment: IDEM_TEST_CONNINFO (libpq conninfo the server uses: the
 cluster's socket, or PgBouncer), IDEM_TEST_SIGNAL (a FIFO: a request with
 header X-Test-Pause: before_commit / after_commit writes "<phase>\\n" to it
-when it reaches that point, then blocks until the server is killed).
+when it reaches that point, then blocks until the server is killed),
+IDEM_TEST_KILL_POINTS=0 (no kill points: no phase hook keeps the stored
+response and COMMIT apart; the round-trip count, tests/middleware/roundtrips.py).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ CONFORMANCE = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file
 # driver checks).
 _SCOPE = {"tenant": {"tenant": tenant_of}, "single": {"single_tenant": True},
           "none": {}}[os.environ.get("IDEM_TEST_SCOPE", "tenant")]
-POLICY = Policy(**_SCOPE, phase_hook=kill_point, lock_timeout="60s", max_stored_body=4096,  # type: ignore[arg-type]
+POLICY = Policy(**_SCOPE, phase_hook=None if os.environ.get("IDEM_TEST_KILL_POINTS") == "0" else kill_point, lock_timeout="60s", max_stored_body=4096,  # type: ignore[arg-type]
                 exclude_fields=("client_sent_at",), problem_base=CONFORMANCE["problem_base"])
 
 ROUTES = {

@@ -16,7 +16,8 @@
 // this process (server and load client: the client's share is the same in
 // every variant) plus PostgreSQL's (its processes' utime + stime from
 // /proc, the processes pg_stat_activity lists), which other programs on
-// the machine move less than they move requests/s.
+// the machine move less than they move requests/s. -cpuprofile FILE: a
+// CPU profile of each measured run in FILE.VARIANT.ROUND.
 package main
 
 import (
@@ -29,6 +30,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +49,7 @@ func main() {
 	requests := flag.Int("requests", 3000, "requests per run")
 	concurrency := flag.Int("concurrency", 8, "connections")
 	warmup := flag.Int("warmup", 300, "requests per variant before the rounds")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of each measured run to FILE.VARIANT.ROUND (go tool pprof)")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("BENCH_DSN"))
@@ -97,11 +100,18 @@ func main() {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *concurrency}}
 	var seq atomic.Int64
-	cpuUs := map[string][]float64{}
+	cpuUs, pgUs := map[string][]float64{}, map[string][]float64{} // pgUs: PostgreSQL's share
+	round := 0                                                    // 0: the warm-up
 	run := func(variant string, n int, keys []string) (float64, []string) {
+		if *cpuProfile != "" && round > 0 {
+			startProfile(fmt.Sprintf("%s.%s.%d", *cpuProfile, variant, round))
+			defer pprof.StopCPUProfile()
+		}
 		cpu0 := cpuNow(ctx, pool)
 		defer func() {
-			cpuUs[variant] = append(cpuUs[variant], cpuNow(ctx, pool).since(cpu0).Seconds()*1e6/float64(n))
+			total, pg := cpuNow(ctx, pool).since(cpu0)
+			cpuUs[variant] = append(cpuUs[variant], total.Seconds()*1e6/float64(n))
+			pgUs[variant] = append(pgUs[variant], pg.Seconds()*1e6/float64(n))
 		}()
 		path, replay := "/"+variant, variant == "b"
 		if replay {
@@ -156,7 +166,9 @@ func main() {
 	run("d", *warmup, nil)
 	rps := map[string][]float64{}
 	clear(cpuUs) // (the warm-up's)
+	clear(pgUs)
 	for r := 1; r <= *rounds; r++ {
+		round = r
 		var line []string
 		for _, v := range []string{"a", "c", "d", "b"} {
 			checkpoint()
@@ -200,7 +212,11 @@ func main() {
 	// the medians (above 1: cheaper than c).
 	var perRound []string
 	for i := range rounds0 {
-		perRound = append(perRound, fmt.Sprintf("a %.0f c %.0f d %.0f b %.0f", cpuUs["a"][i], cpuUs["c"][i], cpuUs["d"][i], cpuUs["b"][i]))
+		var vs []string
+		for _, v := range []string{"a", "c", "d", "b"} {
+			vs = append(vs, fmt.Sprintf("%s %.0f (%.0f + %.0f)", v, cpuUs[v][i], cpuUs[v][i]-pgUs[v][i], pgUs[v][i]))
+		}
+		perRound = append(perRound, strings.Join(vs, " "))
 	}
 	fmt.Printf("CPU us per request (this process + PostgreSQL), per round: %s\n", strings.Join(perRound, "; "))
 	cpuMed := map[string]float64{}
@@ -256,13 +272,13 @@ func cpuNow(ctx context.Context, pool *pgxpool.Pool) cpuSample {
 }
 
 // since: the CPU time used between c0 and c, by this process and by the
-// PostgreSQL processes alive at c (one that started meanwhile from 0).
-func (c cpuSample) since(c0 cpuSample) time.Duration {
-	d := c.self - c0.self
+// PostgreSQL processes alive at c (one that started meanwhile from 0), and
+// PostgreSQL's part of it.
+func (c cpuSample) since(c0 cpuSample) (total, pg time.Duration) {
 	for pid, t := range c.pg {
-		d += t - c0.pg[pid]
+		pg += t - c0.pg[pid]
 	}
-	return d
+	return c.self - c0.self + pg, pg
 }
 
 // clockTicks: USER_HZ, 100 on Linux for every architecture Go supports.
@@ -317,4 +333,14 @@ func handWritten(pool *pgxpool.Pool, w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	created(w, id, amount)
+}
+
+func startProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Fatal(err)
+	}
 }
