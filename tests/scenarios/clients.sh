@@ -309,7 +309,7 @@ echo "examples failed: $failed"
 # clients/java (the Spring Boot starter: @Idempotent, and the
 # Idempotency-Key filter of Spring MVC) built offline with Maven from the
 # repository scripts/setup.sh --tool java filled, in a copy of the folder,
-# under Spring Boot 3.5 and 4.0 at once (each its own database and Kafka
+# under Spring Boot 3.5 and 4.0 at once (each its own database; one Kafka
 # broker), against this scenario's own cluster (port 5441, or
 # JAVA_SPRING_PORT) and PgBouncer in transaction mode in front of it (the
 # next port). The build
@@ -336,7 +336,10 @@ echo "examples failed: $failed"
 #     one answer; a lease takeover through each: the recovery point given;
 #   * KafkaLedgerTest (under both Boot lines): the Kafka example's jar
 #     against a real KRaft broker, SIGKILLed after COMMIT before the ack,
-#     and across rebalances: every event booked once.
+#     and across rebalances: every event booked once;
+#   * then the filter's round trips to PostgreSQL per request, counted by a
+#     protocol proxy (tests/middleware/roundtrips.py): 3 per new key, 2 per
+#     replay (clients/java/README.md).
 # it/'s test classes run at once (it/src/test/resources/junit-platform.properties).
 # A failing JUnit test fails the build and this scenario.
 scenario_java_spring() {
@@ -501,6 +504,16 @@ for db in "${dbs[@]}"; do
   echo "$db: $(q "SELECT count(*) FROM payments") payments, $(q "SELECT count(*) FROM shop_orders") orders," \
     "$(q "SELECT count(*) FROM ledger_entries") ledger entries, one per request or event id"
 done
+# The Spring MVC filter's round trips to PostgreSQL per request, counted by
+# the protocol proxy the other middleware's scenarios use
+# (tests/middleware/roundtrips.py): 3 per new key (BEGIN with the claim; the
+# handler's insert; the stored response with COMMIT), 2 per replay; one
+# pooled connection, whose liveness checks are counted apart.
+source "$ROOT/tests/lib/middleware.sh"
+dir=$PC_DIR MW_DB=${dbs[0]}
+mw_roundtrips "java filter" 3 2 clients/java/README.md -- java $java_quick -jar "$work/boot-3.5.7/conformance-server/target/idem-conformance-server.jar" \
+  --server.port={httpport} "--spring.datasource.url=jdbc:postgresql://127.0.0.1:{pgport}/$MW_DB?user=postgres" \
+  --spring.datasource.hikari.maximum-pool-size=1 || fail "the Spring MVC filter's round trips per request (above)"
 echo "PgBouncer: $xacts transactions; $(( $(date +%s) - t_start )) s in all"
 }
 
