@@ -170,28 +170,31 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in microseconds (NULL if none); 42501 if the type is reserved for a role the caller is not a member of.';
 
--- Read only where a stored failure is found (src/biztype.rs, retry_failed).
--- (PL/pgSQL: as SQL functions with a subquery, which PostgreSQL cannot
--- inline, they were parsed and planned again in every transaction that
--- called them, and idem_complete calls retains_from_completion every time.)
-CREATE FUNCTION idem.retries_failures(biz_type text) RETURNS boolean
+-- A type's policies (src/biztype.rs): on_failure = retry is read only where
+-- a stored failure is found (retry_failed), retain_from by every
+-- idem_complete and idem_fail. One PL/pgSQL function, whose statement's
+-- plan the session keeps, behind two SQL functions PostgreSQL inlines:
+-- as SQL functions with a subquery, which cannot be inlined, they were
+-- parsed and planned again in every transaction that called them.
+CREATE FUNCTION idem.type_policy(biz_type text, policy text) RETURNS boolean
     STABLE LANGUAGE plpgsql AS $fn$
 DECLARE
     yes boolean;
 BEGIN
-    SELECT b.on_failure = 'retry' INTO yes FROM idem.biz_types b WHERE b.biz_type = retries_failures.biz_type;
+    SELECT CASE policy WHEN 'on_failure' THEN b.on_failure = 'retry' ELSE b.retain_from = 'completion' END INTO yes
+      FROM idem.biz_types b WHERE b.biz_type = type_policy.biz_type;
     RETURN coalesce(yes, false);
 END
 $fn$;
+COMMENT ON FUNCTION idem.type_policy(text, text) IS 'Whether biz_type''s on_failure (policy on_failure) is retry, or its retain_from (policy retain_from) is completion; false for a type without a row.';
+CREATE FUNCTION idem.retries_failures(biz_type text) RETURNS boolean
+    STABLE LANGUAGE sql AS $fn$
+    SELECT idem.type_policy(biz_type, 'on_failure')
+$fn$;
 COMMENT ON FUNCTION idem.retries_failures(text) IS 'Whether biz_type''s on_failure is retry: the next arrival after a stored failure claims the key anew.';
 CREATE FUNCTION idem.retains_from_completion(biz_type text) RETURNS boolean
-    STABLE LANGUAGE plpgsql AS $fn$
-DECLARE
-    yes boolean;
-BEGIN
-    SELECT b.retain_from = 'completion' INTO yes FROM idem.biz_types b WHERE b.biz_type = retains_from_completion.biz_type;
-    RETURN coalesce(yes, false);
-END
+    STABLE LANGUAGE sql AS $fn$
+    SELECT idem.type_policy(biz_type, 'retain_from')
 $fn$;
 COMMENT ON FUNCTION idem.retains_from_completion(text) IS 'Whether biz_type''s retain_from is completion: a finished claim expires its TTL after it was finished.';
 
