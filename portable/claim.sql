@@ -115,18 +115,23 @@ BEGIN
     -- pg_stat_get_activity, which copies every backend's status (about
     -- 48 k instructions a call; docs/performance.md, "Fewer statements per
     -- claim").
-    -- A session that has written a gate before is no worker either
-    -- (idem.lock_gate notes its process id in idem.portable_writer, which a
-    -- worker inherits from its leader with the leader's id, not its own):
-    -- a Unix-socket session looks at the backends' status once. The status
-    -- is read in a statement of its own, nested, so that a session that
+    -- Nor does a session found to be none before: the first look notes
+    -- the process id in idem.portable_checked_pid, session-level (undone
+    -- if the transaction rolls back), which a worker inherits from its
+    -- leader with the leader's id, never its own, and which a role that
+    -- sets it itself makes skip only its own session's look; so a
+    -- Unix-socket session reads the backends' status once. (set_config
+    -- refuses in a parallel operation, with 25000 too: a leader running
+    -- a parallel plan is refused as in the native edition.) The status is
+    -- read in a statement of its own, nested, so that a session that
     -- skips it does not start its executor either.
     IF inet_client_port() IS NULL
-       AND current_setting('idem.portable_writer', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+       AND current_setting('idem.portable_checked_pid', true) IS DISTINCT FROM pg_backend_pid()::text THEN
         IF (SELECT a.backend_type FROM pg_stat_get_activity(pg_backend_pid()) a) = 'parallel worker' THEN
             PERFORM idem.fail_with('25000', format('cannot execute %s during a parallel operation', what),
                 'A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.');
         END IF;
+        PERFORM set_config('idem.portable_checked_pid', pg_backend_pid()::text, false);
     END IF;
     IF pg_is_in_recovery() THEN
         PERFORM idem.fail_with('25006', format('cannot execute %s in a read-only transaction', what),
@@ -291,16 +296,7 @@ BEGIN
     END IF;
     INSERT INTO idem.key_gates AS g (h, writer) VALUES (lock_gate.h, pg_current_xact_id())
         ON CONFLICT ON CONSTRAINT key_gates_pkey DO UPDATE SET writer = g.writer WHERE false;
-    inserted := FOUND;
-    -- This session has written: it is not a parallel worker, nor in a
-    -- parallel operation (idem.require_writable), for as long as it lives.
-    -- Session-level, undone if the transaction rolls back; a role that sets
-    -- it itself skips only its own session's check, and a worker inherits
-    -- its leader's process id, never its own.
-    IF current_setting('idem.portable_writer', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-        PERFORM set_config('idem.portable_writer', pg_backend_pid()::text, false);
-    END IF;
-    RETURN CASE WHEN inserted THEN 'i' ELSE 'l' END;
+    RETURN CASE WHEN FOUND THEN 'i' ELSE 'l' END;
 END
 $fn$;
 COMMENT ON FUNCTION idem.lock_gate(bigint, boolean) IS 'Portable edition: take the key lock (the gate row of digest h) until the transaction ends: i when the gate was inserted, l when an existing one was locked; with wait false, n instead of waiting for another holder.';
