@@ -115,10 +115,23 @@ BEGIN
     -- pg_stat_get_activity, which copies every backend's status (about
     -- 48 k instructions a call; docs/performance.md, "Fewer statements per
     -- claim").
+    -- Nor does a session found to be none before: the first look notes
+    -- the process id in idem.portable_checked_pid, session-level (undone
+    -- if the transaction rolls back), which a worker inherits from its
+    -- leader with the leader's id, never its own, and which a role that
+    -- sets it itself makes skip only its own session's look; so a
+    -- Unix-socket session reads the backends' status once. (set_config
+    -- refuses in a parallel operation, with 25000 too: a leader running
+    -- a parallel plan is refused as in the native edition.) The status is
+    -- read in a statement of its own, nested, so that a session that
+    -- skips it does not start its executor either.
     IF inet_client_port() IS NULL
-       AND (SELECT a.backend_type FROM pg_stat_get_activity(pg_backend_pid()) a) = 'parallel worker' THEN
-        PERFORM idem.fail_with('25000', format('cannot execute %s during a parallel operation', what),
-            'A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.');
+       AND current_setting('idem.portable_checked_pid', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+        IF (SELECT a.backend_type FROM pg_stat_get_activity(pg_backend_pid()) a) = 'parallel worker' THEN
+            PERFORM idem.fail_with('25000', format('cannot execute %s during a parallel operation', what),
+                'A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.');
+        END IF;
+        PERFORM set_config('idem.portable_checked_pid', pg_backend_pid()::text, false);
     END IF;
     IF pg_is_in_recovery() THEN
         PERFORM idem.fail_with('25006', format('cannot execute %s in a read-only transaction', what),
@@ -162,15 +175,31 @@ END
 $fn$;
 COMMENT ON FUNCTION idem.admit(text) IS 'The TTL configured for biz_type in microseconds (NULL if none); 42501 if the type is reserved for a role the caller is not a member of.';
 
--- Read only where a stored failure is found (src/biztype.rs, retry_failed).
+-- A type's policies (src/biztype.rs): on_failure = retry is read only where
+-- a stored failure is found (retry_failed), retain_from by every
+-- idem_complete and idem_fail. One PL/pgSQL function, whose statement's
+-- plan the session keeps, behind two SQL functions PostgreSQL inlines:
+-- as SQL functions with a subquery, which cannot be inlined, they were
+-- parsed and planned again in every transaction that called them.
+CREATE FUNCTION idem.type_policy(biz_type text, policy text) RETURNS boolean
+    STABLE LANGUAGE plpgsql AS $fn$
+DECLARE
+    yes boolean;
+BEGIN
+    SELECT CASE policy WHEN 'on_failure' THEN b.on_failure = 'retry' ELSE b.retain_from = 'completion' END INTO yes
+      FROM idem.biz_types b WHERE b.biz_type = type_policy.biz_type;
+    RETURN coalesce(yes, false);
+END
+$fn$;
+COMMENT ON FUNCTION idem.type_policy(text, text) IS 'Whether biz_type''s on_failure (policy on_failure) is retry, or its retain_from (policy retain_from) is completion; false for a type without a row.';
 CREATE FUNCTION idem.retries_failures(biz_type text) RETURNS boolean
     STABLE LANGUAGE sql AS $fn$
-    SELECT coalesce((SELECT b.on_failure = 'retry' FROM idem.biz_types b WHERE b.biz_type = retries_failures.biz_type), false)
+    SELECT idem.type_policy(biz_type, 'on_failure')
 $fn$;
 COMMENT ON FUNCTION idem.retries_failures(text) IS 'Whether biz_type''s on_failure is retry: the next arrival after a stored failure claims the key anew.';
 CREATE FUNCTION idem.retains_from_completion(biz_type text) RETURNS boolean
     STABLE LANGUAGE sql AS $fn$
-    SELECT coalesce((SELECT b.retain_from = 'completion' FROM idem.biz_types b WHERE b.biz_type = retains_from_completion.biz_type), false)
+    SELECT idem.type_policy(biz_type, 'retain_from')
 $fn$;
 COMMENT ON FUNCTION idem.retains_from_completion(text) IS 'Whether biz_type''s retain_from is completion: a finished claim expires its TTL after it was finished.';
 
@@ -315,6 +344,7 @@ DECLARE
     have_late boolean := false;
     version text;
     mine boolean;
+    found_rows refcursor;
 BEGIN
     present := false;
     versions := '{}';
@@ -355,17 +385,34 @@ BEGIN
     k1 := classes[i]; u1 := untils[i];
     k2 := coalesce(classes[i + 1], k1); u2 := coalesce(untils[i + 1], u1);
     k3 := coalesce(classes[i + 2], k1); u3 := coalesce(untils[i + 2], u1);
-    FOR r IN
-        SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.ttl_class,
-               c.tableoid::regclass AS part, c.ctid AS tid
-          FROM idem.claims c
-         WHERE idem.key_hash(c.biz_type, c.key) = h
-           AND c.biz_type = probe.biz_type
-           AND c.key = probe.key
-           AND (c.ttl_class = k1 AND c.expires_at <= u1
-                OR c.ttl_class = k2 AND c.expires_at <= u2
-                OR c.ttl_class = k3 AND c.expires_at <= u3)
+    -- A type in one class (the usual case) is probed with that class's
+    -- condition alone: every partition the probe starts compiles its
+    -- filter, and the three-class form's is three times as long
+    -- (docs/portable.md, "Speed").
+    IF cardinality(classes) = 1 THEN
+        OPEN found_rows FOR
+            SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.ttl_class,
+                   c.tableoid::regclass AS part, c.ctid AS tid
+              FROM idem.claims c
+             WHERE idem.key_hash(c.biz_type, c.key) = h
+               AND c.biz_type = probe.biz_type
+               AND c.key = probe.key
+               AND c.ttl_class = k1 AND c.expires_at <= u1;
+    ELSE
+        OPEN found_rows FOR
+            SELECT c.state, c.claimed_at, c.expires_at, c.fingerprint, c.result, c.ttl_class,
+                   c.tableoid::regclass AS part, c.ctid AS tid
+              FROM idem.claims c
+             WHERE idem.key_hash(c.biz_type, c.key) = h
+               AND c.biz_type = probe.biz_type
+               AND c.key = probe.key
+               AND (c.ttl_class = k1 AND c.expires_at <= u1
+                    OR c.ttl_class = k2 AND c.expires_at <= u2
+                    OR c.ttl_class = k3 AND c.expires_at <= u3);
+    END IF;
     LOOP
+        FETCH found_rows INTO r;
+        EXIT WHEN NOT FOUND;
         version := r.part::oid || ':' || r.tid;
         versions := versions || version;
         mine := gated AND r.part::oid = gate_part AND r.tid = gate_tid;
@@ -384,6 +431,7 @@ BEGIN
             have_late := true;
         END IF;
     END LOOP;
+    CLOSE found_rows;
     END LOOP;
     IF live > 1 THEN
         PERFORM idem.fail_with('55000', format('idem: %s live claims of one key in idem.claims', live),
@@ -535,16 +583,28 @@ COMMENT ON FUNCTION idem.not_claimed(text, text, text) IS 'Raise ID003 for a cal
 CREATE FUNCTION idem.claim_class(biz_type text, claimed_at timestamptz, expires_at timestamptz) RETURNS smallint
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
-    k smallint := idem.ttl_class(expires_at - claimed_at);
-    top smallint := greatest(idem.ttl_class(interval '400 days'), k);
+    -- (idem.ttl_class without its SET clause, the width read once for the
+    -- claim's class and the widest)
+    unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
+    k smallint := idem.class_of(unit, least(idem.interval_us(expires_at - claimed_at), 34560000000000));
+    top smallint;
+    reg_until timestamptz;
     gate int;
     held boolean := false;
     classes smallint[];
     span numeric;
     e numeric;
 BEGIN
+    -- The usual case, in one statement: the type is in its TTL's class up
+    -- to this expiry already.
+    SELECT max(tc.until) INTO reg_until FROM idem.type_classes tc
+     WHERE tc.biz_type = claim_class.biz_type AND tc.ttl_class = k;
+    IF reg_until >= expires_at THEN
+        RETURN k;
+    END IF;
     -- (The widest class is the one a claim may add without the gate.)
-    IF k <> top AND NOT EXISTS (SELECT 1 FROM idem.type_classes tc WHERE tc.biz_type = claim_class.biz_type AND tc.ttl_class = k) THEN
+    top := greatest(idem.class_of(unit, 34560000000000), k);
+    IF k <> top AND reg_until IS NULL THEN
         SELECT coalesce(array_agg(DISTINCT tc.ttl_class), '{}') INTO classes
           FROM idem.type_classes tc WHERE tc.biz_type = claim_class.biz_type;
         -- The gate only for a class that could be added (a type with room
@@ -624,6 +684,9 @@ COMMENT ON FUNCTION idem.rewrite_claim(bigint, regclass, tid, "char", jsonb) IS 
 -- @body idem_claim
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
+    -- (a void helper's result: an assignment is a simple expression, where
+    -- PERFORM would start an executor for a SELECT)
+    done text;
     ttl_us bigint;
     lease_us bigint;
     type_ttl_us bigint;
@@ -639,10 +702,10 @@ DECLARE
     retrying boolean := false;
     previous jsonb;
 BEGIN
-    PERFORM idem.check_claim_key(key, biz_type);
+    done := idem.check_claim_key(key, biz_type);
     ttl_us := idem.checked_ttl_us(ttl, 'ttl');
     lease_us := idem.checked_ttl_us(lease, 'lease');
-    PERFORM idem.require_writable('idem_claim');
+    done := idem.require_writable('idem_claim');
     type_ttl_us := idem.admit(biz_type);
     -- The claim's TTL is needed to check a lease against it, else only for
     -- a new claim (idem.default_ttl is read then: a duplicate reads no
@@ -664,7 +727,7 @@ BEGIN
     p := idem.probe(h, biz_type, key, clock_timestamp(), NULL);
     IF NOT p.gated THEN
         IF p.present AND p.state = 'l' AND NOT p.own THEN
-            PERFORM idem.check_lease(p.result);
+            done := idem.check_lease(p.result);
             running := idem.lease_until(p.result) > clock_timestamp();
         END IF;
         -- A stored failure of a type that retries is claimed anew: under
@@ -692,12 +755,12 @@ BEGIN
         t_now := clock_timestamp();
         t_exp := t_now + idem.us_interval(ttl_us);
         IF lease_us IS NULL THEN
-            PERFORM idem.insert_claim(h, biz_type, key, t_now, t_exp, 'p', fingerprint, NULL);
+            done := idem.insert_claim(h, biz_type, key, t_now, t_exp, 'p', fingerprint, NULL);
             RETURN ROW(true, 'new', NULL, t_now, t_exp)::@extschema@.idem_claim_result;
         END IF;
         token := idem.random_hex(16);
         until := t_now + idem.us_interval(lease_us);
-        PERFORM idem.insert_claim(h, biz_type, key, t_now, t_exp, 'l', fingerprint,
+        done := idem.insert_claim(h, biz_type, key, t_now, t_exp, 'l', fingerprint,
                                   idem.lease_doc(1, lease_us, until, idem.sha256_hex(token), NULL, NULL, NULL));
         RETURN ROW(true, 'new', idem.lease_view(1, until, token, NULL, NULL, NULL), t_now, t_exp)::@extschema@.idem_claim_result;
     END IF;
@@ -710,7 +773,7 @@ BEGIN
         attempt := CASE WHEN p.state = 'r' THEN (p.result ->> 'attempt')::bigint ELSE 1 END + 1;
         previous := CASE WHEN p.state = 'r' THEN p.result -> 'error' ELSE p.result END;
         IF lease_us IS NULL THEN
-            PERFORM idem.rewrite_claim(h, p.part, p.tid, 'p', jsonb_build_object('attempt', attempt, 'previous_error', previous));
+            done := idem.rewrite_claim(h, p.part, p.tid, 'p', jsonb_build_object('attempt', attempt, 'previous_error', previous));
             RETURN ROW(true, 'new', jsonb_build_object('attempt', attempt, 'previous_error', previous),
                        p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
         END IF;
@@ -719,7 +782,7 @@ BEGIN
         -- (the error goes into the lease document too: a takeover of this
         -- lease is told it as well)
         previous := coalesce(previous, 'null');
-        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL, previous));
+        done := idem.rewrite_claim(h, p.part, p.tid, 'l', idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), NULL, NULL, previous));
         RETURN ROW(true, 'new', idem.lease_view(attempt, until, token, NULL, NULL, previous),
                    p.claimed_at, p.expires_at)::@extschema@.idem_claim_result;
     END IF;
@@ -727,7 +790,7 @@ BEGIN
     IF p.state <> 'l' OR p.own OR running THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
-    PERFORM idem.check_lease(p.result);
+    done := idem.check_lease(p.result);
     IF idem.lease_until(p.result) > t_now THEN
         RETURN idem.outcome_of_row(p.state, p.own, p.result, p.claimed_at, p.expires_at);
     END IF;
@@ -737,7 +800,7 @@ BEGIN
     attempt := (p.result ->> 'attempt')::bigint + 1;
     previous := p.result -> 'previous_error';
     IF lease_us IS NULL THEN
-        PERFORM idem.rewrite_claim(h, p.part, p.tid, 'p', idem.with_previous_error(jsonb_build_object('attempt', attempt), previous));
+        done := idem.rewrite_claim(h, p.part, p.tid, 'p', idem.with_previous_error(jsonb_build_object('attempt', attempt), previous));
         RETURN ROW(true, 'new',
                    idem.with_previous_error(jsonb_build_object('attempt', attempt, 'recovery_point', p.result -> 'recovery_point',
                                                                'recovery_data', p.result -> 'recovery_data'), previous),
@@ -745,7 +808,7 @@ BEGIN
     END IF;
     until := least(t_now + idem.us_interval(lease_us), p.expires_at);
     token := idem.random_hex(16);
-    PERFORM idem.rewrite_claim(h, p.part, p.tid, 'l',
+    done := idem.rewrite_claim(h, p.part, p.tid, 'l',
         idem.lease_doc(attempt, lease_us, until, idem.sha256_hex(token), p.result -> 'recovery_point', p.result -> 'recovery_data', previous));
     RETURN ROW(true, 'new',
                idem.lease_view(attempt, until, token, p.result -> 'recovery_point', p.result -> 'recovery_data', previous),
@@ -762,6 +825,9 @@ CREATE FUNCTION idem.finish(what text, key text, biz_type text, new_state "char"
                             point text, data jsonb, lease_token text, merge boolean DEFAULT false) RETURNS void
     VOLATILE LANGUAGE plpgsql AS $fn$
 DECLARE
+    -- (a void helper's result: an assignment is a simple expression, where
+    -- PERFORM would start an executor for a SELECT)
+    done text;
     h bigint;
     p record;
     leased boolean;
@@ -769,8 +835,8 @@ DECLARE
     locked boolean := false;
     until timestamptz;
 BEGIN
-    PERFORM idem.require_writable(what);
-    PERFORM idem.admit(biz_type);
+    done := idem.require_writable(what);
+    done := idem.admit(biz_type);
     h := idem.key_hash(biz_type, key);
     -- Whether the caller holds the claim is decided on a probe without the
     -- key lock first: a refusal (ID003) writes nothing and takes no xid.
@@ -783,7 +849,7 @@ BEGIN
         END IF;
         leased := p.state = 'l';
         IF leased THEN
-            PERFORM idem.check_lease(p.result);
+            done := idem.check_lease(p.result);
             holds := p.own OR (lease_token IS NOT NULL AND idem.sha256_hex(lease_token) = p.result ->> 'owner_token_sha256');
         ELSE
             holds := p.own AND what NOT IN ('idem_checkpoint', 'idem_release');
@@ -843,11 +909,11 @@ BEGIN
        AND NOT (new_state IN ('f', 'r') AND idem.retries_failures(biz_type))
        AND clock_timestamp() + idem.us_interval(idem.interval_us(p.expires_at - p.claimed_at)) > p.expires_at THEN
         EXECUTE format('DELETE FROM %s WHERE ctid = $1', p.part) USING p.tid;
-        PERFORM idem.insert_claim(h, biz_type, key, p.claimed_at, clock_timestamp() + idem.us_interval(idem.interval_us(p.expires_at - p.claimed_at)),
+        done := idem.insert_claim(h, biz_type, key, p.claimed_at, clock_timestamp() + idem.us_interval(idem.interval_us(p.expires_at - p.claimed_at)),
                                   new_state, p.fingerprint, new_result);
         RETURN;
     END IF;
-    PERFORM idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
+    done := idem.rewrite_claim(h, p.part, p.tid, new_state, new_result);
 END
 $fn$;
 COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, text, boolean) IS 'idem_complete, idem_fail, idem_checkpoint and idem_release: rewrite the claim the caller holds (ID003 otherwise).';
@@ -855,9 +921,11 @@ COMMENT ON FUNCTION idem.finish(text, text, text, "char", jsonb, text, jsonb, te
 
 -- @body idem_complete
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    done text;  -- (idem_claim: an assignment, not PERFORM)
 BEGIN
-    PERFORM idem.check_claim_key(key, biz_type);
-    PERFORM idem.finish('idem_complete', key, biz_type, 'c', result, NULL, NULL, lease_token);
+    done := idem.check_claim_key(key, biz_type);
+    done := idem.finish('idem_complete', key, biz_type, 'c', result, NULL, NULL, lease_token);
 END
 $fn$;
 -- @end

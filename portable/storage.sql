@@ -94,6 +94,30 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION idem.width_at(bigint, int) IS 'The width in microseconds of TTL class k when class 0 is unit microseconds wide.';
+
+-- The TTL class of a TTL of us microseconds (at most 400 days) when class 0
+-- is unit microseconds wide: the largest k <= 80 whose classes 1..k all
+-- have 4 × width <= us (src/ttl_class.rs counts k up one by one). Widths
+-- grow with k by about the square root of 2, so k is about 2 log2(us / (4
+-- unit)), computed first, then moved while a rounded width says otherwise:
+-- two widths computed for a claim instead of a search's seven
+-- (docs/portable.md, "Speed"). idem.claim_class calls it with the width it
+-- read once; idem.ttl_class for one TTL.
+CREATE FUNCTION idem.class_of(unit bigint, us numeric) RETURNS smallint
+    IMMUTABLE STRICT LANGUAGE plpgsql AS $fn$
+DECLARE
+    k int := least(80, greatest(0, floor(2 * ln(greatest(us, 1)::float8 / (4 * unit)::float8) / ln(2::float8))));
+BEGIN
+    WHILE k < 80 AND idem.width_at(unit, k + 1) * 4 <= us LOOP
+        k := k + 1;
+    END LOOP;
+    WHILE k > 0 AND idem.width_at(unit, k) * 4 > us LOOP
+        k := k - 1;
+    END LOOP;
+    RETURN k;
+END
+$fn$;
+COMMENT ON FUNCTION idem.class_of(bigint, numeric) IS 'The TTL class of a TTL of us microseconds when class 0 is unit microseconds wide (idem.ttl_class at a given idem.partition_width).';
 -- @end
 
 -- @body idem_key_digest
@@ -120,26 +144,10 @@ $fn$;
 
 -- @body idem_ttl_class
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    unit bigint := idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000);
-    -- (A TTL beyond 400 days, which no claim has, counts as 400 days.)
-    us numeric := least(idem.interval_us(ttl), 34560000000000);
-    lo int := 0;
-    hi int := 80;
-    mid int;
 BEGIN
-    -- The largest class k <= 80 whose classes 1..k all have 4 × width <= the
-    -- TTL (src/ttl_class.rs counts k up one by one). Widths grow with k, so
-    -- that is a binary search: 7 widths computed rather than up to 81.
-    WHILE lo < hi LOOP
-        mid := (lo + hi + 1) / 2;
-        IF idem.width_at(unit, mid) * 4 <= us THEN
-            lo := mid;
-        ELSE
-            hi := mid - 1;
-        END IF;
-    END LOOP;
-    RETURN lo;
+    -- (A TTL beyond 400 days, which no claim has, counts as 400 days.)
+    RETURN idem.class_of(idem.setting_us('idem.partition_width', interval '1 minute', 100000, 34560000000000),
+                         least(idem.interval_us(ttl), 34560000000000));
 END
 $fn$;
 -- @end
