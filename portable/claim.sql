@@ -116,7 +116,9 @@ BEGIN
     -- 48 k instructions a call; docs/performance.md, "Fewer statements per
     -- claim").
     -- Nor does a session found to be none before: the first look notes
-    -- the process id in idem.portable_checked_pid, session-level (undone
+    -- the process id in idem_portable.checked_pid (not under idem.: the
+    -- native library, preloaded on the same server, reserves that prefix
+    -- and refuses a name it does not define, 42602), session-level (undone
     -- if the transaction rolls back), which a worker inherits from its
     -- leader with the leader's id, never its own, and which a role that
     -- sets it itself makes skip only its own session's look; so a
@@ -126,12 +128,12 @@ BEGIN
     -- read in a statement of its own, nested, so that a session that
     -- skips it does not start its executor either.
     IF inet_client_port() IS NULL
-       AND current_setting('idem.portable_checked_pid', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+       AND current_setting('idem_portable.checked_pid', true) IS DISTINCT FROM pg_backend_pid()::text THEN
         IF (SELECT a.backend_type FROM pg_stat_get_activity(pg_backend_pid()) a) = 'parallel worker' THEN
             PERFORM idem.fail_with('25000', format('cannot execute %s during a parallel operation', what),
                 'A function that calls it must be PARALLEL UNSAFE (the default for CREATE FUNCTION): a parallel worker cannot write.');
         END IF;
-        PERFORM set_config('idem.portable_checked_pid', pg_backend_pid()::text, false);
+        PERFORM set_config('idem_portable.checked_pid', pg_backend_pid()::text, false);
     END IF;
     IF pg_is_in_recovery() THEN
         PERFORM idem.fail_with('25006', format('cannot execute %s in a read-only transaction', what),
