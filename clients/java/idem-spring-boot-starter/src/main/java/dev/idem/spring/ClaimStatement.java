@@ -27,6 +27,9 @@ public final class ClaimStatement {
     private static final String PLAIN = "SELECT claimed, state, result::text, expires_at FROM %sidem_claim(?, ?, ttl => ?::interval,"
             + " fingerprint => ?, wait => ?, lease => ?::interval)";
 
+    /** The two statements per schema prefix (one or two in an application), formatted once, not per request. */
+    private static final java.util.concurrent.ConcurrentMap<String, String[]> SQL = new java.util.concurrent.ConcurrentHashMap<>();
+
     /**
      * The claim of key, ready to execute: its row is (claimed, state,
      * result as text, expires_at). lockTimeout: the bound of the wait for a
@@ -37,7 +40,8 @@ public final class ClaimStatement {
     public static PreparedStatement prepare(Connection con, String schemaPrefix, String key, String bizType, String ttl,
                                             String fingerprint, boolean wait, Duration lockTimeout, String lease) throws SQLException {
         boolean bounded = wait && lockTimeout != null && lockTimeout.toMillis() > 0;
-        PreparedStatement st = con.prepareStatement(String.format(bounded ? BOUNDED : PLAIN, schemaPrefix));
+        String[] sql = SQL.computeIfAbsent(schemaPrefix, p -> new String[] {String.format(BOUNDED, p), String.format(PLAIN, p)});
+        PreparedStatement st = con.prepareStatement(sql[bounded ? 0 : 1]);
         try {
             int i = 1;
             st.setString(i++, key);

@@ -21,16 +21,30 @@ public final class Fingerprint {
     private Fingerprint() { }
 
     public static String of(String method, String rawPath, String rawQuery, String scope, byte[] body, List<String> excludeFields) {
-        MessageDigest sha;
-        try {
-            sha = MessageDigest.getInstance("SHA-256");
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException(e);
-        }
+        MessageDigest sha = sha256();
         sha.update((method.toUpperCase(java.util.Locale.ROOT) + " " + canonicalTarget(rawPath, rawQuery) + "\n" + scope + "\n")
                 .getBytes(StandardCharsets.UTF_8));
         sha.update(canonicalBody(body, excludeFields));
         return HexFormat.of().formatHex(sha.digest()).substring(0, 32);
+    }
+
+    /** SHA-256 looked up in the providers once; a clone per request. */
+    private static final MessageDigest SHA256 = newSha256();
+
+    private static MessageDigest newSha256() {
+        try {
+            return MessageDigest.getInstance("SHA-256");
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    private static MessageDigest sha256() {
+        try {
+            return (MessageDigest) SHA256.clone();
+        } catch (CloneNotSupportedException e) {
+            return newSha256();
+        }
     }
 
     /**

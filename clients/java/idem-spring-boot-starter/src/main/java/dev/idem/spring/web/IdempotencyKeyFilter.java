@@ -369,8 +369,10 @@ public class IdempotencyKeyFilter extends OncePerRequestFilter implements org.sp
                 rt.lockTimeout, rt.lease)) {
             try (ResultSet rs = st.executeQuery()) {
                 rs.next();
-                java.sql.Timestamp expires = rs.getTimestamp(4);
-                return new String[] {rs.getBoolean(1) ? "t" : "f", rs.getString(2), rs.getString(3),
+                boolean claimed = rs.getBoolean(1);
+                // expires_at is read and formatted for a replay only (its Idempotent-Expires header)
+                java.sql.Timestamp expires = claimed ? null : rs.getTimestamp(4);
+                return new String[] {claimed ? "t" : "f", rs.getString(2), rs.getString(3),
                         expires == null ? null : HTTP_DATE.format(expires.toInstant())};
             }
         } finally {

@@ -116,6 +116,8 @@ public final class Json {
         if (Double.isNaN(x) || Double.isInfinite(x)) return "null";
         if (x == 0) return "0";
         if (x < 0) return "-" + esNumber(-x);
+        // An integer below 2^53: its shortest round-trip digits are its own (every integer there is a double)
+        if (x < 9007199254740992.0 && x == Math.rint(x)) return Long.toString((long) x);
         BigDecimal exact = new BigDecimal(x);
         BigDecimal d = null;
         for (int p = 1; p <= 17; p++) {
