@@ -147,7 +147,7 @@ SQL
 pg_version=$(pc_psql -d mw -Atc "SHOW server_version")
 idem_version=$(pc_psql -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")
 idem_build=release
-if readelf -S /usr/lib/postgresql/15/lib/idem.so 2>/dev/null | grep -q debug_info; then idem_build="debug (DWARF sections)"; fi
+if readelf -S /usr/lib/postgresql/15/lib/idem.so 2>/dev/null | grep debug_info > /dev/null; then idem_build="debug (DWARF sections)"; fi
 echo "PostgreSQL $pg_version, idem $idem_version ($idem_build build of $(stat -c %y /usr/lib/postgresql/15/lib/idem.so | cut -d. -f1))"
 
 # ---- the servers --------------------------------------------------------------------

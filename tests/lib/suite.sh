@@ -186,10 +186,14 @@ slowest_steps() { # times.tsv
   [ -z "$CPU_RUN" ] || echo "CPU of the whole run: $(cpu_seconds "$CPU_RUN") s (wall $SECONDS s)"
 }
 
+# (a loop, not printf | grep -q: under pipefail, grep leaving at the first
+# match can kill printf, which writes line by line, with SIGPIPE, and a
+# name on the list would then read as absent)
 in_list() { # word list...
-  local w=$1
+  local w=$1 x
   shift
-  printf '%s\n' "$@" | grep -qx -- "$w"
+  for x in "$@"; do [ "$x" != "$w" ] || return 0; done
+  return 1
 }
 
 # A scenario is a file tests/scenarios/NAME.sh, or a function scenario_NAME

@@ -61,7 +61,7 @@ fetch_pg16() { # WORK STAGE -> the unpacked wheel in STAGE
   [ -f "$stage/$TREE/include/postgresql/server/access/heapam.h" ] || die "no server headers in $WHEEL"
   for p in "${PROGRAMS[@]}"; do
     [ -x "$stage/$TREE/$p" ] || die "$WHEEL has no $TREE/$p"
-    if ldd "$stage/$TREE/$p" | grep -q "not found"; then
+    if ldd "$stage/$TREE/$p" | grep "not found" > /dev/null; then
       ldd "$stage/$TREE/$p" >&2
       die "$TREE/$p: a library it needs is not found"
     fi
@@ -86,7 +86,7 @@ add_contrib() { # WORK STAGE -> CONTRIB_MODULES into the stage's tree
     install -m 755 "$so" "$stage/$TREE/lib/postgresql/"
     install -m 644 "$from/share/postgresql/extension/$m".control "$from/share/postgresql/extension/$m"--*.sql \
       "$stage/$TREE/share/postgresql/extension/"
-    if ldd "$stage/$TREE/lib/postgresql/$m.so" | grep -q "not found"; then
+    if ldd "$stage/$TREE/lib/postgresql/$m.so" | grep "not found" > /dev/null; then
       ldd "$stage/$TREE/lib/postgresql/$m.so" >&2
       die "$m.so: a library it needs is not found"
     fi
