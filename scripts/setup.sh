@@ -25,11 +25,7 @@ run_tool() { "tool_${1//-/_}"; }
 # children with ps, which minimal Debian images lack. (amcheck and
 # pg_basebackup come with postgresql-15; psycopg with tool_python.)
 tool_stress() (
-  if ! dpkg-query -W -f='${Status}' procps 2>/dev/null | grep -q "install ok installed"; then
-    say "installing procps (ps, for the crash and failover tests)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps >/dev/null
-  fi
+  apt_install "ps, for the crash and failover tests" procps
 )
 # Toolchains and drivers for the example programs in examples/ (run by
 # tests/scenarios/examples_*.sh): Node.js with npm and the `pg` package,
@@ -45,11 +41,7 @@ tool_examples() (
   command -v npm >/dev/null || apt_missing+=(npm)
   command -v javac >/dev/null || apt_missing+=(default-jdk-headless)
   [ -f /usr/share/java/postgresql.jar ] || apt_missing+=(libpostgresql-jdbc-java)
-  if [ ${#apt_missing[@]} -gt 0 ]; then
-    say "installing Debian packages for the examples: ${apt_missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
-  fi
+  [ ${#apt_missing[@]} = 0 ] || apt_install "for the examples" "${apt_missing[@]}"
 
   # npm writes node_modules/.package-lock.json on every install: newer than the
   # committed lock means the installed tree is the locked one.
@@ -78,15 +70,7 @@ tool_examples() (
 # systemd (on :9187, for a local PostgreSQL); the scenario neither needs nor
 # touches it: it runs its own exporter on a loopback port.
 tool_monitoring() (
-  missing=()
-  for p in prometheus-postgres-exporter curl python3-yaml; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    say "installing Debian packages for the monitoring tests: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  apt_install "for the monitoring tests" prometheus-postgres-exporter curl python3-yaml
 )
 # For tests/scenarios/packaging.sh pgxn: Debian's PGXN client (pgxnclient 1.3), which
 # `pgxn install`s idem from a distribution zip with the Makefile, and unzip,
@@ -95,11 +79,7 @@ tool_pgxn() (
   missing=()
   command -v pgxn >/dev/null || missing+=(pgxnclient)
   command -v unzip >/dev/null || missing+=(unzip)
-  if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]} (Debian packages, for the PGXN test)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  [ ${#missing[@]} = 0 ] || apt_install "for the PGXN test" "${missing[@]}"
 )
 # For tests/scenarios/clients.sh middleware_node: the npm packages a user's project
 # installs next to idem-pg (express, fastify, pg, and typescript with the
@@ -141,11 +121,7 @@ tool_python() (
 # machine with systemd, the package also enables its own service on
 # 127.0.0.1:6432; the scenario neither needs nor touches it.
 tool_pgbouncer() (
-  if [ ! -x /usr/sbin/pgbouncer ]; then
-    say "installing pgbouncer (Debian package, for the pooler scenario)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null
-  fi
+  [ -x /usr/sbin/pgbouncer ] || apt_install "for the pooler scenario" pgbouncer
 )
 # What tests/scenarios/clients.sh middleware_go needs: a Go toolchain (GO_MIN or
 # newer, tests/lib/middleware.sh) and the modules of the Go client (clients/go:
@@ -161,9 +137,7 @@ tool_middleware_go() (
   go_env online
   if ! go_new_enough; then
     if ! command -v go >/dev/null; then
-      say "installing Debian's Go, to fetch a newer toolchain with"
-      apt-get update -qq
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+      apt_install "Debian's Go, to fetch a newer toolchain with" golang-go
     fi
     say "fetching the Go toolchain module golang.org/toolchain@$GO_TOOLCHAIN from the Go module proxy"
     mkdir -p "$GO_CACHE_DIR"
@@ -220,11 +194,7 @@ tool_middleware_python() (
 # comes from tool_examples. Skipped when that repository already served
 # these pom files.
 tool_java() (
-  command -v mvn >/dev/null || {
-    say "installing Maven"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends maven >/dev/null
-  }
+  command -v mvn >/dev/null || apt_install "Maven" maven
 
   src="$ROOT/clients/java"
   stamp="$IDEM_MAVEN_REPO/.idem-stamps/$(cat "$src"/pom.xml "$src"/*/pom.xml | sha256sum | cut -c1-16)"
@@ -326,8 +296,7 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing Debian packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt_install "" "${missing[@]}"
 fi
 if [ "$pgrx_pid" = later ]; then
   step "building cargo-pgrx $PGRX_VERSION (once; about 3 minutes of CPU on 2 cores)"

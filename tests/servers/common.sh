@@ -49,16 +49,10 @@ host_packages_only() {
 }
 
 # host_packages PKG...: install from the host's own apt sources (Debian 12)
-# whatever is missing.
+# whatever is missing (apt_install of scripts/lib.sh, in a subshell: the
+# servers' scripts do not take that file's variables).
 host_packages() {
-  local missing=() p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} = 0 ] && return 0
-  log "installing Debian 12 packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  (source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"; apt_install "for tests/servers/" "$@")
 }
 
 # debian_source DIR SUITE PACKAGE...: download Debian SUITE's source
