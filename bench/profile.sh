@@ -18,7 +18,7 @@ usage() { sed -n '3,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2;
 die() { echo "$*" >&2; exit 1; }
 need_n() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 10 ] || die "N must be a number, at least 10"; N=$1 N0=$(($1 / 10)); }
 need_valgrind() {
-  command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+  command -v valgrind >/dev/null || apt_install "valgrind, for the profiles" valgrind
 }
 need_idem() {
   [ -f "$("$PG_CONFIG" --sharedir)/extension/idem.control" ] || die "idem is not installed into $PG_CONFIG's PostgreSQL"

@@ -73,8 +73,7 @@ pc_server_start "$CLUSTER"
 REDIS_SOCK=""
 if [ "$NO_REDIS" = 0 ]; then
   if ! command -v redis-server >/dev/null; then
-    say "installing redis-server for variant B3"
-    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null 2>&1) || true
+    apt_install "redis-server, for variant B3" redis-server || say "could not install redis-server: no variant B3 (NO_REDIS=1 skips it)"
   fi
   if command -v redis-server >/dev/null; then
     RDIR="$OUT/redis"

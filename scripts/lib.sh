@@ -123,11 +123,12 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 # The Debian packages of PACKAGE... that are missing, installed from the
 # machine's apt sources, saying why (WHY: "for the PGXN test"; "": the
-# caller says what it installs). The suite's
-# steps run side by side (the servers' builds beside the tests, each
-# installing what it needs on a fresh machine), and dpkg lets one caller in
-# at a time: the callers here queue on one lock, and apt waits for any
-# other (an unattended upgrade) rather than failing.
+# caller says what it installs). The suite's steps run side by side (the
+# servers' builds beside the tests, each installing what it needs on a
+# fresh machine), and apt and dpkg let one caller in at a time: every apt
+# command of the suite goes through apt_locked, which queues on one lock,
+# and apt waits for any other caller (an unattended upgrade) rather than
+# failing.
 apt_install() { # why package...
   local why=$1 missing=() p
   shift
@@ -136,10 +137,10 @@ apt_install() { # why package...
   done
   [ ${#missing[@]} = 0 ] && return 0
   [ -z "$why" ] || printf '\033[1m==> %s\033[0m\n' "installing Debian packages ($why): ${missing[*]}" >&2
-  (flock 9
-   apt-get -o DPkg::Lock::Timeout=900 update -qq
-   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  ) 9> /var/cache/apt/idem-install.lock
+  apt_locked update -qq && apt_locked install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+apt_locked() { # apt-get argument...
+  (flock 9 && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 "$@") 9> /var/cache/apt/idem-install.lock
 }
 
 as_postgres() { (cd / && sudo -u postgres "$@"); }

@@ -61,17 +61,6 @@ else
   want+=" copy=$ORIG stamp=$(sha256sum < "$ORIG/.idem-stamp" | cut -c1-16)"
   TLE_CONFIG="$PREFIX/${rel#*/}"
 fi
-# download_deb PACKAGE=VERSION: into $debs (once), printing its path.
-download_deb() {
-  local p=${1%%=*} v=${1#*=}
-  mkdir -p "$debs"
-  if ! ls "$debs/${p}_${v//:/%3a}_"*.deb >/dev/null 2>&1; then
-    (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null 2>&1) ||
-      { apt-get update -qq && (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null); } ||
-      die "cannot download $p=$v"
-  fi
-  ls "$debs/${p}_${v//:/%3a}_"*.deb | head -1
-}
 debs="$IDEM_CACHE/build/pg$MAJOR-tle/debs"
 CRON_STAMP="$PREFIX/.idem-cron-stamp"
 ready() { [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$TLE_CONFIG" ]; }
@@ -79,7 +68,7 @@ cron_ready() { [ $DEBIAN = 0 ] || { [ -f "$CRON_STAMP" ] && [ "$(cat "$CRON_STAM
 # add_cron: Debian's pg_cron unpacked into the finished tree, in place.
 add_cron() {
   log "unpacking Debian's pg_cron ($CRON_WANT) into $PREFIX"
-  dpkg-deb -x "$(download_deb "$CRON_WANT")" "$PREFIX"
+  dpkg-deb -x "$(download_deb "$debs" "$CRON_WANT")" "$PREFIX"
   [ -f "$("$TLE_CONFIG" --pkglibdir)/pg_cron.so" ] || die "pg_cron.so is not where the private server looks"
   echo "$CRON_WANT" > "$CRON_STAMP"
 }
@@ -97,7 +86,7 @@ mkdir -p "$new"
 if [ $DEBIAN = 1 ]; then
   log "unpacking Debian's PostgreSQL $MAJOR into $PREFIX and building pg_tle into it"
   for p in "${PKGS[@]}"; do
-    dpkg-deb -x "$(download_deb "$p=$(sed -E "s/.* $p=([^ ]*).*/\1/" <<< "$want")")" "$new"
+    dpkg-deb -x "$(download_deb "$debs" "$p=$(sed -E "s/.* $p=([^ ]*).*/\1/" <<< "$want")")" "$new"
   done
   ln -s "usr/lib/postgresql/$MAJOR/bin" "$new/bin"
   new_config="$new/bin/pg_config"

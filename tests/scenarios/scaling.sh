@@ -69,13 +69,8 @@ citus_tree() (
   if made; then echo "$PREFIX/bin/pg_config"; exit 0; fi
   log "unpacking Debian's PostgreSQL 15 into $PREFIX (${want})"
   debs="$IDEM_CACHE/build/pg15-citus/debs"
-  mkdir -p "$debs"
   for p in "${PKGS[@]}"; do
-    v=$(dpkg-query -W -f='${Version}' "$p")
-    ls "$debs/${p}_${v//:/%3a}_"*.deb >/dev/null 2>&1 && continue
-    (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null 2>&1) ||
-      { apt-get update -qq && (cd "$debs" && apt-get download -qq "$p=$v" >/dev/null); } ||
-      die "cannot download $p=$v"
+    download_deb "$debs" "$p=$(dpkg-query -W -f='${Version}' "$p")" >/dev/null
   done
   # A tree made from other versions is replaced whole (a Citus built into
   # it goes with it, and citus_build builds it again).
@@ -124,15 +119,7 @@ citus_build() (
   fi
   deps=(build-essential autoconf flex bison libcurl4-openssl-dev liblz4-dev
         libzstd-dev libkrb5-dev libssl-dev libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev)
-  missing=()
-  for p in "${deps[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    say "installing Citus build dependencies: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  fi
+  apt_install "Citus's build dependencies" "${deps[@]}"
   # (The headers are the tree's own: citus_tree unpacks the server and its
   # -dev package of one version.)
   say "building Citus 13.2.2 from $CITUS_TARBALL into $pkglib (about 5 minutes on 2 cores, once)"

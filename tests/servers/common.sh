@@ -55,6 +55,21 @@ host_packages() {
   (source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"; apt_install "for tests/servers/" "$@")
 }
 
+# download_deb DIR PACKAGE=VERSION: the host's apt sources' file of that
+# package into DIR (once; apt's lists updated, through apt_locked, when they
+# do not know it), printing its path.
+download_deb() {
+  local dir=$1 p=${2%%=*} v=${2#*=}
+  mkdir -p "$dir"
+  if ! ls "$dir/${p}_${v//:/%3a}_"*.deb >/dev/null 2>&1; then
+    (cd "$dir" && apt-get download -qq "$p=$v" >/dev/null 2>&1) ||
+      { (source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"; apt_locked update -qq) &&
+        (cd "$dir" && apt-get download -qq "$p=$v" >/dev/null); } ||
+      die "cannot download $p=$v"
+  fi
+  ls "$dir/${p}_${v//:/%3a}_"*.deb | head -1
+}
+
 # debian_source DIR SUITE PACKAGE...: download Debian SUITE's source
 # packages into DIR with a throw-away apt list under DIR/.apt; the host's apt
 # sources, lists and caches are left as they are. apt checks every file
