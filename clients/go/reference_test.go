@@ -416,3 +416,15 @@ func TestCanonicalTargetAgainstReference(t *testing.T) {
 		}
 	}
 }
+
+// go test -run XXX -fuzz FuzzCanonicalBodyAgainstReference: any body, and
+// a field to exclude, against the reference (without -fuzz, the seeds).
+func FuzzCanonicalBodyAgainstReference(f *testing.F) {
+	for _, s := range []string{`{"b":1,"a":[1.0,-0,1e21]}`, `{"\ue000":1,"😀":2,"a":{"b":3}}`, `"\ud800x"`, "1 2", "\xff", " "} {
+		f.Add([]byte(s), "a.b")
+	}
+	f.Fuzz(func(t *testing.T, body []byte, exclude string) {
+		sameCanonical(t, body, []string{exclude})
+		sameCanonical(t, body, nil)
+	})
+}
