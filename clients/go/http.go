@@ -719,7 +719,7 @@ func (t *connTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 // round trip; its COMMIT does not run if storing fails). storeErr: nothing
 // was stored (the transaction rolls back); commitErr: the COMMIT failed,
 // and the outcome may be unknown.
-func (m *Middleware) storeAndCommit(ctx context.Context, r *http.Request, tx *reqTx, c *ClaimResult, failure bool, doc storedResponse) (storeErr, commitErr error) {
+func (m *Middleware) storeAndCommit(ctx context.Context, r *http.Request, tx *reqTx, c *ClaimResult, failure bool, doc json.RawMessage) (storeErr, commitErr error) {
 	if tx.conn != nil && m.cfg.Phase == nil {
 		storeErr, commitErr := c.finishAndCommit(ctx, tx.conn.Conn(), failure, doc)
 		if storeErr == nil && commitErr == nil {

@@ -4,40 +4,111 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"unicode/utf8"
 )
 
-// storedResponse is the document given to idem_complete / idem_fail, the
-// same as the Python client's: the status, the stored headers as [name,
-// value] pairs, the body as UTF-8 text ("body") or base64 ("body_b64"), or
-// "body_stored": false for a body over MaxStoredBody.
-type storedResponse struct {
-	Status     int         `json:"status"`
-	Headers    [][2]string `json:"headers"`
-	Body       *string     `json:"body,omitempty"`
-	BodyB64    *string     `json:"body_b64,omitempty"`
-	BodyStored *bool       `json:"body_stored,omitempty"`
-}
-
-func toDocument(status int, h http.Header, body []byte, keep []string, maxBody int) storedResponse {
-	doc := storedResponse{Status: status, Headers: [][2]string{}}
+// toDocument is the document given to idem_complete / idem_fail, the same
+// as the Python client's: the status, the stored headers as [name, value]
+// pairs, the body as UTF-8 text ("body") or base64 ("body_b64"), or
+// "body_stored": false for a body over MaxStoredBody. It is written here
+// byte for byte as encoding/json would marshal it (members in this order,
+// strings escaped as its appendString does; reference_test.go holds it to
+// that), since marshalling a struct by reflection for every stored
+// response cost more than the rest of building it.
+func toDocument(status int, h http.Header, body []byte, keep []string, maxBody int) json.RawMessage {
+	// One allocation for a typical answer: room for the status and a few
+	// short headers, and for the body as base64 or with a little escaping.
+	room := 128
+	if len(body) <= maxBody {
+		room += len(body) + len(body)/3
+	}
+	b := make([]byte, 0, room)
+	b = append(b, `{"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"headers":[`...)
+	pairs := 0
 	for _, name := range keep {
 		for _, v := range h.Values(name) {
-			doc.Headers = append(doc.Headers, [2]string{http.CanonicalHeaderKey(name), v})
+			if pairs > 0 {
+				b = append(b, ',')
+			}
+			pairs++
+			b = append(b, '[')
+			b = appendJSONString(b, http.CanonicalHeaderKey(name))
+			b = append(b, ',')
+			b = appendJSONString(b, v)
+			b = append(b, ']')
 		}
 	}
+	b = append(b, ']')
 	switch {
 	case len(body) > maxBody:
-		f := false
-		doc.BodyStored = &f
+		b = append(b, `,"body_stored":false`...)
 	case utf8.Valid(body):
-		s := string(body)
-		doc.Body = &s
+		b = append(b, `,"body":`...)
+		b = appendJSONString(b, body)
 	default:
-		s := base64.StdEncoding.EncodeToString(body)
-		doc.BodyB64 = &s
+		b = append(b, `,"body_b64":"`...)
+		b = base64.StdEncoding.AppendEncode(b, body)
+		b = append(b, '"')
 	}
-	return doc
+	return append(b, '}')
+}
+
+// appendJSONString writes s as encoding/json's Marshal does (HTML
+// escaping on): \" \\ \b \f \n \r \t, other control characters and < > &
+// as \u00xx, an invalid UTF-8 byte as \ufffd, U+2028 and U+2029 as \u2028
+// and \u2029; everything else as it is.
+func appendJSONString[T string | []byte](b []byte, s T) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
+		switch {
+		case r == utf8.RuneError && n == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += n
+			continue
+		}
+		i += n
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }
 
 // replayable is a stored response read back. It reads the Python client's
