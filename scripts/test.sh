@@ -37,10 +37,10 @@ CORE_SCENARIOS=(storage_sql environments encodings catalog_events two_phase upgr
 # scenarios, which share the private cluster and change its settings (the
 # storage path, roles, pg_cron's database) and so stay in one line, which
 # then helps with the queue. In the core suite too (on the other majors:
-# environments, storage_sql, retention and wraparound beside the rest).
+# environments, storage_sql, retention, wraparound and portable beside the rest).
 LANE_B=(backtraces bench_smoke citus crash dashboard environments failover hot_standby java_spring logical metrics middleware_go
-        middleware_node middleware_python package pgbouncer pgxn plproxy portable_move portable_update prometheus retention
-        sql_exporter sqlstates storage_sql wraparound)
+        middleware_node middleware_python package pgbouncer pgxn plproxy portable portable_move portable_update prometheus
+        retention sql_exporter sqlstates storage_sql wraparound)
 # The longest scenarios, taken first in each line (run_lines in suite.sh),
 # by their CPU and wall in the runs before (a full run's summary lists both).
 LONGEST_FIRST=(portable citus java_spring environments middleware_python bench_smoke middleware_node storage_sql

@@ -67,11 +67,14 @@ def sqlstate_of(fn, c=None):
 
 
 def wait_until(what, fn, timeout=60):
-    end = time.monotonic() + timeout
+    end, pause = time.monotonic() + timeout, 0.01
     while time.monotonic() < end:
         if fn():
             return True
-        time.sleep(0.01)  # polling an observable state
+        # polling an observable state: every 10 ms at first, then less
+        # often, up to every 100 ms (many of these ask all three nodes)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
     ok(False, f"timed out waiting for: {what}")
     raise TimeoutError(what)
 
@@ -382,7 +385,7 @@ def pgbench_result(p, path):
 
 def check_maintenance():
     """idem_maintain on the coordinator once a second while 2 pgbench clients
-    claim through it; widths of 2 s (and a 100 ms run). In MAINT_DB, where
+    claim through it (200 claims a second); widths of 2 s (and a 100 ms run). In MAINT_DB, where
     idem_distribute has run and maintenance has not."""
     m = conn("coord", db=MAINT_DB)
     width, ttl, secs = "2 seconds", "6 seconds", int(os.environ.get("CITUS_MAINT_SECONDS", "25"))
@@ -408,9 +411,12 @@ def check_maintenance():
     live = sum(one(m, "SELECT state FROM idem_lookup(%s, %s)", k, bt)[0] == "completed" for k in ttl_keys)
     ok(all(answers(k) for k in ttl_keys),
        f"the moved claims still answer until they expire ({live} of 20 answered completed when counted after)")
+    # (At 200 claims a second, not flat out: what is tested is claims and
+    # partitions made and dropped under them at once; check_maintenance_busy
+    # below runs its clients flat out.)
     p, path = pgbench(PORTS["coord"], secs, 2,
                       f"\\set n random(1, 2000000000)\nSELECT claimed FROM idem_claim('m' || :n, '{bt}');\n",
-                      ("--max-tries=1", "--failures-detailed"), db=MAINT_DB)
+                      ("--max-tries=1", "--failures-detailed", "--rate=200"), db=MAINT_DB)
     runs, errors, attempts, durations = Counter(), Counter(), [], []
     created = dropped = 0
     end = time.monotonic() + secs - 2

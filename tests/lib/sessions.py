@@ -8,11 +8,15 @@ import time
 def wait_until(what, cond, timeout=15.0):
     """Poll an observable condition; False if it never held (the caller's
     check then fails: the limit is a safety net, never the verdict)."""
-    end = time.monotonic() + timeout
+    # (Every 5 ms at first, then less often, up to every 50 ms: a state
+    # that comes at once is seen at once, and a long wait on a loaded
+    # machine does not spend a core on asking.)
+    end, pause = time.monotonic() + timeout, 0.005
     while time.monotonic() < end:
         if cond():
             return True
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.05)
     print(f"     (gave up waiting for: {what})")
     return False
 

@@ -21,12 +21,14 @@ source "$ROOT/tests/lib/scenarios.sh"
 #   4. the same digests, TTL classes, widths and counters as the native
 #      edition (tests/portable/equality.sql), and the same public signatures
 #      (tests/portable/signatures.sql, differences allowed only as listed in
-#      docs/portable.md), compared with the native edition of the server at
-#      $NATIVE_HOST:$NATIVE_PORT (default: the suite's cluster);
+#      docs/portable.md), compared with the native edition of a private
+#      server of the same major (tests/portable/steps.sh beside_native,
+#      step 8, which writes the native side);
 #   5. the key locks under load and against a hostile role
-#      (tests/portable/steps.sh gates: 100,000 claims in one transaction while
-#      others connect and claim, eight sessions of 2,000 claims each, a
-#      LOGIN role that blocks, watches and forges, what maintenance keeps);
+#      (tests/portable/steps.sh gates: 100,000 claims in one transaction, on
+#      the other majors 20,000, while others connect and claim, eight
+#      sessions of 2,000 claims each, a LOGIN role that blocks, watches and
+#      forges, what maintenance keeps);
 #      a fault stress: sessions claiming the same keys at the same moment,
 #      some terminated mid-transaction (tests/portable/stress.py), and its
 #      negative control (no key locks: keys must be applied twice).
@@ -39,8 +41,10 @@ source "$ROOT/tests/lib/scenarios.sh"
 #      pg_cron cannot be had for 16 and 18 here (tests/portable/tree.sh
 #      says why): there step 7 is skipped, and only it;
 #   8. installed beside the native edition on a server that preloads the
-#      native library (tests/portable/steps.sh beside_native, the suite's
-#      PostgreSQL of the same major).
+#      native library (tests/portable/steps.sh beside_native, a private
+#      server of the suite's PostgreSQL of the same major).
+# It uses servers of its own only (not the suite's cluster): scripts/test.sh
+# runs it in its second lane.
 #
 # Tests that do not run here, and why (the one list; the schedules are
 # tests/portable/regress_schedule, widths_schedule and isolation_schedule):
@@ -74,10 +78,8 @@ source "$ROOT/tests/lib/cluster.sh"
 # side by side. PORTABLE_PORT picks another.
 PORT="${PORTABLE_PORT:-$(major_port 5546)}"
 # The private server is of the same major as PG_CONFIG's
-# (tests/portable/tree.sh), compared with the native edition on the suite's
-# cluster of that major.
-NATIVE_HOST="${NATIVE_HOST:-$(cluster_dir)}"
-NATIVE_PORT="${NATIVE_PORT:-$IDEM_PORT}"
+# (tests/portable/tree.sh), compared with the native edition on a private
+# server of that major (step 8).
 TLE_CONFIG=$(bash "$ROOT/tests/portable/tree.sh")
 TLE_BIN=$("$TLE_CONFIG" --bindir)
 TLE_TEST="$("$TLE_CONFIG" --pkglibdir)/pgxs/src/test"
@@ -126,7 +128,6 @@ fi
 pc_server_start "$dir"
 # psql_as ROLE DB ARGS...
 psql_as() { local role=$1 db=$2; shift 2; "$TLE_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p $PORT -U "$role" -d "$db" "$@"; }
-psql_native() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$NATIVE_HOST" -p "$NATIVE_PORT" -U postgres "$@"; }
 check() { # what expected actual
   if [ "$2" = "$3" ]; then echo "ok: $1"; else echo "FAILED: $1: expected [$2], got [$3]"; fails=$((fails + 1)); fi
 }
@@ -250,25 +251,10 @@ if ! PGHOST="$dir" PGPORT="$PORT" PGUSER=postgres make -s -C "$ROOT" installchec
 fi
 regress_results "$out/installcheck.log" | grep . || cat "$out/installcheck.log"
 
-echo "== 4. the same results and signatures as the native edition ($NATIVE_HOST:$NATIVE_PORT)"
-psql_native -d postgres -c "DROP DATABASE IF EXISTS portable_native WITH (FORCE)" -c "CREATE DATABASE portable_native"
-psql_native -d portable_native -c "CREATE EXTENSION idem"
+echo "== 4. the same results and signatures as the native edition (compared in step 8)"
 for f in equality signatures; do
-  psql_native -d portable_native -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.native"
   psql_as postgres portable_regression -At -f "$ROOT/tests/portable/$f.sql" > "$out/$f.portable"
 done
-psql_native -d postgres -c "DROP DATABASE portable_native"
-check "digests, TTL classes, widths: lines compared" "1" "$(($(grep -c . "$out/equality.native") > 20000))"
-check "digests, TTL classes, widths equal the native ones" "" "$(diff "$out/equality.native" "$out/equality.portable" | head -20)"
-# Public signatures: equal, but for the differences docs/portable.md lists
-# (its block after "Signature differences"); internal functions: every
-# native one exists alike (the portable edition has helpers besides).
-allowed=$(sed -n '/^<!-- signature differences -->$/,/^<!-- end -->$/p' "$ROOT/docs/portable.md" | sed -n 's/^    //p')
-unlisted=$(diff <(grep -v '^internal ' "$out/signatures.native") <(grep -v '^internal ' "$out/signatures.portable") \
-  | sed -n 's/^[<>] //p' | grep -vxF -f <(printf '%s\n' "$allowed") || true)
-check "public signatures equal but for docs/portable.md's list" "" "$unlisted"
-check "every internal function of the native edition, alike" "" \
-  "$(comm -23 <(grep '^internal ' "$out/signatures.native") <(grep '^internal ' "$out/signatures.portable"))"
 
 echo "== 5. fault stress"
 stress_db() { # db
@@ -384,8 +370,21 @@ SQL
   psql_as tle_admin $CRON_DB -Atc "SELECT cron.unschedule('idem_maintain')" >/dev/null
 fi
 
-echo "== 8. beside the native edition, on a server that preloads it"
-bash "$ROOT/tests/portable/steps.sh" beside_native || { echo "FAILED: tests/portable/steps.sh beside_native"; fails=$((fails + 1)); }
+echo "== 8. beside the native edition, on a server that preloads it; the native side of step 4"
+NATIVE_EQUALITY_OUT="$out" bash "$ROOT/tests/portable/steps.sh" beside_native \
+  || { echo "FAILED: tests/portable/steps.sh beside_native"; fails=$((fails + 1)); }
+touch "$out/equality.native" "$out/signatures.native"   # (written by beside_native; empty if it failed first)
+check "digests, TTL classes, widths: lines compared" "1" "$(($(grep -c . "$out/equality.native") > 20000))"
+check "digests, TTL classes, widths equal the native ones" "" "$(diff "$out/equality.native" "$out/equality.portable" | head -20)"
+# Public signatures: equal, but for the differences docs/portable.md lists
+# (its block after "Signature differences"); internal functions: every
+# native one exists alike (the portable edition has helpers besides).
+allowed=$(sed -n '/^<!-- signature differences -->$/,/^<!-- end -->$/p' "$ROOT/docs/portable.md" | sed -n 's/^    //p')
+unlisted=$(diff <(grep -v '^internal ' "$out/signatures.native") <(grep -v '^internal ' "$out/signatures.portable") \
+  | sed -n 's/^[<>] //p' | grep -vxF -f <(printf '%s\n' "$allowed") || true)
+check "public signatures equal but for docs/portable.md's list" "" "$unlisted"
+check "every internal function of the native edition, alike" "" \
+  "$(comm -23 <(grep '^internal ' "$out/signatures.native") <(grep '^internal ' "$out/signatures.portable"))"
 
 echo "portable suites and checks failed: $fails"
 [ "$fails" = 0 ]
