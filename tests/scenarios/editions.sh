@@ -48,8 +48,8 @@ source "$ROOT/tests/lib/scenarios.sh"
 #
 # Tests that do not run here, and why (the one list; the schedules are
 # tests/portable/regress_schedule, widths_schedule and isolation_schedule):
-#   pg_regress claim_bulk: its 100,000-key transaction (and the same keys
-#     twice more) takes some six minutes at PL/pgSQL's speed; the same batch
+#   pg_regress claim_bulk: its 30,000-key transaction (and the same keys
+#     twice more) takes minutes at PL/pgSQL's speed; a larger batch
 #     runs in tests/portable/steps.sh gates, with other roles connecting and
 #     claiming meanwhile.
 #   pg_regress storage_drift: the direct path's refusal (0A000) of
