@@ -17,6 +17,7 @@
 #   IDEM_MAJORS="16 17 18" (default) / "" : which other majors a full run covers
 #                     (side by side; IDEM_MAJORS_SERIAL=1: one after another)
 #   IDEM_LANES_SERIAL=1  all scenarios in one line (no second lane: LANE_B below)
+#   IDEM_SLOTS=N      at most N tests at once on the machine, all majors (default 5; 0: no limit)
 #   IDEM_SETUP=0      skip scripts/setup.sh (what it installs is there already)
 # Another PostgreSQL: PG_CONFIG=/path/to/pg_config bash scripts/test.sh
 # (see lib.sh; its own cluster, port and target/pgNN/test-out).
