@@ -81,9 +81,10 @@ def batch(obs):
     # Other roles keep connecting to another database and claiming there
     # while the batch holds its keys, from its start to its end: the next
     # session a twentieth of the time the batch has run so far after the
-    # last (a quarter of a second at least), so that their number grows
-    # with the logarithm of the batch's length, which the machine's load
-    # stretches, not with the length. (What could refuse them is the lock
+    # last (a tenth of a second at least: a batch of 20,000 keys may take
+    # only a few seconds, and at least 10 sessions must meet it), so that
+    # their number grows with the logarithm of the batch's length, which
+    # the machine's load stretches, not with the length. (What could refuse them is the lock
     # table, whose entries the batch holds are counted below; back to back,
     # the sessions' start-ups cost more CPU than the batch itself and proved
     # nothing more.)
@@ -100,7 +101,7 @@ def batch(obs):
             errors.append(f"{e.sqlstate}: {str(e).splitlines()[0]}")
             if len(errors) > 20:
                 break
-        t.join(max(0.25, (time.monotonic() - began) / 20))
+        t.join(max(0.1, (time.monotonic() - began) / 20))
     t.join()
     held = obs.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", (app_pid,)).fetchone()[0]
     claimed = box.get("value")
