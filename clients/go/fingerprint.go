@@ -614,7 +614,6 @@ func firstUnit(r rune) rune {
 // other control characters as \u00xx, everything else as it is (an
 // invalid UTF-8 byte as U+FFFD).
 func appendCanonicalString[T string | []byte](b []byte, s T) []byte {
-	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -634,22 +633,7 @@ func appendCanonicalString[T string | []byte](b []byte, s T) []byte {
 			continue
 		}
 		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\b':
-			b = append(b, '\\', 'b')
-		case '\f':
-			b = append(b, '\\', 'f')
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
+		b = appendEscapedASCII(b, c)
 		i++
 		start = i
 	}

@@ -72,22 +72,7 @@ func appendJSONString[T string | []byte](b []byte, s T) []byte {
 				continue
 			}
 			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
+			b = appendEscapedASCII(b, c)
 			i++
 			start = i
 			continue
@@ -182,4 +167,26 @@ func fromDocument(raw json.RawMessage) (*replayable, bool) {
 		}
 	}
 	return r, true
+}
+
+// appendEscapedASCII writes an ASCII byte that a JSON string escapes (", \,
+// a control character; < > & in encoding/json's HTML escaping) as both
+// JSON.stringify and encoding/json write it.
+func appendEscapedASCII(b []byte, c byte) []byte {
+	const hex = "0123456789abcdef"
+	switch c {
+	case '"', '\\':
+		return append(b, '\\', c)
+	case '\b':
+		return append(b, '\\', 'b')
+	case '\f':
+		return append(b, '\\', 'f')
+	case '\n':
+		return append(b, '\\', 'n')
+	case '\r':
+		return append(b, '\\', 'r')
+	case '\t':
+		return append(b, '\\', 't')
+	}
+	return append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 }
