@@ -7,23 +7,29 @@ import (
 	"testing"
 )
 
-// The conformance table's canonical JSON pairs (tests/middleware/
-// conformance.json, shared by every idem client): CanonicalBody gives each
-// input's canonical form exactly.
-func TestConformanceCanonicalJSON(t *testing.T) {
+// conformanceTable reads tests/middleware/conformance.json, the table every
+// idem client is held to.
+func conformanceTable(t *testing.T) (table struct {
+	Pairs    [][2]string       `json:"canonical_json"`
+	Bodies   [][2]string       `json:"canonical_body"`
+	Targets  [][2]string       `json:"canonical_target"`
+	Problems map[string][2]any `json:"problems"`
+}) {
+	t.Helper()
 	raw, err := os.ReadFile("../../tests/middleware/conformance.json")
 	if err != nil {
 		t.Fatalf("the conformance table: %v", err)
 	}
-	var table struct {
-		Pairs    [][2]string       `json:"canonical_json"`
-		Bodies   [][2]string       `json:"canonical_body"`
-		Targets  [][2]string       `json:"canonical_target"`
-		Problems map[string][2]any `json:"problems"`
+	if err := json.Unmarshal(raw, &table); err != nil || len(table.Pairs) == 0 || len(table.Bodies) == 0 {
+		t.Fatalf("the conformance table: %d and %d pairs, %v", len(table.Pairs), len(table.Bodies), err)
 	}
-	if err := json.Unmarshal(raw, &table); err != nil || len(table.Pairs) == 0 {
-		t.Fatalf("the conformance table: %d pairs, %v", len(table.Pairs), err)
-	}
+	return table
+}
+
+// The conformance table's canonical JSON pairs: CanonicalBody gives each
+// input's canonical form exactly.
+func TestConformanceCanonicalJSON(t *testing.T) {
+	table := conformanceTable(t)
 	for _, p := range table.Pairs {
 		if got := string(CanonicalBody([]byte(p[0]), nil)); got != p[1] {
 			t.Errorf("CanonicalBody(%s) = %s, the table says %s", p[0], got, p[1])

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,17 +33,7 @@ func sameCanonical(t *testing.T, body []byte, excludeFields []string) {
 }
 
 func TestCanonicalBodyConformanceAgainstReference(t *testing.T) {
-	raw, err := os.ReadFile("../../tests/middleware/conformance.json")
-	if err != nil {
-		t.Fatalf("the conformance table: %v", err)
-	}
-	var table struct {
-		Pairs  [][2]string `json:"canonical_json"`
-		Bodies [][2]string `json:"canonical_body"`
-	}
-	if err := json.Unmarshal(raw, &table); err != nil || len(table.Pairs) == 0 || len(table.Bodies) == 0 {
-		t.Fatalf("the conformance table: %d and %d pairs, %v", len(table.Pairs), len(table.Bodies), err)
-	}
+	table := conformanceTable(t)
 	for _, p := range append(table.Pairs, table.Bodies...) {
 		sameCanonical(t, []byte(p[0]), nil)
 		sameCanonical(t, []byte(p[1]), nil)
