@@ -18,6 +18,9 @@ import threading
 import time
 from collections import Counter
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import sessions  # noqa: E402
+
 import psycopg
 
 HOST = "127.0.0.1"
@@ -67,14 +70,10 @@ def sqlstate_of(fn, c=None):
 
 
 def wait_until(what, fn, timeout=60):
-    end, pause = time.monotonic() + timeout, 0.01
-    while time.monotonic() < end:
-        if fn():
-            return True
-        # polling an observable state: every 10 ms at first, then less
-        # often, up to every 100 ms (many of these ask all three nodes)
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.1)
+    """sessions.wait_until, polling at most every 100 ms (many of these ask
+    all three nodes); a wait that never ends fails the check and stops it."""
+    if sessions.wait_until(what, fn, timeout, slowest=0.1):
+        return True
     ok(False, f"timed out waiting for: {what}")
     raise TimeoutError(what)
 

@@ -5,18 +5,18 @@ import threading
 import time
 
 
-def wait_until(what, cond, timeout=15.0):
+def wait_until(what, cond, timeout=15.0, slowest=0.05):
     """Poll an observable condition; False if it never held (the caller's
     check then fails: the limit is a safety net, never the verdict)."""
-    # (Every 5 ms at first, then less often, up to every 50 ms: a state
-    # that comes at once is seen at once, and a long wait on a loaded
-    # machine does not spend a core on asking.)
+    # (Every 5 ms at first, then less often, up to every `slowest` seconds:
+    # a state that comes at once is seen at once, and a long wait on a
+    # loaded machine does not spend a core on asking.)
     end, pause = time.monotonic() + timeout, 0.005
     while time.monotonic() < end:
         if cond():
             return True
         time.sleep(pause)
-        pause = min(pause * 1.5, 0.05)
+        pause = min(pause * 1.5, slowest)
     print(f"     (gave up waiting for: {what})")
     return False
 
