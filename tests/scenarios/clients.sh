@@ -1049,10 +1049,18 @@ t0=$(date +%s%N)
 echo "(probe built in $(ms_since "$t0") ms)"
 probe="$rust_dir/target/debug/idem-pooler-probe"
 export PGHOST=127.0.0.1 PGPORT=$TX_PORT PGUSER=postgres
-coproc HOLD { PGDATABASE=tokio1 exec "$probe" hold; }
-coproc_pid=$HOLD_PID
+# Client A talks through two FIFOs, not a coproc: bash unsets a coproc's
+# variables as soon as it reaps the process, and A exits right after
+# answering "go", so its pipes could vanish before its answer was read.
+# A's shell opens its stdin FIFO, then its stdout FIFO, and each open waits
+# for this side's, made in the same order: A cannot be gone before both
+# ends are held here, and its stdout reaches end-of-file when it exits.
+mkfifo "$work/hold.in" "$work/hold.out"
+PGDATABASE=tokio1 "$probe" hold < "$work/hold.in" > "$work/hold.out" &
+coproc_pid=$!
+exec {hold_in}> "$work/hold.in" {hold_out}< "$work/hold.out"
 hold_pid=
-while read -r line <&"${HOLD[0]}"; do
+while read -r line <&"$hold_out"; do
   echo "  client A (prepare, then wait): $line"
   case "$line" in "pid "*) hold_pid=${line#pid } ;; ready|error*) break ;; esac
 done
@@ -1064,11 +1072,11 @@ q=$(PGDATABASE=tokio1 "$probe" typed)
 echo "$q" | sed 's/^/  client B, Client::query_typed: /'
 expect "tokio-postgres Client::query_typed on the same session" "$(echo "$q" | tail -1)" \
   "result: statement of the second client: y"
-a_result="(client A had ended)"
-if [ -n "${HOLD[1]:-}" ]; then
-  echo go >&"${HOLD[1]}"
-  a_result=$(cat <&"${HOLD[0]}")
-fi
+# (if A has ended, "go" finds no reader: the subshell takes the SIGPIPE,
+# and A's answer is empty)
+(echo go >&"$hold_in") 2>/dev/null || true
+a_result=$(cat <&"$hold_out")
+exec {hold_in}>&- {hold_out}<&-
 wait "$coproc_pid" 2>/dev/null || true
 coproc_pid=
 expect "tokio-postgres: A then runs its own prepared statement" "$a_result" "result: statement of the first client: x"
