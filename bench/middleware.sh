@@ -147,7 +147,7 @@ SQL
 pg_version=$(pc_psql -d mw -Atc "SHOW server_version")
 idem_version=$(pc_psql -d mw -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idem'")
 idem_build=release
-if readelf -S /usr/lib/postgresql/15/lib/idem.so 2>/dev/null | grep debug_info > /dev/null; then idem_build="debug (DWARF sections)"; fi
+if grep -q debug_info <<<"$(readelf -S /usr/lib/postgresql/15/lib/idem.so 2>/dev/null)"; then idem_build="debug (DWARF sections)"; fi
 echo "PostgreSQL $pg_version, idem $idem_version ($idem_build build of $(stat -c %y /usr/lib/postgresql/15/lib/idem.so | cut -d. -f1))"
 
 # ---- the servers --------------------------------------------------------------------
@@ -189,13 +189,13 @@ if [ "$LANGS" = java ]; then
     --spring.datasource.hikari.maximum-pool-size=16 > "$OUT/java.log" 2>&1 &
   java_pid=$!
   for _ in $(seq 1 1200); do
-    JAVA_PORT=$(sed -n 's/.*Tomcat started on port[^0-9]*\([0-9][0-9]*\).*/\1/p' "$OUT/java.log" | head -1)
+    JAVA_PORT=$(sed -n 's/.*Tomcat started on port[^0-9]*\([0-9][0-9]*\).*/\1/p' "$OUT/java.log" | sed -n 1p)
     [ -n "$JAVA_PORT" ] && break
     kill -0 "$java_pid" 2>/dev/null || { cat "$OUT/java.log"; exit 1; }
     sleep 0.2
   done
   [ -n "$JAVA_PORT" ] || fail "the Java server did not start"
-  echo "$(java -version 2>&1 | head -1), Spring Boot $(grep -o 'Spring Boot :: *(v[0-9.]*)' "$OUT/java.log" | grep -o '[0-9.]*[0-9]') on 127.0.0.1:$JAVA_PORT"
+  echo "$(java -version 2>&1 | sed -n 1p), Spring Boot $(grep -o 'Spring Boot :: *(v[0-9.]*)' "$OUT/java.log" | grep -o '[0-9.]*[0-9]') on 127.0.0.1:$JAVA_PORT"
 else
   start_python "$venv/bin/python"
   start_django

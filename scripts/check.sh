@@ -41,7 +41,7 @@ source "$ROOT/tests/lib/suite.sh"
 in_schedule() { # schedule-file: its tests that were asked for (all if none)
   sed -n 's/^test: *//p' "$1" | tr ' ' '\n' | while read -r n; do
     [ -n "$n" ] || continue
-    if [ ${#tests[@]} = 0 ] || printf '%s\n' "${tests[@]}" | grep -qx "$n"; then echo "$n"; fi
+    if [ ${#tests[@]} = 0 ] || in_list "$n" "${tests[@]}"; then echo "$n"; fi
   done
 }
 run() { # kind inputdir schedule

@@ -50,7 +50,7 @@ if [ "$(psql_idem -d postgres -Atc "SELECT current_setting('shared_preload_libra
   cron=1
   db=$(psql_idem -d postgres -Atc "SHOW cron.database_name")
 fi
-psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
+grep -q 1 <<<"$(psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'")" \
   || psql_idem -q -d postgres -c "CREATE DATABASE $db"
 # Restart the cluster once, when the demo creates the extension: in the
 # first runs of this demo on pg_cron 1.4, a cluster whose pg_cron extension

@@ -133,7 +133,7 @@ apt_install() { # why package...
   local why=$1 missing=() p
   shift
   for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
   done
   [ ${#missing[@]} = 0 ] && return 0
   [ -z "$why" ] || printf '\033[1m==> %s\033[0m\n' "installing Debian packages ($why): ${missing[*]}" >&2

@@ -19,7 +19,7 @@ cd "$ROOT"
 # a failure deep in cargo-pgrx's log.
 need() { echo "package.sh needs $1: $2" >&2; echo "(bash scripts/setup.sh installs everything the build needs)" >&2; exit 1; }
 command -v cargo >/dev/null || need "a Rust toolchain (1.89 or newer)" "https://rustup.rs"
-cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$" \
+grep -q " $PGRX_VERSION\$" <<<"$(cargo pgrx --version 2>/dev/null)" \
   || need "cargo-pgrx $PGRX_VERSION" "cargo install cargo-pgrx --version $PGRX_VERSION --locked"
 [ -f "$("$PG_CONFIG" --includedir-server)/postgres.h" ] \
   || need "PostgreSQL $PG_MAJOR's server headers" "apt-get install postgresql-server-dev-$PG_MAJOR"
@@ -50,7 +50,7 @@ if ! idem_build "$ROOT" cargo pgrx package --pg-config "$PG_CONFIG" "${PG_FEATUR
      > "$log" 2>&1; then
   # cargo's "error…" and cargo-pgrx's "Error:", else the log's end; the
   # message and the log's name whatever the grep finds (set -e, pipefail).
-  { grep -E -A8 "^(error|Error:)" "$log" || tail -30 "$log"; } | head -60 >&2 || true
+  { grep -E -A8 "^(error|Error:)" "$log" || tail -30 "$log"; } | sed -n 1,60p >&2 || true
   echo "cargo pgrx package failed (log: $log)" >&2
   exit 1
 fi

@@ -259,7 +259,7 @@ MSG
   exit 1
 fi
 have=$(rustc --version | awk '{print $2}')
-if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | sed -n 1p)" != "$need" ]; then
   echo "rustc $have is older than $need, which idem's build needs$([ $tests = 1 ] && echo ' with its tests'): rustup update stable" >&2
   exit 1
 fi
@@ -277,7 +277,7 @@ TEST_PACKAGES=(libipc-run-perl python3-venv python3-pip)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
 done
 
 # cargo-pgrx builds while apt installs (it needs only the Rust toolchain and
@@ -285,7 +285,7 @@ done
 # half the compile time of a release build, and it only drives builds.
 pgrx_log="${TMPDIR:-/tmp}/idem-cargo-pgrx-install.$$.log"
 pgrx_pid=
-if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+if ! grep -q "$PGRX_VERSION" <<<"$(cargo pgrx --version 2>/dev/null)"; then
   if command -v cc >/dev/null; then
     step "building cargo-pgrx $PGRX_VERSION in the background (once; about 3 minutes of CPU on 2 cores, log: $pgrx_log)"
     CARGO_PROFILE_DEV_DEBUG=0 cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --debug > "$pgrx_log" 2>&1 &

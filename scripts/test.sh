@@ -71,7 +71,7 @@ major_16() {
   pg16=$(bash "$ROOT/tests/servers/pg16.sh" 2> "$OUT/pg16-unpack.log") || { record "pg16/unpack" 1; tail -20 "$OUT/pg16-unpack.log"; return; }
   run_major pg16 env PG_CONFIG="$pg16" IDEM_SUITE=core bash "$ROOT/scripts/test.sh"
   # No compiler warning in idem's build for 16 (cargo repeats a cached build's warnings).
-  if grep -q "^warning" "$OUT/pg16.log"; then record "pg16/no_build_warnings" 1; grep "^warning" "$OUT/pg16.log" | head -20
+  if grep -q "^warning" "$OUT/pg16.log"; then record "pg16/no_build_warnings" 1; grep -m20 "^warning" "$OUT/pg16.log"
   else record "pg16/no_build_warnings" 0; fi
   # (stopped, as 17's: pg16.sh does not swap in a new tree under a running server)
   PG_CONFIG="$pg16" bash "$ROOT/scripts/cluster.sh" stop > /dev/null 2>&1 || true
