@@ -257,7 +257,7 @@ pgb_stop() {
   local p
   [ -n "$PC_DIR" ] || return 0
   p=$(cat "$PC_DIR/pgbouncer.pid" 2>/dev/null) || p=
-  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$PC_DIR/pgbouncer.ini"; then
+  if [ -n "$p" ] && grep -q "pgbouncer.*$PC_DIR/pgbouncer.ini" <<<"$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)"; then
     kill -TERM "$p"
     for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
   fi
@@ -421,7 +421,7 @@ pc_destroy() { # DIR...
     if [ -f "$dir/data/postmaster.pid" ]; then
       local pm
       pm=$(head -1 "$dir/data/postmaster.pid")
-      if [ -n "$pm" ] && ps -o args= -p "$pm" 2>/dev/null | grep -qF "$dir/data"; then
+      if [ -n "$pm" ] && grep -qF "$dir/data" <<<"$(ps -o args= -p "$pm" 2>/dev/null)"; then
         kill -9 "$pm" $(ps -o pid= --ppid "$pm" || true) 2>/dev/null || true
       fi
     fi
@@ -435,7 +435,7 @@ pc_destroy() { # DIR...
 kill_matching() {
   local p
   for p in /proc/[0-9]*; do
-    if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "$1"; then kill -KILL "${p#/proc/}" 2>/dev/null || true; fi
+    if grep -q "$1" <<<"$(tr '\0' ' ' 2>/dev/null < "$p/cmdline")"; then kill -KILL "${p#/proc/}" 2>/dev/null || true; fi
   done
 }
 

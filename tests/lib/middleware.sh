@@ -117,5 +117,5 @@ go_env() {
 go_new_enough() {
   local have
   have=$(go env GOVERSION 2>/dev/null | sed 's/^go//') || return 1
-  [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | head -1)" = "$GO_MIN" ]
+  [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | sed -n 1p)" = "$GO_MIN" ]
 }

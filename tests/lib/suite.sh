@@ -83,7 +83,7 @@ CPU_ROOT=/sys/fs/cgroup/cpuacct
 CPU_RUN=
 cpu_begin() {
   local here
-  here=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}cpuacct\(,[^:]*\)\{0,1\}:\(.*\)$/\3/p' /proc/self/cgroup 2>/dev/null | head -1)
+  here=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}cpuacct\(,[^:]*\)\{0,1\}:\(.*\)$/\3/p' /proc/self/cgroup 2>/dev/null | sed -n 1p)
   [ -n "$here" ] && [ -w "$CPU_ROOT${here%/}/tasks" ] || return 0
   CPU_HOME="$CPU_ROOT${here%/}"
   CPU_RUN="$CPU_HOME/idem-run-$$"
@@ -175,12 +175,12 @@ run_suite() {
 # the other majors' suites' steps among them, and the CPU of the whole run.
 slowest_steps() { # times.tsv
   echo "the 15 slowest steps (wall and CPU seconds; all in $1):"
-  sort -t$'\t' -k1,1rn "$1" | grep -v '(whole)' | head -15 \
+  sort -t$'\t' -k1,1rn "$1" | grep -v '(whole)' | sed -n 1,15p \
     | awk -F'\t' '{ printf "  %6s s wall  %8s s CPU  %s\n", $1, ($3 == "" ? "-" : $3), $2 }'
   awk -F'\t' '$2 ~ /\(whole\)$/ { printf "  (%s: %s s wall, %s s CPU)\n", $2, $1, ($3 == "" ? "-" : $3) }' "$1"
   if awk -F'\t' '$3 ~ /^[0-9]/ { found = 1 } END { exit !found }' "$1"; then
     echo "the 15 steps that used the most CPU:"
-    awk -F'\t' '$3 ~ /^[0-9]/ && $2 !~ /\(whole\)$/' "$1" | sort -t$'\t' -k3,3rn | head -15 \
+    awk -F'\t' '$3 ~ /^[0-9]/ && $2 !~ /\(whole\)$/' "$1" | sort -t$'\t' -k3,3rn | sed -n 1,15p \
       | awk -F'\t' '{ printf "  %8s s CPU  %6s s wall  %s\n", $3, $1, $2 }'
   fi
   [ -z "$CPU_RUN" ] || echo "CPU of the whole run: $(cpu_seconds "$CPU_RUN") s (wall $SECONDS s)"
@@ -207,7 +207,7 @@ scenario_names() {
 }
 scenario_file() { # name
   if [ -e "$ROOT/tests/scenarios/$1.sh" ]; then echo "$ROOT/tests/scenarios/$1.sh"; return; fi
-  grep -l "^scenario_$1() {\$" "$ROOT"/tests/scenarios/*.sh 2> /dev/null | head -1 || true
+  grep -l "^scenario_$1() {\$" "$ROOT"/tests/scenarios/*.sh 2> /dev/null | sed -n 1p || true
 }
 
 run_scenario() { # name
@@ -374,7 +374,7 @@ major_pg_test() {
   grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log" || tail -40 "$OUT/pg_test.log"
   while read -r line; do
     name=$(echo "$line" | awk '{print $2}')
-    if echo "$line" | grep -q "\.\.\. ok$"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
+    if grep -q "\.\.\. ok$" <<<"$line"; then record "pg_test/$name" 0; else record "pg_test/$name" 1; fi
   done < <(grep -E "^test .* \.\.\. (ok|FAILED)" "$OUT/pg_test.log")
   grep -q "test result: ok" "$OUT/pg_test.log" || record "pg_test/suite" 1
   step_done "pg_test(build, run)" "$(cpu_step_end)"

@@ -31,7 +31,7 @@ pp_sqlstate() {
   local out
   out=$("$PG_BIN/psql" -X -At -h "$PORTABLE_HOST" -p "$PORTABLE_PORT" -U "$1" -d "$2" -v ON_ERROR_STOP=1 \
           -c "\\set VERBOSITY sqlstate" -c "$3" 2>&1) && { echo ok; return; }
-  sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\).*/\1/p' <<<"$out" | head -1 | grep . || echo "??? $out"
+  sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\).*/\1/p' <<<"$out" | sed -n 1p | grep . || echo "??? $out"
 }
 
 # The edition's files (scripts/portable.py's output), readable by every

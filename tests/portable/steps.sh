@@ -208,7 +208,7 @@ SQL
   fi
   expect "$name: the session's settings" "$got" "$datestyle / $tz / $intervalstyle / $isolation"
   expect "$name ($datestyle; $tz; $abbrevs; $intervalstyle; $isolation;$(echo " $other" | sed 's/ -c /; /g; s/^; //')): every answer equals the default run's" \
-    "$(diff "$out/default.out" "$out/$name.out" | head -20)" ""
+    "$(diff "$out/default.out" "$out/$name.out" | sed -n 1,20p)" ""
   # A claim, its duplicate and its completion in a transaction of the
   # session's default level.
   expect "$name: a claim under default_transaction_isolation = $isolation" \
@@ -250,7 +250,7 @@ stop_all() {
   local p
   p=$(cat "$work/pgbouncer.pid" 2>/dev/null) || p=
   # Only the PgBouncer this script started (its pid file names it).
-  if [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$work/pgbouncer.ini"; then
+  if [ -n "$p" ] && grep -q "pgbouncer.*$work/pgbouncer.ini" <<<"$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)"; then
     kill -TERM "$p"
     for _ in $(seq 1 250); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
   fi

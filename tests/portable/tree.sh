@@ -103,7 +103,7 @@ src="$IDEM_CACHE/build/pg$MAJOR-tle/src"
 rm -rf "$src"
 mkdir -p "$src"
 tar -xzf "$TLE_TARBALL" -C "$src"
-tle_dir=$(ls -d "$src"/pg_tle-*/ | head -1)
+tle_dir=$(ls -d "$src"/pg_tle-*/ | sed -n 1p)
 # The private pg_config names paths inside the tree (PostgreSQL is
 # relocatable), so make install writes there.
 # FLEX named: the 16 wheel was configured without flex (its Makefile.global

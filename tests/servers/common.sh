@@ -67,7 +67,7 @@ download_deb() {
         (cd "$dir" && apt-get download -qq "$p=$v" >/dev/null); } ||
       die "cannot download $p=$v"
   fi
-  ls "$dir/${p}_${v//:/%3a}_"*.deb | head -1
+  ls "$dir/${p}_${v//:/%3a}_"*.deb | sed -n 1p
 }
 
 # debian_source DIR SUITE PACKAGE...: download Debian SUITE's source
@@ -94,7 +94,7 @@ debian_source() {
 # under /var/run, packaging paths) are not applied.
 unpack_orig() { # DIR NAME
   local tarball
-  tarball=$(ls "$1/$2"_*.orig.tar.* | head -n1)
+  tarball=$(ls "$1/$2"_*.orig.tar.* | sed -n 1p)
   mkdir -p "$1/src-$2"
   tar -xf "$tarball" -C "$1/src-$2" --strip-components=1
 }

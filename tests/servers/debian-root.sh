@@ -48,7 +48,7 @@ processes_in() {
 remove_tree() {
   case "$1" in "$IDEM_CACHE"/?*) ;; *) die "refusing to delete $1" ;; esac
   [ -e "$1" ] || return 0
-  if findmnt -rn -o TARGET | grep -q "^$1/"; then die "something is mounted under $1; not deleting it"; fi
+  if grep -q "^$1/" <<<"$(findmnt -rn -o TARGET)"; then die "something is mounted under $1; not deleting it"; fi
   rm -rf --one-file-system "$1"
 }
 

@@ -61,7 +61,7 @@ fetch_pg16() { # WORK STAGE -> the unpacked wheel in STAGE
   [ -f "$stage/$TREE/include/postgresql/server/access/heapam.h" ] || die "no server headers in $WHEEL"
   for p in "${PROGRAMS[@]}"; do
     [ -x "$stage/$TREE/$p" ] || die "$WHEEL has no $TREE/$p"
-    if ldd "$stage/$TREE/$p" | grep "not found" > /dev/null; then
+    if grep -q "not found" <<<"$(ldd "$stage/$TREE/$p")"; then
       ldd "$stage/$TREE/$p" >&2
       die "$TREE/$p: a library it needs is not found"
     fi
@@ -71,7 +71,7 @@ fetch_pg16() { # WORK STAGE -> the unpacked wheel in STAGE
     (cd / && sudo -u postgres "$stage/$TREE/$p" "$v") >/dev/null \
       || die "$TREE/$p does not run as the postgres user"
   done
-  "$stage/$TREE/bin/pg_config" --version | grep -q '^PostgreSQL 16\.' || die "$WHEEL is not PostgreSQL 16"
+  grep -q '^PostgreSQL 16\.' <<<"$("$stage/$TREE/bin/pg_config" --version)" || die "$WHEEL is not PostgreSQL 16"
 }
 
 add_contrib() { # WORK STAGE -> CONTRIB_MODULES into the stage's tree
@@ -86,7 +86,7 @@ add_contrib() { # WORK STAGE -> CONTRIB_MODULES into the stage's tree
     install -m 755 "$so" "$stage/$TREE/lib/postgresql/"
     install -m 644 "$from/share/postgresql/extension/$m".control "$from/share/postgresql/extension/$m"--*.sql \
       "$stage/$TREE/share/postgresql/extension/"
-    if ldd "$stage/$TREE/lib/postgresql/$m.so" | grep "not found" > /dev/null; then
+    if grep -q "not found" <<<"$(ldd "$stage/$TREE/lib/postgresql/$m.so")"; then
       ldd "$stage/$TREE/lib/postgresql/$m.so" >&2
       die "$m.so: a library it needs is not found"
     fi
