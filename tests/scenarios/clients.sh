@@ -462,7 +462,7 @@ pass() { # boot-version database tests-expected surefire-filter("": all) jackson
   if ! (cd "$dir" && MAVEN_OPTS="$java_quick" mvn_idem -o verify -DargLine="$java_quick" -Dspring-boot.version=$boot -Didem.it.pghost=127.0.0.1 \
           -Didem.it.pgport=$PG_PORT -Didem.it.database=$db -Didem.it.pgbouncer=127.0.0.1:$PGB_PORT -Didem.it.kafka=127.0.0.1:$((PG_PORT + 2)) \
           -Didem.it.conformance="$ROOT/tests/middleware/conformance.json" -Didem.it.conformance-via=$via ${filter:+"-Dtest=$filter" -Dsurefire.failIfNoSpecifiedTests=false}) > "$dir/mvn.log" 2>&1; then
-    grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | head -60
+    grep -E "Tests run:|FAIL|ERROR" "$dir/mvn.log" | grep -v "^\s*at " | sed -n 1,60p
     for f in "$dir"/it/target/app-logs/*.log; do [ -f "$f" ] && { echo "--- $f (last lines)"; tail -20 "$f"; }; done
     fail "Boot $boot: mvn verify of clients/java failed (log above)"
   fi
@@ -907,7 +907,7 @@ stop_all() {
   if [ -n "$coproc_pid" ]; then kill "$coproc_pid" 2>/dev/null || true; fi
   for m in transaction session; do
     p=$(cat "$dir/pgbouncer-$m.pid" 2>/dev/null) || continue
-    if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "pgbouncer.*$dir/pgbouncer-$m.ini"; then
+    if grep -q "pgbouncer.*$dir/pgbouncer-$m.ini" <<<"$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)"; then
       kill -TERM "$p"
       for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.02; done
     fi

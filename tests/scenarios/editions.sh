@@ -146,7 +146,7 @@ check "pg_tle: CREATE EXTENSION idem by a non-superuser" "f|0.4.0" \
        -c "SELECT r.rolsuper || '|' || e.extversion FROM pg_roles r, pg_extension e WHERE r.rolname = current_user AND e.extname = 'idem'" | sed 's/^false/f/')"
 check "pg_tle: claim, duplicate, lookup by another role" "t|new f|completed completed|{\"n\": 1}" "$(
   psql_as tle_admin tle_smoke -Atc "GRANT USAGE ON SCHEMA public TO app" >/dev/null
-  a=$(psql_as app tle_smoke -Atc "BEGIN; SELECT claimed || '|' || state FROM idem_claim('k1', 'smoke'); SELECT idem_complete('k1', 'smoke', '{\"n\": 1}'); COMMIT;" | head -1)
+  a=$(psql_as app tle_smoke -Atc "BEGIN; SELECT claimed || '|' || state FROM idem_claim('k1', 'smoke'); SELECT idem_complete('k1', 'smoke', '{\"n\": 1}'); COMMIT;" | sed -n 1p)
   b=$(psql_as app tle_smoke -Atc "SELECT claimed || '|' || state FROM idem_claim('k1', 'smoke')")
   c=$(psql_as app tle_smoke -Atc "SELECT state || '|' || result FROM idem_lookup('k1', 'smoke')")
   echo "${a/true/t} ${b/false/f} $c")"
@@ -204,7 +204,7 @@ psql_as postgres postgres -c "CREATE DATABASE plain OWNER plain_owner"
 psql_as plain_owner plain -f "$out/dist/idem_portable.sql" >/dev/null
 check "plain: claim twice, forget, configure" "t f t" "$(psql_as plain_owner plain -Atc "
   SELECT (SELECT claimed FROM idem_claim('k', 'plain')) || ' ' || (SELECT claimed FROM idem_claim('k', 'plain'))
-         || ' ' || idem_forget('k', 'plain'); SELECT idem_configure('plain', '1 hour')" | head -1 | sed 's/true/t/g; s/false/f/g')"
+         || ' ' || idem_forget('k', 'plain'); SELECT idem_configure('plain', '1 hour')" | sed -n '1{s/true/t/g; s/false/f/g; p}')"
 psql_as plain_owner plain -f "$out/dist/idem_portable_uninstall.sql" >/dev/null
 check "plain: uninstalled" "0|0" "$(psql_as plain_owner plain -Atc "
   SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = 'idem') || '|' || (SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\_%')")"
@@ -244,7 +244,7 @@ source "$ROOT/tests/lib/suite.sh"
 if ! PGHOST="$dir" PGPORT="$PORT" PGUSER=postgres make -s -C "$ROOT" installcheck-portable \
     PG_CONFIG="$TLE_CONFIG" REGRESS_OUT="$out/installcheck" > "$out/installcheck.log" 2>&1; then
   fails=$((fails + 1))
-  grep -E "no longer applies|ERROR|error:" "$out/installcheck.log" | head -20
+  grep -m20 -E "no longer applies|ERROR|error:" "$out/installcheck.log"
   regress_diffs "$out/installcheck/portable/regress" 200
   regress_diffs "$out/installcheck/portable/widths" 200
   regress_diffs "$out/installcheck/portable/isolation" 200
@@ -375,7 +375,7 @@ NATIVE_EQUALITY_OUT="$out" bash "$ROOT/tests/portable/steps.sh" beside_native \
   || { echo "FAILED: tests/portable/steps.sh beside_native"; fails=$((fails + 1)); }
 touch "$out/equality.native" "$out/signatures.native"   # (written by beside_native; empty if it failed first)
 check "digests, TTL classes, widths: lines compared" "1" "$(($(grep -c . "$out/equality.native") > 20000))"
-check "digests, TTL classes, widths equal the native ones" "" "$(diff "$out/equality.native" "$out/equality.portable" | head -20)"
+check "digests, TTL classes, widths equal the native ones" "" "$(diff "$out/equality.native" "$out/equality.portable" | sed -n 1,20p)"
 # Public signatures: equal, but for the differences docs/portable.md lists
 # (its block after "Signature differences"); internal functions: every
 # native one exists alike (the portable edition has helpers besides).
@@ -638,7 +638,7 @@ move() { # from-kind to-kind label
   check "$to" "$dst" "maintenance runs" "t" "SELECT (idem_maintain() ? 'partitions_created')"
   # A second import would mix two databases' claims.
   expect "[$3] the import refuses a target with idem state (55000)" \
-    "$(cd "$work" && as_owner "$to" "$dst" -v VERBOSITY=sqlstate -c '\set VERBOSITY sqlstate' -f "$out/idem_import.sql" 2>&1 | grep -o '55000' | head -1)" 55000
+    "$(cd "$work" && as_owner "$to" "$dst" -v VERBOSITY=sqlstate -c '\set VERBOSITY sqlstate' -f "$out/idem_import.sql" 2>&1 | grep -o '55000' | sed -n 1p)" 55000
 }
 as_super_dsn() { # kind -> pg_dump connection options (the superuser)
   if [ "$1" = native ]; then echo "-h $nat_dir -p $NAT_PORT -U postgres"; else echo "-h $tle_dir -p $TLE_PORT -U postgres"; fi
@@ -704,7 +704,7 @@ chmod 755 "$base" "$dir"
 
 # The shipped tree (0.4.0) and the synthetic 0.4.1.
 python3 "$ROOT/scripts/portable.py" --out "$out/dist_old"
-old=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+old=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | sed -n 1p)
 expect "the shipped version is the first portable one" "$old" 0.4.0
 tree="$out/tree"
 mkdir -p "$tree"
@@ -845,12 +845,12 @@ check tle_admin tle_fresh "a fresh install is 0.4.1" "0.4.1" "SELECT extversion 
 expect "[tle] the schema listing covers the update (more than 50 lines)" \
   "$(psql_as tle_admin tle_upd -At -c "$schema_sql" | grep -c '^function|idem_note(text)|')|$(($(psql_as tle_admin tle_upd -At -c "$schema_sql" | wc -l) > 50))" "1|1"
 expect "[tle] the updated schema equals a fresh 0.4.1 install's" \
-  "$(diff <(psql_as tle_admin tle_upd -At -c "$schema_sql") <(psql_as tle_admin tle_fresh -At -c "$schema_sql") | head -5)" ""
+  "$(diff <(psql_as tle_admin tle_upd -At -c "$schema_sql") <(psql_as tle_admin tle_fresh -At -c "$schema_sql") | sed -n 1,5p)" ""
 # A registration with nothing to update from is refused.
 psql_as postgres postgres -c "CREATE DATABASE tle_none OWNER tle_admin"
 psql_as postgres tle_none -c "SET client_min_messages = warning" -c "CREATE EXTENSION pg_tle"
 expect "[tle] the update file refuses a database without a registration (55000)" \
-  "$(psql_as tle_admin tle_none -v VERBOSITY=sqlstate -f "$out/dist_new/idem_pg_tle_update.sql" 2>&1 | grep -o 55000 | head -1)" 55000
+  "$(psql_as tle_admin tle_none -v VERBOSITY=sqlstate -f "$out/dist_new/idem_pg_tle_update.sql" 2>&1 | grep -o 55000 | sed -n 1p)" 55000
 
 echo "== plain script: 0.4.0, live claims, then idem_portable--0.4.0--0.4.1.sql"
 plain_db plain_upd "$out/dist_old"
@@ -861,11 +861,11 @@ psql_as plain_owner plain_upd -f "$out/dist_new/idem_portable--0.4.0--0.4.1.sql"
 check plain_owner plain_upd "the version after" "0.4.1" "SELECT idem.portable_version()"
 after_update plain_owner plain_upd "$token"
 expect "[plain] the update refuses a database at another version (55000)" \
-  "$(psql_as plain_owner plain_upd -v VERBOSITY=sqlstate -f "$out/dist_new/idem_portable--0.4.0--0.4.1.sql" 2>&1 | grep -o 55000 | head -1)" 55000
+  "$(psql_as plain_owner plain_upd -v VERBOSITY=sqlstate -f "$out/dist_new/idem_portable--0.4.0--0.4.1.sql" 2>&1 | grep -o 55000 | sed -n 1p)" 55000
 check plain_owner plain_upd "and changed nothing" "0.4.1|sql (0.4.1)" "SELECT idem.portable_version() || '|' || idem_storage_path()"
 plain_db plain_fresh "$out/dist_new"
 expect "[plain] the updated schema equals a fresh 0.4.1 install's" \
-  "$(diff <(psql_as plain_owner plain_upd -At -c "$schema_sql") <(psql_as plain_owner plain_fresh -At -c "$schema_sql") | head -5)" ""
+  "$(diff <(psql_as plain_owner plain_upd -At -c "$schema_sql") <(psql_as plain_owner plain_fresh -At -c "$schema_sql") | sed -n 1,5p)" ""
 finish portable_update
 }
 

@@ -349,7 +349,7 @@ new_log=$(tail -c +"$((log_from + 1))" "$log")
 bad=$(grep -E 'PANIC|terminated by signal|server process .* (was terminated|exited with exit code)|database system is in recovery mode|TRAP:' <<<"$new_log" || true)
 echo "server log: $(wc -l <<<"$new_log") lines written during the run, $(grep -c . <<<"$bad" || true) crash lines"
 if [ -n "$bad" ]; then
-  echo "CRASH LINES IN THE SERVER LOG:"; echo "$bad" | head -20
+  echo "CRASH LINES IN THE SERVER LOG:"; head -20 <<<"$bad"
   rc=1
 fi
 psql_idem -q -d postgres -c "SELECT 1" >/dev/null || { echo "server not answering after the run"; rc=1; }
@@ -701,7 +701,7 @@ as() {
   local role=$1 db=$2 sql=$3 out
   out=$("$PG_BIN/psql" -X -At -h "$(cluster_dir)" -p "$IDEM_PORT" -U "$role" -d "$db" \
           -v ON_ERROR_STOP=1 -v VERBOSITY=sqlstate -c "\\set VERBOSITY sqlstate" -c "$sql" 2>&1) && { echo ok; return; }
-  sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\).*/\1/p' <<<"$out" | head -1 | grep . || echo "??? $out"
+  sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\).*/\1/p' <<<"$out" | sed -n 1p | grep . || echo "??? $out"
 }
 # expect WHAT ROLE DB SQL: WHAT is ok or a SQLSTATE
 expect() {

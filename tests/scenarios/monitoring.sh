@@ -353,7 +353,7 @@ session_wait B
 session_close A
 session_close B
 
-say "the exporter: $($exporter --version 2>&1 | head -1)"
+say "the exporter: $($exporter --version 2>&1 | sed -n 1p)"
 DATA_SOURCE_NAME="host=127.0.0.1 port=$pg_port user=exporter dbname=appdb sslmode=disable" \
   "$exporter" --web.listen-address="$web" --extend.query-path="$ROOT/monitoring/idem-queries.yaml" \
   --log.level=warn > "$PC_DIR/exporter.log" 2>&1 &

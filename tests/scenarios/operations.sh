@@ -49,7 +49,7 @@ echo ok
 # partitions that expired since scheduling) and that pg_cron saw it succeed.
 scenario_cron() {
 db=idem_cron
-psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
+grep -q 1 <<<"$(psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'")" \
   || psql_idem -q -d postgres -c "CREATE DATABASE $db"
 psql_idem -q -d $db <<'SQL'
 SET client_min_messages = warning;
@@ -143,7 +143,7 @@ SQL
     -c "DO \$\$ BEGIN IF to_regrole('charge_owner') IS NOT NULL THEN DROP OWNED BY charge_owner; DROP ROLE charge_owner; END IF; END \$\$"
 }
 trap reset_db EXIT
-psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
+grep -q 1 <<<"$(psql_idem -q -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$db'")" \
   || psql_idem -q -d postgres -c "CREATE DATABASE $db"
 psql_idem -q -d "$db" -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_cron"
 

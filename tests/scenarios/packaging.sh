@@ -51,7 +51,7 @@ dpkg-deb -x "$deb" "$work/unpacked"
 needed=$(readelf -d "$work/unpacked$pkglibdir/idem.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 [ -n "$needed" ] || fail "readelf found no NEEDED library in the packaged idem.so"
 for lib in $needed; do
-  owner=$(dpkg -S "*/$(gcc -print-multiarch)/$lib" 2>/dev/null | head -1 | cut -d: -f1)
+  owner=$(dpkg -S "*/$(gcc -print-multiarch)/$lib" 2>/dev/null | sed -n 1p | cut -d: -f1)
   if [ -z "$owner" ]; then fail "no installed Debian package provides $lib, which idem.so links to"; continue; fi
   if [[ ", $(field Depends)," =~ ,\ $owner[,\ ] ]]; then echo "idem.so needs $lib: $owner is in Depends"
   else fail "idem.so needs $lib from $owner, which Depends lacks: $(field Depends)"; fi
@@ -205,7 +205,7 @@ t0=$(date +%s)
 export CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg$PG_MAJOR$IDEM_OS_SUFFIX-pgxn"
 (cd "$scratch" && idem_build "$scratch" pgxn install --pg_config "$pg_config" "./idem-$version.zip") > "$scratch/pgxn.log" 2>&1 \
   || { tail -40 "$scratch/pgxn.log"; fail "pgxn install failed"; }
-grep -E "^(INFO|WARNING|ERROR)" "$scratch/pgxn.log" | head -10
+grep -m10 -E "^(INFO|WARNING|ERROR)" "$scratch/pgxn.log"
 echo "pgxn install: $(( $(date +%s) - t0 )) s"
 for f in "$libdir/idem.so" "$extdir/idem.control" "$extdir/idem--$version.sql" "$extdir"/idem--*--"$version".sql; do
   [ -f "$f" ] && echo "installed: ${f#$scratch}" || fail "$f was not installed"
@@ -246,7 +246,7 @@ echo "ok: idem $version installed by pgxn into the copy and created there"
 # (scripts/updates.py).
 scenario_upgrade() {
 python3 "$ROOT/scripts/updates.py" --check
-current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | sed -n 1p)
 extdir="$("$PG_CONFIG" --sharedir)/extension"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

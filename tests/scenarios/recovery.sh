@@ -35,7 +35,7 @@ start() { # extra postgresql.conf lines...
   pc_start RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=1
   local pm
   pm=$(head -1 "$PC_DIR/data/postmaster.pid")
-  tr '\0' '\n' < "/proc/$pm/environ" | grep -qx RUST_BACKTRACE=1 \
+  grep -qx RUST_BACKTRACE=1 <<<"$(tr '\0' '\n' < "/proc/$pm/environ")" \
     || { echo "FAIL: the postmaster's environment lacks RUST_BACKTRACE=1"; exit 1; }
   echo "postmaster $pm runs with $(tr '\0' '\n' < "/proc/$pm/environ" | grep '^RUST' | tr '\n' ' ')"
   pc_psql -q -d postgres -c "CREATE DATABASE bt"
@@ -50,10 +50,10 @@ check() {
   if ! grep -q "ERROR:  $state:" <<<"$out"; then
     fail "$what: expected SQLSTATE $state, got: $out"
   elif grep -Eq "$BACKTRACE" <<<"$out"; then
-    fail "$what: a backtrace reached the client:"; echo "$out" | head -40
+    fail "$what: a backtrace reached the client:"; head -40 <<<"$out"
   else
     echo "ok: $what: $(grep -m1 "ERROR:" <<<"$out" | cut -c1-150)"
-    grep -E "^(DETAIL|CONTEXT|LOCATION):" <<<"$out" | sed 's/^/      /' | head -4
+    grep -m4 -E "^(DETAIL|CONTEXT|LOCATION):" <<<"$out" | sed 's/^/      /'
   fi
 }
 
@@ -1132,10 +1132,10 @@ PY
 dsn="host=127.0.0.1 port=$port dbname=retention user=postgres"
 out1=$("$IDEM_PY" "$dir/sessions.py" "$dsn" 1)
 echo "   first wave: $out1"
-expect "100 sessions holding 400-day claims: no error, 100 claimed, 100 old duplicates found" "$(echo "$out1" | head -1)" "errors=0 new=100 dup=100"
+expect "100 sessions holding 400-day claims: no error, 100 claimed, 100 old duplicates found" "${out1%%$'\n'*}" "errors=0 new=100 dup=100"
 out2=$("$IDEM_PY" "$dir/sessions.py" "$dsn" 2)
 echo "   second wave: $out2"
-expect "the same keys again: no error, none claimed" "$(echo "$out2" | head -1)" "errors=0 new=0 dup=100"
+expect "the same keys again: no error, none claimed" "${out2%%$'\n'*}" "errors=0 new=0 dup=100"
 expect "one business row per key" "$(q -At -c "SELECT count(*), count(DISTINCT key) FROM business" | tr '|' ' ')" "100 100"
 
 finish "retention"

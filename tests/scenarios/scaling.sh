@@ -79,7 +79,7 @@ citus_tree() (
   mkdir -p "$new"
   for p in "${PKGS[@]}"; do
     v=$(dpkg-query -W -f='${Version}' "$p")
-    dpkg-deb -x "$(ls "$debs/${p}_${v//:/%3a}_"*.deb | head -1)" "$new"
+    dpkg-deb -x "$(ls "$debs/${p}_${v//:/%3a}_"*.deb | sed -n 1p)" "$new"
   done
   ln -s usr/lib/postgresql/15/bin "$new/bin"
   "$new/bin/pg_config" --version >/dev/null || die "the unpacked pg_config does not run"
@@ -209,7 +209,7 @@ citus_isolation() {
 citus_upgrade() (
   fails=0
   local work=$1 fresh_db=${CITUS_DB:-idem_citus} current extdir frozen old db n t i token before results_before
-  current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+  current=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | sed -n 1p)
   extdir="$("$PG_CONFIG" --sharedir)/extension"
   P() { local db=$1 node=$2; shift 2; citus_sql "$node" "$db" "$@"; }
 
@@ -236,7 +236,7 @@ PY
   for frozen in "$ROOT"/tests/upgrade/idem--*.sql; do
     old=$(basename "$frozen" .sql); old=${old#idem--}
     # Versions before 0.3.0 had no Citus path that held (docs/scaling.md).
-    [ "$(printf '%s\n0.3.0\n' "$old" | sort -V | head -1)" = 0.3.0 ] || continue
+    [ "$(printf '%s\n0.3.0\n' "$old" | sort -V | sed -n 1p)" = 0.3.0 ] || continue
     cmp -s "$frozen" "$extdir/idem--$old.sql" || install -m 644 "$frozen" "$extdir/idem--$old.sql"
     db=idem_up_${old//./_}
     say "ALTER EXTENSION idem UPDATE from $old on Citus, after idem_distribute (database $db)"
@@ -500,7 +500,7 @@ check "step 5: pay() claimed, then replayed; the refund claimed: 2 payments rows
                          (SELECT state FROM idem_lookup('A-0001', 'refund'))")" = "2 completed completed"
 check "step 5: a third pay() replays the first answer" \
   test "$(C -Atc "SELECT outcome || ' ' || (result->>'amount') FROM pay('A-0001', 25.00)")" = "replayed 25.00"
-refused_0A000() { { citus_psql coord -v VERBOSITY=verbose -c "SELECT (idem_claim('A-0001', 'refund')).claimed" 2>&1 || true; } | grep -q 'ERROR:  0A000'; }
+refused_0A000() { grep -q 'ERROR:  0A000' <<<"$(citus_psql coord -v VERBOSITY=verbose -c "SELECT (idem_claim('A-0001', 'refund')).claimed" 2>&1 || true)"; }
 check "step 5: the form that Citus does not delegate is refused with 0A000" refused_0A000
 check "step 6: idem_schedule_maintenance() made the pg_cron job (unscheduled now: the checks run maintenance themselves)" \
   test "$(C -Atc "SELECT count(cron.unschedule(jobid)) FROM cron.job WHERE jobname = 'idem_maintain'")" = 1
@@ -628,7 +628,7 @@ if citus_isolation > "$work/isolation.out" 2>&1; then
   grep -E "^(test|     ) *[a-z_]+ +\.\.\. " "$work/isolation.out" || cat "$work/isolation.out"
   echo "ok - isolation specs"
 else
-  cat "$work/isolation.out"; d=$(grep -o '/tmp/idem-citus-iso[^ "]*/regression.diffs' "$work/isolation.out" | head -1)
+  cat "$work/isolation.out"; d=$(grep -o '/tmp/idem-citus-iso[^ "]*/regression.diffs' "$work/isolation.out" | sed -n 1p)
   [ -n "$d" ] && cat "$d"
   echo "FAIL - isolation specs"; fails=$((fails + 1))
 fi
@@ -740,8 +740,7 @@ PY
 # (idem.storage_access = sql, the one Citus needs) when this build has it.
 # PLPROXY_MODES="direct" (or "sql") runs one path only.
 modes=(direct)
-if psql_at "${SHARD_PORTS[0]}" postgres -Atc "LOAD 'idem'; SELECT 1 FROM pg_settings WHERE name = 'idem.storage_access'" \
-   | grep -q 1; then
+if grep -q 1 <<<"$(psql_at "${SHARD_PORTS[0]}" postgres -Atc "LOAD 'idem'; SELECT 1 FROM pg_settings WHERE name = 'idem.storage_access'")"; then
   modes+=(sql)
 else
   echo "note: this build of idem has no idem.storage_access; the SQL storage path is not exercised"
@@ -760,7 +759,7 @@ for mode in "${modes[@]}"; do
   if [ "$mode" = sql ]; then
     # proof that the SQL path is the one running: it refuses REPEATABLE READ
     st=$(psql_at "${SHARD_PORTS[0]}" orders_0 -v VERBOSITY=verbose -c "BEGIN ISOLATION LEVEL REPEATABLE READ" \
-           -c "SELECT idem_claim('rr-probe', 'probe')" 2>&1 | grep -o "0A000" | head -1 || true)
+           -c "SELECT idem_claim('rr-probe', 'probe')" 2>&1 | grep -o "0A000" | sed -n 1p || true)
     echo "idem.storage_access = sql on the shards; a claim under REPEATABLE READ: ${st:+refused with }${st:-accepted}"
     [ -n "$st" ] || { echo "FAIL: the SQL storage path is not in effect"; exit 1; }
   fi
