@@ -28,7 +28,7 @@ pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
 grep -qs "^pg$PG_MAJOR = " "$pgrx_config" \
   || need "cargo-pgrx pointed at PostgreSQL $PG_MAJOR ($pgrx_config names no pg$PG_MAJOR)" "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
 
-# (awk, not "| head -1": under pipefail a closed pipe would kill the script)
+# (awk reading the file, not "| head -1": docs/development.md, Shell pipelines)
 cargo_field() { awk -F'"' -v k="$1" '$1 == k " = " { print $2; exit }' Cargo.toml; }
 version=$(cargo_field version)
 description=$(cargo_field description)

@@ -186,9 +186,8 @@ slowest_steps() { # times.tsv
   [ -z "$CPU_RUN" ] || echo "CPU of the whole run: $(cpu_seconds "$CPU_RUN") s (wall $SECONDS s)"
 }
 
-# (a loop, not printf | grep -q: under pipefail, grep leaving at the first
-# match can kill printf, which writes line by line, with SIGPIPE, and a
-# name on the list would then read as absent)
+# (a loop, not printf | grep -q, where a name on the list could read as
+# absent: docs/development.md, Shell pipelines)
 in_list() { # word list...
   local w=$1 x
   shift

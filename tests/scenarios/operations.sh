@@ -271,7 +271,9 @@ echo "demo checks failed: $fails"
 # that README.md and docs/development.md name exist. And tests/docs/rules.py:
 # every restatement of the input rules (TTL range, default TTL, partition
 # width, biz_type pattern, key length) in sql/, portable/ and the README
-# agrees with its one home in src/.
+# agrees with its one home in src/. And tests/docs/pipelines.py: no pipeline
+# in the shell code ends in a reader that may stop early (docs/development.md,
+# Shell pipelines).
 scenario_docs_sql() {
 export PGHOST="$(cluster_dir)" PGPORT="$IDEM_PORT" PGUSER=postgres PG_BIN
 export DOC_LOG="$ROOT/target/docs_sql.log"
@@ -330,6 +332,9 @@ python3 "$ROOT/tests/docs/paths.py" "$ROOT" || failed=$((failed + 1))
 
 say "the input rules restated in SQL and the README agree with src/"
 python3 "$ROOT/tests/docs/rules.py" "$ROOT" || failed=$((failed + 1))
+
+say "no shell pipeline into a reader that may stop early (SIGPIPE under pipefail)"
+python3 "$ROOT/tests/docs/pipelines.py" "$ROOT" || failed=$((failed + 1))
 
 echo
 echo "$files files with sql blocks, $runnable blocks to run, $failed files failed (psql output: $DOC_LOG)"

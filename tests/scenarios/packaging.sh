@@ -309,9 +309,9 @@ SQL
   # A guarded transition that already happened must still be refused.
   guard=$(psql_idem -At -d "$db" -c "UPDATE orders SET status = 'CREATED' WHERE id = 1" 2>&1 || true)
   echo "$out" | sed 's/^/  /'
-  # (its first line; not "echo | head -1": bash's echo writes a line at a
-  # time, and under pipefail the SIGPIPE of a write after head has exited
-  # ended this scenario without a word, once on 16 and once on 17)
+  # (its first line; not "echo | head -1", which ended this scenario
+  # without a word once on 16 and once on 17: docs/development.md, Shell
+  # pipelines)
   echo "  re-transition PAID → CREATED: ${guard%%$'\n'*}"
   for want in "version=$current" 'done=false/completed/{"charged": 42}' 'refused=false/failed/{"reason": "card declined"}' \
               'far=false/completed/{"far": true}' 'open=false/completed' 'new=true/new' 'ttl=3 days' \
