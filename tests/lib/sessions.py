@@ -1,6 +1,7 @@
 """What the Python test drivers that run concurrent sessions share (import
 it with tests/lib on sys.path): waiting for an observable state, a call in
-a thread of its own, a connection's backend."""
+a thread of its own, a connection's backend, checks and their summary."""
+import sys
 import threading
 import time
 
@@ -51,6 +52,29 @@ def checker():
             failures.append(msg)
         return cond
     return check, failures
+
+
+class Checks:
+    """ok/FAIL lines tagged with a label ("ok   [LABEL] what"), counted, and
+    the summary line the shell wrappers read ("summary [LABEL]: N checks,
+    M failed"): call it as check(cond, msg); `finish` prints the summary
+    and exits, 1 on any failure."""
+
+    def __init__(self, label):
+        self.label = label
+        self.count = 0
+        self.failures = []
+
+    def __call__(self, cond, msg):
+        self.count += 1
+        print(("ok   " if cond else "FAIL ") + f"[{self.label}] {msg}", flush=True)
+        if not cond:
+            self.failures.append(msg)
+        return cond
+
+    def finish(self, what=""):
+        print(f"summary [{self.label}]: {what}{self.count} checks, {len(self.failures)} failed", flush=True)
+        sys.exit(1 if self.failures else 0)
 
 
 def sqlstate_of(conn, sql, params=()):

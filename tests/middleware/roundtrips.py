@@ -49,6 +49,9 @@ from typing import Callable
 
 import psycopg
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sessions import Checks  # noqa: E402  (tests/lib)
+
 SYNC, QUERY, PARSE, BIND, READY = ord("S"), ord("Q"), ord("P"), ord("B"), ord("Z")
 SPECIAL_CODES = {80877103, 80877104}  # SSLRequest, GSSENCRequest: answered 'N'
 PING = re.compile(r"\s*(--[^\n]*)?\s*;?\s*$")
@@ -209,12 +212,7 @@ def main() -> None:
     ap.add_argument("command", nargs="+")
     a = ap.parse_args()
 
-    failures: list[str] = []
-
-    def check(cond: bool, msg: str) -> None:
-        print(("ok   " if cond else "FAIL ") + f"[{a.label}] {msg}", flush=True)
-        if not cond:
-            failures.append(msg)
+    check = Checks(a.label)
 
     with psycopg.connect(a.check, autocommit=True) as db:
         db.execute("CREATE TABLE IF NOT EXISTS conformance_rows (id bigserial PRIMARY KEY, run text NOT NULL,"
@@ -300,8 +298,7 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
-    print(f"summary [{a.label}]: round trips, {len(failures)} failed", flush=True)
-    sys.exit(1 if failures else 0)
+    check.finish("round trips, ")
 
 
 if __name__ == "__main__":

@@ -27,21 +27,15 @@ import psycopg
 
 import conformance
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from sessions import Checks  # noqa: E402  (tests/lib)
+
 SERVER, PORT, APP_CONNINFO, CHECK_CONNINFO, LABEL, FIFO = sys.argv[1:7]
 N = 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = f"http://127.0.0.1:{PORT}"
 RUN = uuid.uuid4().hex[:8]
-failures: list[str] = []
-checks = 0
-
-
-def check(cond: bool, msg: str) -> None:
-    global checks
-    checks += 1
-    print(("ok   " if cond else "FAIL ") + f"[{SERVER}, {LABEL}] {msg}", flush=True)
-    if not cond:
-        failures.append(msg)
+check = Checks(f"{SERVER}, {LABEL}")
 
 
 def db() -> psycopg.Connection[Any]:
@@ -456,8 +450,7 @@ def main() -> None:
         if server is not None and server.poll() is None:
             server.terminate()
             server.wait()
-    print(f"summary [{SERVER}, {LABEL}]: {checks} checks, {len(failures)} failed", flush=True)
-    sys.exit(1 if failures else 0)
+    check.finish()
 
 
 if __name__ == "__main__":

@@ -29,21 +29,15 @@ from typing import Any, Optional
 import httpx
 import psycopg
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from sessions import Checks  # noqa: E402  (tests/lib)
+
 NAME, PORT, CONNINFO = sys.argv[1:4]
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "clients", "python", "examples")
 BASE = f"http://127.0.0.1:{PORT}"
 TOKENS = {"token-acme": "acme", "token-acme-eu": "acme:eu", "token-rl": "limited"}
 RUN = uuid.uuid4().hex
-failures: list[str] = []
-checks = 0
-
-
-def check(cond: bool, msg: str) -> None:
-    global checks
-    checks += 1
-    print(("ok   " if cond else "FAIL ") + f"[{NAME} example] {msg}", flush=True)
-    if not cond:
-        failures.append(msg)
+check = Checks(f"{NAME} example")
 
 
 def rows(tenant: str, key: str) -> int:
@@ -139,8 +133,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait()
-    print(f"summary [{NAME} example]: {checks} checks, {len(failures)} failed", flush=True)
-    sys.exit(1 if failures else 0)
+    check.finish()
 
 
 if __name__ == "__main__":
