@@ -95,6 +95,8 @@ status=0
 (cd "$clone" && env IDEM_CACHE="$work/cache" CARGO_HOME="$work/cargo" PGRX_HOME="$work/pgrx" \
    PATH="$cold_path" bash .ci/run) > "$OUT/test.log" 2>&1 || status=$?
 end=$(date +%s)
+# (each step's wall and CPU seconds, kept with the report: the clone goes)
+cp "$clone/target/test-out/times.tsv" "$OUT/times.tsv" 2>/dev/null || true
 { echo "commit: $(git -C "$clone" rev-parse --short HEAD)"
   echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GB", $2/1048576}' /proc/meminfo)"
   echo "cold test command: $((end - start)) s, exit status $status"

@@ -68,6 +68,9 @@ if [ -z "${CARGO_TARGET_DIR:-}" ] || [ "$CARGO_TARGET_DIR" = "${IDEM_CHOSEN_TARG
   CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg$PG_MAJOR$IDEM_OS_SUFFIX"
   mkdir -p "$CARGO_TARGET_DIR" 2>/dev/null && [ -w "$CARGO_TARGET_DIR" ] || CARGO_TARGET_DIR="$IDEM_TARGET"
   export IDEM_CHOSEN_TARGET="$CARGO_TARGET_DIR"
+  # (a major's first build starts from 15's: idem_seed_target)
+  IDEM_SEED_FROM=
+  [ "$PG_MAJOR" = 15 ] || IDEM_SEED_FROM="$IDEM_CACHE/cargo-target/pg15$IDEM_OS_SUFFIX"
 fi
 export CARGO_TARGET_DIR
 
@@ -84,6 +87,7 @@ idem_build() {
   mkdir -p "$CARGO_TARGET_DIR"
   (
     flock 8
+    idem_seed_target
     local stamp="$CARGO_TARGET_DIR/.idem-built-from"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$source" ]; then
       (cd "$ROOT" && cargo clean --quiet -p idem && cargo clean --quiet --release -p idem) 2>/dev/null || true
@@ -91,6 +95,30 @@ idem_build() {
     fi
     "$@"
   ) 8> "$CARGO_TARGET_DIR/.idem-build.lock"
+}
+
+# A target folder with no release build yet starts from a copy of the
+# release build in $IDEM_SEED_FROM, when that folder has one (copied under
+# its lock, so never half-written): cargo then compiles only what differs
+# instead of every crate. Another major compiles pgrx-pg-sys, pgrx and idem
+# with its own feature (measured on 16: 36 CPU s, against 133 from an empty
+# folder); the PGXN scenario's build, pgrx-pg-sys again for its copy's
+# pg_config, then pgrx and idem. Only the first build of a folder: the
+# folders stay apart, because cargo writes idem's library to one path for
+# every feature set, and one folder for all majors would compile idem
+# again each time the major changes. (No cycle of locks: the folders
+# seeded from are never seeded themselves.)
+idem_seed_target() {
+  local from=${IDEM_SEED_FROM:-} to=$CARGO_TARGET_DIR
+  [ -n "$from" ] && [ "$from" != "$to" ] && [ ! -d "$to/release" ] && [ -d "$from/release" ] || return 0
+  (
+    flock 9
+    rm -rf "$to/release.seeding"
+    cp -a "$from/release" "$to/release.seeding"
+    # (the stamp says which checkout built idem's own artifacts there)
+    cp -a "$from/.rustc_info.json" "$from/.idem-built-from" "$to/" 2>/dev/null || true
+    mv "$to/release.seeding" "$to/release"
+  ) 9> "$from/.idem-build.lock"
 }
 
 # The cluster lives under the project folder, unless the postgres user cannot

@@ -159,9 +159,10 @@ echo "package $deb: $(wc -l < "$work/contents") entries, $same files identical t
 # (port ${IDEM_PGXN_PORT:-5474}) runs CREATE EXTENSION idem and claims.
 # Builds a release build in a fresh source folder, in a cargo target folder
 # of its own ($IDEM_CACHE/cargo-target/pgNN-pgxn: the dependencies are
-# reused from the last run, idem itself is compiled from the zip's sources
-# each time, see idem_build in scripts/lib.sh; the suite's own folder is
-# left to the checkout's builds).
+# reused from the last run, or at first from the suite's folder, idem
+# itself is compiled from the zip's sources each time, see idem_build and
+# idem_seed_target in scripts/lib.sh; the suite's own folder is left to
+# the checkout's builds).
 scenario_pgxn() {
 source "$ROOT/tests/lib/cluster.sh"
 source "$ROOT/tests/servers/common.sh"   # (copy_pg_install)
@@ -203,6 +204,7 @@ unzip -l "$scratch/idem-$version.zip" | grep -E " idem-$version/(Makefile|META.j
 say "pgxn install (make, then make install)"
 t0=$(date +%s)
 export CARGO_TARGET_DIR="$IDEM_CACHE/cargo-target/pg$PG_MAJOR$IDEM_OS_SUFFIX-pgxn"
+IDEM_SEED_FROM=${IDEM_CHOSEN_TARGET:-}
 (cd "$scratch" && idem_build "$scratch" pgxn install --pg_config "$pg_config" "./idem-$version.zip") > "$scratch/pgxn.log" 2>&1 \
   || { tail -40 "$scratch/pgxn.log"; fail "pgxn install failed"; }
 grep -m10 -E "^(INFO|WARNING|ERROR)" "$scratch/pgxn.log"
