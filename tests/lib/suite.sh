@@ -219,10 +219,18 @@ run_scenario() { # name
   local args=("$1") cpu
   [ "$file" != "$ROOT/tests/scenarios/$1.sh" ] || args=()
   cpu_step_begin "scenario-$1"
-  if [ -n "$file" ] && (cpu_enter "$CPU_STEP"; slot_exec bash "$file" "${args[@]}") > "$OUT/scenario-$1.log" 2>&1; then
-    cpu=$(cpu_step_end)
+  local rc=0
+  if [ -z "$file" ]; then echo "no scenario $1" > "$OUT/scenario-$1.log"; rc=127
+  else (cpu_enter "$CPU_STEP"; slot_exec bash "$file" "${args[@]}") > "$OUT/scenario-$1.log" 2>&1 || rc=$?; fi
+  cpu=$(cpu_step_end)
+  if [ "$rc" = 0 ]; then
     record "scenario/$1" 0; echo "ok ($((SECONDS - step_started)) s, CPU $cpu s)"
-  else cpu=$(cpu_step_end); record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"; fi
+  else
+    record "scenario/$1" 1; tail -30 "$OUT/scenario-$1.log"
+    # (a scenario that ends under set -e says nothing itself: its status
+    # does, 141 being a SIGPIPE, docs/development.md "Shell pipelines")
+    echo "(scenario $1: exit status $rc$([ "$rc" -le 128 ] || echo ", signal $((rc - 128))"))"
+  fi
   step_done "scenario/$1" "$cpu"
 }
 
