@@ -533,12 +533,13 @@ END
 \$\$;
 SQL
 }
-# What one claim of TYPE on worker 1 locks, as "ALL OTHER CLASSES": every
-# relation of idem; those that are not partitions of a TTL class (or their
-# indexes: tables, default partition, registry); the classes whose
-# partitions it locks. (Counted apart because the partitions of the
-# claim's own class come and go with the clock: maintenance drops one whose
-# range has ended, a later expiry reaches the next one.)
+# What one claim of TYPE on worker 1 locks, printed as "ALL OTHER CLASSES":
+# how many of idem's relations; how many of those are not partitions of a
+# TTL class or their indexes (the tables, the default partition, the
+# registry); the classes whose partitions it locks, comma-separated.
+# (Counted apart because the partitions of the claim's own class come and
+# go with the clock: maintenance drops one whose range has ended, a later
+# expiry reaches the next one.)
 claim_locks() { # type ttl
   W1 -At <<SQL | tail -1
 DO \$\$
@@ -573,7 +574,7 @@ declare -A per_type
 for t in "lk.1h 1 hour" "lk.1d 1 day" "lk.30d 30 days" "lk.400d 400 days"; do
   read -r n _ _ <<<"$(claim_locks ${t%% *} "${t#* }")"; per_type[${t%% *}]=$n
 done
-read -r with_all with_other with_classes <<<"$(claim_locks lk.1h '1 hour')"
+read -r _ with_other with_classes <<<"$(claim_locks lk.1h '1 hour')"
 health=$(C -Atc "SELECT value::int FROM idem_health WHERE check_name = 'claim_locks'")
 classes_w1=$(W1 -Atc "SELECT count(DISTINCT ttl_class) FROM idem.claims WHERE biz_type LIKE 'lk.%'")
 max=0; for t in "${!per_type[@]}"; do [ "${per_type[$t]:-999}" -gt "$max" ] && max=${per_type[$t]:-999}; done
