@@ -43,31 +43,29 @@ def pid(conn):
 
 def checker():
     """A check function that prints an "ok: ..." or "FAIL: ..." line and
-    returns its condition, and the list the failed ones go to."""
-    failures = []
-
-    def check(cond, msg):
-        print(("ok: " if cond else "FAIL: ") + msg, flush=True)
-        if not cond:
-            failures.append(msg)
-        return cond
-    return check, failures
+    returns its condition, and the list the failed ones go to (Checks
+    without a label)."""
+    check = Checks()
+    return check, check.failures
 
 
 class Checks:
-    """ok/FAIL lines tagged with a label ("ok   [LABEL] what"), counted, and
-    the summary line the shell wrappers read ("summary [LABEL]: N checks,
-    M failed"): call it as check(cond, msg); `finish` prints the summary
-    and exits, 1 on any failure."""
+    """ok/FAIL lines, counted: "ok: what" / "FAIL: what", or with a label
+    "ok   [LABEL] what" / "FAIL [LABEL] what", and then the summary line the
+    shell wrappers read ("summary [LABEL]: N checks, M failed"). Call it as
+    check(cond, msg), which returns cond; `finish` prints the summary and
+    exits, 1 on any failure."""
 
-    def __init__(self, label):
+    def __init__(self, label=None):
         self.label = label
         self.count = 0
         self.failures = []
 
     def __call__(self, cond, msg):
         self.count += 1
-        print(("ok   " if cond else "FAIL ") + f"[{self.label}] {msg}", flush=True)
+        verdict = "ok" if cond else "FAIL"
+        line = f"{verdict}: {msg}" if self.label is None else f"{verdict:<5}[{self.label}] {msg}"
+        print(line, flush=True)
         if not cond:
             self.failures.append(msg)
         return cond
