@@ -896,7 +896,7 @@ dir="$(cluster_dir)/pgbouncer"
 out="$IDEM_TARGET/test-out/pgbouncer"
 t_start=$(date +%s%N)
 PSQL="$PG_BIN/psql"
-coproc_pid=
+client_a_pid=
 work=
 
 # Stop what this scenario started: its PgBouncers (by the pid in their pid
@@ -904,7 +904,7 @@ work=
 # its cluster, its scratch directory.
 stop_all() {
   local m p
-  if [ -n "$coproc_pid" ]; then kill "$coproc_pid" 2>/dev/null || true; fi
+  if [ -n "$client_a_pid" ]; then kill "$client_a_pid" 2>/dev/null || true; fi
   for m in transaction session; do
     p=$(cat "$dir/pgbouncer-$m.pid" 2>/dev/null) || continue
     if grep -q "pgbouncer.*$dir/pgbouncer-$m.ini" <<<"$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)"; then
@@ -1057,7 +1057,7 @@ export PGHOST=127.0.0.1 PGPORT=$TX_PORT PGUSER=postgres
 # ends are held here, and its stdout reaches end-of-file when it exits.
 mkfifo "$work/hold.in" "$work/hold.out"
 PGDATABASE=tokio1 "$probe" hold < "$work/hold.in" > "$work/hold.out" &
-coproc_pid=$!
+client_a_pid=$!
 exec {hold_in}> "$work/hold.in" {hold_out}< "$work/hold.out"
 hold_pid=
 while read -r line <&"$hold_out"; do
@@ -1077,8 +1077,8 @@ expect "tokio-postgres Client::query_typed on the same session" "$(echo "$q" | t
 (echo go >&"$hold_in") 2>/dev/null || true
 a_result=$(cat <&"$hold_out")
 exec {hold_in}>&- {hold_out}<&-
-wait "$coproc_pid" 2>/dev/null || true
-coproc_pid=
+wait "$client_a_pid" 2>/dev/null || true
+client_a_pid=
 expect "tokio-postgres: A then runs its own prepared statement" "$a_result" "result: statement of the first client: x"
 q1=$(PGDATABASE=tokio2 "$probe" leftover)
 q2=$(PGDATABASE=tokio2 "$probe" leftover)
